@@ -1,0 +1,90 @@
+"""Training batches of random windows and evaluation batches that sweep a whole split.
+
+Training: each epoch lays non-overlapping windows of `block_size + 1` tokens over the split at a
+random offset and visits them in a random order (both drawn from `seed` and the epoch number, so
+every rank and every resumed run sees the same sequence).  A call draws one *global* micro-batch
+and returns this data-parallel rank's contiguous slice of it, so the global batch does not depend
+on how many ranks share it.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import torch
+
+
+class WindowSampler:
+    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int = 0,
+                 dp_rank: int = 0, dp_size: int = 1):
+        if len(tokens) < 2 * (block_size + 1):
+            raise ValueError(f"the split has {len(tokens)} tokens, too few for windows of {block_size + 1}; "
+                             f"use a smaller --block-size or a larger dataset")
+        self.tokens = tokens
+        self.block_size = block_size
+        self.batch_size = batch_size  # per data-parallel rank
+        self.dp_rank, self.dp_size = dp_rank, dp_size
+        self.seed = seed
+        self.epoch = 0
+        self.cursor = 0  # windows of this epoch already handed out (globally)
+        self._order = self._epoch_order(0)
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.dp_size
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, epoch])
+        span = self.block_size + 1
+        offset = int(rng.integers(0, span))
+        starts = np.arange(offset, len(self.tokens) - span + 1, span)
+        if len(starts) < self.global_batch:
+            raise ValueError(f"an epoch holds {len(starts)} windows, fewer than the global batch of "
+                             f"{self.global_batch}; lower --batch-size or --block-size")
+        return starts[rng.permutation(len(starts))]
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self.cursor = epoch, 0
+        self._order = self._epoch_order(epoch)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.cursor + self.global_batch > len(self._order):
+            self.set_epoch(self.epoch + 1)
+        starts = self._order[self.cursor:self.cursor + self.global_batch]
+        self.cursor += self.global_batch
+        mine = starts[self.dp_rank * self.batch_size:(self.dp_rank + 1) * self.batch_size]
+        span = self.block_size + 1
+        windows = np.stack([self.tokens[s:s + span] for s in mine]).astype(np.int64)
+        batch = torch.from_numpy(windows)
+        return batch[:, :-1], batch[:, 1:]
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "cursor": self.cursor, "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seed = state["seed"]
+        self.set_epoch(state["epoch"])
+        self.cursor = state["cursor"]
+
+
+def eval_batches(tokens: np.ndarray, block_size: int, batch_size: int,
+                 max_batches: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Consecutive non-overlapping windows from the start of the split, in order.
+
+    Every token after the first is a target exactly once; the last window is padded with target
+    -1 (ignored).  With `max_batches`, the same leading windows are used every time.
+    """
+    n_targets = len(tokens) - 1
+    n_windows = (n_targets + block_size - 1) // block_size
+    if max_batches is not None:
+        n_windows = min(n_windows, max_batches * batch_size)
+    for first in range(0, n_windows, batch_size):
+        rows = range(first, min(first + batch_size, n_windows))
+        x = torch.zeros(len(rows), block_size, dtype=torch.int64)
+        y = torch.full((len(rows), block_size), -1, dtype=torch.int64)
+        for i, w in enumerate(rows):
+            start = w * block_size
+            length = min(block_size, n_targets - start)
+            x[i, :length] = torch.from_numpy(tokens[start:start + length].astype(np.int64))
+            y[i, :length] = torch.from_numpy(tokens[start + 1:start + 1 + length].astype(np.int64))
+        yield x, y

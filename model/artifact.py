@@ -1,0 +1,174 @@
+"""The one artifact format: a folder with `config.json` and `model.safetensors`.
+
+Every tool reads and writes these folders through this module.  Writes go to a
+staging folder first and are moved into place only once complete (a journal
+that the next reader rolls forward), so a crash or Ctrl-C during a save leaves
+the previous checkpoint readable.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from model.config import GPTConfig
+from model.gpt import GPT
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+STAGING_DIR = ".staging"
+DEFAULT_OUT_ROOT = Path("out")
+ARTIFACT_KINDS = ("float", "pruned", "int8")
+
+
+class ArtifactError(ValueError):
+    """A folder that is missing, incomplete or not an artifact this project can load."""
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent, timeout=5).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def provenance(tool: str, source: str | Path | None = None) -> dict:
+    return {"tool": tool, "source": str(source) if source else None, "git_commit": git_commit(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def write_folder_atomically(folder: str | Path, writers: dict[str, Callable[[Path], None]]) -> None:
+    """Write each relative path with its writer, all or nothing from a reader's point of view."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    staging = folder / STAGING_DIR
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    for name, write in writers.items():
+        path = staging / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write(path)
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+    journal = staging / "COMPLETE"
+    journal.write_text(json.dumps(sorted(writers)))
+    with open(journal, "rb") as f:
+        os.fsync(f.fileno())
+    roll_forward(folder)
+
+
+def roll_forward(folder: str | Path) -> None:
+    """Finish a save that completed staging but was interrupted while moving files; drop an incomplete one."""
+    staging = Path(folder) / STAGING_DIR
+    if not staging.exists():
+        return
+    journal = staging / "COMPLETE"
+    if journal.exists():
+        for name in json.loads(journal.read_text()):
+            src = staging / name
+            if src.exists():
+                dst = Path(folder) / name
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(src, dst)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def model_state_for_saving(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Weights to store: the tied output head is stored once (as the embedding)."""
+    state = {k.removeprefix("_orig_mod."): v for k, v in model.state_dict().items()}
+    state.pop("lm_head.weight", None)
+    return {k: v.detach().contiguous().cpu() for k, v in state.items()}
+
+
+def artifact_writers(model_state: dict[str, torch.Tensor], config: GPTConfig, kind: str, produced_by: dict,
+                     extra: dict | None = None) -> dict[str, Callable[[Path], None]]:
+    if kind not in ARTIFACT_KINDS:
+        raise ValueError(f"artifact kind {kind!r} is not one of {ARTIFACT_KINDS}")
+    meta = {"artifact": kind, "model": config.to_dict(), "produced_by": produced_by, **(extra or {})}
+    return {
+        WEIGHTS_FILE: lambda p: save_file(model_state, str(p), metadata={"artifact": kind}),
+        CONFIG_FILE: lambda p: p.write_text(json.dumps(meta, indent=2) + "\n"),
+    }
+
+
+def save_artifact(folder, model: torch.nn.Module, config: GPTConfig, kind: str, produced_by: dict,
+                  extra: dict | None = None) -> None:
+    write_folder_atomically(folder, artifact_writers(model_state_for_saving(model), config, kind,
+                                                     produced_by, extra))
+
+
+def read_config(folder: str | Path) -> dict:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ArtifactError(f"checkpoint folder {folder} does not exist; train one with `python train.py` "
+                            f"or pass --checkpoint DIR")
+    roll_forward(folder)
+    path = folder / CONFIG_FILE
+    if not path.exists():
+        raise ArtifactError(f"{folder} has no {CONFIG_FILE}: it is not a checkpoint folder")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ArtifactError(f"{path} is not valid JSON ({e}); the checkpoint is damaged") from e
+
+
+def load_model(folder: str | Path, device: str | torch.device = "cpu") -> tuple[torch.nn.Module, dict]:
+    """Any artifact folder (float, pruned, int8, or a Hugging Face GPT-2 folder) as a ready model in eval mode."""
+    folder = Path(folder)
+    meta = read_config(folder)
+    if "model_type" in meta:  # a Hugging Face folder
+        from model.hf import load_hf_gpt2
+        model = load_hf_gpt2(folder)
+        meta = {"artifact": "float", "model": model.config.to_dict(), "produced_by": {"tool": "huggingface"}}
+        return model.to(device).eval(), meta
+    kind = meta.get("artifact")
+    if kind not in ARTIFACT_KINDS:
+        raise ArtifactError(f"{folder / CONFIG_FILE} names artifact kind {kind!r}; expected one of {ARTIFACT_KINDS}")
+    config = GPTConfig.from_dict(meta["model"])
+    weights = folder / WEIGHTS_FILE
+    if not weights.exists():
+        raise ArtifactError(f"{folder} has no {WEIGHTS_FILE}; the checkpoint is incomplete")
+    try:
+        state = load_file(str(weights))
+    except Exception as e:  # safetensors raises several types for damaged files
+        raise ArtifactError(f"could not read {weights}: {e}; the file is damaged, re-create it") from e
+    if kind == "int8":
+        from model.int8 import build_int8_model
+        model = build_int8_model(config, state)
+    else:
+        with torch.device("meta"):
+            model = GPT(config)
+        load_weights(model, state)
+    return model.to(device).eval(), meta
+
+
+def load_weights(model: GPT, state: dict[str, torch.Tensor]) -> None:
+    """Load stored weights into `model` (on any device, including meta), re-tying the output head."""
+    expected = {k for k in model.state_dict() if k != "lm_head.weight"}
+    missing, unexpected = expected - set(state), set(state) - expected
+    if missing or unexpected:
+        raise ArtifactError(f"weights do not match the config: missing {sorted(missing)[:5]}, "
+                            f"unexpected {sorted(unexpected)[:5]}")
+    model.load_state_dict(state, strict=False, assign=True)
+    model.lm_head.weight = model.transformer.wte.weight
+    for name, buf in model.named_buffers():
+        if buf.is_meta:
+            raise ArtifactError(f"buffer {name} was not restored")
+
+
+def find_latest_artifact(root: str | Path = DEFAULT_OUT_ROOT) -> Path:
+    """The most recently written artifact folder at or below `root`."""
+    root = Path(root)
+    candidates = [p.parent for p in root.rglob(CONFIG_FILE) if STAGING_DIR not in p.parts]
+    if not candidates:
+        raise ArtifactError(f"no checkpoint found under {root}/; train one first (`python train.py`) "
+                            f"or pass --checkpoint DIR")
+    return max(candidates, key=lambda d: (d / CONFIG_FILE).stat().st_mtime)

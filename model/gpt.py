@@ -1,0 +1,176 @@
+"""GPT-2 in plain single-device PyTorch (after nanoGPT), with a KV cache.
+
+Parallelism is applied from outside by `parallel/`; nothing here knows about
+process groups.  Module names follow Hugging Face's GPT-2 (`transformer.h.0.attn.c_attn`)
+so checkpoints map one-to-one.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model.config import GPTConfig
+
+
+class KVCache:
+    """Preallocated keys and values for every layer; `length` tokens are filled."""
+
+    def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device, dtype=torch.float32):
+        self.max_len = max_len
+        shape = lambda layer: (batch_size, config.layer_n_head(layer), max_len, config.head_dim)
+        self.k = [torch.zeros(shape(i), device=device, dtype=dtype) for i in range(config.n_layer)]
+        self.v = [torch.zeros(shape(i), device=device, dtype=dtype) for i in range(config.n_layer)]
+        self.length = 0
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        end = self.length + k.size(2)
+        if end > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions; {end} requested")
+        self.k[layer][:, :, self.length:end] = k
+        self.v[layer][:, :, self.length:end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig, n_head: int):
+        super().__init__()
+        self.n_head = n_head
+        self.head_dim = config.head_dim
+        width = n_head * config.head_dim
+        # Fused projection laid out [q | k | v], each block head-major, as in GPT-2.
+        self.c_attn = nn.Linear(config.n_embd, 3 * width, bias=config.bias)
+        self.c_proj = nn.Linear(width, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.dropout = config.dropout
+
+    def forward(self, x, layer: int = 0, cache: KVCache | None = None, mask: torch.Tensor | None = None):
+        B, T, _ = x.shape
+        q, k, v = self.c_attn(x).split(self.n_head * self.head_dim, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        if cache is not None:
+            k, v = cache.update(layer, k, v)
+        dropout_p = self.dropout if self.training else 0.0
+        if mask is None:
+            # Without a cache, or when prefilling an empty one, the plain causal mask is exact.
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=T > 1)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig, hidden: int):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
+        self.attn = CausalSelfAttention(config, config.layer_n_head(layer))
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
+        self.mlp = MLP(config, config.layer_mlp_hidden(layer))
+
+    def forward(self, x, cache: KVCache | None = None, mask: torch.Tensor | None = None):
+        x = x + self.attn(self.ln_1(x), self.layer, cache, mask)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.padded_vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList(Block(config, i) for i in range(config.n_layer)),
+            ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2
+        # Activation checkpointing is switched on by the trainer; the model only obeys it.
+        self.gradient_checkpointing = False
+        self.apply(self._init_weights)
+        # GPT-2 scales the residual projections by 1/sqrt(2 * n_layer).
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_parameters(self, padded_vocab: bool = True) -> int:
+        """Unique parameters; with `padded_vocab=False`, as Hugging Face counts GPT-2."""
+        n = sum(p.numel() for p in self.parameters())
+        if not padded_vocab:
+            n -= (self.config.padded_vocab_size - self.config.vocab_size) * self.config.n_embd
+        return n
+
+    def forward(self, idx, targets=None, cache: KVCache | None = None,
+                positions: torch.Tensor | None = None, key_mask: torch.Tensor | None = None,
+                last_only: bool = False):
+        """Logits (and the mean cross-entropy when `targets` is given).
+
+        `cache` continues a sequence from `cache.length`; `positions` (B, T) and
+        `key_mask` (B, keys: True where a key may be attended) serve left-padded
+        batches of different prompt lengths.  `last_only` computes logits for the
+        final position only, which is all that sampling needs.
+        """
+        B, T = idx.shape
+        start = cache.length if cache is not None else 0
+        if positions is None:
+            if start + T > self.config.block_size:
+                raise ValueError(f"sequence of {start + T} tokens exceeds block_size={self.config.block_size}")
+            positions = torch.arange(start, start + T, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(positions))
+        mask = self._attention_mask(B, T, start, key_mask, idx.device)
+        for block in self.transformer.h:
+            if self.gradient_checkpointing and self.training:
+                x = torch.utils.checkpoint.checkpoint(block, x, cache, mask, use_reentrant=False)
+            else:
+                x = block(x, cache, mask)
+        if cache is not None:
+            cache.length += T
+        x = self.transformer.ln_f(x)
+        if last_only:
+            x = x[:, -1:]
+        logits = self.lm_head(x)[..., : self.config.vocab_size]
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    @staticmethod
+    def _attention_mask(B, T, start, key_mask, device):
+        """Boolean (B, 1, T, keys) mask, or None when SDPA's own causal flag is exact."""
+        if key_mask is None and (start == 0 or T == 1):
+            return None
+        keys = start + T
+        causal = torch.ones(T, keys, dtype=torch.bool, device=device).tril(diagonal=start)
+        mask = causal.expand(B, 1, T, keys)
+        if key_mask is not None:
+            mask = mask & key_mask[:, None, None, :keys]
+            # A padding query that may attend nothing would turn into NaN and leak
+            # into later layers through its value vector; let it attend itself.
+            own = torch.zeros(T, keys, dtype=torch.bool, device=device)
+            own[torch.arange(T), torch.arange(start, keys)] = True
+            mask = mask | own
+        return mask

@@ -1,0 +1,89 @@
+"""Load and export Hugging Face GPT-2 checkpoints (`model.safetensors` + `config.json`) from a local folder.
+
+Hugging Face stores GPT-2's projections as Conv1D, weight shape (in, out): they are transposed
+to nn.Linear's (out, in) on the way in and back on the way out.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from model.config import GPTConfig
+from model.gpt import GPT
+
+CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+# Buffers some transformers versions save; they are not weights.
+IGNORED_SUFFIXES = ("attn.bias", "attn.masked_bias")
+
+
+def config_from_hf(hf: dict) -> GPTConfig:
+    if hf.get("model_type") != "gpt2":
+        raise ValueError(f"config.json has model_type {hf.get('model_type')!r}; only GPT-2 is supported")
+    if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise ValueError(f"activation {hf['activation_function']!r} is not GPT-2's tanh GELU")
+    return GPTConfig(n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"], block_size=hf["n_positions"],
+                     vocab_size=hf["vocab_size"], layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+                     dropout=0.0)
+
+
+def hf_to_ours(hf_state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
+    state = {}
+    for key, value in hf_state.items():
+        key = key.removeprefix("transformer.")
+        if key.endswith(IGNORED_SUFFIXES) or key == "lm_head.weight":
+            continue
+        if key.endswith(CONV1D_SUFFIXES):
+            value = value.t()
+        state[f"transformer.{key}"] = value.contiguous()
+    wte = state["transformer.wte.weight"]
+    pad = config.padded_vocab_size - wte.size(0)
+    if pad:
+        state["transformer.wte.weight"] = torch.cat([wte, wte.new_zeros(pad, wte.size(1))])
+    return state
+
+
+def ours_to_hf(state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
+    hf = {}
+    for key, value in state.items():
+        if key == "lm_head.weight":
+            continue
+        if key == "transformer.wte.weight":
+            value = value[: config.vocab_size]
+        if key.endswith(CONV1D_SUFFIXES):
+            value = value.t()
+        hf[key.removeprefix("transformer.")] = value.detach().contiguous().cpu()
+    return hf
+
+
+def load_hf_gpt2(folder: str | Path) -> GPT:
+    folder = Path(folder)
+    config = config_from_hf(json.loads((folder / "config.json").read_text()))
+    weights = folder / "model.safetensors"
+    if not weights.exists():
+        raise FileNotFoundError(f"{folder} has no model.safetensors (pickled pytorch_model.bin is not loaded; "
+                                f"convert it with transformers' save_pretrained(safe_serialization=True))")
+    state = hf_to_ours(load_file(str(weights)), config)
+    with torch.device("meta"):
+        model = GPT(config)
+    from model.artifact import load_weights
+    load_weights(model, state)
+    return model
+
+
+def export_hf_gpt2(model: GPT, folder: str | Path) -> None:
+    """Write a folder that transformers' GPT2LMHeadModel.from_pretrained loads."""
+    c = model.config
+    if c.mlp_hidden is not None or c.n_head_per_layer is not None:
+        raise ValueError("a row-pruned model has per-layer widths that Hugging Face GPT-2 cannot represent")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(ours_to_hf(model.state_dict(), c), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    hf_config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": c.n_layer,
+                 "n_head": c.n_head, "n_embd": c.n_embd, "n_positions": c.block_size, "n_ctx": c.block_size,
+                 "vocab_size": c.vocab_size, "layer_norm_epsilon": c.layer_norm_eps,
+                 "activation_function": "gelu_new", "bos_token_id": 50256, "eos_token_id": 50256,
+                 "tie_word_embeddings": True}
+    (folder / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")

@@ -1,0 +1,27 @@
+"""AdamW with decay / no-decay groups and a cosine schedule with linear warmup (as GPT-2 / nanoGPT)."""
+from __future__ import annotations
+
+import inspect
+import math
+
+import torch
+
+
+def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, betas=(0.9, 0.95),
+                    device_type: str = "cpu") -> torch.optim.AdamW:
+    """Matrices (linear weights, embeddings) decay; biases and LayerNorm gains do not."""
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    decay = [p for p in params.values() if p.dim() >= 2]
+    no_decay = [p for p in params.values() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused or None)
+
+
+def lr_at(step: int, max_lr: float, warmup_steps: int, max_steps: int, min_lr_ratio: float = 0.1) -> float:
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    if step >= max_steps:
+        return max_lr * min_lr_ratio
+    progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
+    return max_lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
