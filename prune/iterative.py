@@ -1,0 +1,399 @@
+"""Prune a trained GPT-2 in rounds, fine-tuning after each, and measure what it costs and what it buys.
+
+    python prune/iterative.py --target 0.8                      # magnitude pruning of the newest train.py checkpoint
+    python prune/iterative.py --target 0.5 --method row         # remove heads and MLP units: a smaller, faster model
+    python prune/iterative.py --target 0.5 --method wanda --finetune-steps 0
+
+Methods: `magnitude` (global unstructured, smallest |w| first), `row` (whole MLP hidden units
+and attention heads removed per layer, layers rebuilt smaller), `wanda` (|w| x input-activation
+norm, per output row).  Each round cuts to the next sparsity of the schedule, evaluates, fine-tunes
+with the masks enforced, evaluates again, times the model against the dense one in the same run,
+and saves the checkpoint, `prune_report.json` and the plots to --out-dir atomically, so Ctrl-C
+leaves the last finished round intact.  Several methods run into one --out-dir accumulate in the
+report (one curve each); the checkpoint there is the latest run's.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from data.corpus import DATASET_NAMES, DatasetError
+from data.loader import WindowSampler, eval_batches
+from data.shards import load_split
+from data.tokenizer import TokenizerError
+from model.artifact import (CONFIG_FILE, DEFAULT_OUT_ROOT, STAGING_DIR, ArtifactError, artifact_writers, load_model,
+                            model_state_for_saving, provenance, write_folder_atomically)
+from model.cli import add_dataclass_args, dataclass_from_args
+from model.device import choose_device, precision_policy
+from model.evaluate import evaluate_loss
+from model.gpt import GPT
+from prune.csr import csr_copy
+from prune.finetune import FinetuneError, FinetuneSettings, finetune
+from prune.magnitude import magnitude_masks
+from prune.masks import MaskSet, block_linear_weights, count_nonzero, parse_param_groups, prunable_parameters
+from prune.report import ReportError, read_report, report_writers
+from prune.schedule import SCHEDULES, sparsity_schedule
+from prune.speed import SpeedSettings, measure
+from prune.structured import StructureError, check_widths, select_units, shrink
+from prune.wanda import input_feature_norms, wanda_masks
+
+METHODS = ("magnitude", "row", "wanda")
+DEFAULT_OUT_DIR = "out/prune"
+DEFAULT_DATASET = "builtin"
+GENERATION_PROMPT_TOKENS = 16  # prune.speed's prompt length
+
+
+@dataclass
+class PruneConfig:
+    target: float | None = None
+    method: str = "magnitude"
+    checkpoint: str | None = None
+    rounds: int = 4
+    schedule: str = "cubic"
+    finetune_steps: int = 40
+    lr: float = 3e-4
+    weight_decay: float = 0.1
+    warmup_steps: int = 5
+    batch_size: int = 8
+    block_size: int | None = None
+    eval_batches: int = 10
+    calibration_batches: int = 4
+    prune_params: str = "linear"
+    dataset: str | None = None
+    out_dir: str = DEFAULT_OUT_DIR
+    device: str = "auto"
+    precision: str = "auto"
+    seed: int = 1234
+    speed_batch: int = 4
+    speed_seq_len: int = 128
+    speed_repeats: int = 5
+    generation_tokens: int = 32
+    sparse_format_check: bool = True
+
+
+HELP = {
+    "target": "final sparsity, 0 < F < 1 (row: the share of each layer's heads and MLP units removed) [required]",
+    "method": "magnitude (global unstructured), row (structured: heads and MLP units), wanda (|w| x activation norm)",
+    "checkpoint": "artifact folder to prune (default: the newest checkpoint written by train.py under out/)",
+    "rounds": "pruning rounds, each followed by fine-tuning and evaluation",
+    "schedule": "cubic (Zhu & Gupta) or geometric: the sparsity reached after each round",
+    "finetune_steps": "training steps after each round (0: prune only)",
+    "lr": "peak fine-tuning learning rate (cosine decay within each round)",
+    "warmup_steps": "linear warmup steps at the start of each round's fine-tune",
+    "batch_size": "fine-tuning, evaluation and calibration batch size",
+    "block_size": "fine-tuning and evaluation context (default: min(128, the model's))",
+    "eval_batches": "validation batches per evaluation (the same leading windows every time)",
+    "calibration_batches": "training batches whose activations wanda scores with",
+    "prune_params": "magnitude: comma-separated groups to prune among linear, bias, layernorm, embedding "
+                    "(wanda: linear only; row: ignored)",
+    "dataset": f"{', '.join(DATASET_NAMES)} or a local folder (default: the checkpoint's training dataset)",
+    "out_dir": "folder for the pruned checkpoint, prune_report.json and plots",
+    "device": "auto (CUDA if present, else CPU), cpu, cuda, cuda:1, ...",
+    "precision": "auto (fp32 on CPU, bf16/fp16 autocast on CUDA), fp32, bf16, fp16",
+    "speed_batch": "batch size of the timed forward passes",
+    "speed_seq_len": "sequence length of the timed forward passes",
+    "speed_repeats": "timed repeats (after one warm-up); medians are reported",
+    "generation_tokens": "new tokens per timed generation (batch 1, greedy, KV cache)",
+    "sparse_format_check": "magnitude/wanda: also time the model with its weights in sparse CSR format",
+}
+
+
+class PruneError(ValueError):
+    """A problem with the arguments that the user can fix; printed without a traceback."""
+
+
+def parse_args(argv=None) -> PruneConfig:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    add_dataclass_args(parser, PruneConfig, HELP, choices={"method": METHODS, "schedule": SCHEDULES})
+    return dataclass_from_args(PruneConfig, parser.parse_args(argv))
+
+
+def validate(cfg: PruneConfig) -> None:
+    if cfg.target is None:
+        raise PruneError("--target is required: the final sparsity, e.g. --target 0.8")
+    if not 0 < cfg.target < 1:
+        raise PruneError(f"--target must be between 0 and 1 (exclusive), got {cfg.target}; e.g. --target 0.8 "
+                         f"prunes 80%")
+    for name in ("rounds", "batch_size", "eval_batches", "calibration_batches", "speed_batch", "speed_seq_len",
+                 "speed_repeats", "generation_tokens"):
+        if getattr(cfg, name) < 1:
+            raise PruneError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    for name in ("finetune_steps", "warmup_steps"):
+        if getattr(cfg, name) < 0:
+            raise PruneError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
+    if cfg.block_size is not None and cfg.block_size < 1:
+        raise PruneError(f"--block-size must be positive, got {cfg.block_size}")
+    if not cfg.lr > 0:
+        raise PruneError(f"--lr must be positive, got {cfg.lr}")
+    groups = parse_param_groups(cfg.prune_params)
+    if cfg.method == "wanda" and groups != ("linear",):
+        raise PruneError("wanda scores weights by the activations entering them, so it prunes linear weights only; "
+                         "use --prune-params linear")
+
+
+def validate_against_model(cfg: PruneConfig, model: GPT) -> int:
+    """Checks that need the model; returns the fine-tuning and evaluation block size."""
+    config = model.config
+    block = cfg.block_size or min(128, config.block_size)
+    if block > config.block_size:
+        raise PruneError(f"--block-size {block} exceeds the model's context of {config.block_size}")
+    if cfg.speed_seq_len > config.block_size:
+        raise PruneError(f"--speed-seq-len {cfg.speed_seq_len} exceeds the model's context of {config.block_size}")
+    if GENERATION_PROMPT_TOKENS + cfg.generation_tokens > config.block_size:
+        raise PruneError(f"--generation-tokens {cfg.generation_tokens} plus the {GENERATION_PROMPT_TOKENS}-token "
+                         f"prompt exceeds the model's context of {config.block_size}")
+    if cfg.method == "row":
+        check_widths(config, cfg.target)
+    return block
+
+
+def find_training_checkpoint(root: str | Path = DEFAULT_OUT_ROOT) -> Path:
+    """The newest artifact under `root` that train.py wrote (pruned and quantized outputs are skipped)."""
+    candidates = []
+    for path in Path(root).rglob(CONFIG_FILE):
+        if STAGING_DIR in path.parts:
+            continue
+        try:
+            meta = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue  # not an artifact this search can use; an explicit --checkpoint reports the damage
+        if isinstance(meta, dict) and (meta.get("produced_by") or {}).get("tool") == "train.py":
+            candidates.append(path.parent)
+    if not candidates:
+        raise ArtifactError(f"no checkpoint written by train.py under {root}/; train one first (`python train.py`) "
+                            f"or pass --checkpoint DIR")
+    return max(candidates, key=lambda d: (d / CONFIG_FILE).stat().st_mtime)
+
+
+def checkpoint_dataset(folder: Path, meta: dict) -> str | None:
+    """The dataset the checkpoint was trained (or last pruned) on, when it records one."""
+    state = folder / "training_state" / "state.json"
+    if state.exists():
+        dataset = json.loads(state.read_text()).get("train_config", {}).get("dataset")
+        if dataset:
+            return dataset
+    return (meta.get("pruning") or {}).get("dataset")
+
+
+def sparsity_counts(model: GPT, pruned_tensors: list[torch.Tensor], pruned_total: int, all_total: int) -> dict:
+    """Exact counts: zero or removed entries over the original size of the pruned tensors, and of every parameter."""
+    pruned_nonzero, _ = count_nonzero(pruned_tensors)
+    all_nonzero, stored = count_nonzero(list(model.parameters()))
+    return {"sparsity_pruned_tensors": 1 - pruned_nonzero / pruned_total, "sparsity_all_params": 1 - all_nonzero / all_total,
+            "pruned_tensors_nonzero": pruned_nonzero, "pruned_tensors_original": pruned_total,
+            "parameters": stored, "nonzero_parameters": all_nonzero, "parameters_original": all_total}
+
+
+def prune_step(cfg: PruneConfig, model: GPT, sparsity: float, masks: MaskSet | None, reference, calibration,
+               device) -> tuple[GPT, MaskSet | None]:
+    """Cut `model` to `sparsity`; returns the (possibly rebuilt) model and the masks to enforce."""
+    if cfg.method == "row":
+        keep_hidden, keep_heads = select_units(model, sparsity, reference)
+        return shrink(model, keep_hidden, keep_heads), None
+    params = prunable_parameters(model, parse_param_groups(cfg.prune_params))
+    if cfg.method == "magnitude":
+        masks = magnitude_masks(params, sparsity, masks)
+    else:
+        norms = input_feature_norms(model, params, calibration, device)
+        masks = wanda_masks(params, norms, sparsity, masks)
+    masks.apply()
+    return model, masks
+
+
+def pruned_tensors(cfg: PruneConfig, model: GPT) -> list[torch.Tensor]:
+    if cfg.method == "row":
+        return list(block_linear_weights(model).values())
+    return list(prunable_parameters(model, parse_param_groups(cfg.prune_params)).values())
+
+
+def speed_row(cfg: PruneConfig, dense: GPT, model: GPT, masks: MaskSet | None, device) -> dict:
+    """Speed of `model` and of the dense model, interleaved in this run; CSR too for masked methods."""
+    settings = SpeedSettings(cfg.speed_batch, cfg.speed_seq_len, cfg.generation_tokens, cfg.speed_repeats)
+    models = {"dense": dense, "pruned": model}
+    if masks is not None and cfg.sparse_format_check:
+        models["csr"] = csr_copy(model)
+    speed = measure(models, settings, device, model.config.vocab_size)
+    dense_speed = speed["dense"]
+    row = {"forward_tokens_per_s": speed["pruned"]["forward_tokens_per_s"],
+           "generation_tokens_per_s": speed["pruned"]["generation_tokens_per_s"],
+           "dense_forward_tokens_per_s": dense_speed["forward_tokens_per_s"],
+           "dense_generation_tokens_per_s": dense_speed["generation_tokens_per_s"]}
+    row["forward_speedup"] = row["forward_tokens_per_s"] / row["dense_forward_tokens_per_s"]
+    row["generation_speedup"] = row["generation_tokens_per_s"] / row["dense_generation_tokens_per_s"]
+    if "csr" in speed:
+        csr = speed["csr"]
+        row["csr"] = {**csr, "forward_speedup": csr["forward_tokens_per_s"] / dense_speed["forward_tokens_per_s"],
+                      "generation_speedup": csr["generation_tokens_per_s"] / dense_speed["generation_tokens_per_s"]}
+    return row
+
+
+def sparse_format_verdict(rows: list[dict], device: torch.device) -> dict | None:
+    """Whether storing the zeros in CSR made the final model faster than dense here (measured, not assumed)."""
+    last = rows[-1].get("csr")
+    if last is None:
+        return None
+    forward, generation = last["forward_speedup"], last["generation_speedup"]
+    faster = forward > 1.0 or generation > 1.0
+    return {"format": "torch sparse CSR weights (torch.sparse.mm) in every block linear layer",
+            "device": str(device), "forward_speedup": forward, "generation_speedup": generation,
+            "real_speedup": faster,
+            "summary": (f"CSR at {rows[-1]['sparsity_pruned_tensors']:.1%} sparsity runs forward at {forward:.2f}x "
+                        f"and generation at {generation:.2f}x the dense model's speed on {device.type}: "
+                        + ("a real speedup" if faster else "no real speedup from unstructured sparsity"))}
+
+
+def run(cfg: PruneConfig) -> dict:
+    validate(cfg)
+    device = choose_device(cfg.device)
+    precision = precision_policy(device, cfg.precision)
+    if cfg.checkpoint:
+        folder, found = Path(cfg.checkpoint), "from --checkpoint"
+    else:
+        folder, found = find_training_checkpoint(), "the newest train.py checkpoint under out/"
+    out_dir = Path(cfg.out_dir)
+    if out_dir.resolve() == folder.resolve():
+        raise PruneError(f"--out-dir {out_dir} is the checkpoint being pruned; choose another folder")
+    model, meta = load_model(folder, device)
+    if not isinstance(model, GPT) or meta["artifact"] == "int8":
+        raise PruneError(f"{folder} holds a {meta['artifact']} model; pruning needs a floating-point checkpoint")
+    config = model.config
+    print(f"loaded {meta['artifact']} checkpoint {folder} ({found}"
+          f"{', step ' + str(meta['step']) if 'step' in meta else ''}): {config.n_layer} layers, "
+          f"{config.n_head} heads, n_embd {config.n_embd}, {model.num_parameters(padded_vocab=False):,} parameters")
+    block = validate_against_model(cfg, model)
+    dataset = cfg.dataset or checkpoint_dataset(folder, meta)
+    if cfg.dataset:
+        print(f"dataset {dataset} (from --dataset)")
+    elif dataset:
+        print(f"dataset {dataset} (the checkpoint's training dataset)")
+    else:
+        dataset = DEFAULT_DATASET
+        print(f"note: {folder} does not record its training dataset; fine-tuning and evaluating on {dataset!r}. "
+              f"Pass --dataset NAME if it was trained on something else.")
+    report = read_report(out_dir)
+    schedule = sparsity_schedule(cfg.target, cfg.rounds, cfg.schedule)
+
+    train_tokens = load_split(dataset, "train")
+    val_tokens = load_split(dataset, "validation")
+    sampler = WindowSampler(train_tokens, block, cfg.batch_size, seed=cfg.seed)
+    val_batches = list(eval_batches(val_tokens, block, cfg.batch_size, cfg.eval_batches))
+    calibration = None
+    if cfg.method == "wanda":
+        calibration_sampler = WindowSampler(train_tokens, block, cfg.batch_size, seed=cfg.seed + 1)
+        calibration = [calibration_sampler.next_batch() for _ in range(cfg.calibration_batches)]
+    settings = FinetuneSettings(cfg.finetune_steps, cfg.lr, cfg.weight_decay, cfg.warmup_steps)
+
+    model.eval()
+    dense = copy.deepcopy(model).eval()  # the baseline every round is timed against
+    reference = config
+    pruned_total = sum(t.numel() for t in pruned_tensors(cfg, model))
+    all_total = sum(p.numel() for p in model.parameters())
+
+    def evaluate(m: GPT) -> float:
+        return evaluate_loss(m, val_batches, device, precision.autocast)["val_loss"]
+
+    start = time.perf_counter()
+    baseline = {"round": 0, "target_sparsity": 0.0, "val_loss_after_pruning": None, "val_loss": evaluate(model),
+                "finetune_steps": 0, **sparsity_counts(model, pruned_tensors(cfg, model), pruned_total, all_total)}
+    baseline.update(speed_row(cfg, dense, model, None, device))
+    baseline["time_s"] = {"total": time.perf_counter() - start}
+    print(f"dense: val_loss {baseline['val_loss']:.4f} on {len(val_batches)} batches of {cfg.batch_size}x{block}, "
+          f"forward {baseline['forward_tokens_per_s']:,.0f} tokens/s, generation "
+          f"{baseline['generation_tokens_per_s']:,.1f} tokens/s")
+    entry = {"method": cfg.method, "target": cfg.target, "schedule": cfg.schedule, "schedule_sparsities": schedule,
+             "rounds_planned": cfg.rounds, "finetune_steps": cfg.finetune_steps, "lr": cfg.lr,
+             "weight_decay": cfg.weight_decay, "batch_size": cfg.batch_size, "block_size": block,
+             "prune_params": "block linear weights (rows/heads)" if cfg.method == "row" else cfg.prune_params,
+             "source_checkpoint": str(folder), "dataset": dataset, "device": str(device),
+             "precision": str(precision.autocast_dtype or torch.float32),
+             "eval": {"split": "validation", "batches": len(val_batches), "batch_size": cfg.batch_size,
+                      "block_size": block},
+             "speed_settings": {**dataclasses.asdict(SpeedSettings(cfg.speed_batch, cfg.speed_seq_len,
+                                                                   cfg.generation_tokens, cfg.speed_repeats)),
+                                "torch_threads": torch.get_num_threads(),
+                                "method": "median of repeats after one warm-up; dense and pruned interleaved"},
+             "finished": False, "rounds": [baseline]}
+
+    masks = None
+    finished_round = 0
+    rounds_bar = tqdm(total=cfg.rounds, desc=f"{cfg.method} pruning", unit="round")
+    try:
+        for k, sparsity in enumerate(schedule, start=1):
+            t0 = time.perf_counter()
+            model, masks = prune_step(cfg, model, sparsity, masks, reference, calibration, device)
+            t1 = time.perf_counter()
+            loss_after_pruning = evaluate(model)
+            t2 = time.perf_counter()
+            finetune(model, sampler, settings, device, precision, masks,
+                     desc=f"round {k}/{cfg.rounds} fine-tune")
+            t3 = time.perf_counter()
+            val_loss = evaluate(model) if cfg.finetune_steps else loss_after_pruning
+            t4 = time.perf_counter()
+            row = {"round": k, "target_sparsity": sparsity, "val_loss_after_pruning": loss_after_pruning,
+                   "val_loss": val_loss, "finetune_steps": cfg.finetune_steps,
+                   **sparsity_counts(model, pruned_tensors(cfg, model), pruned_total, all_total)}
+            if cfg.method == "row":
+                row["widths"] = {"mlp_hidden": model.config.mlp_hidden, "n_head_per_layer": model.config.n_head_per_layer}
+            row.update(speed_row(cfg, dense, model, masks, device))
+            t5 = time.perf_counter()
+            row["time_s"] = {"prune": t1 - t0, "finetune": t3 - t2, "eval": (t2 - t1) + (t4 - t3), "speed": t5 - t4,
+                             "total": t5 - t0}
+            entry["rounds"].append(row)
+            entry["finished"] = k == cfg.rounds
+            entry["sparse_format"] = sparse_format_verdict(entry["rounds"], device)
+            report["methods"][cfg.method] = entry
+            report["checkpoint"] = {"method": cfg.method, "round": k, "target": cfg.target}
+            pruning_meta = {"method": cfg.method, "round": k, "rounds": cfg.rounds, "target": cfg.target,
+                            "sparsity_pruned_tensors": row["sparsity_pruned_tensors"],
+                            "sparsity_all_params": row["sparsity_all_params"], "dataset": dataset}
+            writers = artifact_writers(model_state_for_saving(model), model.config, "pruned",
+                                       provenance("prune/iterative.py", folder), extra={"pruning": pruning_meta})
+            writers.update(report_writers(report))
+            write_folder_atomically(out_dir, writers)
+            finished_round = k
+            rounds_bar.update(1)
+            speed = f"forward {row['forward_speedup']:.2f}x, generation {row['generation_speedup']:.2f}x dense"
+            if "csr" in row:
+                speed += f"; CSR forward {row['csr']['forward_speedup']:.2f}x"
+            tqdm.write(f"round {k}/{cfg.rounds}: sparsity {row['sparsity_pruned_tensors']:.2%} of the pruned tensors "
+                       f"({row['sparsity_all_params']:.2%} of all parameters), val_loss {loss_after_pruning:.4f} "
+                       f"after pruning -> {val_loss:.4f} after {cfg.finetune_steps} fine-tune steps; {speed}")
+    except KeyboardInterrupt:
+        rounds_bar.close()
+        kept = f"round {finished_round}'s checkpoint and report in {out_dir} are intact" if finished_round else \
+            f"no round had finished, so {out_dir} holds nothing from this run"
+        print(f"\ninterrupted during round {finished_round + 1}; {kept}", file=sys.stderr)
+        raise SystemExit(130)
+    rounds_bar.close()
+    final = entry["rounds"][-1]
+    print(f"wrote {out_dir}: pruned checkpoint (round {cfg.rounds}), prune_report.json, loss_vs_sparsity.png, "
+          f"speed_vs_sparsity.png")
+    print(f"dense val_loss {baseline['val_loss']:.4f} -> {final['val_loss']:.4f} at "
+          f"{final['sparsity_pruned_tensors']:.2%} sparsity; measured forward {final['forward_speedup']:.2f}x and "
+          f"generation {final['generation_speedup']:.2f}x the dense model")
+    if entry.get("sparse_format"):
+        print(entry["sparse_format"]["summary"])
+    return report
+
+
+def main(argv=None) -> None:
+    cfg = parse_args(argv)
+    try:
+        run(cfg)
+    except (PruneError, StructureError, ReportError, FinetuneError, ArtifactError, DatasetError, TokenizerError,
+            ValueError) as e:
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,289 @@
+"""prune/: masks that hold, exact sparsity, structural shrink equivalences, the CLI end to end, clear errors."""
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from data.loader import WindowSampler
+from model.artifact import load_model, provenance, save_artifact
+from model.config import GPTConfig
+from model.device import precision_policy
+from model.generate import SamplingParams, generate
+from model.gpt import GPT
+from prune import iterative
+from prune.csr import csr_copy
+from prune.finetune import FinetuneSettings, finetune
+from prune.magnitude import magnitude_masks
+from prune.masks import block_linear_weights, count_nonzero, prunable_parameters
+from prune.schedule import sparsity_schedule
+from prune.structured import StructureError, head_columns, select_units, shrink
+from prune.wanda import input_feature_norms, wanda_masks
+
+CPU = torch.device("cpu")
+
+
+def tiny_config(**overrides) -> GPTConfig:
+    # A small vocabulary keeps these models fast; the CLI tests below use the real one.
+    return GPTConfig(**{**dict(n_layer=2, n_head=4, n_embd=32, block_size=64, vocab_size=512), **overrides})
+
+
+def random_model(seed=0, **overrides) -> GPT:
+    torch.manual_seed(seed)
+    model = GPT(tiny_config(**overrides))
+    # Trained-looking biases and LayerNorms, so equivalence tests exercise them too.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model.eval()
+
+
+def random_tokens(n=4000, vocab=512, seed=0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, vocab, n).astype(np.uint16)
+
+
+# --- schedule and masks ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["cubic", "geometric"])
+def test_schedule_rises_to_exactly_the_target(kind):
+    steps = sparsity_schedule(0.8, 4, kind)
+    assert len(steps) == 4 and steps[-1] == 0.8
+    assert all(a < b for a, b in zip(steps, steps[1:]))
+    assert steps[0] > 0.8 / 4 if kind == "cubic" else steps[0] == pytest.approx(1 - 0.2 ** 0.25)
+
+
+def test_magnitude_reaches_exact_sparsity_and_prunes_smallest_first():
+    model = random_model()
+    params = prunable_parameters(model)
+    magnitudes = torch.cat([p.detach().abs().flatten() for p in params.values()])
+    masks = magnitude_masks(params, 0.8)
+    masks.apply()
+    nonzero, total = count_nonzero(params.values())
+    assert total - nonzero == round(0.8 * total)
+    kept = torch.cat([p.detach().abs().flatten() for p in params.values()])
+    assert magnitudes[kept == 0].max() <= magnitudes[kept != 0].min()
+    # Nothing outside the selected tensors was touched.
+    assert count_nonzero([model.transformer.wte.weight])[0] == model.transformer.wte.weight.numel()
+
+
+def test_iterative_masks_only_grow():
+    model = random_model()
+    params = prunable_parameters(model)
+    masks = None
+    for s in sparsity_schedule(0.9, 3):
+        new = magnitude_masks(params, s, masks)
+        if masks is not None:
+            for name in params:
+                assert not (new.masks[name] & ~masks.masks[name]).any()
+        new.apply()
+        masks = new
+
+
+def test_masks_survive_optimizer_steps_and_weight_decay():
+    model = random_model()
+    params = prunable_parameters(model, ("linear", "bias"))
+    masks = magnitude_masks(params, 0.6)
+    masks.apply()
+    sampler = WindowSampler(random_tokens(), 32, 4, seed=0)
+    settings = FinetuneSettings(steps=5, lr=1e-2, weight_decay=0.5, warmup_steps=1)
+    before = {n: p.detach().clone() for n, p in params.items()}
+    finetune(model, sampler, settings, CPU, precision_policy(CPU, "fp32"), masks)
+    for name, p in params.items():
+        assert torch.count_nonzero(p[~masks.masks[name]]) == 0, name
+    assert any(not torch.equal(p, before[n]) for n, p in params.items()), "fine-tuning changed nothing"
+
+
+def test_wanda_prunes_each_tensor_exactly_and_uses_activations():
+    model = random_model()
+    params = prunable_parameters(model)
+    batches = [(torch.randint(0, 512, (2, 16)), None) for _ in range(2)]
+    norms = input_feature_norms(model, params, batches, CPU)
+    assert all(n.shape == (p.shape[1],) and (n > 0).all() for n, p in zip(norms.values(), params.values()))
+    masks = wanda_masks(params, norms, 0.7)
+    for name, p in params.items():
+        assert int((~masks.masks[name]).sum()) == round(0.7 * p.numel())
+        pruned_per_row = (~masks.masks[name]).sum(1)
+        assert pruned_per_row.max() - pruned_per_row.min() <= 1
+    # A feature with a huge activation norm protects its column.
+    name = "transformer.h.0.mlp.c_fc.weight"
+    boosted = {**norms, name: norms[name].clone()}
+    boosted[name][3] = 1e6
+    assert wanda_masks(params, boosted, 0.7).masks[name][:, 3].all()
+
+
+# --- structural shrink -------------------------------------------------------------------------
+
+def test_shrink_with_nothing_removed_matches_dense():
+    model = random_model()
+    idx = torch.randint(0, 512, (2, 20))
+    keep_hidden = [torch.arange(model.config.layer_mlp_hidden(i)) for i in range(2)]
+    keep_heads = [torch.arange(4) for _ in range(2)]
+    same = shrink(model, keep_hidden, keep_heads)
+    assert same.config.mlp_hidden == [128, 128] and same.config.n_head_per_layer == [4, 4]
+    torch.testing.assert_close(same(idx)[0], model(idx)[0], rtol=0, atol=1e-6)
+
+
+def test_removing_units_equals_zeroing_them_in_the_dense_model():
+    model = random_model()
+    idx = torch.randint(0, 512, (2, 20))
+    hd = model.config.head_dim
+    drop_head, drop_units = 2, torch.tensor([0, 5, 77])
+    keep_hidden = [torch.arange(128), torch.tensor([j for j in range(128) if j not in drop_units.tolist()])]
+    keep_heads = [torch.tensor([h for h in range(4) if h != drop_head]), torch.arange(4)]
+    smaller = shrink(model, keep_hidden, keep_heads)
+    assert smaller.config.n_head_per_layer == [3, 4] and smaller.config.mlp_hidden == [128, 125]
+    assert smaller.num_parameters() < model.num_parameters()
+    with torch.no_grad():
+        model.transformer.h[0].attn.c_proj.weight[:, head_columns(torch.tensor([drop_head]), hd)] = 0
+        model.transformer.h[1].mlp.c_proj.weight[:, drop_units] = 0
+    torch.testing.assert_close(smaller(idx)[0], model(idx)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_select_units_keeps_the_strongest_and_refuses_to_empty_a_layer():
+    model = random_model()
+    with torch.no_grad():
+        model.transformer.h[1].attn.c_proj.weight[:, head_columns(torch.tensor([1, 3]), 8)] *= 0.01
+    keep_hidden, keep_heads = select_units(model, 0.5, model.config)
+    assert keep_heads[1].tolist() == [0, 2]
+    assert [len(k) for k in keep_hidden] == [64, 64]
+    with pytest.raises(StructureError, match="every head of layer 0"):
+        select_units(model, 0.9, model.config)
+
+
+def test_csr_copy_computes_the_same_logits():
+    model = random_model()
+    params = prunable_parameters(model)
+    magnitude_masks(params, 0.8).apply()
+    idx = torch.randint(0, 512, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(csr_copy(model)(idx)[0], model(idx)[0], rtol=1e-4, atol=1e-4)
+
+
+# --- the command line end to end ---------------------------------------------------------------
+
+WORDS = ("the model learns a small language of words and numbers while pruning removes weights that "
+         "matter least so the network keeps its loss low and runs faster on the same machine").split()
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """A local WikiText-layout dataset, its token cache, and a small float checkpoint 'written by train.py'."""
+    root = tmp_path_factory.mktemp("prune")
+    data = root / "corpus"
+    data.mkdir()
+    rng = random.Random(0)
+    for split, n in (("train", 60), ("valid", 8), ("test", 4)):
+        articles = [f" = Article {i} = \n" + " ".join(rng.choice(WORDS) for _ in range(120)) + " .\n" for i in range(n)]
+        (data / f"wiki.{split}.raw").write_text("".join(articles))
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GPT2_DATA_CACHE", str(root / "cache"))
+    torch.manual_seed(0)
+    checkpoint = root / "out" / "train"
+    model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=64))
+    save_artifact(checkpoint, model, model.config, "float", provenance("train.py"), extra={"step": 1})
+    (checkpoint / "training_state").mkdir()
+    (checkpoint / "training_state" / "state.json").write_text(json.dumps({"train_config": {"dataset": str(data)}}))
+    yield root, checkpoint
+    mp.undo()
+
+
+FAST = ["--rounds", "2", "--finetune-steps", "2", "--batch-size", "2", "--block-size", "32", "--eval-batches", "2",
+        "--speed-batch", "1", "--speed-seq-len", "16", "--speed-repeats", "1", "--generation-tokens", "4",
+        "--warmup-steps", "1"]
+
+
+def run_cli(*argv):
+    iterative.main([*FAST, *argv])  # later flags win, so a test can override FAST
+
+
+def test_row_pruning_end_to_end_and_methods_accumulate(workspace, capsys):
+    root, checkpoint = workspace
+    out = root / "pruned"
+    run_cli("--target", "0.5", "--method", "row", "--checkpoint", str(checkpoint), "--out-dir", str(out))
+    printed = capsys.readouterr().out
+    assert f"loaded float checkpoint {checkpoint}" in printed and "training dataset" in printed
+    model, meta = load_model(out)
+    assert meta["artifact"] == "pruned" and meta["pruning"]["method"] == "row"
+    assert model.config.n_head_per_layer == [2, 2] and model.config.mlp_hidden == [64, 64]
+    text = generate(model, torch.tensor([[1, 2, 3]]), SamplingParams(max_new_tokens=5, temperature=0, stop_at_eot=False))
+    assert text.shape == (1, 8)
+    report = json.loads((out / "prune_report.json").read_text())
+    rows = report["methods"]["row"]["rounds"]
+    assert [r["round"] for r in rows] == [0, 1, 2] and report["methods"]["row"]["finished"]
+    assert rows[-1]["sparsity_pruned_tensors"] == pytest.approx(0.5)
+    assert rows[-1]["parameters"] < rows[0]["parameters"]
+    for key in ("val_loss", "forward_tokens_per_s", "generation_tokens_per_s", "forward_speedup", "time_s"):
+        assert key in rows[-1]
+    assert (out / "loss_vs_sparsity.png").stat().st_size > 0 and (out / "speed_vs_sparsity.png").stat().st_size > 0
+
+    run_cli("--target", "0.8", "--method", "magnitude", "--checkpoint", str(checkpoint), "--out-dir", str(out))
+    report = json.loads((out / "prune_report.json").read_text())
+    assert set(report["methods"]) == {"row", "magnitude"} and report["checkpoint"]["method"] == "magnitude"
+    magnitude = report["methods"]["magnitude"]
+    final = magnitude["rounds"][-1]
+    assert final["pruned_tensors_original"] - final["pruned_tensors_nonzero"] == round(0.8 * final["pruned_tensors_original"])
+    assert "real_speedup" in magnitude["sparse_format"] and "csr" in final
+    model, meta = load_model(out)
+    weights = block_linear_weights(model).values()
+    nonzero, total = count_nonzero(weights)
+    assert meta["pruning"]["method"] == "magnitude" and total - nonzero == round(0.8 * total)
+
+
+def test_wanda_without_finetuning_and_default_checkpoint(workspace, monkeypatch, capsys):
+    root, checkpoint = workspace
+    monkeypatch.chdir(root)  # the default search looks under ./out
+    run_cli("--target", "0.5", "--method", "wanda", "--finetune-steps", "0", "--out-dir", "out/wanda")
+    printed = capsys.readouterr().out
+    assert "newest train.py checkpoint under out/" in printed and str(checkpoint.relative_to(root)) in printed
+    report = json.loads((root / "out/wanda/prune_report.json").read_text())
+    rows = report["methods"]["wanda"]["rounds"]
+    assert rows[-1]["val_loss"] == rows[-1]["val_loss_after_pruning"]
+    assert rows[-1]["sparsity_pruned_tensors"] == pytest.approx(0.5)
+
+
+def test_ctrl_c_keeps_the_last_finished_round(workspace, monkeypatch):
+    root, checkpoint = workspace
+    calls = []
+
+    def interrupted_finetune(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(iterative, "finetune", interrupted_finetune)
+    out = root / "interrupted"
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli("--target", "0.5", "--method", "row", "--checkpoint", str(checkpoint), "--out-dir", str(out))
+    assert exit_info.value.code == 130
+    model, meta = load_model(out)
+    assert meta["pruning"]["round"] == 1
+    assert [r["round"] for r in json.loads((out / "prune_report.json").read_text())["methods"]["row"]["rounds"]] == [0, 1]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--target", "1.2"], "--target must be between 0 and 1"),
+    ([], "--target is required"),
+    (["--target", "0.5", "--checkpoint", "/nonexistent/checkpoint"], "does not exist"),
+    (["--target", "0.9", "--method", "row"], "would remove every head of layer 0"),
+    (["--target", "0.5", "--method", "wanda", "--prune-params", "linear,embedding"], "linear weights only"),
+])
+def test_bad_input_gets_a_clear_error(workspace, argv, message, capsys):
+    root, checkpoint = workspace
+    if "--checkpoint" not in argv:
+        argv = [*argv, "--checkpoint", str(checkpoint)]
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(*argv, "--out-dir", str(root / "never"))
+    assert message in str(exit_info.value.code)
+
+
+def test_default_checkpoint_search_skips_non_training_artifacts(tmp_path):
+    model = random_model()
+    save_artifact(tmp_path / "train", model, model.config, "float", provenance("train.py"))
+    save_artifact(tmp_path / "prune", model, model.config, "pruned", provenance("prune/iterative.py"))
+    assert iterative.find_training_checkpoint(tmp_path) == tmp_path / "train"
+    with pytest.raises(ValueError, match="no checkpoint written by train.py"):
+        iterative.find_training_checkpoint(tmp_path / "prune")
