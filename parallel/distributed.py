@@ -1,0 +1,138 @@
+"""Process-group setup under torchrun: ranks, the (dp, tp) device mesh, size checks, failure reporting.
+
+`init_distributed` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT), so
+the same code runs on one machine, on several (`torchrun --nnodes`), on CPU with gloo and on CUDA with
+NCCL.  Nothing here is global state: the returned `DistContext` is passed to whoever needs it.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from model.config import GPTConfig
+from model.device import distributed_backend
+
+MODES = ("none", "ddp", "fsdp", "tp", "allreduce", "gather-scatter", "dp")
+# Modes that run one process per rank under torchrun.
+MULTI_PROCESS_MODES = ("ddp", "fsdp", "tp", "allreduce", "gather-scatter")
+FAILURE_KEY = "parallel/failed_rank"
+
+
+class ParallelError(ValueError):
+    """A parallel layout that cannot work with this model, batch or launch; the message names the fix."""
+
+
+@dataclass
+class DistContext:
+    mode: str
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+    mesh: DeviceMesh | None = None  # dims ("dp", "tp")
+    dp_rank: int = 0
+    dp_size: int = 1
+    tp_rank: int = 0
+    tp_size: int = 1
+    owns_process_group: bool = False
+
+    @property
+    def is_writer(self) -> bool:
+        """Only one rank prints, logs and writes checkpoints."""
+        return self.rank == 0
+
+    @property
+    def dp_group(self):
+        return self.mesh["dp"].get_group() if self.mesh is not None else None
+
+    @property
+    def tp_group(self):
+        return self.mesh["tp"].get_group() if self.mesh is not None else None
+
+
+def launched_by_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def init_distributed(mode: str, tp_size: int, device: torch.device, timeout_s: float) -> DistContext:
+    """Join (or reuse) the default process group and build the mesh for `mode`."""
+    if mode not in MODES:
+        raise ParallelError(f"unknown --parallel {mode!r}; choose one of {', '.join(MODES)}")
+    if mode not in MULTI_PROCESS_MODES:
+        if launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
+            raise ParallelError(f"--parallel {mode} runs in one process, but torchrun started "
+                                f"{os.environ['WORLD_SIZE']}; use --parallel ddp (or fsdp, tp) under torchrun")
+        if tp_size != 1:
+            raise ParallelError(f"--tp-size {tp_size} needs --parallel ddp or fsdp (2D) or tp under torchrun")
+        return DistContext(mode, device=device)
+    owns = False
+    if not dist.is_initialized():
+        if not launched_by_torchrun():
+            raise ParallelError(f"--parallel {mode} needs one process per rank; launch with "
+                                f"`torchrun --nproc_per_node=N train.py --parallel {mode}`")
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(device)
+        dist.init_process_group(distributed_backend(device),
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        owns = True
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if mode == "tp" and tp_size == 1:
+        tp_size = world  # pure tensor parallelism over every rank
+    if tp_size < 1 or world % tp_size:
+        raise ParallelError(f"--tp-size {tp_size} does not divide the {world} ranks; pick a divisor of {world}")
+    if mode == "tp" and tp_size != world:
+        raise ParallelError(f"--parallel tp uses every rank for tensor parallelism ({world}), but --tp-size is "
+                            f"{tp_size}; for 2D use --parallel fsdp --tp-size {tp_size} (or ddp)")
+    if mode in ("allreduce", "gather-scatter") and tp_size != 1:
+        raise ParallelError(f"--parallel {mode} is data-parallel only; drop --tp-size or use ddp/fsdp for 2D")
+    mesh = init_device_mesh(device.type, (world // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
+    return DistContext(mode, rank, world, device, mesh, dp_rank=mesh["dp"].get_local_rank(),
+                       dp_size=world // tp_size, tp_rank=mesh["tp"].get_local_rank(), tp_size=tp_size,
+                       owns_process_group=owns)
+
+
+def check_divisibility(config: GPTConfig, ctx: DistContext, batch_size: int) -> None:
+    """Refuse, before any training, the sizes the layout cannot split evenly."""
+    tp = ctx.tp_size
+    if tp > 1:
+        for layer in range(config.n_layer):
+            heads, hidden = config.layer_n_head(layer), config.layer_mlp_hidden(layer)
+            if heads % tp:
+                raise ParallelError(f"layer {layer} has {heads} attention heads, not divisible by --tp-size {tp}; "
+                                    f"use a tp size that divides {heads}")
+            if hidden % tp:
+                raise ParallelError(f"layer {layer} has an MLP hidden width of {hidden}, not divisible by "
+                                    f"--tp-size {tp}; use a tp size that divides {hidden}")
+        if config.padded_vocab_size % tp:
+            raise ParallelError(f"the padded vocabulary of {config.padded_vocab_size} rows is not divisible by "
+                                f"--tp-size {tp}; use a tp size that divides it (or change vocab_pad_multiple)")
+    if batch_size < 1:
+        raise ParallelError(f"--batch-size must be positive, got {batch_size}")
+
+
+def announce_failure(ctx: DistContext) -> None:
+    """Leave this rank's number in the rendezvous store so the surviving ranks can name it."""
+    if not ctx.owns_process_group and ctx.world_size == 1:
+        return
+    try:
+        dist.distributed_c10d._get_default_store().set(FAILURE_KEY, str(ctx.rank))
+    except Exception:  # the store may already be gone; the torchrun summary still names the rank
+        pass
+
+
+def failed_rank(ctx: DistContext) -> str | None:
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        return store.get(FAILURE_KEY).decode() if store.check([FAILURE_KEY]) else None
+    except Exception:
+        return None
+
+
+def shutdown(ctx: DistContext) -> None:
+    if ctx.owns_process_group and dist.is_initialized():
+        dist.destroy_process_group()
