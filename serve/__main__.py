@@ -1,0 +1,64 @@
+"""Serve a checkpoint over HTTP.
+
+    python -m serve                                   # the newest artifact under out/, on 127.0.0.1:8000
+    python -m serve --checkpoint out/demo/train --port 8080 --max-batch-size 32
+    GPT2_SERVE_API_KEY=secret python -m serve         # every generation request must send the key
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import sys
+
+import uvicorn
+
+from data.tokenizer import TokenizerError
+from model.artifact import ArtifactError
+from model.cli import add_dataclass_args, dataclass_from_args
+from serve.app import create_app
+from serve.config import API_KEY_ENV, ServeConfig
+
+HELP = {
+    "checkpoint": "artifact folder (float, pruned or int8); default: the newest under out/",
+    "host": "interface to bind; anything but loopback exposes the server to the network",
+    "device": "auto, cpu, cuda or cuda:N",
+    "max_batch_size": "sequences decoded together in one forward pass",
+    "max_queue": "requests that may wait for a batch slot before new ones get 503",
+    "request_timeout_s": "time limit per request, queueing included",
+    "max_body_bytes": "larger request bodies get 413",
+    "retry_after_s": "the Retry-After header of a 503",
+    "max_completions": "the most completions (prompts x n) one /v1/completions request may ask for",
+    "graceful_shutdown_s": "how long Ctrl-C / SIGTERM waits for in-flight requests",
+}
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog=f"Set {API_KEY_ENV} to require an API key.")
+    add_dataclass_args(parser, ServeConfig, HELP)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = dataclass_from_args(ServeConfig, args)
+        app = create_app(config)
+    except (ArtifactError, TokenizerError, ValueError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")
+    if not is_loopback(config.host):
+        logging.getLogger("serve").warning("binding to %s: the server is reachable from other machines%s", config.host,
+                                           "" if app.state.server.api_key else f"; set {API_KEY_ENV} to require a key")
+    uvicorn.run(app, host=config.host, port=config.port, access_log=False,
+                timeout_graceful_shutdown=config.graceful_shutdown_s)
+
+
+if __name__ == "__main__":
+    main()

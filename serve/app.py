@@ -1,0 +1,77 @@
+"""The FastAPI application: load the artifact, start the engine, mount the routes.
+
+    uvicorn --factory serve.app:create_app        # checkpoint from $GPT2_SERVE_CHECKPOINT, else the newest
+    python -m serve --checkpoint out/demo/train    # the same, with every setting as a flag
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import PlainTextResponse
+
+from model.artifact import CONFIG_FILE, find_latest_artifact, load_model
+from model.device import choose_device
+from serve import routes_generate, routes_openai
+from serve.config import API_KEY_ENV, CHECKPOINT_ENV, ServeConfig
+from serve.engine import Engine
+from serve.errors import install_error_handlers
+from serve.metrics import ServerMetrics
+from serve.request_log import RequestLog
+from serve.schemas import CompletionRequest, GenerateRequest
+from serve.state import ServerState, server_state
+
+log = logging.getLogger("serve")
+
+
+def create_app(config: ServeConfig | None = None) -> FastAPI:
+    """Load the model now (a bad checkpoint fails before the server binds); the engine starts with the app."""
+    config = config or ServeConfig(checkpoint=os.environ.get(CHECKPOINT_ENV))
+    folder = Path(config.checkpoint) if config.checkpoint else find_latest_artifact()
+    device = choose_device(config.device)
+    model, meta = load_model(folder, device)
+    log.info("loaded %s model from %s on %s", meta["artifact"], folder, device)
+    metrics = ServerMetrics()
+    engine = Engine(model, device, config.max_batch_size, config.max_queue, config.request_timeout_s, metrics)
+    state = ServerState(config=config, engine=engine, metrics=metrics, checkpoint=folder,
+                        artifact_kind=meta["artifact"], model_id=str(folder),
+                        created=int((folder / CONFIG_FILE).stat().st_mtime), device=device,
+                        api_key=os.environ.get(API_KEY_ENV) or None)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.start()
+        yield
+        # Uvicorn has let in-flight requests finish by now; drain whatever is left off the event loop.
+        await asyncio.to_thread(engine.stop)
+
+    app = FastAPI(title="GPT-2 generation server", lifespan=lifespan, max_body_size=config.max_body_bytes)
+    app.state.server = state
+    app.include_router(routes_generate.router)
+    app.include_router(routes_openai.router)
+    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/metrics", prometheus_metrics, methods=["GET"], response_class=PlainTextResponse)
+    install_error_handlers(app, {"/generate": GenerateRequest, "/v1/completions": CompletionRequest},
+                           config.max_body_bytes)
+    known_paths = set(app.openapi()["paths"]) | {app.docs_url, app.openapi_url}
+    app.add_middleware(RequestLog, metrics=metrics, known_paths=known_paths)
+    return app
+
+
+async def health(request: Request) -> dict:
+    state = server_state(request)
+    return {"status": "ok", "model_loaded": True, "artifact": state.artifact_kind, "checkpoint": str(state.checkpoint),
+            "model": state.model_id, "device": str(state.device), "context": state.block_size,
+            "max_batch_size": state.config.max_batch_size, "batch_size": state.engine.batch_size,
+            "queue_depth": state.engine.queue_depth}
+
+
+async def prometheus_metrics(request: Request) -> PlainTextResponse:
+    state = server_state(request)
+    state.metrics.queue_depth.set(state.engine.queue_depth)
+    state.metrics.batch_size.set(state.engine.batch_size)
+    return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")

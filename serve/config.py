@@ -1,0 +1,38 @@
+"""The server's settings: one typed dataclass, filled from the command line by `python -m serve`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The environment variable that, when set, holds the API key every generation request must present.
+API_KEY_ENV = "GPT2_SERVE_API_KEY"
+# The environment variable the uvicorn app factory (`uvicorn --factory serve.app:create_app`) reads
+# the checkpoint folder from, since a factory takes no arguments.
+CHECKPOINT_ENV = "GPT2_SERVE_CHECKPOINT"
+
+
+@dataclass
+class ServeConfig:
+    checkpoint: str | None = None  # artifact folder; None means the newest under out/
+    host: str = "127.0.0.1"
+    port: int = 8000
+    device: str = "auto"
+    max_batch_size: int = 16  # sequences decoded together in one forward pass
+    max_queue: int = 64  # requests waiting for a batch slot; one more is answered 503
+    request_timeout_s: float = 120.0  # from arrival to the last token, queueing included
+    max_body_bytes: int = 64 * 1024
+    retry_after_s: int = 1  # the Retry-After a 503 suggests
+    max_completions: int = 8  # the most sequences one /v1/completions request may ask for (n x prompts)
+    graceful_shutdown_s: float = 60.0  # how long shutdown waits for in-flight requests
+
+    def __post_init__(self):
+        for name in ("max_batch_size", "max_completions", "retry_after_s"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("max_queue", "max_body_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("request_timeout_s", "graceful_shutdown_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")

@@ -1,0 +1,294 @@
+"""The engine: owns the model and the running batch, and generates on its own thread.
+
+Continuous batching: a request that arrives is prefilled on its own (one forward pass over
+its prompt, batch of one) and then joins the running batch, where every sequence advances
+one token per shared forward pass; a sequence leaves the batch the step it finishes, and its
+row goes to the next waiting request.  Each request samples with its own torch.Generator,
+seeded from its `seed`, one row at a time, so its random stream does not depend on its
+neighbours in the batch.
+
+The engine knows nothing about HTTP or asyncio: a request carries an `on_event` callback
+that the engine calls, from its thread, with a `TokenEvent` per token and then exactly one
+`DoneEvent` or `ErrorEvent` (none once the request was cancelled).
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from model.config import EOT_TOKEN
+from model.generate import SamplingParams, sample_next
+from model.gpt import KVCache
+from serve.metrics import ServerMetrics
+from serve.slots import SlotCache
+from serve.text import TextAssembler
+
+log = logging.getLogger("serve.engine")
+
+
+class QueueFull(RuntimeError):
+    pass
+
+
+class EngineStopped(RuntimeError):
+    pass
+
+
+@dataclass
+class TokenEvent:
+    token: int
+    text: str  # newly releasable text; may be empty while a character or a stop string is incomplete
+
+
+@dataclass
+class Latency:
+    queue_ms: float
+    time_to_first_token_ms: float
+    total_ms: float
+    tokens_per_s: float  # generated tokens over the total time the client waited
+
+
+@dataclass
+class DoneEvent:
+    text: str  # the whole generated text
+    tail: str  # text not yet sent in a TokenEvent
+    tokens: int  # generated tokens, end-of-text included
+    prompt_tokens: int
+    finish_reason: str  # "eos" (end-of-text), "stop" (a stop string) or "length"
+    latency: Latency
+
+
+@dataclass
+class ErrorEvent:
+    kind: str  # "timeout" or "internal"
+    message: str
+
+
+Event = TokenEvent | DoneEvent | ErrorEvent
+
+
+@dataclass
+class GenerationRequest:
+    prompt_ids: list[int]
+    params: SamplingParams
+    on_event: Callable[[Event], None]
+    stop: list[str] = field(default_factory=list)
+    arrival: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        """Stop generating for this request (its client went away); its row is freed at the next step."""
+        self.cancelled = True
+
+
+class _Sequence:
+    """A request in the running batch."""
+
+    def __init__(self, request: GenerationRequest, device, started: float):
+        self.request = request
+        self.params = request.params
+        seed = request.params.seed if request.params.seed is not None else secrets.randbits(63)
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.text = TextAssembler(request.stop)
+        self.started = started
+        self.first_token_at: float | None = None
+        self.generated = 0
+        self.last_token = -1
+        self.position = len(request.prompt_ids)  # where the next input token sits
+        self.finished = False
+
+
+class Engine:
+    def __init__(self, model: torch.nn.Module, device: torch.device, max_batch_size: int, max_queue: int,
+                 request_timeout_s: float, metrics: ServerMetrics | None = None):
+        self.model = model.eval()
+        self.config = model.config
+        self.device = device
+        self.max_batch_size = max_batch_size
+        self.max_queue = max_queue
+        self.request_timeout_s = request_timeout_s
+        self.metrics = metrics or ServerMetrics()
+        dtype = next(model.parameters()).dtype
+        self.dtype = dtype if dtype.is_floating_point else torch.float32
+        self.slots = SlotCache(self.config, max_batch_size, device, self.dtype)
+        self.active: list[_Sequence] = []  # active[i] lives in slot row i
+        self.waiting: collections.deque[GenerationRequest] = collections.deque()
+        self.wakeup = threading.Condition()
+        self.stopping = False
+        self.thread: threading.Thread | None = None
+
+    # ---- called from other threads ----
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name="serve-engine", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Finish everything submitted so far, then end the thread; later submissions are refused."""
+        with self.wakeup:
+            self.stopping = True
+            self.wakeup.notify()
+        if self.thread is not None:
+            self.thread.join()
+
+    def submit(self, request: GenerationRequest) -> None:
+        with self.wakeup:
+            if self.stopping:
+                raise EngineStopped("the server is shutting down")
+            free_rows = self.max_batch_size - len(self.active)
+            if len(self.waiting) >= self.max_queue + free_rows:
+                raise QueueFull(f"{len(self.waiting)} requests are already waiting (limit {self.max_queue} "
+                                f"beyond a full batch of {self.max_batch_size})")
+            self.waiting.append(request)
+            self.metrics.queue_depth.set(len(self.waiting))
+            self.wakeup.notify()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.active)
+
+    # ---- the engine thread ----
+
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self.wakeup:
+                    while not self.waiting and not self.active and not self.stopping:
+                        self.wakeup.wait()
+                    if self.stopping and not self.waiting and not self.active:
+                        return
+                    joining = [self.waiting.popleft()
+                               for _ in range(min(len(self.waiting), self.max_batch_size - len(self.active)))]
+                    self.metrics.queue_depth.set(len(self.waiting))
+                self._drop_expired_waiting()
+                for request in joining:
+                    try:
+                        self._join(request)
+                    except Exception as e:  # noqa: BLE001 - one bad request must not take the server down
+                        log.exception("prefill failed")
+                        request.on_event(ErrorEvent("internal", f"generation failed: {type(e).__name__}: {e}"))
+                try:
+                    self._drop_cancelled_and_expired()
+                    if self.active:
+                        self._decode_step()
+                except Exception as e:  # noqa: BLE001 - one bad step must not take the server down
+                    log.exception("generation step failed; failing the %d requests in the batch", len(self.active))
+                    self._fail_all(f"generation failed: {type(e).__name__}: {e}")
+                self.metrics.batch_size.set(len(self.active))
+
+    def _join(self, request: GenerationRequest) -> None:
+        """Prefill the prompt alone, sample the first token, and give the sequence a row."""
+        now = time.perf_counter()
+        if request.cancelled:
+            return
+        if now - request.arrival > self.request_timeout_s:
+            self._timeout(request, generated=0)
+            return
+        seq = _Sequence(request, self.device, started=now)
+        prompt_len = len(request.prompt_ids)
+        prefill = KVCache(self.config, 1, prompt_len, self.device, self.dtype)
+        idx = torch.tensor([request.prompt_ids], dtype=torch.long, device=self.device)
+        logits, _ = self.model(idx, cache=prefill, last_only=True)
+        self._accept(seq, self._sample(seq, logits[0, -1]))
+        if not seq.finished:
+            self.slots.add(prefill, prompt_len)
+            self.active.append(seq)
+
+    def _decode_step(self) -> None:
+        self.slots.ensure_room()
+        idx = torch.tensor([[s.last_token] for s in self.active], dtype=torch.long, device=self.device)
+        positions = torch.tensor([[s.position] for s in self.active], dtype=torch.long, device=self.device)
+        key_mask = self.slots.key_mask()
+        logits, _ = self.model(idx, cache=self.slots.view(), positions=positions, key_mask=key_mask,
+                               last_only=True)
+        self.slots.advance()
+        for i, seq in enumerate(self.active):
+            seq.position += 1
+            self._accept(seq, self._sample(seq, logits[i, -1]))
+        self._remove(lambda s: s.finished)
+
+    def _sample(self, seq: _Sequence, logits: torch.Tensor) -> int:
+        return int(sample_next(logits[None], seq.params, seq.generator)[0])
+
+    def _accept(self, seq: _Sequence, token: int) -> None:
+        now = time.perf_counter()
+        if seq.first_token_at is None:
+            seq.first_token_at = now
+        seq.generated += 1
+        if token == EOT_TOKEN and seq.params.stop_at_eot:
+            self._finish(seq, "eos", now)
+            return
+        delta = seq.text.add(token)
+        seq.request.on_event(TokenEvent(token, delta))
+        if seq.text.stopped:
+            self._finish(seq, "stop", now)
+        elif seq.generated >= seq.params.max_new_tokens:
+            self._finish(seq, "length", now)
+        else:
+            seq.last_token = token
+
+    def _finish(self, seq: _Sequence, reason: str, now: float) -> None:
+        seq.finished = True
+        tail = seq.text.finish()
+        arrival = seq.request.arrival
+        total = now - arrival
+        latency = Latency(queue_ms=1000 * (seq.started - arrival),
+                          time_to_first_token_ms=1000 * (seq.first_token_at - arrival),
+                          total_ms=1000 * total, tokens_per_s=seq.generated / total if total > 0 else 0.0)
+        self.metrics.queue_time.observe(seq.started - arrival)
+        self.metrics.first_token.observe(seq.first_token_at - arrival)
+        self.metrics.total_time.observe(total)
+        self.metrics.tokens.inc(seq.generated)
+        seq.request.on_event(DoneEvent(text=seq.text.text, tail=tail, tokens=seq.generated,
+                                       prompt_tokens=len(seq.request.prompt_ids), finish_reason=reason,
+                                       latency=latency))
+
+    def _timeout(self, request: GenerationRequest, generated: int) -> None:
+        request.on_event(ErrorEvent("timeout", f"the request exceeded the time limit of {self.request_timeout_s:g}s "
+                                               f"after {generated} of {request.params.max_new_tokens} tokens; "
+                                               f"ask for fewer tokens or retry when the server is less busy"))
+
+    def _drop_expired_waiting(self) -> None:
+        now = time.perf_counter()
+        with self.wakeup:
+            expired = [r for r in self.waiting if r.cancelled or now - r.arrival > self.request_timeout_s]
+            for request in expired:
+                self.waiting.remove(request)
+        for request in expired:
+            if not request.cancelled:
+                self._timeout(request, generated=0)
+
+    def _drop_cancelled_and_expired(self) -> None:
+        now = time.perf_counter()
+        for seq in self.active:
+            if not seq.request.cancelled and now - seq.request.arrival > self.request_timeout_s:
+                self._timeout(seq.request, seq.generated)
+                seq.finished = True
+        self._remove(lambda s: s.finished or s.request.cancelled)
+
+    def _remove(self, leaving: Callable[[_Sequence], bool]) -> None:
+        # Highest row first: the last row, which fills each gap, is then never one that leaves.
+        for row in reversed(range(len(self.active))):
+            if leaving(self.active[row]):
+                self.slots.remove(row)
+                self.active[row] = self.active[-1]
+                self.active.pop()
+
+    def _fail_all(self, message: str) -> None:
+        for seq in self.active:
+            if not seq.finished and not seq.request.cancelled:
+                seq.request.on_event(ErrorEvent("internal", message))
+        self.active.clear()
+        while self.slots.rows:
+            self.slots.remove(self.slots.rows - 1)

@@ -1,0 +1,102 @@
+"""One error shape for every failure, OpenAI's: {"error": {"message", "type", "param", "code"}}.
+
+The official `openai` client reads `error.message` from it, and a person reading a 4xx sees
+which field was wrong and why.
+"""
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("serve")
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+               405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
+               499: "client_closed_request", 500: "server_error", 503: "overloaded_error", 504: "timeout_error"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"),
+                      "param": param, "code": code}}
+
+
+def error_response(error: APIError) -> JSONResponse:
+    return JSONResponse(error_body(error.status, error.message, error.param, error.code), status_code=error.status,
+                        headers=error.headers)
+
+
+def field_path(loc: tuple) -> str:
+    """("body", "stop", "list[str]", 0) -> "stop[0]": the field, and list positions, without pydantic's type tags."""
+    if len(loc) < 2:
+        return "body"
+    path = str(loc[1])
+    for part in loc[2:]:
+        if isinstance(part, int):
+            path += f"[{part}]"
+    return path
+
+
+def describe_validation_error(errors: list[dict], schema: type[BaseModel] | None) -> tuple[int, str, str]:
+    """(status, message, param) for FastAPI's validation errors; one message per field."""
+    first = errors[0]
+    if first["type"] == "json_invalid":
+        position = first["loc"][1] if len(first["loc"]) > 1 else "?"
+        return 400, (f"request body is not valid JSON: {first.get('ctx', {}).get('error', 'decode error')} "
+                     f"at character {position}"), "body"
+    messages, params = {}, []
+    for error in errors:
+        path = field_path(tuple(error["loc"]))
+        if path in messages:
+            continue  # a union reports each alternative; the first says enough
+        params.append(path)
+        if error["type"] == "extra_forbidden":
+            known = f"; the accepted fields are {', '.join(schema.model_fields)}" if schema else ""
+            messages[path] = f"unknown field {path!r}{known}"
+        elif error["type"] == "missing":
+            messages[path] = f"{path} is required"
+        elif path == "body":
+            messages[path] = f"request body: {error['msg']} (send a JSON object)"
+        else:
+            messages[path] = f"{path}: {error['msg'].removeprefix('Value error, ')}"
+    return 422, "; ".join(messages.values()), params[0]
+
+
+def install_error_handlers(app: FastAPI, schemas_by_path: dict[str, type[BaseModel]], max_body_bytes: int) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        status, message, param = describe_validation_error(list(exc.errors()), schemas_by_path.get(request.url.path))
+        return error_response(APIError(status, message, param, code="invalid_value"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 413:
+            message = f"request body is larger than the limit of {max_body_bytes} bytes"
+            return error_response(APIError(413, message, "body", code="body_too_large"))
+        if exc.status_code == 404:
+            message = f"no endpoint at {request.url.path}; see GET /docs for the endpoints"
+        elif exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return error_response(APIError(exc.status_code, message, headers=getattr(exc, "headers", None)))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(APIError(500, f"internal server error: {type(exc).__name__}"))

@@ -1,0 +1,65 @@
+"""POST /generate: one prompt in, text and its latency out; server-sent events with `stream: true`.
+
+The stream is a `token` event per generated token ({"token": id, "text": new text}; the text
+of all token events joined is the final text), then one `done` event with the same body as
+the non-streaming reply, or an `error` event.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
+
+from model.generate import SamplingParams
+from serve.engine import DoneEvent, ErrorEvent, TokenEvent
+from serve.errors import error_body
+from serve.schemas import GenerateRequest, GenerateResponse, LatencyBody
+from serve.state import require_api_key, server_state
+from serve.submission import Submission, error_for
+
+router = APIRouter()
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def sse(event: str, data: dict) -> str:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n"
+
+
+def response_body(done: DoneEvent) -> GenerateResponse:
+    return GenerateResponse(text=done.text, tokens=done.tokens, prompt_tokens=done.prompt_tokens,
+                            finish_reason=done.finish_reason, latency=LatencyBody(**dataclasses.asdict(done.latency)))
+
+
+@router.post("/generate", response_model=GenerateResponse, dependencies=[Depends(require_api_key)])
+async def generate(body: GenerateRequest, request: Request):
+    state = server_state(request)
+    prompt_ids = state.encode_within_context(body.prompt, body.max_new_tokens, "prompt", "max_new_tokens")
+    state.check_top_k(body.top_k)
+    params = SamplingParams(max_new_tokens=body.max_new_tokens, temperature=body.temperature, top_k=body.top_k,
+                            top_p=body.top_p, seed=body.seed)
+    submission = Submission(state.engine, [(prompt_ids, params, body.stop_strings)], state.config.retry_after_s)
+    submission.submit()
+    if not body.stream:
+        [done] = await submission.results(request)
+        return response_body(done)
+    return StreamingResponse(stream(submission), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def stream(submission: Submission):
+    try:
+        async for _, event in submission.events():
+            if isinstance(event, TokenEvent):
+                yield sse("token", {"token": event.token, "text": event.text})
+            elif isinstance(event, DoneEvent):
+                if event.tail:
+                    yield sse("token", {"token": None, "text": event.tail})
+                yield sse("done", response_body(event).model_dump())
+            elif isinstance(event, ErrorEvent):
+                error = error_for(event)
+                yield sse("error", error_body(error.status, error.message, code=error.code))
+    finally:
+        # Runs when the client disconnects too (Starlette cancels the stream): the row is freed.
+        submission.cancel()

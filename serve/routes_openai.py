@@ -1,0 +1,104 @@
+"""The OpenAI completions API (POST /v1/completions, GET /v1/models), so existing clients work unchanged.
+
+Each prompt times `n` is one engine request; choice `index` runs prompt-major, as OpenAI's does.
+With a `seed`, completion i samples with seed + i, so the `n` completions differ from each
+other yet repeat exactly from call to call.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
+
+from model.generate import SamplingParams
+from serve.engine import DoneEvent, ErrorEvent, TokenEvent
+from serve.errors import APIError, error_body
+from serve.routes_generate import SSE_HEADERS
+from serve.schemas import Completion, CompletionChoice, CompletionRequest, CompletionUsage, ModelCard, ModelList
+from serve.state import ServerState, require_api_key, server_state
+from serve.submission import Submission, error_for
+
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
+
+# The engine's reasons in OpenAI's words: end-of-text and stop strings are both "stop".
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
+
+
+@router.get("/models", response_model=ModelList)
+async def list_models(request: Request):
+    state = server_state(request)
+    return ModelList(data=[ModelCard(id=state.model_id, created=state.created, owned_by="gpt2-monorepo")])
+
+
+@router.post("/completions", response_model=Completion)
+async def create_completion(body: CompletionRequest, request: Request):
+    state = server_state(request)
+    if body.model != state.model_id:
+        raise APIError(404, f"model {body.model!r} is not served here; this server serves {state.model_id!r} "
+                            f"(see GET /v1/models)", param="model", code="model_not_found")
+    jobs = completion_jobs(body, state)
+    submission = Submission(state.engine, jobs, state.config.retry_after_s)
+    submission.submit()
+    completion_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        chunks = stream(submission, completion_id, created, state.model_id, include_usage, body.n)
+        return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS)
+    results = await submission.results(request)
+    choices = [CompletionChoice(text=r.text, index=i, finish_reason=FINISH_REASONS[r.finish_reason])
+               for i, r in enumerate(results)]
+    return Completion(id=completion_id, choices=choices, created=created, model=state.model_id, usage=usage(results, body.n))
+
+
+def completion_jobs(body: CompletionRequest, state: ServerState) -> list:
+    count = len(body.prompts) * body.n
+    if count > state.config.max_completions:
+        raise APIError(422, f"n: {len(body.prompts)} prompt(s) x n={body.n} asks for {count} completions; this "
+                            f"server allows at most {state.config.max_completions} per request", param="n")
+    jobs = []
+    for p, prompt in enumerate(body.prompts):
+        field = "prompt" if isinstance(body.prompt, str) else f"prompt[{p}]"
+        ids = state.encode_within_context(prompt, body.max_tokens, field, "max_tokens")
+        for j in range(body.n):
+            index = p * body.n + j
+            seed = None if body.seed is None else (body.seed + index) % 2**63
+            params = SamplingParams(max_new_tokens=body.max_tokens, temperature=body.temperature,
+                                    top_p=body.top_p, seed=seed)
+            jobs.append((ids, params, body.stop_strings))
+    return jobs
+
+
+def usage(results: list[DoneEvent], n: int) -> CompletionUsage:
+    """Results in choice order; each prompt counts once however many completions it got."""
+    completion = sum(r.tokens for r in results)
+    prompt = sum(r.prompt_tokens for r in results[::n])
+    return CompletionUsage(completion_tokens=completion, prompt_tokens=prompt, total_tokens=completion + prompt)
+
+
+async def stream(submission: Submission, completion_id: str, created: int, model_id: str, include_usage: bool,
+                 n: int):
+    def chunk(choices: list[CompletionChoice], usage_body: CompletionUsage | None = None) -> str:
+        body = Completion(id=completion_id, choices=choices, created=created, model=model_id, usage=usage_body)
+        return f"data: {json.dumps(body.model_dump(exclude_none=True) | {'choices': [c.model_dump() for c in choices]})}\n\n"
+
+    results: dict[int, DoneEvent] = {}
+    try:
+        async for index, event in submission.events():
+            if isinstance(event, TokenEvent) and event.text:
+                yield chunk([CompletionChoice(text=event.text, index=index, finish_reason=None)])
+            elif isinstance(event, DoneEvent):
+                results[index] = event
+                yield chunk([CompletionChoice(text=event.tail, index=index,
+                                              finish_reason=FINISH_REASONS[event.finish_reason])])
+            elif isinstance(event, ErrorEvent):
+                error = error_for(event)
+                yield f"data: {json.dumps(error_body(error.status, error.message, code=error.code))}\n\n"
+                return
+        if include_usage:
+            yield chunk([], usage([results[i] for i in sorted(results)], n))
+        yield "data: [DONE]\n\n"
+    finally:
+        submission.cancel()

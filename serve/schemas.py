@@ -1,0 +1,168 @@
+"""Request and response bodies: every field typed and bounded, unknown fields refused.
+
+Checks that need the model (the prompt's length in tokens against the context, top-k against
+the vocabulary) happen in the routes, after tokenizing.  The OpenAI schemas follow the order
+and defaults of the OpenAI completions reference; the options this server cannot honour are
+accepted only at their neutral value, so a client never silently gets something else.
+"""
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_SEED = 2**63 - 1
+MAX_STOP_STRINGS = 4
+StopString = Annotated[str, Field(min_length=1, max_length=100)]
+Probability = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+
+
+class StrictBody(BaseModel):
+    # strict: "5" is not a number and true is not 1; JSON integers still fill float fields.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# ---- POST /generate ----
+
+class GenerateRequest(StrictBody):
+    prompt: str = Field(min_length=1)
+    max_new_tokens: int = Field(64, ge=1)
+    temperature: float = Field(1.0, ge=0, le=10, allow_inf_nan=False, description="0 means greedy")
+    top_k: int | None = Field(None, ge=1)
+    top_p: Probability | None = None
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    stop: StopString | list[StopString] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
+    stream: bool = False
+
+    @property
+    def stop_strings(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class LatencyBody(BaseModel):
+    queue_ms: float
+    time_to_first_token_ms: float
+    total_ms: float
+    tokens_per_s: float
+
+
+class GenerateResponse(BaseModel):
+    text: str
+    tokens: int
+    prompt_tokens: int
+    finish_reason: str
+    latency: LatencyBody
+
+
+# ---- POST /v1/completions (OpenAI) ----
+
+class StreamOptions(StrictBody):
+    include_usage: bool = False
+
+
+class CompletionRequest(StrictBody):
+    model: str
+    prompt: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]],
+                                                            Field(min_length=1)]
+    best_of: int | None = Field(None, ge=1)
+    echo: bool = False
+    frequency_penalty: float = Field(0.0, allow_inf_nan=False)
+    logit_bias: dict[str, float] | None = None
+    logprobs: int | None = None
+    max_tokens: int = Field(16, ge=1)
+    n: int = Field(1, ge=1)
+    presence_penalty: float = Field(0.0, allow_inf_nan=False)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    stop: StopString | list[StopString] | None = Field(None, max_length=MAX_STOP_STRINGS)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    suffix: str | None = None
+    temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False)
+    top_p: Probability = 1.0
+    user: str | None = None
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, v):
+        if v:
+            raise ValueError("echo is not supported by this server; leave it out or set it to false")
+        return v
+
+    @field_validator("frequency_penalty", "presence_penalty")
+    @classmethod
+    def _no_penalty(cls, v, info):
+        if v != 0:
+            raise ValueError(f"{info.field_name} is not supported by this server; leave it out or set it to 0")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, v):
+        if v:
+            raise ValueError("logit_bias is not supported by this server; leave it out")
+        return v
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v):
+        if v is not None:
+            raise ValueError("logprobs is not supported by this server; leave it out")
+        return v
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v):
+        if v:
+            raise ValueError("suffix (insertion) is not supported by this server; leave it out")
+        return v
+
+    @model_validator(mode="after")
+    def _best_of_is_n(self):
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError(f"best_of={self.best_of} differs from n={self.n}; this server returns every "
+                             f"completion it generates, so leave best_of out")
+        return self
+
+    @property
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+    @property
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class CompletionChoice(BaseModel):
+    text: str
+    index: int
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class CompletionUsage(BaseModel):
+    completion_tokens: int
+    prompt_tokens: int
+    total_tokens: int
+
+
+class Completion(BaseModel):
+    id: str
+    choices: list[CompletionChoice]
+    created: int
+    model: str
+    object: str = "text_completion"
+    usage: CompletionUsage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    created: int
+    object: str = "model"
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: str = "list"
+    data: list[ModelCard]

@@ -1,0 +1,115 @@
+"""A KV cache whose rows are independent sequences that join and leave between decode steps.
+
+GPT.forward continues every row of a cache at the same column (`cache.length`) and takes
+per-row `positions` and a `key_mask`, so rows need not be aligned in position: a sequence
+that joins with a prompt of P tokens is placed in the P columns just before the shared
+length, and its other columns are masked out.  Columns run out as the shared length grows;
+then every row is shifted left by the first column still in use (`compact`).  Each
+sequence spans less than `block_size` columns, so a width of twice `block_size` means a
+shift at most once per `block_size` steps.
+
+Active sequences always occupy rows 0..n-1: a leaving row is replaced by the last one, so a
+decode step runs on a plain slice of the cache.
+"""
+from __future__ import annotations
+
+import torch
+
+from model.config import GPTConfig
+from model.gpt import KVCache
+
+
+class SlotCache:
+    def __init__(self, config: GPTConfig, max_rows: int, device, dtype):
+        self.width = 2 * config.block_size
+        self.block_size = config.block_size
+        self.cache = KVCache(config, max_rows, self.width, device, dtype)
+        self.valid = torch.zeros(max_rows, self.width, dtype=torch.bool, device=device)
+        self.start = [0] * max_rows  # first column of each row's sequence
+        self.rows = 0
+        self.length = 0  # the shared next column
+
+    @property
+    def max_rows(self) -> int:
+        return self.valid.size(0)
+
+    def view(self) -> KVCache:
+        """The active rows as a KVCache for one GPT.forward call; writes land in this cache."""
+        view = KVCache.__new__(KVCache)
+        view.max_len = self.width
+        view.k = [k[: self.rows] for k in self.cache.k]
+        view.v = [v[: self.rows] for v in self.cache.v]
+        view.length = self.length
+        return view
+
+    def key_mask(self) -> torch.Tensor:
+        """(rows, length + 1): the keys each row may attend in the next one-token step, its own included."""
+        self.valid[: self.rows, self.length] = True
+        return self.valid[: self.rows, : self.length + 1]
+
+    def advance(self) -> None:
+        self.length += 1
+
+    def ensure_room(self) -> None:
+        """Make sure the next decode step has a column to write to."""
+        if self.length >= self.width:
+            self.compact()
+
+    def add(self, prefill: KVCache, prompt_len: int) -> int:
+        """Place a sequence prefilled in its own one-row cache; return its row."""
+        if self.rows >= self.max_rows:
+            raise RuntimeError(f"all {self.max_rows} rows are in use")
+        if self.rows == 0:
+            self.length = 0
+        if prompt_len > self.length:
+            self.compact()
+        if prompt_len > self.length:
+            self._shift(prompt_len - self.length)
+        row, begin = self.rows, self.length - prompt_len
+        for layer in range(len(self.cache.k)):
+            self.cache.k[layer][row, :, begin:self.length] = prefill.k[layer][0, :, :prompt_len]
+            self.cache.v[layer][row, :, begin:self.length] = prefill.v[layer][0, :, :prompt_len]
+        self.valid[row] = False
+        self.valid[row, begin:self.length] = True
+        self.start[row] = begin
+        self.rows += 1
+        return row
+
+    def remove(self, row: int) -> None:
+        """Free `row`; the last active row moves into its place."""
+        last = self.rows - 1
+        if row != last:
+            for layer in range(len(self.cache.k)):
+                self.cache.k[layer][row, :, : self.length] = self.cache.k[layer][last, :, : self.length]
+                self.cache.v[layer][row, :, : self.length] = self.cache.v[layer][last, :, : self.length]
+            self.valid[row] = self.valid[last]
+            self.start[row] = self.start[last]
+        self.valid[last] = False
+        self.rows = last
+        if self.rows == 0:
+            self.length = 0
+
+    def compact(self) -> None:
+        """Shift every row left by the first column any row still uses."""
+        if self.rows == 0:
+            self.length = 0
+            return
+        shift = min(self.start[: self.rows])
+        if shift == 0:
+            return
+        self._shift(-shift)
+
+    def _shift(self, by: int) -> None:
+        """Move all active rows `by` columns (right when positive, left when negative)."""
+        n, old = self.rows, self.length
+        new = old + by
+        src, dst = (slice(0, old), slice(by, new)) if by > 0 else (slice(-by, old), slice(0, new))
+        for layer in range(len(self.cache.k)):
+            for t in (self.cache.k[layer], self.cache.v[layer]):
+                t[:n, :, dst] = t[:n, :, src].clone()
+        moved = self.valid[:n, src].clone()
+        self.valid[:n] = False
+        self.valid[:n, dst] = moved
+        for row in range(n):
+            self.start[row] += by
+        self.length = new

@@ -1,0 +1,66 @@
+"""What the routes share: the engine, the settings and what was loaded (kept on `app.state.server`)."""
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from fastapi import Request
+
+from data.tokenizer import encode
+from serve.config import ServeConfig
+from serve.engine import Engine
+from serve.errors import APIError
+from serve.metrics import ServerMetrics
+
+
+@dataclass
+class ServerState:
+    config: ServeConfig
+    engine: Engine
+    metrics: ServerMetrics
+    checkpoint: Path
+    artifact_kind: str
+    model_id: str  # the name /v1/models lists and /v1/completions expects
+    created: int  # when the artifact was written (Unix time), for /v1/models
+    device: torch.device
+    api_key: str | None
+
+    @property
+    def block_size(self) -> int:
+        return self.engine.config.block_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.config.vocab_size
+
+    def encode_within_context(self, prompt: str, max_new: int, prompt_field: str, max_new_field: str) -> list[int]:
+        """The prompt's tokens, or a 422 that gives the numbers when prompt + new tokens overflow the context."""
+        ids = encode(prompt)
+        if len(ids) + max_new > self.block_size:
+            param = prompt_field if len(ids) >= self.block_size else max_new_field
+            raise APIError(422, f"{prompt_field} is {len(ids)} token(s) and {max_new_field} is {max_new}: "
+                                f"{len(ids) + max_new} exceeds the model's context of {self.block_size} tokens; "
+                                f"shorten the prompt or lower {max_new_field}", param=param, code="context_length_exceeded")
+        return ids
+
+    def check_top_k(self, top_k: int | None) -> None:
+        if top_k is not None and top_k > self.vocab_size:
+            raise APIError(422, f"top_k: {top_k} exceeds the vocabulary of {self.vocab_size} tokens", param="top_k")
+
+
+def server_state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+def require_api_key(request: Request) -> None:
+    """When an API key is configured, accept `Authorization: Bearer KEY` (what the openai client sends) or `X-API-Key`."""
+    expected = server_state(request).api_key
+    if not expected:
+        return
+    auth = request.headers.get("authorization", "")
+    given = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else request.headers.get("x-api-key", "")
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        raise APIError(401, "missing or wrong API key: send `Authorization: Bearer <key>` or `X-API-Key: <key>`",
+                       code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})

@@ -1,0 +1,85 @@
+"""Carry one HTTP request's generations from the engine thread to the event loop.
+
+A submission holds one or more engine requests (an OpenAI request may ask for several
+completions) that deliver their events into one asyncio queue, tagged with their index.
+Whoever reads the events cancels the submission when done, so a client that goes away
+frees its batch rows at the engine's next step.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import AsyncIterator
+
+from fastapi import Request
+
+from model.generate import SamplingParams
+from serve.engine import DoneEvent, Engine, EngineStopped, ErrorEvent, Event, GenerationRequest, QueueFull
+from serve.errors import APIError
+
+# How often a non-streaming request checks whether its client is still there.
+DISCONNECT_POLL_S = 0.5
+
+
+class Submission:
+    def __init__(self, engine: Engine, jobs: list[tuple[list[int], SamplingParams, list[str]]], retry_after_s: int):
+        self.engine = engine
+        self.retry_after_s = retry_after_s
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        self.requests = [GenerationRequest(ids, params, functools.partial(self._deliver, i), stop)
+                         for i, (ids, params, stop) in enumerate(jobs)]
+        self.open = set(range(len(jobs)))
+
+    def _deliver(self, index: int, event: Event) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, event))
+        except RuntimeError:  # the event loop has closed: nobody is waiting any more
+            self.requests[index].cancel()
+
+    def submit(self) -> None:
+        """Queue every generation, or none: a full queue answers 503 with Retry-After."""
+        try:
+            for request in self.requests:
+                self.engine.submit(request)
+        except (QueueFull, EngineStopped) as e:
+            self.cancel()
+            raise APIError(503, f"server busy: {e}; retry after {self.retry_after_s}s", code="overloaded",
+                           headers={"Retry-After": str(self.retry_after_s)}) from e
+
+    def cancel(self) -> None:
+        for request in self.requests:
+            request.cancel()
+
+    async def events(self, client: Request | None = None) -> AsyncIterator[tuple[int, Event]]:
+        """(index, event) until every generation is done; stops early if `client` disconnects."""
+        while self.open:
+            try:
+                index, event = await asyncio.wait_for(self.queue.get(), DISCONNECT_POLL_S)
+            except TimeoutError:
+                if client is not None and await client.is_disconnected():
+                    return
+                continue
+            if isinstance(event, (DoneEvent, ErrorEvent)):
+                self.open.discard(index)
+            yield index, event
+
+    async def results(self, client: Request) -> list[DoneEvent]:
+        """Wait for every generation; an engine error becomes the HTTP error that says what happened."""
+        done: dict[int, DoneEvent] = {}
+        try:
+            async for index, event in self.events(client):
+                if isinstance(event, ErrorEvent):
+                    raise error_for(event)
+                if isinstance(event, DoneEvent):
+                    done[index] = event
+        finally:
+            self.cancel()
+        if len(done) < len(self.requests):
+            raise APIError(499, "client closed the request before generation finished")
+        return [done[i] for i in range(len(self.requests))]
+
+
+def error_for(event: ErrorEvent) -> APIError:
+    status = 504 if event.kind == "timeout" else 500
+    return APIError(status, event.message, code=event.kind)
