@@ -142,7 +142,7 @@ def load_model(folder: str | Path, device: str | torch.device = "cpu") -> tuple[
         raise ArtifactError(f"could not read {weights}: {e}; the file is damaged, re-create it") from e
     if kind == "int8":
         from model.int8 import build_int8_model
-        model = build_int8_model(config, state)
+        model = build_int8_model(config, state, meta)
     else:
         with torch.device("meta"):
             model = GPT(config)

@@ -1,0 +1,210 @@
+"""Int8 modules for dynamic quantization, and rebuilding an int8 artifact into a ready GPT.
+
+Weights are int8 per output channel, symmetric (zero point 0, scale = max|w| / 127), so the artifact
+holds only `<layer>.weight` (int8), `<layer>.weight_scale` (float32) and the float bias.  On CPU the
+matmul runs in PyTorch's quantized engine (fbgemm / x86, or qnnpack on ARM): activations are
+quantized per tensor on the fly and the product is accumulated in int32.  That engine has no GPU
+kernels, so on any other device the same module runs weight-only: int8 weights are dequantized per
+matmul (memory saved, float arithmetic), with a warning saying so.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model.config import GPTConfig
+from model.gpt import GPT
+
+INT8_MAX = 127
+# The head is tied to the token embedding: quantizing it quantizes the embedding rows too.
+HEAD_NAME = "lm_head"
+EMBEDDING_NAME = "transformer.wte"
+
+
+def block_linear_names(model: GPT) -> list[str]:
+    """The nn.Linear layers inside the transformer blocks (attention and MLP projections)."""
+    return [name for name, module in model.named_modules()
+            if name.startswith("transformer.h.") and isinstance(module, nn.Linear)]
+
+
+def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output row: (int8 weight, float32 scale per row)."""
+    weight = weight.detach().float()
+    # An all-zero row (a pruned unit) would get scale 0; any positive scale reproduces it exactly.
+    scale = (weight.abs().amax(dim=1) / INT8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+    quantized = torch.round(weight / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return quantized, scale
+
+
+class Int8Linear(nn.Module):
+    """A linear layer with int8 per-channel weights and dynamically quantized activations (on CPU)."""
+
+    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        if weight.dtype != torch.int8 or weight.dim() != 2:
+            raise ValueError(f"Int8Linear needs a 2-D int8 weight, got {weight.dtype} {tuple(weight.shape)}")
+        if weight_scale.shape != (weight.size(0),):
+            raise ValueError(f"weight_scale has shape {tuple(weight_scale.shape)}, expected ({weight.size(0)},)")
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("weight", weight)
+        self.register_buffer("weight_scale", weight_scale.float())
+        self.register_buffer("bias", None if bias is None else bias.float())
+        self._pack()
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear) -> "Int8Linear":
+        weight, scale = quantize_per_channel(linear.weight)
+        return cls(weight, scale, None if linear.bias is None else linear.bias.detach().float().clone())
+
+    def _pack(self) -> None:
+        # The quantized engine wants its own weight layout; it is a derived copy, never saved.
+        # Packing needs CPU tensors; a module loaded straight onto another device never uses it.
+        weight = self.weight.cpu()
+        with warnings.catch_warnings():
+            # torch 2.13 marks quantized tensors deprecated (pytorch#184982); they are still the only
+            # way into the engine that measured fastest here (measured in quantize/dynamic.py), and
+            # torch is pinned, so the notice would only repeat once per layer at every load.
+            warnings.filterwarnings("ignore", message="torch.quantize_per_tensor, torch.quantize_per_channel")
+            qweight = torch._make_per_channel_quantized_tensor(
+                weight, self.weight_scale.cpu().double(), torch.zeros(weight.size(0), dtype=torch.int64), 0)
+        bias = None if self.bias is None else self.bias.cpu()
+        self._packed = torch.ops.quantized.linear_prepack(qweight, bias)
+
+    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.weight.to(dtype) * self.weight_scale.to(dtype)[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu" and x.dtype == torch.float32:
+            # reduce_range keeps activations to 7 bits so fbgemm's int16 pair sums cannot saturate.
+            return torch.ops.quantized.linear_dynamic(x, self._packed, reduce_range=True)
+        warnings.warn(f"PyTorch's int8 dynamic-quantization kernels take float32 CPU input only; for "
+                      f"{x.dtype} input on {x.device} this int8 model runs weight-only (int8 weights "
+                      f"dequantized for each matmul): it saves memory but is not the CPU speed-up", stacklevel=2)
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.dequantized_weight(x.dtype), bias)
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        self._pack()  # the packed copy must follow weights loaded in place
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Int8Embedding(nn.Module):
+    """Token embedding whose rows are stored int8 (shared with a quantized, tied output head)."""
+
+    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor):
+        super().__init__()
+        self.register_buffer("weight", weight)
+        self.register_buffer("weight_scale", weight_scale.float())
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return F.embedding(idx, self.weight).float() * self.weight_scale[idx].unsqueeze(-1)
+
+
+def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
+
+
+def quantize_model(model: GPT, quantize_head: bool = False) -> dict:
+    """Swap the block linears (and optionally the tied head) for int8 modules, in place.
+
+    Returns the description stored in the artifact's config.json under "quantization".
+    """
+    layers = block_linear_names(model)
+    for name in layers:
+        _replace(model, name, Int8Linear.from_float(model.get_submodule(name)))
+    if quantize_head:
+        embedding = model.transformer.wte
+        weight, scale = quantize_per_channel(embedding.weight)
+        _tie_int8_head(model, weight, scale)
+    return quantization_description(layers, quantize_head)
+
+
+def quantization_description(layers: list[str], quantize_head: bool) -> dict:
+    return {"scheme": "dynamic int8: weights symmetric per output channel (zero point 0), "
+                      "activations per tensor at run time",
+            "layers": layers, "quantized_head": quantize_head}
+
+
+def _tie_int8_head(model: GPT, weight: torch.Tensor, scale: torch.Tensor) -> None:
+    model.transformer.wte = Int8Embedding(weight, scale)
+    model.lm_head = Int8Linear(weight, scale, None)
+    # One int8 tensor and one scale vector serve both, as the float model shares one matrix.
+    model.lm_head.weight = model.transformer.wte.weight
+    model.lm_head.weight_scale = model.transformer.wte.weight_scale
+
+
+def int8_state_for_saving(model: GPT) -> dict[str, torch.Tensor]:
+    """Weights to store: the tied head (weight and scale) is stored once, as the embedding."""
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    for key in (f"{HEAD_NAME}.weight", f"{HEAD_NAME}.weight_scale"):
+        state.pop(key, None)
+    return state
+
+
+def _take(state: dict[str, torch.Tensor], key: str, dtype: torch.dtype, shape: tuple, error) -> torch.Tensor:
+    if key not in state:
+        raise error(f"int8 weights are missing {key}")
+    tensor = state.pop(key)
+    if tensor.dtype != dtype or tuple(tensor.shape) != tuple(shape):
+        raise error(f"{key} is {tensor.dtype} {tuple(tensor.shape)}, expected {dtype} {tuple(shape)} "
+                    f"for this config")
+    return tensor
+
+
+def build_int8_model(config: GPTConfig, state: dict[str, torch.Tensor], meta: dict) -> GPT:
+    """A GPT whose quantized layers (as listed in meta["quantization"]) are int8 modules, from stored tensors."""
+    from model.artifact import ArtifactError  # artifact imports this module lazily
+
+    quantization = meta.get("quantization")
+    if not isinstance(quantization, dict) or "layers" not in quantization:
+        raise ArtifactError("config.json of this int8 artifact has no 'quantization' section listing the "
+                            "quantized layers; re-create it with `python quantize/dynamic.py`")
+    state = dict(state)
+    with torch.device("meta"):
+        model = GPT(config)
+    for name in quantization["layers"]:
+        try:
+            linear = model.get_submodule(name)
+        except AttributeError:
+            linear = None
+        if not isinstance(linear, nn.Linear):
+            raise ArtifactError(f"config.json lists {name!r} as quantized, but the model has no linear layer there")
+        out_features, in_features = linear.weight.shape
+        weight = _take(state, f"{name}.weight", torch.int8, (out_features, in_features), ArtifactError)
+        scale = _take(state, f"{name}.weight_scale", torch.float32, (out_features,), ArtifactError)
+        bias = None
+        if linear.bias is not None:
+            bias = _take(state, f"{name}.bias", torch.float32, (out_features,), ArtifactError)
+        _replace(model, name, Int8Linear(weight, scale, bias))
+    if quantization.get("quantized_head", False):
+        shape = tuple(model.transformer.wte.weight.shape)
+        weight = _take(state, f"{EMBEDDING_NAME}.weight", torch.int8, shape, ArtifactError)
+        scale = _take(state, f"{EMBEDDING_NAME}.weight_scale", torch.float32, shape[:1], ArtifactError)
+        _tie_int8_head(model, weight, scale)
+    _load_float_weights(model, state, ArtifactError)
+    return model
+
+
+def _load_float_weights(model: GPT, state: dict[str, torch.Tensor], error) -> None:
+    """Fill the still-unmaterialised (meta) float tensors from `state`, re-tying a float head."""
+    tied_float_head = isinstance(model.lm_head, nn.Linear)
+    expected = {k for k, v in model.state_dict().items() if v.is_meta}
+    if tied_float_head:
+        expected.discard(f"{HEAD_NAME}.weight")
+    missing, unexpected = expected - set(state), set(state) - expected
+    if missing or unexpected:
+        raise error(f"int8 weights do not match config.json: missing {sorted(missing)[:5]}, "
+                    f"unexpected {sorted(unexpected)[:5]}")
+    model.load_state_dict(state, strict=False, assign=True)
+    if tied_float_head:
+        model.lm_head.weight = model.transformer.wte.weight
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_meta:
+            raise error(f"{name} was not restored from the int8 weights")
