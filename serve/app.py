@@ -14,6 +14,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 
+from data.tokenizer import get_tokenizer
 from model.artifact import CONFIG_FILE, find_latest_artifact, load_model
 from model.device import choose_device
 from serve import routes_generate, routes_openai
@@ -34,6 +35,7 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     folder = Path(config.checkpoint) if config.checkpoint else find_latest_artifact()
     device = choose_device(config.device)
     model, meta = load_model(folder, device)
+    get_tokenizer()  # loaded now, so a missing tokenizer fails at startup rather than on the first request
     log.info("loaded %s model from %s on %s", meta["artifact"], folder, device)
     metrics = ServerMetrics()
     engine = Engine(model, device, config.max_batch_size, config.max_queue, config.request_timeout_s, metrics)

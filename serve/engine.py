@@ -4,7 +4,7 @@ Continuous batching: a request that arrives is prefilled on its own (one forward
 its prompt, batch of one) and then joins the running batch, where every sequence advances
 one token per shared forward pass; a sequence leaves the batch the step it finishes, and its
 row goes to the next waiting request.  Each request samples with its own torch.Generator,
-seeded from its `seed`, one row at a time, so its random stream does not depend on its
+seeded from its `seed` (serve/sampling.py), so its random stream does not depend on its
 neighbours in the batch.
 
 The engine knows nothing about HTTP or asyncio: a request carries an `on_event` callback
@@ -24,9 +24,10 @@ from typing import Callable
 import torch
 
 from model.config import EOT_TOKEN
-from model.generate import SamplingParams, sample_next
+from model.generate import SamplingParams
 from model.gpt import KVCache
 from serve.metrics import ServerMetrics
+from serve.sampling import sample_rows
 from serve.slots import SlotCache
 from serve.text import TextAssembler
 
@@ -200,7 +201,7 @@ class Engine:
         prefill = KVCache(self.config, 1, prompt_len, self.device, self.dtype)
         idx = torch.tensor([request.prompt_ids], dtype=torch.long, device=self.device)
         logits, _ = self.model(idx, cache=prefill, last_only=True)
-        self._accept(seq, self._sample(seq, logits[0, -1]))
+        self._accept(seq, sample_rows(logits[:, -1], [seq.params], [seq.generator])[0])
         if not seq.finished:
             self.slots.add(prefill, prompt_len)
             self.active.append(seq)
@@ -213,13 +214,12 @@ class Engine:
         logits, _ = self.model(idx, cache=self.slots.view(), positions=positions, key_mask=key_mask,
                                last_only=True)
         self.slots.advance()
-        for i, seq in enumerate(self.active):
+        self.metrics.decode_batch.observe(len(self.active))
+        tokens = sample_rows(logits[:, -1], [s.params for s in self.active], [s.generator for s in self.active])
+        for seq, token in zip(self.active, tokens):
             seq.position += 1
-            self._accept(seq, self._sample(seq, logits[i, -1]))
+            self._accept(seq, token)
         self._remove(lambda s: s.finished)
-
-    def _sample(self, seq: _Sequence, logits: torch.Tensor) -> int:
-        return int(sample_next(logits[None], seq.params, seq.generator)[0])
 
     def _accept(self, seq: _Sequence, token: int) -> None:
         now = time.perf_counter()

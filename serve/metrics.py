@@ -10,6 +10,7 @@ import bisect
 import threading
 
 # Seconds; spans a queue wait of a millisecond to a request that runs into the time limit.
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
@@ -88,10 +89,12 @@ class ServerMetrics:
         self.queue_time = Histogram("serve_queue_seconds", "Time from arrival until generation started.")
         self.first_token = Histogram("serve_time_to_first_token_seconds", "Time from arrival to the first token.")
         self.total_time = Histogram("serve_request_seconds", "Time from arrival to the last token.")
+        self.decode_batch = Histogram("serve_decode_batch_size", "Sequences advanced by each shared forward pass.",
+                                      BATCH_BUCKETS)
         self.queue_depth = Gauge("serve_queue_depth", "Requests waiting for a batch slot.")
         self.batch_size = Gauge("serve_batch_size", "Sequences in the running batch.")
 
     def render(self) -> str:
         parts = (self.requests, self.tokens, self.queue_time, self.first_token, self.total_time,
-                 self.queue_depth, self.batch_size)
+                 self.decode_batch, self.queue_depth, self.batch_size)
         return "\n".join(line for metric in parts for line in metric.render()) + "\n"

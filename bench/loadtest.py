@@ -1,0 +1,244 @@
+"""Load-test a running generation server from loopback at several concurrency levels.
+
+    python bench/loadtest.py --url http://127.0.0.1:8000
+    python bench/loadtest.py --checkpoint out/demo/train        # starts its own server on a free port
+
+Each level sends max(--min-requests, concurrency) streaming /generate requests, at most
+`concurrency` at a time, and starts no new request after --level-time-limit seconds.  Request
+i always has the same prompt and seed, so levels that send the same number of requests send
+the same requests: with the default 12, concurrency 12 and concurrency 1 compare the same 12
+requests served together and one at a time.  Latency and time to first token are measured
+by this client; throughput is generated tokens over the level's wall time.  A 503 (the
+server's queue is full) is counted apart from errors.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import json
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+import numpy as np
+from tqdm import tqdm
+
+PROMPTS = [
+    "The history of",
+    "In 1998, the company announced that",
+    "The module",
+    "Scientists have long debated whether the",
+    "She opened the door and",
+    "The river flows through the valley, past the old mill, and",
+]
+COMPARE_CONCURRENCY = 12
+
+
+@dataclass
+class Outcome:
+    status: int  # HTTP status; 0 when the request failed before an answer
+    latency_s: float = 0.0
+    ttft_s: float | None = None
+    tokens: int = 0
+    error: str | None = None
+
+
+@dataclass
+class LevelResult:
+    concurrency: int
+    requests: int
+    wall_s: float
+    outcomes: list[Outcome] = field(default_factory=list)
+    not_started: int = 0  # requests skipped because the level's time limit passed
+
+    @property
+    def ok(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status == 200 and o.error is None]
+
+    @property
+    def overloaded(self) -> int:
+        return sum(o.status == 503 for o in self.outcomes)
+
+    @property
+    def errors(self) -> int:
+        return len(self.outcomes) - len(self.ok) - self.overloaded
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(o.tokens for o in self.ok) / self.wall_s if self.wall_s > 0 else 0.0
+
+    def latency_ms(self, q: float) -> float:
+        values = [o.latency_s for o in self.ok]
+        return 1000 * float(np.percentile(values, q)) if values else float("nan")
+
+    def ttft_ms(self, q: float) -> float:
+        values = [o.ttft_s for o in self.ok if o.ttft_s is not None]
+        return 1000 * float(np.percentile(values, q)) if values else float("nan")
+
+
+def request_body(i: int, max_new_tokens: int) -> dict:
+    return {"prompt": PROMPTS[i % len(PROMPTS)], "max_new_tokens": max_new_tokens, "temperature": 0.8,
+            "top_k": 200, "seed": i, "stream": True}
+
+
+async def one_request(client: httpx.AsyncClient, url: str, body: dict, timeout_s: float) -> Outcome:
+    start = time.perf_counter()
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with client.stream("POST", f"{url}/generate", json=body) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    return Outcome(response.status_code, time.perf_counter() - start, error=response.text[:200])
+                outcome = Outcome(200)
+                event = None
+                async for line in response.aiter_lines():
+                    if line.startswith("event: "):
+                        event = line.removeprefix("event: ")
+                    elif line.startswith("data: "):
+                        data = json.loads(line.removeprefix("data: "))
+                        if event == "token" and data["token"] is not None and outcome.ttft_s is None:
+                            outcome.ttft_s = time.perf_counter() - start
+                        elif event == "done":
+                            outcome.tokens = data["tokens"]
+                        elif event == "error":
+                            outcome.error = data["error"]["message"]
+                outcome.latency_s = time.perf_counter() - start
+                if event != "done" and outcome.error is None:
+                    outcome.error = "the stream ended without a done event"
+                return outcome
+    except (httpx.HTTPError, TimeoutError) as e:
+        return Outcome(0, time.perf_counter() - start, error=f"{type(e).__name__}: {e}")
+
+
+async def run_level(url: str, concurrency: int, requests: int, max_new_tokens: int, time_limit_s: float,
+                    request_timeout_s: float) -> LevelResult:
+    gate = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    result = LevelResult(concurrency, requests, wall_s=0.0)
+    start = time.perf_counter()
+    progress = tqdm(total=requests, desc=f"concurrency {concurrency}", file=sys.stderr, leave=False)
+
+    async def worker(i: int, client: httpx.AsyncClient) -> None:
+        async with gate:
+            if time.perf_counter() - start > time_limit_s:
+                result.not_started += 1
+            else:
+                result.outcomes.append(await one_request(client, url, request_body(i, max_new_tokens),
+                                                         request_timeout_s))
+            progress.update()
+
+    async with httpx.AsyncClient(limits=limits, timeout=request_timeout_s) as client:
+        await asyncio.gather(*(worker(i, client) for i in range(requests)))
+    result.wall_s = time.perf_counter() - start
+    progress.close()
+    return result
+
+
+async def run_levels(url: str, levels: list[int], min_requests: int, max_new_tokens: int, time_limit_s: float,
+                     request_timeout_s: float) -> list[LevelResult]:
+    # One request first, so that no level pays for the server's first-call warm-up.
+    await run_level(url, 1, 1, max_new_tokens, time_limit_s, request_timeout_s)
+    return [await run_level(url, c, max(min_requests, c), max_new_tokens, time_limit_s, request_timeout_s)
+            for c in levels]
+
+
+def format_table(results: list[LevelResult]) -> str:
+    lines = ["| concurrency | requests | ok | 503 | errors | latency p50 / p95 / p99 ms | first token p50 / p95 / p99 ms "
+             "| tokens/s | requests/s |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        latency = " / ".join(f"{r.latency_ms(q):.0f}" for q in (50, 95, 99))
+        ttft = " / ".join(f"{r.ttft_ms(q):.0f}" for q in (50, 95, 99))
+        requests = f"{len(r.outcomes)}" + (f" (+{r.not_started} not started)" if r.not_started else "")
+        lines.append(f"| {r.concurrency} | {requests} | {len(r.ok)} | {r.overloaded} | {r.errors} | {latency} | {ttft} "
+                     f"| {r.tokens_per_s:.1f} | {len(r.ok) / r.wall_s:.2f} |")
+    return "\n".join(lines)
+
+
+def batching_speedup(results: list[LevelResult]) -> str | None:
+    """Concurrency 12 against concurrency 1 when both levels sent the same requests."""
+    by_level = {r.concurrency: r for r in results}
+    alone, together = by_level.get(1), by_level.get(COMPARE_CONCURRENCY)
+    if alone is None or together is None or alone.requests != together.requests:
+        return None
+    ratio = together.tokens_per_s / alone.tokens_per_s if alone.tokens_per_s else float("nan")
+    return (f"{together.requests} requests at concurrency {COMPARE_CONCURRENCY}: {together.tokens_per_s:.1f} tokens/s; "
+            f"the same {alone.requests} one at a time: {alone.tokens_per_s:.1f} tokens/s; speed-up {ratio:.2f}x")
+
+
+def check_loopback(url: str) -> None:
+    host = urlparse(url).hostname or ""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ValueError(f"--url {url} is not a loopback address; this load test only drives a server on this "
+                         f"machine (127.0.0.1 or localhost)")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--url", default="http://127.0.0.1:8000", help="a running server on loopback")
+    target.add_argument("--checkpoint", type=Path, help="start `python -m serve` on this artifact instead")
+    parser.add_argument("--server-args", default="", help="extra flags for the server --checkpoint starts")
+    parser.add_argument("--concurrency", default="1,4,12,32", help="comma-separated levels")
+    parser.add_argument("--min-requests", type=int, default=12, help="requests per level (at least the concurrency)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--level-time-limit", type=float, default=120.0, help="seconds; no new requests after it")
+    parser.add_argument("--request-timeout", type=float, default=120.0, help="seconds per request")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    try:
+        args.levels = [int(c) for c in args.concurrency.split(",")]
+    except ValueError:
+        parser.error(f"--concurrency must be comma-separated integers, got {args.concurrency!r}")
+    if any(c < 1 for c in args.levels) or args.min_requests < 1 or args.max_new_tokens < 1:
+        parser.error("concurrency levels, --min-requests and --max-new-tokens must be at least 1")
+    return args
+
+
+def report(args, url: str) -> None:
+    results = asyncio.run(run_levels(url, args.levels, args.min_requests, args.max_new_tokens,
+                                     args.level_time_limit, args.request_timeout))
+    print(f"load test of {url}: streaming /generate, {args.max_new_tokens} new tokens per request")
+    print(format_table(results))
+    speedup = batching_speedup(results)
+    if speedup:
+        print(speedup)
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+    for r in results:
+        for o in r.outcomes:
+            if o.error and o.status != 503:
+                print(f"error at concurrency {r.concurrency}: status {o.status}: {o.error}", file=sys.stderr)
+                break
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.checkpoint is None:
+        try:
+            check_loopback(args.url)
+        except ValueError as e:
+            sys.exit(f"error: {e}")
+        report(args, args.url.rstrip("/"))
+        return
+    from serve.launch import running_server
+    with tempfile.TemporaryDirectory() as tmp, \
+            running_server(args.checkpoint, Path(tmp) / "server.log", args.server_args.split()) as server:
+        health = httpx.get(f"{server.url}/health").json()
+        print(f"server: {health['artifact']} model {health['checkpoint']} on {health['device']}, "
+              f"max batch {health['max_batch_size']}")
+        report(args, server.url)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""The last step of `make demo`: start the server on a checkpoint, send one request, print the reply and its latency.
+
+    python -m serve.demo --checkpoint out/demo/train
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from serve.launch import running_server
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--checkpoint", type=Path, required=True, help="artifact folder to serve")
+    parser.add_argument("--prompt", default="The module")
+    parser.add_argument("--max-new-tokens", type=int, default=40)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    if not args.checkpoint.is_dir():
+        sys.exit(f"error: checkpoint folder {args.checkpoint} does not exist; train one first (`make demo` does)")
+    request = {"prompt": args.prompt, "max_new_tokens": args.max_new_tokens, "temperature": 0.8, "top_k": 200,
+               "seed": args.seed}
+    with tempfile.TemporaryDirectory() as tmp, \
+            running_server(args.checkpoint, Path(tmp) / "server.log") as server:
+        print(f"server on {server.url} serving {args.checkpoint}; POST /generate {request}")
+        start = time.perf_counter()
+        response = httpx.post(f"{server.url}/generate", json=request, timeout=120)
+        client_ms = 1000 * (time.perf_counter() - start)
+        if response.status_code != 200:
+            sys.exit(f"error: the server answered {response.status_code}: {response.text}\n{server.log()}")
+        reply = response.json()
+        latency = reply["latency"]
+        print(f"--- reply ({reply['tokens']} tokens, finish_reason={reply['finish_reason']}) ---")
+        print(args.prompt + reply["text"])
+        print(f"--- latency: queue {latency['queue_ms']:.1f} ms, first token {latency['time_to_first_token_ms']:.1f} ms, "
+              f"total {latency['total_ms']:.1f} ms ({latency['tokens_per_s']:.1f} tokens/s); "
+              f"round trip seen by the client {client_ms:.1f} ms")
+    print("server stopped")
+
+
+if __name__ == "__main__":
+    main()

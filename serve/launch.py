@@ -1,0 +1,78 @@
+"""Start `python -m serve` as a child process on a free loopback port, wait until it answers, always stop it.
+
+Used by the demo, the load test and the tests, which all need a real server with a real port.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, checkpoint: str | Path, log_path: str | Path, extra_args: list[str] | None = None,
+                 env: dict[str, str] | None = None):
+        self.port = free_port()
+        self.url = f"http://{LOOPBACK}:{self.port}"
+        self.log_path = Path(log_path)
+        command = [sys.executable, "-m", "serve", "--checkpoint", str(checkpoint), "--host", LOOPBACK,
+                   "--port", str(self.port), *(extra_args or [])]
+        self.log_file = open(self.log_path, "w")
+        self.process = subprocess.Popen(command, stdout=self.log_file, stderr=subprocess.STDOUT,
+                                        env={**os.environ, **(env or {})})
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_until_healthy(self, timeout_s: float) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the server exited with code {self.process.returncode}:\n{self.log()}")
+            try:
+                response = httpx.get(f"{self.url}/health", timeout=2)
+                if response.status_code == 200:
+                    return response.json()
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"the server did not answer /health within {timeout_s:g}s:\n{self.log()}")
+
+    def stop(self, timeout_s: float = 30) -> int:
+        """SIGTERM (uvicorn lets in-flight requests finish), then SIGKILL if it does not exit in time."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log_file.close()
+        return self.process.returncode
+
+
+@contextlib.contextmanager
+def running_server(checkpoint: str | Path, log_path: str | Path, extra_args: list[str] | None = None,
+                   env: dict[str, str] | None = None, startup_timeout_s: float = 120) -> Iterator[ServerProcess]:
+    server = ServerProcess(checkpoint, log_path, extra_args, env)
+    try:
+        server.wait_until_healthy(startup_timeout_s)
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,214 @@
+"""The serving engine without HTTP: continuous batching equals generating alone, rows join, leave and shift."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from model.generate import SamplingParams, generate
+from model.gpt import GPT
+from serve.engine import DoneEvent, Engine, ErrorEvent, GenerationRequest, QueueFull, TokenEvent
+from serve.metrics import ServerMetrics
+from serve.sampling import sample_rows
+from serve.slots import SlotCache
+from serve.text import TextAssembler
+from tests.conftest import small_config
+
+
+class Collector:
+    """Events of several requests, by request index; `wait` returns once every request ended."""
+
+    def __init__(self, count: int):
+        self.tokens = [[] for _ in range(count)]
+        self.ends: dict[int, DoneEvent | ErrorEvent] = {}
+        self.count = count
+        self.all_ended = threading.Event()
+
+    def callback(self, i: int):
+        def on_event(event):
+            if isinstance(event, TokenEvent):
+                self.tokens[i].append(event.token)
+            else:
+                self.ends[i] = event
+                if len(self.ends) == self.count:
+                    self.all_ended.set()
+        return on_event
+
+    def wait(self, timeout_s: float = 60):
+        assert self.all_ended.wait(timeout_s), f"only {len(self.ends)} of {self.count} requests ended"
+        return self
+
+
+def run(engine: Engine, jobs: list[tuple[list[int], SamplingParams]]) -> Collector:
+    collector = Collector(len(jobs))
+    for i, (ids, params) in enumerate(jobs):
+        engine.submit(GenerationRequest(ids, params, collector.callback(i)))
+    return collector.wait()
+
+
+@pytest.fixture(scope="module")
+def short_context_model() -> GPT:
+    # A context of 16 makes the slot cache (32 columns) shift rows both ways in a short test.
+    torch.manual_seed(0)
+    return GPT(small_config(block_size=16, vocab_size=2048)).eval()
+
+
+@pytest.fixture
+def engine(short_context_model):
+    engine = Engine(short_context_model, torch.device("cpu"), max_batch_size=4, max_queue=32, request_timeout_s=60)
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+def mixed_jobs(count: int, block_size: int) -> list[tuple[list[int], SamplingParams]]:
+    """Prompts of different lengths, greedy and seeded sampling with different settings."""
+    g = torch.Generator().manual_seed(1)
+    jobs = []
+    for i in range(count):
+        prompt_len = int(torch.randint(1, block_size // 2, (1,), generator=g))
+        max_new = int(torch.randint(2, block_size - prompt_len + 1, (1,), generator=g))
+        settings = [dict(temperature=0.0), dict(temperature=0.9, seed=i), dict(temperature=1.2, top_k=40, seed=i),
+                    dict(temperature=0.7, top_p=0.8, seed=1000 + i)][i % 4]
+        ids = torch.randint(0, 2048, (prompt_len,), generator=g).tolist()
+        # End-of-text would end rows at random points; lengths are the point here.
+        jobs.append((ids, SamplingParams(max_new_tokens=max_new, stop_at_eot=False, **settings)))
+    return jobs
+
+
+def test_batched_generation_equals_generating_alone(engine, short_context_model, monkeypatch):
+    shifts = []
+    original_shift = SlotCache._shift
+    monkeypatch.setattr(SlotCache, "_shift", lambda self, by: (shifts.append(by), original_shift(self, by)))
+    jobs = mixed_jobs(16, short_context_model.config.block_size)
+    alone = [run(engine, [job]).tokens[0] for job in jobs]
+    together = run(engine, jobs)
+    assert together.tokens == alone
+    assert [together.ends[i].tokens for i in range(len(jobs))] == [p.max_new_tokens for _, p in jobs]
+    # The batch really was continuous: rows shifted both ways while sequences joined and left.
+    assert any(by > 0 for by in shifts) and any(by < 0 for by in shifts)
+    # Greedy rows also equal the reference generator (uncached, one sequence at a time).
+    for (ids, params), tokens in zip(jobs, alone):
+        if params.temperature == 0:
+            reference = generate(short_context_model, torch.tensor([ids]), params, use_cache=False)
+            assert reference[0, len(ids):].tolist() == tokens
+
+
+def test_same_seed_repeats_and_different_seeds_differ(engine):
+    params = lambda seed: SamplingParams(max_new_tokens=10, temperature=1.0, seed=seed, stop_at_eot=False)
+    out = run(engine, [([1, 2, 3], params(5)), ([1, 2, 3], params(5)), ([1, 2, 3], params(6))]).tokens
+    assert out[0] == out[1] != out[2]
+
+
+def test_queue_full_is_refused(short_context_model):
+    engine = Engine(short_context_model, torch.device("cpu"), max_batch_size=2, max_queue=1, request_timeout_s=60)
+    request = lambda: GenerationRequest([1], SamplingParams(max_new_tokens=3), lambda event: None)
+    for _ in range(3):  # two free rows and one queue place; the engine thread is not running
+        engine.submit(request())
+    with pytest.raises(QueueFull, match="limit 1 beyond a full batch of 2"):
+        engine.submit(request())
+
+
+class SlowModel(torch.nn.Module):
+    """The model, a fixed time slower per forward pass: makes time limits testable."""
+
+    def __init__(self, model: GPT, delay_s: float):
+        super().__init__()
+        self.model, self.config, self.delay_s = model, model.config, delay_s
+
+    def forward(self, *args, **kwargs):
+        time.sleep(self.delay_s)
+        return self.model(*args, **kwargs)
+
+
+def test_time_limit_ends_a_request_with_a_clear_error(short_context_model):
+    engine = Engine(SlowModel(short_context_model, 0.02), torch.device("cpu"), max_batch_size=2, max_queue=4,
+                    request_timeout_s=0.15)
+    engine.start()
+    try:
+        out = run(engine, [([1, 2], SamplingParams(max_new_tokens=20, stop_at_eot=False))])
+    finally:
+        engine.stop()
+    error = out.ends[0]
+    assert isinstance(error, ErrorEvent) and error.kind == "timeout"
+    assert "time limit of 0.15s" in error.message and "of 20 tokens" in error.message
+    assert 0 < len(out.tokens[0]) < 20
+    assert engine.batch_size == 0 and engine.slots.rows == 0
+
+
+def test_cancelled_request_leaves_the_batch(short_context_model):
+    engine = Engine(SlowModel(short_context_model, 0.01), torch.device("cpu"), max_batch_size=2, max_queue=4,
+                    request_timeout_s=60)
+    first_token = threading.Event()
+    events = []
+
+    def on_event(event):
+        events.append(event)
+        first_token.set()
+
+    request = GenerationRequest([1, 2], SamplingParams(max_new_tokens=20, stop_at_eot=False), on_event)
+    engine.start()
+    try:
+        engine.submit(request)
+        assert first_token.wait(30)
+        request.cancel()
+        deadline = time.monotonic() + 10
+        while engine.batch_size and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.batch_size == 0 and engine.slots.rows == 0
+        # The freed row serves the next request.
+        assert isinstance(run(engine, [([3], SamplingParams(max_new_tokens=2))]).ends[0], DoneEvent)
+    finally:
+        engine.stop()
+    assert len(events) < 20 and not any(isinstance(e, DoneEvent) for e in events)
+
+
+def test_engine_reports_metrics(engine):
+    metrics: ServerMetrics = engine.metrics
+    run(engine, [([1, 2], SamplingParams(max_new_tokens=4, stop_at_eot=False)) for _ in range(3)])
+    text = metrics.render()
+    assert "serve_generated_tokens_total 12" in text
+    assert 'serve_request_seconds_bucket{le="+Inf"} 3' in text
+    assert "# TYPE serve_time_to_first_token_seconds histogram" in text
+
+
+def test_sampling_a_row_ignores_its_neighbours():
+    torch.manual_seed(0)
+    logits = torch.randn(4, 1000)
+    params = [SamplingParams(temperature=0.8, top_k=50), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=1.0, top_p=0.5), SamplingParams(temperature=0.8, top_k=50)]
+    gens = lambda: [torch.Generator().manual_seed(i) for i in range(4)]
+    together = sample_rows(logits, params, gens())
+    alone = [sample_rows(logits[i:i + 1], [params[i]], [gens()[i]])[0] for i in range(4)]
+    assert together == alone
+    assert together[1] == int(logits[1].argmax())
+    # Top-k keeps only the 50 best tokens.
+    assert together[0] in torch.topk(logits[0], 50).indices.tolist()
+
+
+def test_sampling_follows_the_distribution():
+    logits = torch.log(torch.tensor([[0.1, 0.6, 0.3, 0.0]]))
+    g = torch.Generator().manual_seed(0)
+    draws = [sample_rows(logits, [SamplingParams(temperature=1.0)], [g])[0] for _ in range(3000)]
+    counts = [draws.count(t) / len(draws) for t in range(4)]
+    assert counts[3] == 0
+    assert counts == pytest.approx([0.1, 0.6, 0.3, 0.0], abs=0.03)
+
+
+def test_text_assembler_holds_back_partial_stop_strings_and_characters():
+    from data.tokenizer import encode
+    text = "Hello world. The end"
+    assembler = TextAssembler(stop=["world."])
+    released = ""
+    for token in encode(text):
+        released += assembler.add(token)
+        if assembler.stopped:
+            break
+    assert assembler.stopped and assembler.text == "Hello " and released == "Hello "
+    # A multi-byte character split across tokens is released only once complete.
+    assembler = TextAssembler(stop=[])
+    pieces = [assembler.add(t) for t in encode("naïve 🙂 ok")]
+    assert "\ufffd" not in "".join(pieces)
+    assert "".join(pieces) + assembler.finish() == "naïve 🙂 ok"
