@@ -129,6 +129,14 @@ def quantize(args) -> dict:
               f"measuring on CPU (on {device} the int8 artifact runs weight-only)", file=sys.stderr)
     float_model, source_meta = load_model(source, "cpu")
     print(f"quantizing {source_meta['artifact']} model from {source}", file=sys.stderr)
+    context = float_model.config.block_size
+    block = args.eval_block_size or context
+    if block > context:
+        raise ValueError(f"--eval-block-size {block} exceeds the model's context of {context}")
+    if args.prompt_tokens + args.new_tokens > context:
+        raise ValueError(f"--prompt-tokens + --new-tokens = {args.prompt_tokens + args.new_tokens} exceeds "
+                         f"the model's context of {context}")
+    tokens = load_split(args.dataset, "validation")  # before writing anything: a bad --dataset fails early
     int8_model, _ = load_model(source, "cpu")
     quantization = quantize_model(int8_model, quantize_head=args.quantize_head)
     writers = artifact_writers(int8_state_for_saving(int8_model), float_model.config, "int8",
@@ -139,16 +147,9 @@ def quantize(args) -> dict:
     print(f"wrote int8 artifact to {args.out_dir} ({len(quantization['layers'])} linear layers"
           f"{' and the tied head' if args.quantize_head else ''} quantized); measuring", file=sys.stderr)
 
-    tokens = load_split(args.dataset, "validation")
-    block = args.eval_block_size or float_model.config.block_size
-    if block > float_model.config.block_size:
-        raise ValueError(f"--eval-block-size {block} exceeds the model's context of {float_model.config.block_size}")
     validation = paired_validation(float_model, int8_model,
                                    eval_batches(tokens, block, args.eval_batch_size, args.eval_batches),
                                    total_batches=args.eval_batches)
-    if args.prompt_tokens + args.new_tokens > float_model.config.block_size:
-        raise ValueError(f"--prompt-tokens + --new-tokens exceeds the model's context of "
-                         f"{float_model.config.block_size}")
     prompts = prompts_from(tokens, max(BATCH_SIZES), args.prompt_tokens)
     generation, outputs = generation_speed({"float": float_model, "int8": int8_model}, prompts, BATCH_SIZES,
                                            args.new_tokens, args.repeats)

@@ -1,0 +1,254 @@
+"""Dynamic int8 quantization: closeness to float, artifact round trip, clear errors, the CLI end to end."""
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sample
+from model.artifact import (CONFIG_FILE, WEIGHTS_FILE, ArtifactError, artifact_writers, load_model, provenance,
+                            save_artifact, write_folder_atomically)
+from model.generate import SamplingParams, generate
+from model.gpt import GPT
+from model.int8 import Int8Embedding, Int8Linear, int8_state_for_saving, quantize_model, quantize_per_channel
+from quantize import dynamic
+from quantize.measure import greedy_agreement
+from tests.conftest import small_config
+
+VOCAB = 256
+
+
+def successor_batch(batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
+    """Sequences where each token determines the next (t -> 5t + 3 mod VOCAB), so a model can learn them."""
+    start = torch.randint(0, VOCAB, (batch, 1), generator=generator)
+    steps = [start]
+    for _ in range(length):
+        steps.append((steps[-1] * 5 + 3) % VOCAB)
+    return torch.cat(steps, dim=1)
+
+
+@pytest.fixture(scope="module")
+def trained_model() -> GPT:
+    """A small model trained until its predictions are confident, as a real checkpoint's are."""
+    torch.manual_seed(0)
+    model = GPT(small_config(n_embd=64, vocab_size=VOCAB))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(30):
+        seq = successor_batch(16, 32, generator)
+        _, loss = model(seq[:, :-1], seq[:, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+def quantized(model: GPT, quantize_head: bool = False) -> tuple[GPT, dict]:
+    copy_ = copy.deepcopy(model)
+    return copy_, quantize_model(copy_, quantize_head=quantize_head)
+
+
+def save_int8(folder, model: GPT, quantization: dict) -> None:
+    write_folder_atomically(folder, artifact_writers(int8_state_for_saving(model), model.config, "int8",
+                                                     provenance("tests"), extra={"quantization": quantization}))
+
+
+def test_per_channel_quantization_error_is_bounded_by_half_a_step():
+    weight = torch.randn(8, 16) * torch.logspace(-3, 1, 8)[:, None]  # rows of very different sizes
+    weight[3] = 0  # a fully pruned row must survive
+    q, scale = quantize_per_channel(weight)
+    assert q.dtype == torch.int8 and int(q.abs().max()) == 127
+    error = (q.float() * scale[:, None] - weight).abs()
+    assert bool((error <= scale[:, None] / 2 + 1e-7).all())
+    assert bool((q[3] == 0).all())
+
+
+def test_int8_linear_matches_float_and_every_route_agrees():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 48)
+    int8 = Int8Linear.from_float(linear)
+    x = torch.randn(3, 5, 64)
+    reference = linear(x)
+    fast = int8(x)  # dynamic int8 kernel
+    assert fast.shape == reference.shape
+    assert float((fast - reference).abs().max()) < 0.02 * float(reference.abs().max())
+    # Inputs the int8 kernel cannot take (any GPU, other dtypes) run weight-only, and say so.
+    with pytest.warns(UserWarning, match="weight-only"):
+        weight_only = int8(x.double())
+    expected = F.linear(x.double(), int8.dequantized_weight(torch.float64), linear.bias.double())
+    torch.testing.assert_close(weight_only, expected)
+    # Weights loaded in place must reach the packed copy the kernel reads.
+    other = Int8Linear.from_float(torch.nn.Linear(64, 48))
+    other.load_state_dict(int8.state_dict())
+    assert torch.equal(other(x), fast)
+
+
+def test_int8_logits_stay_close_to_float(trained_model):
+    seq = successor_batch(4, 48, torch.Generator().manual_seed(1))
+    int8_model, quantization = quantized(trained_model)
+    assert len(quantization["layers"]) == 4 * trained_model.config.n_layer
+    assert all(isinstance(int8_model.get_submodule(n), Int8Linear) for n in quantization["layers"])
+    assert isinstance(int8_model.lm_head, torch.nn.Linear) and int8_model.lm_head.weight is int8_model.transformer.wte.weight
+    with torch.no_grad():
+        float_logits, float_loss = trained_model(seq[:, :-1], seq[:, 1:])
+        int8_logits, int8_loss = int8_model(seq[:, :-1], seq[:, 1:])
+    spread = float(float_logits.std())
+    assert float((int8_logits - float_logits).abs().max()) < 0.1 * spread
+    assert abs(float(int8_loss) / float(float_loss) - 1) < 0.05
+    assert float((int8_logits.argmax(-1) == float_logits.argmax(-1)).float().mean()) > 0.95
+
+
+def test_greedy_outputs_mostly_agree(trained_model):
+    prompts = successor_batch(6, 4, torch.Generator().manual_seed(2))
+    params = SamplingParams(max_new_tokens=16, temperature=0, stop_at_eot=False)
+    float_output = generate(trained_model, prompts, params)
+    for quantize_head in (False, True):
+        int8_model, _ = quantized(trained_model, quantize_head)
+        agreement = greedy_agreement(float_output, generate(int8_model, prompts, params), prompts.size(1))
+        assert agreement["identical_tokens"] >= 0.9, (quantize_head, agreement)
+
+
+def test_greedy_agreement_counts_positions_and_prefixes():
+    reference = torch.tensor([[9, 1, 2, 3, 4], [9, 1, 2, 3, 4]])
+    candidate = torch.tensor([[9, 1, 2, 3, 4], [9, 1, 7, 3, 4]])
+    agreement = greedy_agreement(reference, candidate, prompt_tokens=1)
+    assert agreement["identical_tokens"] == 7 / 8
+    assert agreement["identical_prefix_fraction"] == (4 + 1) / 8
+    assert agreement["identical_rows"] == 1 and agreement["rows"] == 2
+
+
+@pytest.mark.parametrize("quantize_head", [False, True])
+def test_artifact_round_trip_gives_identical_logits(trained_model, tmp_path, quantize_head):
+    int8_model, quantization = quantized(trained_model, quantize_head)
+    save_int8(tmp_path / "int8", int8_model, quantization)
+    meta = json.loads((tmp_path / "int8" / CONFIG_FILE).read_text())
+    assert meta["artifact"] == "int8" and meta["quantization"]["layers"] == quantization["layers"]
+    assert meta["quantization"]["quantized_head"] is quantize_head
+    reloaded, _ = load_model(tmp_path / "int8")
+    if quantize_head:
+        assert isinstance(reloaded.transformer.wte, Int8Embedding)
+        assert reloaded.lm_head.weight is reloaded.transformer.wte.weight
+    seq = successor_batch(2, 20, torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(reloaded(seq)[0], int8_model(seq)[0])
+
+
+def test_pruned_widths_quantize_and_reload(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(small_config(vocab_size=VOCAB, mlp_hidden=[40, 24], n_head_per_layer=[4, 2])).eval()
+    int8_model, quantization = quantized(model)
+    save_int8(tmp_path / "int8", int8_model, quantization)
+    reloaded, _ = load_model(tmp_path / "int8")
+    assert reloaded.get_submodule("transformer.h.1.mlp.c_fc").weight.shape == (24, 32)
+    seq = torch.randint(0, VOCAB, (1, 10))
+    with torch.no_grad():
+        assert torch.equal(reloaded(seq)[0], int8_model(seq)[0])
+
+
+def test_missing_or_corrupt_int8_artifact_gets_a_clear_error(trained_model, tmp_path):
+    with pytest.raises(ArtifactError, match="does not exist"):
+        load_model(tmp_path / "nowhere")
+    int8_model, quantization = quantized(trained_model)
+    good = tmp_path / "good"
+    save_int8(good, int8_model, quantization)
+
+    truncated = tmp_path / "truncated"
+    shutil.copytree(good, truncated)
+    data = (truncated / WEIGHTS_FILE).read_bytes()
+    (truncated / WEIGHTS_FILE).write_bytes(data[: len(data) // 2])
+    with pytest.raises(ArtifactError, match="damaged"):
+        load_model(truncated)
+
+    no_section = tmp_path / "no_section"
+    shutil.copytree(good, no_section)
+    meta = json.loads((no_section / CONFIG_FILE).read_text())
+    del meta["quantization"]
+    (no_section / CONFIG_FILE).write_text(json.dumps(meta))
+    with pytest.raises(ArtifactError, match="no 'quantization' section"):
+        load_model(no_section)
+
+    missing_scale = tmp_path / "missing_scale"
+    state = int8_state_for_saving(int8_model)
+    del state["transformer.h.1.mlp.c_fc.weight_scale"]
+    write_folder_atomically(missing_scale, artifact_writers(state, int8_model.config, "int8", provenance("tests"),
+                                                            extra={"quantization": quantization}))
+    with pytest.raises(ArtifactError, match="missing transformer.h.1.mlp.c_fc.weight_scale"):
+        load_model(missing_scale)
+
+    float_weights = tmp_path / "float_weights"  # an int8 config over float tensors
+    save_artifact(float_weights, trained_model, trained_model.config, "int8", provenance("tests"),
+                  extra={"quantization": quantization})
+    with pytest.raises(ArtifactError, match="expected torch.int8"):
+        load_model(float_weights)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """A float checkpoint with the GPT-2 vocabulary and a small local WikiText-layout corpus."""
+    root = tmp_path_factory.mktemp("quantize")
+    torch.manual_seed(0)
+    model = GPT(small_config()).eval()
+    save_artifact(root / "float", model, model.config, "float", provenance("tests"))
+    corpus = root / "corpus"
+    corpus.mkdir()
+    text = " = Quantization = \n\n" + " ".join(f"The layer {i} maps int8 weights to scales." for i in range(300)) + "\n"
+    (corpus / "wiki.valid.raw").write_text(text)
+    return root
+
+
+def run_cli(workspace, out, *extra):
+    dynamic.main(["--checkpoint", str(workspace / "float"), "--out-dir", str(out), "--dataset",
+                  str(workspace / "corpus"), "--eval-batches", "2", "--eval-batch-size", "2",
+                  "--prompt-tokens", "8", "--new-tokens", "4", "--repeats", "1", *extra])
+
+
+def test_cli_writes_artifact_and_report_that_sample_loads(workspace, monkeypatch, capsys):
+    monkeypatch.setenv("GPT2_DATA_CACHE", str(workspace / "cache"))
+    out = workspace / "int8"
+    run_cli(workspace, out)
+    report = json.loads((out / dynamic.REPORT_FILE).read_text())
+    validation = report["validation"]
+    assert validation["val_tokens"] == 2 * 2 * 64
+    assert abs(validation["loss_increase_pct"]) < 1.0
+    assert set(report["generation"]) >= {"batch_1", "batch_12"}
+    assert report["generation"]["batch_12"]["int8_tokens_per_s"] > 0
+    assert report["size_bytes"]["int8"] < report["size_bytes"]["float"]
+    assert report["quantization"]["quantized_head"] is False
+    printed = capsys.readouterr().out
+    assert "val loss" in printed and "tokens/s batch 12" in printed
+
+    sample.main(["--checkpoint", str(out), "--prompt", "The layer", "--max-new-tokens", "5", "--seed", "1"])
+    captured = capsys.readouterr()
+    assert "loaded int8 model" in captured.err and captured.out.startswith("--- sample 1 ---\nThe layer")
+
+
+def test_quantizing_an_int8_artifact_is_refused(workspace, monkeypatch, capsys):
+    monkeypatch.setenv("GPT2_DATA_CACHE", str(workspace / "cache"))
+    out = workspace / "int8_head"
+    run_cli(workspace, out, "--quantize-head")
+    assert json.loads((out / CONFIG_FILE).read_text())["quantization"]["quantized_head"] is True
+    with pytest.raises(SystemExit, match="already an int8 artifact.*--checkpoint .*float"):
+        dynamic.main(["--checkpoint", str(out), "--out-dir", str(workspace / "again")])
+    assert not (workspace / "again").exists()
+
+
+def test_default_checkpoint_skips_int8_artifacts(tmp_path, small_model):
+    save_artifact(tmp_path / "train", small_model, small_model.config, "float", provenance("tests"))
+    int8_model, quantization = quantized(small_model)
+    save_int8(tmp_path / "int8", int8_model, quantization)  # newer, but not quantizable
+    assert dynamic.newest_quantizable(tmp_path) == tmp_path / "train"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--repeats", "0"], "--repeats must be at least 1"),
+    (["--eval-block-size", "1000"], "exceeds the model's context"),
+])
+def test_bad_input_gets_a_clear_error(workspace, monkeypatch, argv, message):
+    monkeypatch.setenv("GPT2_DATA_CACHE", str(workspace / "cache"))
+    with pytest.raises(SystemExit, match=message):
+        dynamic.main(["--checkpoint", str(workspace / "float"), "--out-dir", str(workspace / "bad"),
+                      "--dataset", str(workspace / "corpus"), *argv])
