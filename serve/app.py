@@ -18,6 +18,7 @@ from data.tokenizer import get_tokenizer
 from model.artifact import CONFIG_FILE, find_latest_artifact, load_model
 from model.device import choose_device
 from serve import routes_generate, routes_openai
+from serve.body_limit import BodySizeLimit
 from serve.config import API_KEY_ENV, CHECKPOINT_ENV, ServeConfig
 from serve.engine import Engine
 from serve.errors import install_error_handlers
@@ -51,7 +52,7 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         # Uvicorn has let in-flight requests finish by now; drain whatever is left off the event loop.
         await asyncio.to_thread(engine.stop)
 
-    app = FastAPI(title="GPT-2 generation server", lifespan=lifespan, max_body_size=config.max_body_bytes)
+    app = FastAPI(title="GPT-2 generation server", lifespan=lifespan)
     app.state.server = state
     app.include_router(routes_generate.router)
     app.include_router(routes_openai.router)
@@ -60,6 +61,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     install_error_handlers(app, {"/generate": GenerateRequest, "/v1/completions": CompletionRequest},
                            config.max_body_bytes)
     known_paths = set(app.openapi()["paths"]) | {app.docs_url, app.openapi_url}
+    app.add_middleware(BodySizeLimit, max_body_bytes=config.max_body_bytes)
+    # Added last, so outermost: it logs and counts the 413s too.
     app.add_middleware(RequestLog, metrics=metrics, known_paths=known_paths)
     return app
 

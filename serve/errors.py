@@ -37,6 +37,10 @@ def error_response(error: APIError) -> JSONResponse:
                         headers=error.headers)
 
 
+def too_large_message(limit: int) -> str:
+    return f"request body is larger than the limit of {limit} bytes"
+
+
 def field_path(loc: tuple) -> str:
     """("body", "stop", "list[str]", 0) -> "stop[0]": the field, and list positions, without pydantic's type tags."""
     if len(loc) < 2:
@@ -48,6 +52,19 @@ def field_path(loc: tuple) -> str:
     return path
 
 
+def informative(errors: list[dict]) -> list[dict]:
+    """A field typed as a union reports one error per alternative: when one alternative had the
+    right type but broke a constraint, its error says what to fix; drop the wrong-type ones."""
+    by_field: dict[object, list[dict]] = {}
+    for error in errors:
+        by_field.setdefault(tuple(error["loc"][:2]), []).append(error)
+    kept = []
+    for group in by_field.values():
+        specific = [e for e in group if not e["type"].endswith("_type")]
+        kept += specific if specific and len(specific) < len(group) else group
+    return kept
+
+
 def describe_validation_error(errors: list[dict], schema: type[BaseModel] | None) -> tuple[int, str, str]:
     """(status, message, param) for FastAPI's validation errors; one message per field."""
     first = errors[0]
@@ -56,10 +73,10 @@ def describe_validation_error(errors: list[dict], schema: type[BaseModel] | None
         return 400, (f"request body is not valid JSON: {first.get('ctx', {}).get('error', 'decode error')} "
                      f"at character {position}"), "body"
     messages, params = {}, []
-    for error in errors:
+    for error in informative(errors):
         path = field_path(tuple(error["loc"]))
         if path in messages:
-            continue  # a union reports each alternative; the first says enough
+            continue
         params.append(path)
         if error["type"] == "extra_forbidden":
             known = f"; the accepted fields are {', '.join(schema.model_fields)}" if schema else ""
@@ -67,7 +84,7 @@ def describe_validation_error(errors: list[dict], schema: type[BaseModel] | None
         elif error["type"] == "missing":
             messages[path] = f"{path} is required"
         elif path == "body":
-            messages[path] = f"request body: {error['msg']} (send a JSON object)"
+            messages[path] = f"request body: {error['msg']} (send a JSON object with Content-Type: application/json)"
         else:
             messages[path] = f"{path}: {error['msg'].removeprefix('Value error, ')}"
     return 422, "; ".join(messages.values()), params[0]
@@ -86,12 +103,14 @@ def install_error_handlers(app: FastAPI, schemas_by_path: dict[str, type[BaseMod
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
         if exc.status_code == 413:
-            message = f"request body is larger than the limit of {max_body_bytes} bytes"
+            message = too_large_message(max_body_bytes)
             return error_response(APIError(413, message, "body", code="body_too_large"))
         if exc.status_code == 404:
             message = f"no endpoint at {request.url.path}; see GET /docs for the endpoints"
         elif exc.status_code == 405:
             message = f"{request.method} is not allowed on {request.url.path}"
+        elif exc.status_code == 400:
+            message = f"request body could not be read as JSON ({exc.detail}); send a UTF-8 JSON object"
         else:
             message = str(exc.detail)
         return error_response(APIError(exc.status_code, message, headers=getattr(exc, "headers", None)))

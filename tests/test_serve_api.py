@@ -1,0 +1,191 @@
+"""The HTTP layer in-process (FastAPI's test client): replies, validation that names the field, errors."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from model.artifact import provenance, save_artifact
+from model.gpt import GPT
+from serve.app import create_app
+from serve.config import API_KEY_ENV, ServeConfig
+from tests.conftest import small_config
+
+BLOCK_SIZE = 64
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> str:
+    torch.manual_seed(0)
+    model = GPT(small_config(block_size=BLOCK_SIZE))
+    folder = tmp_path_factory.mktemp("serve_api") / "artifact"
+    save_artifact(folder, model, model.config, "float", provenance("tests"))
+    return str(folder)
+
+
+def make_client(checkpoint: str, **settings) -> TestClient:
+    return TestClient(create_app(ServeConfig(checkpoint=checkpoint, device="cpu", **settings)))
+
+
+@pytest.fixture(scope="module")
+def client(checkpoint):
+    with make_client(checkpoint, max_body_bytes=4096) as client:
+        yield client
+
+
+def sse_events(response) -> list[tuple[str, dict]]:
+    events, name = [], None
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            name = line.removeprefix("event: ")
+        elif line.startswith("data: "):
+            events.append((name, json.loads(line.removeprefix("data: "))))
+    return events
+
+
+def test_health_names_the_model(client, checkpoint):
+    body = client.get("/health").json()
+    assert body["model_loaded"] is True and body["artifact"] == "float"
+    assert body["device"] == "cpu" and body["checkpoint"] == checkpoint and body["context"] == BLOCK_SIZE
+
+
+def test_generate_replies_with_text_and_latency(client):
+    response = client.post("/generate", json={"prompt": "Hello", "max_new_tokens": 8, "seed": 3, "temperature": 0.8})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["finish_reason"] in ("length", "eos") and 1 <= body["tokens"] <= 8 and body["prompt_tokens"] == 1
+    latency = body["latency"]
+    assert 0 <= latency["queue_ms"] <= latency["time_to_first_token_ms"] <= latency["total_ms"]
+    assert latency["tokens_per_s"] > 0
+    again = client.post("/generate", json={"prompt": "Hello", "max_new_tokens": 8, "seed": 3, "temperature": 0.8})
+    assert again.json()["text"] == body["text"]
+
+
+def test_stream_sends_each_token_then_the_reply(client):
+    request = {"prompt": "Hello", "max_new_tokens": 6, "seed": 3, "temperature": 0.8}
+    expected = client.post("/generate", json=request).json()
+    with client.stream("POST", "/generate", json={**request, "stream": True}) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(response)
+    names = [name for name, _ in events]
+    assert names[-1] == "done" and set(names[:-1]) == {"token"}
+    assert "".join(data["text"] for name, data in events if name == "token") == expected["text"]
+    done = events[-1][1]
+    assert done["text"] == expected["text"] and done["tokens"] == expected["tokens"]
+    assert set(done["latency"]) == {"queue_ms", "time_to_first_token_ms", "total_ms", "tokens_per_s"}
+
+
+def test_stop_string_ends_the_text_before_it(client):
+    greedy = {"prompt": "The", "max_new_tokens": 12, "temperature": 0}
+    full = client.post("/generate", json=greedy).json()["text"]
+    stop = full[len(full) // 2:len(full) // 2 + 3]
+    body = client.post("/generate", json={**greedy, "stop": [stop]}).json()
+    assert body["finish_reason"] == "stop" and body["text"] == full[:full.index(stop)]
+
+
+@pytest.mark.parametrize("body, param, message", [
+    ({}, "prompt", "prompt is required"),
+    ({"prompt": ""}, "prompt", "at least 1 character"),
+    ({"prompt": 5}, "prompt", "valid string"),
+    ({"prompt": "hi", "max_new_tokens": 0}, "max_new_tokens", "greater than or equal to 1"),
+    ({"prompt": "hi", "max_new_tokens": "5"}, "max_new_tokens", "valid integer"),
+    ({"prompt": "hi", "max_new_tokens": 10**30}, "max_new_tokens", "exceeds the model's context"),
+    ({"prompt": "hi", "temperature": -1}, "temperature", "greater than or equal to 0"),
+    ({"prompt": "hi", "temperature": 1e300}, "temperature", "less than or equal to 10"),
+    ({"prompt": "hi", "top_p": 0}, "top_p", "greater than 0"),
+    ({"prompt": "hi", "top_p": 1.5}, "top_p", "less than or equal to 1"),
+    ({"prompt": "hi", "top_k": 0}, "top_k", "greater than or equal to 1"),
+    ({"prompt": "hi", "top_k": 10**6, "max_new_tokens": 4}, "top_k", "exceeds the vocabulary of 50257"),
+    ({"prompt": "hi", "seed": -1}, "seed", "greater than or equal to 0"),
+    ({"prompt": "hi", "seed": 2**70}, "seed", "less than or equal to"),
+    ({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
+    ({"prompt": "hi", "stop": [""]}, "stop[0]", "at least 1 character"),
+    ({"prompt": "hi", "stream": "yes"}, "stream", "valid boolean"),
+    ({"prompt": "hi", "bogus": 1}, "bogus", "unknown field 'bogus'; the accepted fields are prompt, max_new_tokens"),
+    ({"prompt": "hi", "max_new_tokens": 64}, "max_new_tokens",
+     "prompt is 1 token(s) and max_new_tokens is 64: 65 exceeds the model's context of 64 tokens"),
+    ({"prompt": "word " * 70, "max_new_tokens": 1}, "prompt", "exceeds the model's context of 64 tokens"),
+])
+def test_bad_fields_are_named(client, body, param, message):
+    response = client.post("/generate", json=body)
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and message in error["message"], error
+
+
+@pytest.mark.parametrize("content, status, message", [
+    (b'{"prompt": "hi",', 400, "not valid JSON"),
+    (b"[1, 2]", 422, "request body: Input should be a valid dictionary"),
+    (b'{"prompt": "hi", "temperature": NaN}', 422, "temperature"),
+    (b'{"prompt": "\xc3\x28"}', 400, "could not be read as JSON"),
+    (b'{"prompt": "' + b"x" * 5000 + b'"}', 413, "larger than the limit of 4096 bytes"),
+])
+def test_malformed_bodies_get_4xx_with_a_message(client, content, status, message):
+    response = client.post("/generate", content=content, headers={"content-type": "application/json"})
+    assert response.status_code == status, response.text
+    assert message in response.json()["error"]["message"]
+
+
+def test_streamed_body_over_the_limit_is_refused(client):
+    chunks = iter([b'{"prompt": "', b"x" * 3000, b"y" * 3000, b'"}'])  # no Content-Length: sent chunked
+    response = client.post("/generate", content=chunks, headers={"content-type": "application/json"})
+    assert response.status_code == 413
+    assert response.json()["error"]["message"] == "request body is larger than the limit of 4096 bytes"
+
+
+def test_unknown_paths_and_methods_answer_json(client):
+    assert client.get("/nope").json()["error"]["message"].startswith("no endpoint at /nope")
+    assert client.get("/generate").status_code == 405
+
+
+def test_openai_request_checks(client, checkpoint):
+    base = {"model": checkpoint, "prompt": "hi", "max_tokens": 4}
+    for body, status, param in [({**base, "model": "gpt-4"}, 404, "model"), ({**base, "n": 9}, 422, "n"),
+                                ({**base, "echo": True}, 422, "echo"), ({**base, "logprobs": 2}, 422, "logprobs"),
+                                ({**base, "presence_penalty": 0.5}, 422, "presence_penalty"),
+                                ({**base, "prompt": ["ok", "word " * 70]}, 422, "prompt[1]"),
+                                ({**base, "temperature": 3}, 422, "temperature")]:
+        response = client.post("/v1/completions", json=body)
+        assert response.status_code == status, body
+        assert response.json()["error"]["param"] == param
+    # Two prompts x n=2: choices run prompt-major, the prompt tokens count once per prompt.
+    reply = client.post("/v1/completions", json={**base, "prompt": ["hi", "hello there"], "n": 2, "seed": 1}).json()
+    assert [c["index"] for c in reply["choices"]] == [0, 1, 2, 3]
+    assert reply["usage"]["prompt_tokens"] == 1 + 2
+    assert 4 <= reply["usage"]["completion_tokens"] <= 16
+
+
+def test_metrics_count_requests_by_status(client):
+    client.post("/generate", json={"prompt": ""})
+    client.get("/some/random/path")
+    text = client.get("/metrics").text
+    assert 'serve_requests_total{path="/generate",status="422"}' in text
+    assert 'serve_requests_total{path="other",status="404"}' in text
+    assert "/some/random/path" not in text
+    for name in ("serve_queue_seconds", "serve_time_to_first_token_seconds", "serve_request_seconds"):
+        assert f"# TYPE {name} histogram" in text
+    assert "serve_queue_depth 0" in text and "serve_batch_size" in text and "serve_generated_tokens_total" in text
+
+
+def test_api_key_is_required_when_set(checkpoint, monkeypatch):
+    monkeypatch.setenv(API_KEY_ENV, "s3cret")
+    with make_client(checkpoint) as client:
+        request = {"prompt": "hi", "max_new_tokens": 2}
+        assert client.post("/generate", json=request).status_code == 401
+        assert client.post("/generate", json=request, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert client.post("/generate", json=request, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert client.post("/generate", json=request, headers={"X-API-Key": "s3cret"}).status_code == 200
+        assert client.get("/v1/models").status_code == 401
+        assert client.get("/health").status_code == 200
+
+
+def test_time_limit_answers_504_and_ends_a_stream_with_an_error(checkpoint):
+    with make_client(checkpoint, request_timeout_s=1e-6) as client:
+        response = client.post("/generate", json={"prompt": "hi", "max_new_tokens": 4})
+        assert response.status_code == 504
+        assert "exceeded the time limit" in response.json()["error"]["message"]
+        with client.stream("POST", "/generate", json={"prompt": "hi", "max_new_tokens": 4, "stream": True}) as r:
+            events = sse_events(r)
+        assert events[-1][0] == "error" and "time limit" in events[-1][1]["error"]["message"]
