@@ -76,8 +76,9 @@ class PruneConfig:
     speed_batch: int = 4
     speed_seq_len: int = 128
     speed_repeats: int = 5
-    generation_tokens: int = 32
+    generation_tokens: int = 16
     sparse_format_check: bool = True
+    dense_control: bool = False
 
 
 HELP = {
@@ -104,6 +105,8 @@ HELP = {
     "speed_repeats": "timed repeats (after one warm-up); medians are reported",
     "generation_tokens": "new tokens per timed generation (batch 1, greedy, KV cache)",
     "sparse_format_check": "magnitude/wanda: also time the model with its weights in sparse CSR format",
+    "dense_control": "also fine-tune the unpruned model for the run's total fine-tune steps, to separate the "
+                     "effect of pruning from that of the extra training",
 }
 
 
@@ -252,6 +255,17 @@ def sparse_format_verdict(rows: list[dict], device: torch.device) -> dict | None
                         + ("a real speedup" if faster else "no real speedup from unstructured sparsity"))}
 
 
+def finetune_dense_control(cfg: PruneConfig, dense: GPT, train_tokens, block: int, evaluate, device, precision) -> dict:
+    """The unpruned model fine-tuned on the same batches for as many steps as the whole pruning run."""
+    control = copy.deepcopy(dense)
+    steps = cfg.rounds * cfg.finetune_steps
+    settings = FinetuneSettings(steps, cfg.lr, cfg.weight_decay, cfg.warmup_steps)
+    start = time.perf_counter()
+    finetune(control, WindowSampler(train_tokens, block, cfg.batch_size, seed=cfg.seed), settings, device, precision,
+             desc="dense control fine-tune")
+    return {"finetune_steps": steps, "val_loss": evaluate(control), "time_s": time.perf_counter() - start}
+
+
 def run(cfg: PruneConfig) -> dict:
     validate(cfg)
     device = choose_device(cfg.device)
@@ -323,6 +337,11 @@ def run(cfg: PruneConfig) -> dict:
                                 "torch_threads": torch.get_num_threads(),
                                 "method": "median of repeats after one warm-up; dense and pruned interleaved"},
              "finished": False, "rounds": [baseline]}
+
+    if cfg.dense_control and cfg.finetune_steps:
+        entry["dense_control"] = finetune_dense_control(cfg, dense, train_tokens, block, evaluate, device, precision)
+        print(f"dense control: val_loss {entry['dense_control']['val_loss']:.4f} after "
+              f"{entry['dense_control']['finetune_steps']} fine-tune steps without pruning")
 
     masks = None
     finished_round = 0

@@ -49,6 +49,10 @@ def plot_loss(report: dict, path: Path) -> None:
         if entry["finetune_steps"]:
             ax.plot([_sparsity(r) for r in rows[1:]], [r["val_loss_after_pruning"] for r in rows[1:]],
                     linestyle=":", marker=".", color=ax.lines[-1].get_color(), label=f"{method}, before fine-tune")
+        control = entry.get("dense_control")
+        if control:
+            ax.plot([0.0], [control["val_loss"]], marker="*", markersize=10, linestyle="none",
+                    color=ax.lines[-1].get_color(), label=f"{method}: dense + {control['finetune_steps']} steps")
     ax.set_xlabel("sparsity of the pruned tensors (zero or removed / original)")
     ax.set_ylabel("validation loss")
     ax.set_title("Validation loss against sparsity")

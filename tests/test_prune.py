@@ -220,8 +220,10 @@ def test_row_pruning_end_to_end_and_methods_accumulate(workspace, capsys):
         assert key in rows[-1]
     assert (out / "loss_vs_sparsity.png").stat().st_size > 0 and (out / "speed_vs_sparsity.png").stat().st_size > 0
 
-    run_cli("--target", "0.8", "--method", "magnitude", "--checkpoint", str(checkpoint), "--out-dir", str(out))
+    run_cli("--target", "0.8", "--method", "magnitude", "--checkpoint", str(checkpoint), "--out-dir", str(out),
+            "--dense-control")
     report = json.loads((out / "prune_report.json").read_text())
+    assert report["methods"]["magnitude"]["dense_control"]["finetune_steps"] == 4
     assert set(report["methods"]) == {"row", "magnitude"} and report["checkpoint"]["method"] == "magnitude"
     magnitude = report["methods"]["magnitude"]
     final = magnitude["rounds"][-1]
