@@ -1,0 +1,31 @@
+"""Shared fixtures: small models built in milliseconds, saved as real artifacts when needed."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# Two cores, several processes in some tests: keep each process to a fair share.
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+from model.artifact import provenance, save_artifact  # noqa: E402
+from model.config import GPTConfig  # noqa: E402
+from model.gpt import GPT  # noqa: E402
+
+
+def small_config(**overrides) -> GPTConfig:
+    return GPTConfig(**{**dict(n_layer=2, n_head=4, n_embd=32, block_size=64), **overrides})
+
+
+@pytest.fixture
+def small_model() -> GPT:
+    torch.manual_seed(0)
+    return GPT(small_config()).eval()
+
+
+@pytest.fixture
+def small_artifact(tmp_path, small_model) -> str:
+    folder = tmp_path / "artifact"
+    save_artifact(folder, small_model, small_model.config, "float", provenance("tests"))
+    return str(folder)

@@ -1,0 +1,108 @@
+import pytest
+import torch
+
+from model.config import GPTConfig, preset
+from model.generate import SamplingParams, filter_logits, generate
+from model.gpt import GPT, KVCache
+from tests.conftest import small_config
+
+
+@pytest.mark.parametrize("name, hf_count", [("gpt2", 124_439_808), ("gpt2-medium", 354_823_168)])
+def test_parameter_counts_match_hugging_face(name, hf_count):
+    with torch.device("meta"):
+        model = GPT(preset(name))
+    assert model.num_parameters(padded_vocab=False) == hf_count
+    padding = (model.config.padded_vocab_size - 50257) * model.config.n_embd
+    assert model.num_parameters() == hf_count + padding
+
+
+def test_unknown_preset_names_the_choices():
+    with pytest.raises(ValueError, match="unknown model preset 'gpt5'.*gpt2-medium"):
+        preset("gpt5")
+
+
+def test_config_rejects_mismatched_widths():
+    with pytest.raises(ValueError, match="mlp_hidden has 1 entries but the model has 2 layers"):
+        small_config(mlp_hidden=[64])
+    with pytest.raises(ValueError, match="not divisible"):
+        GPTConfig(n_embd=30, n_head=4)
+
+
+def test_weights_are_tied(small_model):
+    assert small_model.lm_head.weight is small_model.transformer.wte.weight
+
+
+def test_future_tokens_never_change_earlier_logits(small_model):
+    idx = torch.randint(0, 50257, (2, 16))
+    changed = idx.clone()
+    changed[:, 10:] = torch.randint(0, 50257, (2, 6))
+    a, _ = small_model(idx)
+    b, _ = small_model(changed)
+    torch.testing.assert_close(a[:, :10], b[:, :10])
+    assert not torch.allclose(a[:, 10:], b[:, 10:])
+
+
+def test_padded_vocabulary_never_reaches_logits(small_model):
+    logits, _ = small_model(torch.randint(0, 50257, (1, 4)))
+    assert logits.shape[-1] == 50257
+
+
+def test_loss_is_cross_entropy_of_logits(small_model):
+    idx, targets = torch.randint(0, 50257, (2, 8)), torch.randint(0, 50257, (2, 8))
+    logits, loss = small_model(idx, targets)
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, 50257), targets.reshape(-1))
+    torch.testing.assert_close(loss, expected)
+
+
+def test_kv_cache_greedy_equals_uncached_greedy(small_model):
+    prompt = torch.randint(0, 50257, (3, 5))
+    params = SamplingParams(max_new_tokens=20, temperature=0, stop_at_eot=False)
+    cached = generate(small_model, prompt, params, use_cache=True)
+    uncached = generate(small_model, prompt, params, use_cache=False)
+    assert torch.equal(cached, uncached)
+    assert cached.shape == (3, 25)
+
+
+def test_seeded_sampling_is_reproducible(small_model):
+    prompt = torch.randint(0, 50257, (2, 4))
+    params = SamplingParams(max_new_tokens=10, temperature=1.0, top_k=50, top_p=0.9, seed=7, stop_at_eot=False)
+    assert torch.equal(generate(small_model, prompt, params), generate(small_model, prompt, params))
+
+
+def test_left_padded_batch_matches_single_sequences(small_model):
+    """Prompts of different lengths in one batch (positions + key mask) give each prompt's own logits."""
+    short, long = torch.randint(0, 50257, (3,)), torch.randint(0, 50257, (7,))
+    pad = 4
+    idx = torch.stack([torch.cat([torch.zeros(pad, dtype=torch.long), short]), long])
+    key_mask = torch.ones(2, 7, dtype=torch.bool)
+    key_mask[0, :pad] = False
+    positions = torch.stack([torch.cat([torch.zeros(pad, dtype=torch.long), torch.arange(3)]), torch.arange(7)])
+    cache = KVCache(small_model.config, 2, 10, "cpu")
+    batched, _ = small_model(idx, cache=cache, positions=positions, key_mask=key_mask)
+    alone_short, _ = small_model(short[None])
+    alone_long, _ = small_model(long[None])
+    torch.testing.assert_close(batched[0, pad:], alone_short[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(batched[1], alone_long[0], atol=1e-5, rtol=1e-5)
+    # One decode step continues both rows correctly from the shared cache.
+    nxt = torch.randint(0, 50257, (2, 1))
+    key_mask = torch.cat([key_mask, torch.ones(2, 1, dtype=torch.bool)], dim=1)
+    step, _ = small_model(nxt, cache=cache, positions=torch.tensor([[3], [7]]), key_mask=key_mask)
+    ref_short, _ = small_model(torch.cat([short, nxt[0]])[None])
+    ref_long, _ = small_model(torch.cat([long, nxt[1]])[None])
+    torch.testing.assert_close(step[0, -1], ref_short[0, -1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(step[1, -1], ref_long[0, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_top_k_and_top_p_filtering():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = filter_logits(logits, 1.0, top_k=2, top_p=None).isfinite()
+    assert kept.tolist() == [[True, True, False, False]]
+    kept = filter_logits(logits, 1.0, top_k=None, top_p=0.7).isfinite()
+    assert kept.tolist() == [[True, True, False, False]]
+    kept = filter_logits(logits, 1.0, top_k=None, top_p=0.1).isfinite()
+    assert kept.tolist() == [[True, False, False, False]]
+
+
+def test_generation_refuses_to_overrun_context(small_model):
+    with pytest.raises(ValueError, match="exceeds the model's context of 64"):
+        generate(small_model, torch.zeros(1, 60, dtype=torch.long), SamplingParams(max_new_tokens=10))

@@ -1,0 +1,136 @@
+import json
+
+import pytest
+import torch
+
+import model.gpt
+import train
+from model.artifact import load_model, roll_forward, save_artifact, provenance, STAGING_DIR
+from train import TrainConfig, TrainingError
+
+FAST = dict(model="tiny", dataset="builtin", batch_size=4, block_size=64, log_interval=1, eval_batches=2,
+            warmup_steps=5, lr=2e-3)
+
+
+def losses(out_dir) -> dict[int, float]:
+    """step -> training loss (the last record wins, as a resumed run re-logs its steps)."""
+    records = [json.loads(l) for l in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+
+def test_loss_falls_and_metrics_are_logged(tmp_path):
+    out = tmp_path / "run"
+    summary = train.train(TrainConfig(**FAST, max_steps=40, eval_interval=20, out_dir=str(out)))
+    curve = losses(out)
+    assert curve[1] > 10.0 and curve[40] < 7.5
+    records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    step_record = next(r for r in records if "loss" in r)
+    assert {"step", "loss", "lr", "tokens_per_s", "mfu", "phase_s", "peak_memory_bytes"} <= set(step_record)
+    assert set(step_record["phase_s"]) == {"data", "forward", "backward_optimizer", "eval", "other"}
+    evals = [r for r in records if "val_loss" in r]
+    assert [r["step"] for r in evals] == [20, 40] and evals[-1]["eval_full_split"]
+    assert summary["val_loss"] == evals[-1]["val_loss"] < 8.0
+
+
+def test_resume_after_interrupt_equals_uninterrupted_run(tmp_path, monkeypatch):
+    full = tmp_path / "full"
+    train.train(TrainConfig(**FAST, max_steps=10, eval_interval=5, out_dir=str(full)))
+
+    broken = tmp_path / "broken"
+    real_next = train.WindowSampler.next_batch
+    calls = {"n": 0}
+
+    def interrupt_on_step_8(self):
+        calls["n"] += 1
+        if calls["n"] == 8:
+            raise KeyboardInterrupt
+        return real_next(self)
+
+    monkeypatch.setattr(train.WindowSampler, "next_batch", interrupt_on_step_8)
+    with pytest.raises(SystemExit):
+        train.train(TrainConfig(**FAST, max_steps=10, eval_interval=5, out_dir=str(broken)))
+    monkeypatch.setattr(train.WindowSampler, "next_batch", real_next)
+    state = json.loads((broken / "training_state" / "state.json").read_text())
+    assert state["step"] == 5
+
+    train.train(TrainConfig(**FAST, max_steps=10, eval_interval=5, out_dir=str(broken), resume=True))
+    expected, resumed = losses(full), losses(broken)
+    for step in range(6, 11):
+        assert resumed[step] == pytest.approx(expected[step], rel=1e-6, abs=0)
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    real_ce = model.gpt.F.cross_entropy
+    calls = {"n": 0}
+
+    def nan_on_third(*args, **kwargs):
+        calls["n"] += 1
+        loss = real_ce(*args, **kwargs)
+        return loss * float("nan") if calls["n"] == 3 else loss
+
+    monkeypatch.setattr(model.gpt.F, "cross_entropy", nan_on_third)
+    with pytest.raises(TrainingError, match="loss became nan at step 3.*step 2.*intact"):
+        train.train(TrainConfig(**FAST, max_steps=10, eval_interval=100, checkpoint_interval=2,
+                                out_dir=str(out)))
+    loaded, meta = load_model(out)
+    assert meta["step"] == 2 and all(torch.isfinite(p).all() for p in loaded.parameters())
+
+
+def test_crash_during_save_keeps_previous_checkpoint(tmp_path, small_model):
+    folder = tmp_path / "ckpt"
+    save_artifact(folder, small_model, small_model.config, "float", provenance("tests"))
+    before = load_model(folder)[0].state_dict()
+
+    from model import artifact
+    writers = artifact.artifact_writers(artifact.model_state_for_saving(small_model), small_model.config,
+                                        "float", provenance("tests"))
+    writers["zz_crash"] = lambda p: (_ for _ in ()).throw(KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        artifact.write_folder_atomically(folder, writers)
+    after = load_model(folder)[0].state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert not (folder / STAGING_DIR).exists()
+
+
+def test_interrupted_move_is_rolled_forward(tmp_path, small_model):
+    folder = tmp_path / "ckpt"
+    save_artifact(folder, small_model, small_model.config, "float", provenance("tests"))
+    staging = folder / STAGING_DIR
+    staging.mkdir()
+    (staging / "extra.txt").write_text("new")
+    (staging / "COMPLETE").write_text(json.dumps(["extra.txt"]))
+    roll_forward(folder)
+    assert (folder / "extra.txt").read_text() == "new" and not staging.exists()
+
+
+def test_checkpoint_round_trip_gives_identical_logits(small_model, small_artifact):
+    loaded, meta = load_model(small_artifact)
+    idx = torch.randint(0, 50257, (2, 9))
+    assert torch.equal(small_model(idx)[0], loaded(idx)[0])
+    assert meta["artifact"] == "float" and meta["produced_by"]["tool"] == "tests"
+    assert loaded.lm_head.weight is loaded.transformer.wte.weight
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--block-size", "4096"], "--block-size 4096 is larger than the model's context of 256"),
+    (["--batch-size", "0"], "--batch-size must be positive"),
+    (["--dataset", "/no/such/folder"], "neither a known name"),
+])
+def test_bad_arguments_fail_fast_with_a_message(tmp_path, argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(argv + ["--out-dir", str(tmp_path / "x"), "--max-steps", "1"])
+    assert message in str(exit_info.value.code)
+
+
+def test_unknown_preset_is_an_argument_error(capsys):
+    with pytest.raises(SystemExit):
+        train.main(["--model", "gpt5"])
+    assert "invalid choice: 'gpt5'" in capsys.readouterr().err
+
+
+def test_existing_run_is_not_overwritten_without_resume(tmp_path):
+    out = tmp_path / "run"
+    train.train(TrainConfig(**FAST, max_steps=2, eval_interval=100, out_dir=str(out)))
+    with pytest.raises(TrainingError, match="already holds a training run; pass --resume"):
+        train.train(TrainConfig(**FAST, max_steps=2, eval_interval=100, out_dir=str(out)))
