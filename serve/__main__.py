@@ -23,6 +23,7 @@ HELP = {
     "checkpoint": "artifact folder (float, pruned or int8); default: the newest under out/",
     "host": "interface to bind; anything but loopback exposes the server to the network",
     "device": "auto, cpu, cuda or cuda:N",
+    "threads": "torch intra-op threads (0: torch's default); 1 suits small models on a busy CPU",
     "max_batch_size": "sequences decoded together in one forward pass",
     "max_queue": "requests that may wait for a batch slot before new ones get 503",
     "request_timeout_s": "time limit per request, queueing included",

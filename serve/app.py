@@ -11,6 +11,7 @@ import logging
 import os
 from pathlib import Path
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 
@@ -35,6 +36,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     config = config or ServeConfig(checkpoint=os.environ.get(CHECKPOINT_ENV))
     folder = Path(config.checkpoint) if config.checkpoint else find_latest_artifact()
     device = choose_device(config.device)
+    if config.threads:
+        torch.set_num_threads(config.threads)
     model, meta = load_model(folder, device)
     get_tokenizer()  # loaded now, so a missing tokenizer fails at startup rather than on the first request
     log.info("loaded %s model from %s on %s", meta["artifact"], folder, device)

@@ -16,6 +16,7 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     device: str = "auto"
+    threads: int = 0  # torch intra-op threads for generation; 0 keeps torch's default (one per core)
     max_batch_size: int = 16  # sequences decoded together in one forward pass
     max_queue: int = 64  # requests waiting for a batch slot; one more is answered 503
     request_timeout_s: float = 120.0  # from arrival to the last token, queueing included
@@ -28,7 +29,7 @@ class ServeConfig:
         for name in ("max_batch_size", "max_completions", "retry_after_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("max_queue", "max_body_bytes"):
+        for name in ("max_queue", "max_body_bytes", "threads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("request_timeout_s", "graceful_shutdown_s"):

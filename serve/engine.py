@@ -226,6 +226,7 @@ class Engine:
         if seq.first_token_at is None:
             seq.first_token_at = now
         seq.generated += 1
+        self.metrics.tokens.inc()
         if token == EOT_TOKEN and seq.params.stop_at_eot:
             self._finish(seq, "eos", now)
             return
@@ -249,7 +250,6 @@ class Engine:
         self.metrics.queue_time.observe(seq.started - arrival)
         self.metrics.first_token.observe(seq.first_token_at - arrival)
         self.metrics.total_time.observe(total)
-        self.metrics.tokens.inc(seq.generated)
         seq.request.on_event(DoneEvent(text=seq.text.text, tail=tail, tokens=seq.generated,
                                        prompt_tokens=len(seq.request.prompt_ids), finish_reason=reason,
                                        latency=latency))

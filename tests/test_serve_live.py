@@ -1,0 +1,217 @@
+"""A real `python -m serve` on a free loopback port: streaming, batching equality, the openai client,
+disconnects, random bad bodies, overload and graceful shutdown."""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+import torch
+
+from bench.loadtest import format_table, run_levels
+from model.artifact import provenance, save_artifact
+from model.gpt import GPT
+from serve.launch import running_server
+from tests.conftest import small_config
+
+BLOCK_SIZE = 256
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> str:
+    torch.manual_seed(0)
+    model = GPT(small_config(block_size=BLOCK_SIZE))
+    folder = tmp_path_factory.mktemp("serve_live") / "artifact"
+    save_artifact(folder, model, model.config, "float", provenance("tests"))
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint, tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve_live_log") / "server.log"
+    with running_server(checkpoint, log, ["--device", "cpu", "--threads", "1", "--max-batch-size", "8"]) as server:
+        yield server
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    assert match, f"{name} not in /metrics"
+    return float(match.group(1))
+
+
+def generate(url: str, body: dict) -> dict:
+    response = httpx.post(f"{url}/generate", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_stream_arrives_token_by_token(server):
+    body = {"prompt": "Once upon a time", "max_new_tokens": 12, "seed": 7, "stream": True}
+    events = []
+    with httpx.stream("POST", f"{server.url}/generate", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        name = None
+        for line in response.iter_lines():
+            if line.startswith("event: "):
+                name = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                events.append((name, json.loads(line.removeprefix("data: "))))
+    tokens = [data for name, data in events if name == "token" and data["token"] is not None]
+    done = events[-1][1]
+    assert events[-1][0] == "done" and len(tokens) == done["tokens"] - (done["finish_reason"] == "eos")
+    assert "".join(data["text"] for name, data in events if name == "token") == done["text"]
+
+
+def test_concurrent_requests_batch_and_equal_running_alone(server):
+    prompts = ["The history of", "A", "In 1998, the company announced that it would", "Hello world",
+               "She opened the door and saw", "Numbers: 1, 2, 3,", "Why", "The river flows through the valley"]
+    settings = [{"temperature": 0}, {"temperature": 0.9, "seed": 1}, {"temperature": 1.1, "top_k": 50, "seed": 2},
+                {"temperature": 0.7, "top_p": 0.9, "seed": 3}]
+    bodies = [{"prompt": p, "max_new_tokens": 8 + 5 * i, **settings[i % 4]} for i, p in enumerate(prompts)]
+    alone = [generate(server.url, body)["text"] for body in bodies]
+    steps_before = metric(server.url, "serve_decode_batch_size_count")
+    single_before = metric(server.url, 'serve_decode_batch_size_bucket{le="1"}')
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        together = [r["text"] for r in pool.map(lambda b: generate(server.url, b), bodies)]
+    assert together == alone
+    steps = metric(server.url, "serve_decode_batch_size_count") - steps_before
+    single = metric(server.url, 'serve_decode_batch_size_bucket{le="1"}') - single_before
+    assert single < steps, "no decode step ran more than one sequence"
+
+
+def test_openai_client_works_unchanged(server, checkpoint):
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    assert [m.id for m in client.models.list()] == [checkpoint]
+    kwargs = dict(model=checkpoint, prompt="The meaning of life is", max_tokens=10, temperature=0.9, seed=11)
+    first = client.completions.create(n=2, **kwargs)
+    assert len(first.choices) == 2 and first.choices[0].text != first.choices[1].text
+    assert first.usage.prompt_tokens == 5 and first.usage.total_tokens == 5 + first.usage.completion_tokens
+    assert [c.text for c in client.completions.create(n=2, **kwargs).choices] == [c.text for c in first.choices]
+    streamed = client.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs)
+    chunks = list(streamed)
+    assert "".join(c.text for chunk in chunks for c in chunk.choices) == first.choices[0].text
+    assert chunks[-1].usage.prompt_tokens == 5 and 1 <= chunks[-1].usage.completion_tokens <= 10
+    with pytest.raises(openai.UnprocessableEntityError, match="exceeds the model's context of 256 tokens"):
+        client.completions.create(model=checkpoint, prompt="hi", max_tokens=1000)
+    with pytest.raises(openai.NotFoundError, match="is not served here"):
+        client.completions.create(model="gpt-3.5-turbo-instruct", prompt="hi")
+
+
+def test_client_that_disconnects_mid_stream_frees_its_slot(server):
+    tokens_before = metric(server.url, "serve_generated_tokens_total")
+    body = {"prompt": "Tell me a long story", "max_new_tokens": 200, "seed": 1, "stream": True}
+    with httpx.stream("POST", f"{server.url}/generate", json=body, timeout=60) as response:
+        lines = response.iter_lines()
+        while not next(lines).startswith("data: "):
+            pass
+    # The connection is closed; the engine drops the sequence at its next step.
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{server.url}/health").json()["batch_size"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert httpx.get(f"{server.url}/health").json()["batch_size"] == 0
+    assert metric(server.url, "serve_generated_tokens_total") - tokens_before < 200
+
+
+# Values each field must refuse (a wrong model name is a 404, also a 4xx).
+BAD_VALUES = {
+    "/generate": {
+        "prompt": [None, True, -1, "", [], {}, ["hi"]], "max_new_tokens": [None, True, -1, 0, 10**40, 1.5, "4", 1000],
+        "temperature": [None, True, -1, -1e308, 1e308, "x", []], "top_k": [True, -1, 0, 1.5, 10**40, "5"],
+        "top_p": [True, -1, 0, 1.5, "x", {}], "seed": [True, -1, 1.5, 10**40, "1"],
+        "stop": [True, 1, "", [""], ["a"] * 5, [1], {}, "x" * 200], "stream": [None, 1, "yes", []],
+    },
+    "/v1/completions": {
+        "model": [None, 1, [], "x"], "prompt": [None, 1, "", [], [1], [""], {"a": 1}],
+        "max_tokens": [0, -1, True, 10**40, 1000, None], "n": [0, -1, 100, True, 1.5], "temperature": [-1, 3, "x", True],
+        "top_p": [0, 2, None, "x"], "stream": [None, "yes", 1], "echo": [True, "x"], "logprobs": [1, "x"],
+        "stop": ["", [""], 1, ["a"] * 5], "seed": [-1, 2**64, "x"], "suffix": ["tail", 1],
+    },
+}
+
+
+def random_bad_body(rng: random.Random, model_id: str) -> tuple[str, bytes]:
+    """A body for /generate or /v1/completions that is wrong in one random way."""
+    path = rng.choice(list(BAD_VALUES))
+    good = {"prompt": "hi", "max_new_tokens": 4} if path == "/generate" else {"model": model_id, "prompt": "hi"}
+    kind = rng.randrange(6)
+    if kind == 0:  # a known field with a wrong value
+        key = rng.choice(list(BAD_VALUES[path]))
+        return path, json.dumps({**good, key: rng.choice(BAD_VALUES[path][key])}).encode()
+    if kind == 1:  # an unknown field
+        return path, json.dumps({**good, f"field{rng.randrange(100)}": rng.randrange(10)}).encode()
+    if kind == 2:  # truncated JSON
+        text = json.dumps(good)
+        return path, text[: rng.randrange(1, len(text))].encode()
+    if kind == 3:  # random bytes
+        return path, bytes(rng.randrange(256) for _ in range(rng.randrange(1, 64)))
+    if kind == 4:  # deep nesting
+        depth = rng.randrange(100, 3000)
+        return path, b'{"prompt": ' + b"[" * depth + b"]" * depth + b"}"
+    return path, json.dumps(rng.choice([None, 1, "x", [], [good]])).encode()  # not an object
+
+
+def test_random_bad_bodies_get_4xx_and_the_server_lives(server, checkpoint):
+    rng = random.Random(0)
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        for _ in range(300):
+            path, content = random_bad_body(rng, checkpoint)
+            response = client.post(path, content=content, headers={"content-type": "application/json"})
+            assert 400 <= response.status_code < 500, (path, content[:200], response.text)
+            assert "message" in response.json()["error"]
+    assert httpx.get(f"{server.url}/health").json()["status"] == "ok"
+    assert generate(server.url, {"prompt": "still alive", "max_new_tokens": 3})["tokens"] >= 1
+
+
+def test_load_test_reports_every_level(server):
+    results = asyncio.run(run_levels(server.url, [1, 4], min_requests=4, max_new_tokens=6, time_limit_s=60,
+                                     request_timeout_s=60))
+    assert [(r.concurrency, len(r.ok), r.errors, r.overloaded) for r in results] == [(1, 4, 0, 0), (4, 4, 0, 0)]
+    assert all(o.ttft_s is not None and o.ttft_s <= o.latency_s for r in results for o in r.ok)
+    table = format_table(results)
+    assert table.count("\n") == 3 and "| 4 | 4 | 4 | 0 | 0 |" in table
+
+
+@pytest.fixture(scope="module")
+def small_server(checkpoint, tmp_path_factory):
+    """One batch row and one queue place: the third concurrent request finds the server full."""
+    log = tmp_path_factory.mktemp("serve_small_log") / "server.log"
+    with running_server(checkpoint, log, ["--device", "cpu", "--threads", "1", "--max-batch-size", "1", "--max-queue", "1",
+                                          "--retry-after-s", "2"]) as server:
+        yield server
+
+
+def test_full_queue_answers_503_with_retry_after(small_server):
+    body = {"prompt": "hi", "max_new_tokens": 200, "temperature": 0}
+    with ThreadPoolExecutor(6) as pool:
+        responses = list(pool.map(lambda _: httpx.post(f"{small_server.url}/generate", json=body, timeout=60),
+                                  range(6)))
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses.count(200) >= 2 and statuses.count(503) >= 1 and set(statuses) <= {200, 503}
+    for r in responses:
+        if r.status_code == 503:
+            assert r.headers["retry-after"] == "2" and "server busy" in r.json()["error"]["message"]
+
+
+def test_shutdown_lets_the_request_in_flight_finish(small_server):
+    result = {}
+    body = {"prompt": "hi", "max_new_tokens": 200, "temperature": 0}
+    request = threading.Thread(target=lambda: result.update(
+        response=httpx.post(f"{small_server.url}/generate", json=body, timeout=60)))
+    request.start()
+    deadline = time.monotonic() + 20
+    while httpx.get(f"{small_server.url}/health").json()["batch_size"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    small_server.stop()  # SIGTERM, then wait for the process to exit
+    assert small_server.process.poll() is not None
+    request.join(30)
+    response = result["response"]
+    assert response.status_code == 200 and response.json()["tokens"] == 200
+    assert "Application shutdown complete" in small_server.log()
