@@ -1,6 +1,7 @@
 """Timing helpers shared by the benchmark scripts: warm-up, synchronised repeats, median/min/max."""
 from __future__ import annotations
 
+import os
 import platform
 import statistics
 import time
@@ -40,4 +41,17 @@ def environment(device: torch.device) -> dict:
         "python": platform.python_version(),
         "git_commit": git_commit(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        # Other processes compete for the cores; a load above the core count means the figures are low.
+        "load_average_1m": os.getloadavg()[0],
     }
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
+                        platform.processor() or platform.machine())
+    except OSError:  # not Linux
+        return platform.processor() or platform.machine()

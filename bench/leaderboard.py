@@ -1,0 +1,296 @@
+"""The leaderboard scorecard of one artifact: validation loss, generation and training throughput, as JSON.
+
+    python bench/leaderboard.py                                   # newest artifact under out/, WikiText-103 validation
+    python bench/leaderboard.py --checkpoint out/demo/train --eval-text wiki.valid.raw --out score.json
+    python bench/leaderboard.py --parallel fsdp --nproc-per-node 2   # training figures from a 2-rank torchrun job
+
+The five keys of the reference leaderboard keep their names (`loss`, `inference_latency_1`,
+`inference_latency_12`, `training_throughput_4`, `training_throughput_12`); despite the name the
+two "latency" figures are throughputs in new tokens per second (batch x new tokens / seconds),
+as the reference computed them.  `units` and `definitions` in the output say so for every figure.
+
+Training throughput runs train.py itself (under torchrun with --parallel), from the artifact's
+weights, on --train-dataset, and reads tokens/s from its metrics.jsonl: the whole job's tokens per
+second, all ranks together.  An int8 artifact cannot be trained; its training figures are those
+of the float architecture it was quantized from (same config, fresh weights).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from bench.runner import run_train, window_summary
+from bench.timing import environment, summary
+from data.corpus import DATASET_NAMES, Corpus, DatasetError
+from data.loader import eval_batches
+from data.shards import load_split
+from data.tokenizer import TokenizerError
+from model.artifact import ArtifactError, find_latest_artifact, load_model, provenance, save_artifact
+from model.config import GPTConfig
+from model.device import choose_device, peak_memory_bytes, precision_policy, synchronize
+from model.evaluate import evaluate_loss
+from model.generate import SamplingParams, generate
+from model.gpt import GPT
+from parallel.distributed import MODES, MULTI_PROCESS_MODES
+
+GENERATION_BATCHES = (1, 12)
+TRAINING_BATCHES = (4, 12)
+REFERENCE_NEW_TOKENS = 500
+UNITS = {
+    "loss": "nats per token (mean cross-entropy)",
+    "inference_latency_1": "new tokens per second",
+    "inference_latency_12": "new tokens per second",
+    "training_throughput_4": "training tokens per second (whole job)",
+    "training_throughput_12": "training tokens per second (whole job)",
+    "time_to_first_token_s": "seconds",
+    "ms_per_token_batch_1": "milliseconds per new token",
+    "peak_memory_bytes": "bytes",
+}
+
+
+class LeaderboardError(ValueError):
+    """Arguments that cannot work; printed without a traceback."""
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--checkpoint", type=Path, help="artifact folder (default: the newest one under out/)")
+    text = parser.add_mutually_exclusive_group()
+    text.add_argument("--dataset", default="wikitext-103",
+                      help=f"evaluation corpus, validation split: {', '.join(DATASET_NAMES)} or a local folder "
+                           f"(default: wikitext-103)")
+    text.add_argument("--eval-text", type=Path, help="evaluate on this local text file instead (all of it)")
+    parser.add_argument("--eval-batch-size", type=int, default=8)
+    parser.add_argument("--eval-block-size", type=int, help="evaluation window (default: the model's context)")
+    parser.add_argument("--prompt-tokens", type=int, default=16, help="prompt length for the generation figures")
+    parser.add_argument("--new-tokens", type=int,
+                        help=f"new tokens per generation (default: {REFERENCE_NEW_TOKENS} as the reference, or "
+                             f"as many as the model's context leaves after the prompt, whichever is smaller)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per figure (after one warm-up)")
+    parser.add_argument("--parallel", default="none", choices=[m for m in MODES if m != "dp"],
+                        help="training figures: none (one process) or a torchrun mode of train.py")
+    parser.add_argument("--nproc-per-node", type=int, default=2, help="ranks for --parallel (torchrun)")
+    parser.add_argument("--block-size", type=int, help="training block size (default: the model's context)")
+    parser.add_argument("--train-steps", type=int, default=3, help="optimizer steps per timed training window")
+    parser.add_argument("--train-dataset", default="builtin",
+                        help="training text for the throughput runs (content does not change the speed)")
+    parser.add_argument("--threads", type=int, help="torch threads per training rank (default: torch's choice)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--out", type=Path, help="also write the JSON here")
+    args = parser.parse_args(argv)
+    for name in ("eval_batch_size", "prompt_tokens", "repeats", "nproc_per_node", "train_steps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("eval_block_size", "new_tokens", "block_size", "threads"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    return args
+
+
+def text_file_corpus(path: Path) -> Corpus:
+    """A local text file as a corpus whose validation split is the whole file."""
+    if not path.is_file():
+        raise LeaderboardError(f"--eval-text {path} is not a file")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if not text.strip():
+        raise LeaderboardError(f"--eval-text {path} holds no text")
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    return Corpus(name=f"text:{path.name}", fingerprint=f"text-{digest}",
+                  documents=lambda split: iter([text] if split == "validation" else []))
+
+
+def evaluation_tokens(args):
+    if args.eval_text:
+        return load_split(text_file_corpus(args.eval_text), "validation"), f"file {args.eval_text}"
+    return load_split(args.dataset, "validation"), f"{args.dataset} validation split"
+
+
+def validation_loss(model, tokens, block: int, batch_size: int, device, precision) -> dict:
+    n_batches = -(-((len(tokens) - 1 + block - 1) // block) // batch_size)
+    batches = tqdm(eval_batches(tokens, block, batch_size), total=n_batches, desc="validation", unit=" batch",
+                   leave=False)
+    return evaluate_loss(model, batches, device, precision.autocast)
+
+
+def generation_figures(model, tokens, prompt_tokens: int, new_tokens: int, repeats: int, device) -> dict:
+    """Greedy decoding with the KV cache and no early stop, so every run makes exactly `new_tokens` per row."""
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=0, stop_at_eot=False)
+    stride = max(1, (len(tokens) - prompt_tokens) // max(GENERATION_BATCHES))
+    rows = [torch.from_numpy(tokens[i * stride:i * stride + prompt_tokens].astype("int64"))
+            for i in range(max(GENERATION_BATCHES))]
+    figures = {}
+    for batch in GENERATION_BATCHES:
+        prompt = torch.stack(rows[:batch]).to(device)
+        runs = []
+        for repeat in range(repeats + 1):  # the first is the warm-up
+            first_token_at = []
+
+            def on_token(_token):
+                if not first_token_at:
+                    synchronize(device)
+                    first_token_at.append(time.perf_counter())
+
+            synchronize(device)
+            start = time.perf_counter()
+            generate(model, prompt, params, on_token=on_token)
+            synchronize(device)
+            if repeat:
+                runs.append((time.perf_counter() - start, first_token_at[0] - start))
+        figures[batch] = {
+            "tokens_per_s": summary([batch * new_tokens / total for total, _ in runs]),
+            "time_to_first_token_s": summary([ttft for _, ttft in runs]),
+            # Decoding after the first token (the prompt's prefill is in the time to first token).
+            "ms_per_token": summary([1000 * (total - ttft) / max(1, new_tokens - 1) for total, ttft in runs]),
+        }
+    return figures
+
+
+def trainable_source(folder: Path, meta: dict, workdir: Path) -> Path:
+    """The folder train.py starts from: the artifact itself, or for int8 its float architecture."""
+    if meta["artifact"] != "int8":
+        return folder
+    config = GPTConfig.from_dict(meta["model"])
+    float_copy = workdir / "float-architecture"
+    save_artifact(float_copy, GPT(config), config, "float", provenance("bench/leaderboard.py", folder))
+    return float_copy
+
+
+def training_figures(args, source: Path, block: int, workdir: Path) -> dict:
+    parallel = args.parallel != "none"
+    steps = args.train_steps * (args.repeats + 1)
+    figures = {}
+    for batch in TRAINING_BATCHES:
+        options = {"init_from": str(source), "dataset": args.train_dataset, "batch_size": batch,
+                   "block_size": block, "max_steps": steps, "log_interval": args.train_steps,
+                   "eval_interval": steps, "eval_batches": 1, "final_eval_batches": 1, "warmup_steps": 1,
+                   "parallel": args.parallel, "device": args.device}
+        print(f"training throughput: micro-batch {batch} x block {block}"
+              f"{f', {args.parallel} on {args.nproc_per_node} ranks' if parallel else ''}", file=sys.stderr)
+        run = run_train(workdir / f"train_{batch}", options, nproc=args.nproc_per_node if parallel else None,
+                        threads=args.threads)
+        if not run.ok:
+            raise LeaderboardError(f"train.py failed for micro-batch {batch}: {run.failure()}\n{run.output_tail}")
+        windows = run.timed_windows(skip=1)
+        last = run.step_records[-1]
+        figures[batch] = {"tokens_per_s": window_summary(windows, "tokens_per_s"),
+                          "peak_memory_bytes": last.get("peak_memory_bytes"),
+                          "peak_memory_bytes_per_rank": last.get("peak_memory_bytes_per_rank"),
+                          "command": " ".join(run.command)}
+    return figures
+
+
+def scorecard(args) -> dict:
+    device = choose_device(args.device)
+    if args.parallel not in ("none", *MULTI_PROCESS_MODES):
+        raise LeaderboardError(f"--parallel {args.parallel} is not a torchrun mode")
+    folder = args.checkpoint or find_latest_artifact()
+    print(f"scoring {folder}", file=sys.stderr)
+    model, meta = load_model(folder, device)
+    context = model.config.block_size
+    eval_block = args.eval_block_size or context
+    train_block = args.block_size or context
+    for name, value in (("--eval-block-size", eval_block), ("--block-size", train_block)):
+        if value > context:
+            raise LeaderboardError(f"{name} {value} exceeds the model's context of {context}")
+    if args.prompt_tokens >= context:
+        raise LeaderboardError(f"--prompt-tokens {args.prompt_tokens} leaves no room in the context of {context}")
+    if args.new_tokens is not None and args.prompt_tokens + args.new_tokens > context:
+        raise LeaderboardError(f"--prompt-tokens + --new-tokens = {args.prompt_tokens + args.new_tokens} exceeds "
+                               f"the model's context of {context}")
+    new_tokens = args.new_tokens or min(REFERENCE_NEW_TOKENS, context - args.prompt_tokens)
+    new_tokens_note = (f"{new_tokens} new tokens: the reference's {REFERENCE_NEW_TOKENS} do not fit after a "
+                       f"{args.prompt_tokens}-token prompt in this model's context of {context}"
+                       if args.new_tokens is None and new_tokens < REFERENCE_NEW_TOKENS else f"{new_tokens} new tokens")
+    precision = precision_policy(device)
+    tokens, described = evaluation_tokens(args)
+    if len(tokens) <= args.prompt_tokens * max(GENERATION_BATCHES):
+        raise LeaderboardError(f"the evaluation text has {len(tokens)} tokens, too few for "
+                               f"{max(GENERATION_BATCHES)} prompts of {args.prompt_tokens}")
+
+    print(f"validation loss over all of {described} ({len(tokens):,} tokens)", file=sys.stderr)
+    validation = validation_loss(model, tokens, eval_block, args.eval_batch_size, device, precision)
+    print(f"generation throughput: {new_tokens_note}, batches {GENERATION_BATCHES}", file=sys.stderr)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    generation = generation_figures(model, tokens, args.prompt_tokens, new_tokens, args.repeats, device)
+    inference_peak = peak_memory_bytes(device)
+    del model
+    with tempfile.TemporaryDirectory(prefix="leaderboard-") as tmp:
+        training = training_figures(args, trainable_source(Path(folder), meta, Path(tmp)), train_block, Path(tmp))
+
+    world = args.nproc_per_node if args.parallel != "none" else 1
+    score = {
+        "loss": validation["val_loss"],
+        **{f"inference_latency_{b}": generation[b]["tokens_per_s"]["median"] for b in GENERATION_BATCHES},
+        **{f"training_throughput_{b}": training[b]["tokens_per_s"]["median"] for b in TRAINING_BATCHES},
+        "units": UNITS,
+        "definitions": {
+            "loss": f"token-weighted mean cross-entropy over every target of {described} "
+                    f"({validation['val_tokens']:,} targets), non-overlapping windows of {eval_block} tokens",
+            **{f"inference_latency_{b}": f"generation throughput at batch {b}: {b} x {new_tokens} new tokens / "
+                                         f"seconds of generate() (greedy, KV cache, {args.prompt_tokens}-token "
+                                         f"prompts, prefill included); a throughput despite the name"
+               for b in GENERATION_BATCHES},
+            **{f"training_throughput_{b}": f"training tokens per second at micro-batch {b} per rank x block "
+                                           f"{train_block}, {'one process' if world == 1 else f'{args.parallel} on {world} ranks, all ranks together'}: "
+                                           f"train.py's own tokens/s (forward, backward, optimizer; evaluation "
+                                           f"and checkpoints excluded)" for b in TRAINING_BATCHES},
+            "time_to_first_token_s": "batch 1: from the generate() call to the first new token (prompt prefill)",
+            "ms_per_token_batch_1": "batch 1: decoding time after the first token / (new tokens - 1)",
+            "peak_memory_bytes": "CUDA: allocator peak; CPU: the process's peak resident set (the scorecard "
+                                 "process for inference, each train.py process for training)",
+            "spread": "each figure is the median of its repeats after one warm-up; min and max beside it",
+        },
+        "time_to_first_token_s": generation[1]["time_to_first_token_s"]["median"],
+        "ms_per_token_batch_1": generation[1]["ms_per_token"]["median"],
+        "peak_memory_bytes": {"inference": inference_peak,
+                              **{f"training_{b}": training[b]["peak_memory_bytes"] for b in TRAINING_BATCHES}},
+        "spread": {**{f"inference_latency_{b}": generation[b]["tokens_per_s"] for b in GENERATION_BATCHES},
+                   **{f"training_throughput_{b}": training[b]["tokens_per_s"] for b in TRAINING_BATCHES},
+                   "time_to_first_token_s": generation[1]["time_to_first_token_s"],
+                   "ms_per_token_batch_1": generation[1]["ms_per_token"]},
+        "artifact": {"path": str(folder), "kind": meta["artifact"], "produced_by": meta.get("produced_by"),
+                     "model": meta["model"]},
+        "evaluation": {"text": described, "tokens": len(tokens), "targets": validation["val_tokens"],
+                       "block_size": eval_block, "batch_size": args.eval_batch_size, "val_ppl": validation["val_ppl"],
+                       "precision": str(precision.autocast_dtype or torch.float32)},
+        "generation": {"prompt_tokens": args.prompt_tokens, "new_tokens": new_tokens, "note": new_tokens_note,
+                       "repeats": args.repeats},
+        "training": {"parallel": args.parallel, "world_size": world, "block_size": train_block,
+                     "steps_per_repeat": args.train_steps, "repeats": args.repeats, "dataset": args.train_dataset,
+                     "threads_per_rank": args.threads or "torch default",
+                     "per_rank_peak_memory_bytes": {b: training[b]["peak_memory_bytes_per_rank"]
+                                                    for b in TRAINING_BATCHES},
+                     "commands": {b: training[b]["command"] for b in TRAINING_BATCHES},
+                     "architecture_only": meta["artifact"] == "int8"},
+        "environment": {**environment(device), "world_size": world},
+    }
+    score["timestamp"] = score["environment"]["date"]
+    return score
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    try:
+        score = scorecard(args)
+    except (LeaderboardError, ArtifactError, DatasetError, TokenizerError) as e:
+        sys.exit(f"error: {e}")
+    text = json.dumps(score, indent=2)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return score
+
+
+if __name__ == "__main__":
+    main()

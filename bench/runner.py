@@ -1,0 +1,123 @@
+"""Run `train.py` as the user would (one process, or under torchrun) and read back its metrics.jsonl.
+
+The experiments measure the project's own training path rather than a copy of it: a run here is
+`python train.py ...` or `python -m torch.distributed.run --standalone --nproc_per_node=N train.py
+--parallel MODE ...`, with a fixed thread count per rank, and the figures come from the records
+train.py logs (tokens/s per log window, phase times, communication, peak memory per rank).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.timing import summary
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN_SCRIPT = ROOT / "train.py"
+# train.py's message when a batch does not fit (it catches torch.OutOfMemoryError).
+OOM_MESSAGES = ("does not fit in", "out of memory", "can't allocate memory")
+
+
+@dataclass
+class TrainRun:
+    command: list[str]
+    returncode: int | None  # None: stopped at the timeout
+    elapsed_s: float
+    records: list[dict] = field(default_factory=list)
+    output_tail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    @property
+    def timed_out(self) -> bool:
+        return self.returncode is None
+
+    @property
+    def out_of_memory(self) -> bool:
+        return not self.ok and (any(m in self.output_tail for m in OOM_MESSAGES) or self.returncode == -9)
+
+    def failure(self) -> str:
+        if self.timed_out:
+            return f"stopped after {self.elapsed_s:.0f}s (time limit)"
+        return f"exit code {self.returncode}: {self.output_tail.strip().splitlines()[-1] if self.output_tail.strip() else ''}"
+
+    @property
+    def step_records(self) -> list[dict]:
+        return [r for r in self.records if "tokens_per_s" in r]
+
+    @property
+    def eval_records(self) -> list[dict]:
+        return [r for r in self.records if "val_loss" in r]
+
+    def timed_windows(self, skip: int = 1) -> list[dict]:
+        """The log windows after the first `skip` (warm-up: allocator, thread pools, first collectives)."""
+        return self.step_records[skip:]
+
+
+def flags(options: dict) -> list[str]:
+    """{"batch_size": 4, "compile": True} -> ["--batch-size", "4", "--compile"]; None values are left out."""
+    out = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + key.replace("_", "-"))
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def train_command(options: dict, nproc: int | None) -> list[str]:
+    if nproc is None:
+        return [sys.executable, str(TRAIN_SCRIPT), *flags(options)]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            str(TRAIN_SCRIPT), *flags(options)]
+
+
+def run_train(out_dir: Path, options: dict, nproc: int | None = None, threads: int | None = None,
+              timeout_s: float | None = None) -> TrainRun:
+    """Train into a fresh `out_dir`; `nproc` launches that many ranks with torchrun (None: one plain process).
+    `threads` sets OMP_NUM_THREADS per process."""
+    out_dir = Path(out_dir)
+    if (out_dir / "training_state").exists():
+        raise ValueError(f"{out_dir} already holds a training run; remove it or choose another folder")
+    if (out_dir / "metrics.jsonl").exists():
+        (out_dir / "metrics.jsonl").unlink()  # a rerun must not read a failed earlier run's records
+    command = train_command({**options, "out_dir": str(out_dir)}, nproc)
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    start = time.perf_counter()
+    # A session of its own, so that a timeout stops torchrun's ranks too, not only torchrun.
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout_s)
+        returncode = process.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        returncode = None
+    except BaseException:  # Ctrl-C: leave no ranks behind
+        os.killpg(process.pid, signal.SIGKILL)
+        raise
+    elapsed = time.perf_counter() - start
+    metrics = out_dir / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] \
+        if metrics.exists() else []
+    return TrainRun(command, returncode, elapsed, records, output[-3000:])
+
+
+def window_summary(windows: list[dict], key: str) -> dict | None:
+    """Median, min and max of one metric over the timed log windows (None when train.py did not log it)."""
+    values = [w[key] for w in windows if w.get(key) is not None]
+    return summary(values) if values else None
