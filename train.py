@@ -335,7 +335,7 @@ def _train(cfg: TrainConfig, ctx) -> dict:
     def run_eval(step: int, max_batches: int | None) -> dict:
         t0 = time.perf_counter()
         with meter.paused():
-            result = evaluate_loss(eval_model, eval_batches(val_tokens, block, cfg.batch_size, max_batches),
+            result = evaluate_loss(eval_model, eval_batches(val_tokens, block, sampler.global_batch, max_batches),
                                    device, precision.autocast)
         elapsed = time.perf_counter() - t0
         phases["eval"] += elapsed

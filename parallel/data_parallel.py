@@ -30,17 +30,19 @@ class _DDPHookState:
         self.group, self.meter = group, meter
         self.last_launch = None
 
-    def __call__(self, _, bucket):
-        n = dist.get_world_size(self.group)
-        self.meter.count("all_reduce", tensor_bytes(bucket.buffer()), n)
-        self.last_launch = launched = time.perf_counter()
-        meter = self.meter
 
-        def finished(fut):
-            if meter.enabled:
-                meter.seconds += time.perf_counter() - launched
-            return fut.value()
-        return allreduce_hook(self.group, bucket).then(finished)
+
+def _counting_allreduce_hook(state: _DDPHookState, bucket):
+    """DDP's default bucket all-reduce, after counting the bucket and noting when it left."""
+    state.meter.count("all_reduce", tensor_bytes(bucket.buffer()), dist.get_world_size(state.group))
+    state.last_launch = launched = time.perf_counter()
+    meter = state.meter
+
+    def finished(fut):
+        if meter.enabled:
+            meter.seconds += time.perf_counter() - launched
+        return fut.value()[0]
+    return allreduce_hook(state.group, bucket).then(finished)
 
 
 def apply_ddp(model: nn.Module, dp_group, device: torch.device, meter: CommsMeter) -> nn.Module:
@@ -48,7 +50,7 @@ def apply_ddp(model: nn.Module, dp_group, device: torch.device, meter: CommsMete
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                               process_group=dp_group)
     ddp.hook_state = _DDPHookState(dp_group, meter)
-    ddp.register_comm_hook(None, ddp.hook_state)
+    ddp.register_comm_hook(ddp.hook_state, _counting_allreduce_hook)
     return ddp
 
 
