@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from model.generate import SamplingParams
-from serve.engine import DoneEvent, ErrorEvent, TokenEvent
+from serve.engine import DoneEvent, TokenEvent
 from serve.errors import error_body
 from serve.schemas import GenerateRequest, GenerateResponse, LatencyBody
 from serve.state import require_api_key, server_state
@@ -50,16 +50,18 @@ async def generate(body: GenerateRequest, request: Request):
 
 async def stream(submission: Submission):
     try:
-        async for _, event in submission.events():
-            if isinstance(event, TokenEvent):
-                yield sse("token", {"token": event.token, "text": event.text})
-            elif isinstance(event, DoneEvent):
-                if event.tail:
-                    yield sse("token", {"token": None, "text": event.tail})
-                yield sse("done", response_body(event).model_dump())
-            elif isinstance(event, ErrorEvent):
-                error = error_for(event)
-                yield sse("error", error_body(error.status, error.message, code=error.code))
+        async for batch in submission.event_batches():
+            yield "".join(render(event) for _, event in batch)
     finally:
         # Runs when the client disconnects too (Starlette cancels the stream): the row is freed.
         submission.cancel()
+
+
+def render(event) -> str:
+    if isinstance(event, TokenEvent):
+        return sse("token", {"token": event.token, "text": event.text})
+    if isinstance(event, DoneEvent):
+        tail = sse("token", {"token": None, "text": event.tail}) if event.tail else ""
+        return tail + sse("done", response_body(event).model_dump())
+    error = error_for(event)
+    return sse("error", error_body(error.status, error.message, code=error.code))

@@ -86,17 +86,21 @@ async def stream(submission: Submission, completion_id: str, created: int, model
 
     results: dict[int, DoneEvent] = {}
     try:
-        async for index, event in submission.events():
-            if isinstance(event, TokenEvent) and event.text:
-                yield chunk([CompletionChoice(text=event.text, index=index, finish_reason=None)])
-            elif isinstance(event, DoneEvent):
-                results[index] = event
-                yield chunk([CompletionChoice(text=event.tail, index=index,
-                                              finish_reason=FINISH_REASONS[event.finish_reason])])
-            elif isinstance(event, ErrorEvent):
-                error = error_for(event)
-                yield f"data: {json.dumps(error_body(error.status, error.message, code=error.code))}\n\n"
-                return
+        async for batch in submission.event_batches():
+            out = []
+            for index, event in batch:
+                if isinstance(event, TokenEvent) and event.text:
+                    out.append(chunk([CompletionChoice(text=event.text, index=index, finish_reason=None)]))
+                elif isinstance(event, DoneEvent):
+                    results[index] = event
+                    out.append(chunk([CompletionChoice(text=event.tail, index=index,
+                                                       finish_reason=FINISH_REASONS[event.finish_reason])]))
+                elif isinstance(event, ErrorEvent):
+                    error = error_for(event)
+                    yield "".join(out) + f"data: {json.dumps(error_body(error.status, error.message, code=error.code))}\n\n"
+                    return
+            if out:
+                yield "".join(out)
         if include_usage:
             yield chunk([], usage([results[i] for i in sorted(results)], n))
         yield "data: [DONE]\n\n"

@@ -51,28 +51,38 @@ class Submission:
         for request in self.requests:
             request.cancel()
 
-    async def events(self, client: Request | None = None) -> AsyncIterator[tuple[int, Event]]:
-        """(index, event) until every generation is done; stops early if `client` disconnects."""
+    async def event_batches(self, client: Request | None = None) -> AsyncIterator[list[tuple[int, Event]]]:
+        """Lists of (index, event), each everything that arrived since the last, until every
+        generation is done (a slow reader gets fewer, larger batches: one write per batch).
+        Stops early if `client` disconnects; streams learn of that from Starlette instead."""
         while self.open:
-            try:
-                index, event = await asyncio.wait_for(self.queue.get(), DISCONNECT_POLL_S)
-            except TimeoutError:
-                if client is not None and await client.is_disconnected():
-                    return
-                continue
-            if isinstance(event, (DoneEvent, ErrorEvent)):
-                self.open.discard(index)
-            yield index, event
+            if client is None:
+                first = await self.queue.get()
+            else:
+                try:
+                    first = await asyncio.wait_for(self.queue.get(), DISCONNECT_POLL_S)
+                except TimeoutError:
+                    if await client.is_disconnected():
+                        return
+                    continue
+            batch = [first]
+            while not self.queue.empty():
+                batch.append(self.queue.get_nowait())
+            for index, event in batch:
+                if isinstance(event, (DoneEvent, ErrorEvent)):
+                    self.open.discard(index)
+            yield batch
 
     async def results(self, client: Request) -> list[DoneEvent]:
         """Wait for every generation; an engine error becomes the HTTP error that says what happened."""
         done: dict[int, DoneEvent] = {}
         try:
-            async for index, event in self.events(client):
-                if isinstance(event, ErrorEvent):
-                    raise error_for(event)
-                if isinstance(event, DoneEvent):
-                    done[index] = event
+            async for batch in self.event_batches(client):
+                for index, event in batch:
+                    if isinstance(event, ErrorEvent):
+                        raise error_for(event)
+                    if isinstance(event, DoneEvent):
+                        done[index] = event
         finally:
             self.cancel()
         if len(done) < len(self.requests):
