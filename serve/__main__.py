@@ -48,7 +48,6 @@ def main(argv=None) -> None:
                                      epilog=f"Set {API_KEY_ENV} to require an API key.")
     add_dataclass_args(parser, ServeConfig, HELP)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = dataclass_from_args(ServeConfig, args)
         app = create_app(config)

@@ -34,6 +34,9 @@ log = logging.getLogger("serve")
 def create_app(config: ServeConfig | None = None) -> FastAPI:
     """Load the model now (a bad checkpoint fails before the server binds); the engine starts with the app."""
     config = config or ServeConfig(checkpoint=os.environ.get(CHECKPOINT_ENV))
+    if not logging.getLogger().handlers:
+        # Uvicorn configures only its own loggers; the per-request lines need a handler too.
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     folder = Path(config.checkpoint) if config.checkpoint else find_latest_artifact()
     device = choose_device(config.device)
     if config.threads:

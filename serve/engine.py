@@ -116,8 +116,8 @@ class Engine:
         self.max_queue = max_queue
         self.request_timeout_s = request_timeout_s
         self.metrics = metrics or ServerMetrics()
-        dtype = next(model.parameters()).dtype
-        self.dtype = dtype if dtype.is_floating_point else torch.float32
+        # The KV cache takes the dtype of the model's float weights (int8 models keep float norms and embeddings).
+        self.dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
         self.slots = SlotCache(self.config, max_batch_size, device, self.dtype)
         self.active: list[_Sequence] = []  # active[i] lives in slot row i
         self.waiting: collections.deque[GenerationRequest] = collections.deque()

@@ -189,3 +189,19 @@ def test_time_limit_answers_504_and_ends_a_stream_with_an_error(checkpoint):
         with client.stream("POST", "/generate", json={"prompt": "hi", "max_new_tokens": 4, "stream": True}) as r:
             events = sse_events(r)
         assert events[-1][0] == "error" and "time limit" in events[-1][1]["error"]["message"]
+
+
+@pytest.mark.parametrize("quantize_head", [False, True])
+def test_int8_artifact_is_served(tmp_path, quantize_head):
+    from model.artifact import artifact_writers, write_folder_atomically
+    from model.int8 import int8_state_for_saving, quantize_model
+    torch.manual_seed(0)
+    model = GPT(small_config(block_size=BLOCK_SIZE))
+    quantization = quantize_model(model, quantize_head=quantize_head)
+    write_folder_atomically(tmp_path, artifact_writers(int8_state_for_saving(model), model.config, "int8",
+                                                       provenance("tests"), extra={"quantization": quantization}))
+    with make_client(str(tmp_path)) as client:
+        assert client.get("/health").json()["artifact"] == "int8"
+        request = {"prompt": "Hello", "max_new_tokens": 5, "temperature": 0}
+        alone = client.post("/generate", json=request).json()
+        assert alone["tokens"] >= 1 and alone["finish_reason"] in ("length", "eos")
