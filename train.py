@@ -362,7 +362,8 @@ def _train(cfg: TrainConfig, ctx) -> dict:
                 "comm_sent_bytes": {k: v / steps for k, v in snap["sent_bytes"].items()},
                 "comm_sent_bytes_theory": theory["sent_bytes"],
                 "bandwidth_bytes_per_s": sent / snap["comm_s"] if snap["comm_s"] else None,
-                "peak_memory_bytes_per_rank": peaks, "world_size": ctx.world_size,
+                "peak_memory_bytes_per_rank": peaks, "state_bytes_this_rank": state_bytes,
+                "world_size": ctx.world_size,
                 "dp_size": ctx.dp_size, "tp_size": ctx.tp_size}
 
     model.train()
@@ -397,6 +398,8 @@ def _train(cfg: TrainConfig, ctx) -> dict:
             grad_norm = par.clip_grad_norm(cfg.grad_clip)
             scaler.step(optimizer)
             scaler.update()
+            if ctx.mode != "none" and step == start_step:
+                state_bytes = par.local_state_bytes(optimizer)  # gradients still held, optimizer state built
             optimizer.zero_grad(set_to_none=True)
             loss_value = float(par.mean_over_data_parallel(loss_sum))  # one device sync per step
             phases["backward_optimizer"] += time.perf_counter() - t3

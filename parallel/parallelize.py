@@ -155,10 +155,15 @@ class ParallelModel:
         optimizer.load_state_dict({"state": torch_state, "param_groups": torch_groups})
 
     # --- accounting ----------------------------------------------------------------------------
-    def local_parameter_bytes(self) -> int:
-        """Bytes of parameters this rank holds (FSDP: its shards; TP: its slices)."""
-        return sum((p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size()
-                   for p in self.model.parameters())
+    def local_state_bytes(self, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+        """Parameter, gradient and optimizer-state bytes this rank holds (its shards only)."""
+        local = lambda t: t.to_local() if isinstance(t, DTensor) else t
+        size = lambda t: local(t).numel() * local(t).element_size()
+        params = list(self.model.parameters())
+        return {"params": sum(size(p) for p in params),
+                "grads": sum(size(p.grad) for p in params if p.grad is not None),
+                "optimizer": sum(size(v) for st in optimizer.state.values() for v in st.values()
+                                 if torch.is_tensor(v) and v.dim() > 0)}
 
     def theoretical_bytes(self, micro_batch: int, block: int, grad_accum: int, activation_bytes: int) -> dict:
         """Per step, what this rank should send by collective kind, from the shapes alone."""
