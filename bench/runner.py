@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -121,3 +123,43 @@ def window_summary(windows: list[dict], key: str) -> dict | None:
     """Median, min and max of one metric over the timed log windows (None when train.py did not log it)."""
     values = [w[key] for w in windows if w.get(key) is not None]
     return summary(values) if values else None
+
+
+def run_parallel(work_dir: Path, mode: str, world: int, global_batch: int, options: dict, windows: int,
+                 steps_per_window: int, threads: int = 1, timeout_s: float | None = None) -> dict:
+    """One torchrun job of train.py at a fixed global batch; per-step figures over the timed windows.
+
+    Data-parallel modes split the global batch over the ranks; `tp` shards the model, so every rank
+    sees the whole batch.  The first log window is warm-up and is left out."""
+    dp = 1 if mode == "tp" else world
+    if global_batch % dp:
+        raise ValueError(f"a global batch of {global_batch} does not split over {dp} data-parallel ranks")
+    steps = steps_per_window * (windows + 1)
+    out_dir = Path(work_dir) / f"{mode}_{world}_b{global_batch}"
+    shutil.rmtree(out_dir, ignore_errors=True)  # the benchmark's own scratch run from last time
+    run = run_train(out_dir,
+                    {**options, "parallel": mode, "tp_size": world if mode == "tp" else 1,
+                     "batch_size": global_batch // dp, "max_steps": steps, "log_interval": steps_per_window,
+                     "eval_interval": steps, "eval_batches": 1, "final_eval_batches": 1},
+                    nproc=world, threads=threads, timeout_s=timeout_s)
+    row = {"mode": mode, "world_size": world, "global_batch": global_batch, "per_rank_batch": global_batch // dp,
+           "threads_per_rank": threads, "command": " ".join(run.command)}
+    if not run.ok:
+        return {**row, "error": run.failure(), "out_of_memory": run.out_of_memory}
+    timed = run.timed_windows(skip=1)
+    tokens_per_step = global_batch * options["block_size"]
+    sent = [sum(w["comm_sent_bytes"].values()) for w in timed]
+    return {**row,
+            "tokens_per_s": window_summary(timed, "tokens_per_s"),
+            "iteration_s": summary([tokens_per_step / w["tokens_per_s"] for w in timed]),
+            "compute_s": window_summary(timed, "compute_s"),
+            "comm_s": window_summary(timed, "comm_s"),
+            "exposed_comm_s": window_summary(timed, "exposed_comm_s"),
+            "comm_share": window_summary(timed, "comm_share"),
+            "sent_bytes_per_step": statistics.median(sent),
+            "sent_bytes_by_kind": timed[-1]["comm_sent_bytes"],
+            "sent_bytes_theory_per_step": sum(timed[-1]["comm_sent_bytes_theory"].values()),
+            "sent_bytes_theory_by_kind": timed[-1]["comm_sent_bytes_theory"],
+            "bandwidth_bytes_per_s": window_summary(timed, "bandwidth_bytes_per_s"),
+            "peak_memory_bytes_per_rank": timed[-1]["peak_memory_bytes_per_rank"],
+            "final_loss": run.step_records[-1]["loss"]}
