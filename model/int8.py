@@ -6,6 +6,9 @@ matmul runs in PyTorch's quantized engine (fbgemm / x86, or qnnpack on ARM): act
 quantized per tensor on the fly and the product is accumulated in int32.  That engine has no GPU
 kernels, so on any other device the same module runs weight-only: int8 weights are dequantized per
 matmul (memory saved, float arithmetic), with a warning saying so.
+
+The tied embedding / output head is fp32 by default, or fp16 (a half-precision copy used only for
+the head matmul, derived at load time) or int8 (embedding rows and head share one int8 matrix).
 """
 from __future__ import annotations
 
@@ -106,30 +109,64 @@ class Int8Embedding(nn.Module):
         return F.embedding(idx, self.weight).float() * self.weight_scale[idx].unsqueeze(-1)
 
 
+class Fp16WeightLinear(nn.Module):
+    """The tied output head computed from a half-precision copy of its weight (fbgemm's fp16 GEMM).
+
+    Still floating point (an 11-bit mantissa, ~16x finer than per-row int8), but the matmul reads half
+    the bytes, which is what a batch-1 decoding step over a 50k-row head is limited by.  The fp32
+    weight stays the stored, tied parameter; the fp16 copy is derived at load time.
+    """
+
+    def __init__(self, weight: nn.Parameter):
+        super().__init__()
+        self.weight = weight
+        try:
+            self._packed = torch.ops.quantized.linear_prepack_fp16(weight.detach().cpu().float(), None)
+        except RuntimeError as e:
+            raise ValueError(f"the fp16 head needs PyTorch's fbgemm/x86 quantized engine, which this machine "
+                             f"lacks ({torch.backends.quantized.engine}); use head fp32 or int8") from e
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu" and x.dtype == torch.float32:
+            return torch.ops.quantized.linear_dynamic_fp16(x, self._packed)
+        warnings.warn(f"the fp16 head kernel takes float32 CPU input only; for {x.dtype} input on {x.device} "
+                      f"the head runs from its stored fp32 weight", stacklevel=2)
+        return F.linear(x, self.weight.to(x.dtype))
+
+
 def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
 
 
-def quantize_model(model: GPT, quantize_head: bool = False) -> dict:
-    """Swap the block linears (and optionally the tied head) for int8 modules, in place.
+HEAD_FORMATS = ("fp32", "fp16", "int8")
+
+
+def quantize_model(model: GPT, head: str = "fp32", *, quantize_head: bool | None = None) -> dict:
+    """Swap the block linears for int8 modules, and give the tied head the requested format, in place.
 
     Returns the description stored in the artifact's config.json under "quantization".
+    `quantize_head=True` is the first spelling of head="int8", still used by tests/test_serve_api.py.
     """
+    if quantize_head:
+        head = "int8"
+    if head not in HEAD_FORMATS:
+        raise ValueError(f"head format {head!r} is not one of {HEAD_FORMATS}")
     layers = block_linear_names(model)
     for name in layers:
         _replace(model, name, Int8Linear.from_float(model.get_submodule(name)))
-    if quantize_head:
-        embedding = model.transformer.wte
-        weight, scale = quantize_per_channel(embedding.weight)
+    if head == "int8":
+        weight, scale = quantize_per_channel(model.transformer.wte.weight)
         _tie_int8_head(model, weight, scale)
-    return quantization_description(layers, quantize_head)
+    elif head == "fp16":
+        model.lm_head = Fp16WeightLinear(model.transformer.wte.weight)
+    return quantization_description(layers, head)
 
 
-def quantization_description(layers: list[str], quantize_head: bool) -> dict:
+def quantization_description(layers: list[str], head: str) -> dict:
     return {"scheme": "dynamic int8: weights symmetric per output channel (zero point 0), "
                       "activations per tensor at run time",
-            "layers": layers, "quantized_head": quantize_head}
+            "layers": layers, "head": head}
 
 
 def _tie_int8_head(model: GPT, weight: torch.Tensor, scale: torch.Tensor) -> None:
@@ -183,12 +220,17 @@ def build_int8_model(config: GPTConfig, state: dict[str, torch.Tensor], meta: di
         if linear.bias is not None:
             bias = _take(state, f"{name}.bias", torch.float32, (out_features,), ArtifactError)
         _replace(model, name, Int8Linear(weight, scale, bias))
-    if quantization.get("quantized_head", False):
+    head = quantization.get("head")
+    if head not in HEAD_FORMATS:
+        raise ArtifactError(f"config.json names head format {head!r}; expected one of {HEAD_FORMATS}")
+    if head == "int8":
         shape = tuple(model.transformer.wte.weight.shape)
         weight = _take(state, f"{EMBEDDING_NAME}.weight", torch.int8, shape, ArtifactError)
         scale = _take(state, f"{EMBEDDING_NAME}.weight_scale", torch.float32, shape[:1], ArtifactError)
         _tie_int8_head(model, weight, scale)
     _load_float_weights(model, state, ArtifactError)
+    if head == "fp16":
+        model.lm_head = Fp16WeightLinear(model.transformer.wte.weight)
     return model
 
 

@@ -2,11 +2,13 @@
 
     python quantize/dynamic.py                                  # newest float/pruned artifact under out/
     python quantize/dynamic.py --checkpoint out/train --out-dir out/int8 --dataset wikitext-103
-    python quantize/dynamic.py --quantize-head                  # the tied embedding / output head too
+    python quantize/dynamic.py --head int8                      # the tied embedding / output head too
 
 The linear layers of the transformer blocks get int8 weights (symmetric, per output channel) and
-activations quantized per tensor at run time; the tied embedding / output head stays float unless
---quantize-head.  The output folder is an ordinary artifact (config.json with "artifact": "int8" and
+activations quantized per tensor at run time.  The tied embedding / output head stays fp32 by
+default; `--head fp16` keeps it floating point but runs the head matmul from a half-precision copy
+(fbgemm's fp16 GEMM; at batch 1 that matmul is memory-bound and dominates once the blocks are int8),
+and `--head int8` quantizes it too.  The output folder is an ordinary artifact (config.json with "artifact": "int8" and
 the list of quantized layers, model.safetensors with int8 weights and float32 scales) plus
 quant_report.json; `sample.py --checkpoint OUT` and `serve/` load it.
 
@@ -37,7 +39,7 @@ from data.tokenizer import TokenizerError
 from model.artifact import (CONFIG_FILE, DEFAULT_OUT_ROOT, STAGING_DIR, WEIGHTS_FILE, ArtifactError,
                             artifact_writers, load_model, provenance, read_config, write_folder_atomically)
 from model.device import choose_device
-from model.int8 import int8_state_for_saving, quantize_model
+from model.int8 import HEAD_FORMATS, int8_state_for_saving, quantize_model
 from quantize.measure import generation_speed, greedy_agreement, paired_validation, prompts_from
 
 DEFAULT_OUT_DIR = DEFAULT_OUT_ROOT / "int8"
@@ -53,8 +55,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR)
     parser.add_argument("--dataset", default="builtin",
                         help=f"validation text for the report: {', '.join(DATASET_NAMES)}, or a local folder")
-    parser.add_argument("--quantize-head", action="store_true",
-                        help="also quantize the tied embedding / output head (smaller and faster, less accurate)")
+    parser.add_argument("--head", choices=HEAD_FORMATS, default="fp32",
+                        help="format of the tied embedding / output head: fp32 (unchanged), fp16 (half-precision "
+                             "weight copy for the head matmul; floating point, faster), int8 (head and embedding "
+                             "quantized too: smallest and fastest, least accurate)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for the measurements (default: PyTorch's choice); both models get the same")
     parser.add_argument("--eval-batches", type=int, default=16, help="validation batches (the same leading windows)")
     parser.add_argument("--eval-batch-size", type=int, default=4)
     parser.add_argument("--eval-block-size", type=int, default=None,
@@ -66,6 +72,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def check(args) -> None:
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")
     for name in ("eval_batches", "eval_batch_size", "prompt_tokens", "new_tokens", "repeats"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
@@ -138,14 +146,14 @@ def quantize(args) -> dict:
                          f"the model's context of {context}")
     tokens = load_split(args.dataset, "validation")  # before writing anything: a bad --dataset fails early
     int8_model, _ = load_model(source, "cpu")
-    quantization = quantize_model(int8_model, quantize_head=args.quantize_head)
+    quantization = quantize_model(int8_model, head=args.head)
     writers = artifact_writers(int8_state_for_saving(int8_model), float_model.config, "int8",
                                provenance("quantize/dynamic.py", source), extra={"quantization": quantization})
     write_folder_atomically(args.out_dir, writers)
     # Measure the artifact as every other tool will see it: reloaded from disk.
     int8_model, _ = load_model(args.out_dir, "cpu")
-    print(f"wrote int8 artifact to {args.out_dir} ({len(quantization['layers'])} linear layers"
-          f"{' and the tied head' if args.quantize_head else ''} quantized); measuring", file=sys.stderr)
+    print(f"wrote int8 artifact to {args.out_dir} ({len(quantization['layers'])} linear layers quantized, "
+          f"{args.head} head); measuring", file=sys.stderr)
 
     validation = paired_validation(float_model, int8_model,
                                    eval_batches(tokens, block, args.eval_batch_size, args.eval_batches),
@@ -155,7 +163,7 @@ def quantize(args) -> dict:
                                            args.new_tokens, args.repeats)
     return {
         "source": str(source), "source_artifact": source_meta["artifact"], "artifact": str(args.out_dir),
-        "quantization": {"quantized_head": args.quantize_head, "layers": len(quantization["layers"]),
+        "quantization": {"head": args.head, "layers": len(quantization["layers"]),
                          "scheme": quantization["scheme"]},
         "dataset": args.dataset, "split": "validation", "eval_block_size": block,
         "validation": validation, "generation": generation,
@@ -170,6 +178,8 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     try:
         check(args)
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
         report = quantize(args)
     except (ArtifactError, DatasetError, TokenizerError, ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")

@@ -14,7 +14,8 @@ from model.artifact import (CONFIG_FILE, WEIGHTS_FILE, ArtifactError, artifact_w
                             save_artifact, write_folder_atomically)
 from model.generate import SamplingParams, generate
 from model.gpt import GPT
-from model.int8 import Int8Embedding, Int8Linear, int8_state_for_saving, quantize_model, quantize_per_channel
+from model.int8 import (HEAD_FORMATS, Fp16WeightLinear, Int8Embedding, Int8Linear, int8_state_for_saving,
+                        quantize_model, quantize_per_channel)
 from quantize import dynamic
 from quantize.measure import greedy_agreement
 from tests.conftest import small_config
@@ -47,9 +48,9 @@ def trained_model() -> GPT:
     return model.eval()
 
 
-def quantized(model: GPT, quantize_head: bool = False) -> tuple[GPT, dict]:
+def quantized(model: GPT, head: str = "fp32") -> tuple[GPT, dict]:
     copy_ = copy.deepcopy(model)
-    return copy_, quantize_model(copy_, quantize_head=quantize_head)
+    return copy_, quantize_model(copy_, head=head)
 
 
 def save_int8(folder, model: GPT, quantization: dict) -> None:
@@ -106,10 +107,10 @@ def test_greedy_outputs_mostly_agree(trained_model):
     prompts = successor_batch(6, 4, torch.Generator().manual_seed(2))
     params = SamplingParams(max_new_tokens=16, temperature=0, stop_at_eot=False)
     float_output = generate(trained_model, prompts, params)
-    for quantize_head in (False, True):
-        int8_model, _ = quantized(trained_model, quantize_head)
+    for head in HEAD_FORMATS:
+        int8_model, _ = quantized(trained_model, head)
         agreement = greedy_agreement(float_output, generate(int8_model, prompts, params), prompts.size(1))
-        assert agreement["identical_tokens"] >= 0.9, (quantize_head, agreement)
+        assert agreement["identical_tokens"] >= 0.9, (head, agreement)
 
 
 def test_greedy_agreement_counts_positions_and_prefixes():
@@ -121,15 +122,18 @@ def test_greedy_agreement_counts_positions_and_prefixes():
     assert agreement["identical_rows"] == 1 and agreement["rows"] == 2
 
 
-@pytest.mark.parametrize("quantize_head", [False, True])
-def test_artifact_round_trip_gives_identical_logits(trained_model, tmp_path, quantize_head):
-    int8_model, quantization = quantized(trained_model, quantize_head)
+@pytest.mark.parametrize("head", HEAD_FORMATS)
+def test_artifact_round_trip_gives_identical_logits(trained_model, tmp_path, head):
+    int8_model, quantization = quantized(trained_model, head)
     save_int8(tmp_path / "int8", int8_model, quantization)
     meta = json.loads((tmp_path / "int8" / CONFIG_FILE).read_text())
     assert meta["artifact"] == "int8" and meta["quantization"]["layers"] == quantization["layers"]
-    assert meta["quantization"]["quantized_head"] is quantize_head
+    assert meta["quantization"]["head"] == head
     reloaded, _ = load_model(tmp_path / "int8")
-    if quantize_head:
+    if head == "fp16":
+        assert isinstance(reloaded.lm_head, Fp16WeightLinear)
+        assert reloaded.lm_head.weight is reloaded.transformer.wte.weight
+    if head == "int8":
         assert isinstance(reloaded.transformer.wte, Int8Embedding)
         assert reloaded.lm_head.weight is reloaded.transformer.wte.weight
     seq = successor_batch(2, 20, torch.Generator().manual_seed(3))
@@ -217,7 +221,7 @@ def test_cli_writes_artifact_and_report_that_sample_loads(workspace, monkeypatch
     assert set(report["generation"]) >= {"batch_1", "batch_12"}
     assert report["generation"]["batch_12"]["int8_tokens_per_s"] > 0
     assert report["size_bytes"]["int8"] < report["size_bytes"]["float"]
-    assert report["quantization"]["quantized_head"] is False
+    assert report["quantization"]["head"] == "fp32"
     printed = capsys.readouterr().out
     assert "val loss" in printed and "tokens/s batch 12" in printed
 
@@ -229,8 +233,8 @@ def test_cli_writes_artifact_and_report_that_sample_loads(workspace, monkeypatch
 def test_quantizing_an_int8_artifact_is_refused(workspace, monkeypatch, capsys):
     monkeypatch.setenv("GPT2_DATA_CACHE", str(workspace / "cache"))
     out = workspace / "int8_head"
-    run_cli(workspace, out, "--quantize-head")
-    assert json.loads((out / CONFIG_FILE).read_text())["quantization"]["quantized_head"] is True
+    run_cli(workspace, out, "--head", "int8")
+    assert json.loads((out / CONFIG_FILE).read_text())["quantization"]["head"] == "int8"
     with pytest.raises(SystemExit, match="already an int8 artifact.*--checkpoint .*float"):
         dynamic.main(["--checkpoint", str(out), "--out-dir", str(workspace / "again")])
     assert not (workspace / "again").exists()
@@ -246,6 +250,7 @@ def test_default_checkpoint_skips_int8_artifacts(tmp_path, small_model):
 @pytest.mark.parametrize("argv, message", [
     (["--repeats", "0"], "--repeats must be at least 1"),
     (["--eval-block-size", "1000"], "exceeds the model's context"),
+    (["--threads", "0"], "--threads must be at least 1"),
 ])
 def test_bad_input_gets_a_clear_error(workspace, monkeypatch, argv, message):
     monkeypatch.setenv("GPT2_DATA_CACHE", str(workspace / "cache"))
