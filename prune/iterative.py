@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -30,8 +29,8 @@ from data.corpus import DATASET_NAMES, DatasetError
 from data.loader import WindowSampler, eval_batches
 from data.shards import load_split
 from data.tokenizer import TokenizerError
-from model.artifact import (CONFIG_FILE, DEFAULT_OUT_ROOT, STAGING_DIR, ArtifactError, artifact_writers, load_model,
-                            model_state_for_saving, provenance, write_folder_atomically)
+from model.artifact import (ArtifactError, artifact_writers, load_model, model_state_for_saving, provenance,
+                            write_folder_atomically)
 from model.cli import add_dataclass_args, dataclass_from_args
 from model.device import choose_device, precision_policy
 from model.evaluate import evaluate_loss
@@ -42,6 +41,7 @@ from prune.magnitude import magnitude_masks
 from prune.masks import MaskSet, block_linear_weights, count_nonzero, parse_param_groups, prunable_parameters
 from prune.report import ReportError, read_report, report_writers
 from prune.schedule import SCHEDULES, sparsity_schedule
+from prune.source import checkpoint_dataset, find_training_checkpoint
 from prune.speed import SpeedSettings, measure
 from prune.structured import StructureError, check_widths, select_units, shrink
 from prune.wanda import input_feature_norms, wanda_masks
@@ -72,6 +72,7 @@ class PruneConfig:
     out_dir: str = DEFAULT_OUT_DIR
     device: str = "auto"
     precision: str = "auto"
+    threads: int | None = None
     seed: int = 1234
     speed_batch: int = 4
     speed_seq_len: int = 128
@@ -100,6 +101,7 @@ HELP = {
     "out_dir": "folder for the pruned checkpoint, prune_report.json and plots",
     "device": "auto (CUDA if present, else CPU), cpu, cuda, cuda:1, ...",
     "precision": "auto (fp32 on CPU, bf16/fp16 autocast on CUDA), fp32, bf16, fp16",
+    "threads": "CPU threads for torch (default: torch's choice); 1 gives steadier timings on a shared machine",
     "speed_batch": "batch size of the timed forward passes",
     "speed_seq_len": "sequence length of the timed forward passes",
     "speed_repeats": "timed repeats (after one warm-up); medians are reported",
@@ -134,6 +136,8 @@ def validate(cfg: PruneConfig) -> None:
     for name in ("finetune_steps", "warmup_steps"):
         if getattr(cfg, name) < 0:
             raise PruneError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
+    if cfg.threads is not None and cfg.threads < 1:
+        raise PruneError(f"--threads must be at least 1, got {cfg.threads}")
     if cfg.block_size is not None and cfg.block_size < 1:
         raise PruneError(f"--block-size must be positive, got {cfg.block_size}")
     if not cfg.lr > 0:
@@ -158,34 +162,6 @@ def validate_against_model(cfg: PruneConfig, model: GPT) -> int:
     if cfg.method == "row":
         check_widths(config, cfg.target)
     return block
-
-
-def find_training_checkpoint(root: str | Path = DEFAULT_OUT_ROOT) -> Path:
-    """The newest artifact under `root` that train.py wrote (pruned and quantized outputs are skipped)."""
-    candidates = []
-    for path in Path(root).rglob(CONFIG_FILE):
-        if STAGING_DIR in path.parts:
-            continue
-        try:
-            meta = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue  # not an artifact this search can use; an explicit --checkpoint reports the damage
-        if isinstance(meta, dict) and (meta.get("produced_by") or {}).get("tool") == "train.py":
-            candidates.append(path.parent)
-    if not candidates:
-        raise ArtifactError(f"no checkpoint written by train.py under {root}/; train one first (`python train.py`) "
-                            f"or pass --checkpoint DIR")
-    return max(candidates, key=lambda d: (d / CONFIG_FILE).stat().st_mtime)
-
-
-def checkpoint_dataset(folder: Path, meta: dict) -> str | None:
-    """The dataset the checkpoint was trained (or last pruned) on, when it records one."""
-    state = folder / "training_state" / "state.json"
-    if state.exists():
-        dataset = json.loads(state.read_text()).get("train_config", {}).get("dataset")
-        if dataset:
-            return dataset
-    return (meta.get("pruning") or {}).get("dataset")
 
 
 def sparsity_counts(model: GPT, pruned_tensors: list[torch.Tensor], pruned_total: int, all_total: int) -> dict:
@@ -268,6 +244,8 @@ def finetune_dense_control(cfg: PruneConfig, dense: GPT, train_tokens, block: in
 
 def run(cfg: PruneConfig) -> dict:
     validate(cfg)
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
     device = choose_device(cfg.device)
     precision = precision_policy(device, cfg.precision)
     if cfg.checkpoint:
@@ -295,6 +273,11 @@ def run(cfg: PruneConfig) -> dict:
         print(f"note: {folder} does not record its training dataset; fine-tuning and evaluating on {dataset!r}. "
               f"Pass --dataset NAME if it was trained on something else.")
     report = read_report(out_dir)
+    others = {m: e["source_checkpoint"] for m, e in report["methods"].items()
+              if m != cfg.method and e.get("source_checkpoint") != str(folder)}
+    for method, source in others.items():
+        print(f"note: {out_dir}/prune_report.json also holds a {method} run pruned from {source}, not {folder}; "
+              f"its curve stays in the plots")
     schedule = sparsity_schedule(cfg.target, cfg.rounds, cfg.schedule)
 
     train_tokens = load_split(dataset, "train")
@@ -409,6 +392,9 @@ def main(argv=None) -> None:
     cfg = parse_args(argv)
     try:
         run(cfg)
+    except KeyboardInterrupt:  # during loading or the dense baseline; interrupts inside rounds are handled there
+        print("\ninterrupted before the first pruning round finished; nothing was written", file=sys.stderr)
+        raise SystemExit(130)
     except (PruneError, StructureError, ReportError, FinetuneError, ArtifactError, DatasetError, TokenizerError,
             ValueError) as e:
         sys.exit(f"error: {e}")

@@ -20,6 +20,7 @@ from prune.finetune import FinetuneSettings, finetune
 from prune.magnitude import magnitude_masks
 from prune.masks import block_linear_weights, count_nonzero, prunable_parameters
 from prune.schedule import sparsity_schedule
+from prune.source import find_training_checkpoint
 from prune.structured import StructureError, head_columns, select_units, shrink
 from prune.wanda import input_feature_norms, wanda_masks
 
@@ -286,6 +287,6 @@ def test_default_checkpoint_search_skips_non_training_artifacts(tmp_path):
     model = random_model()
     save_artifact(tmp_path / "train", model, model.config, "float", provenance("train.py"))
     save_artifact(tmp_path / "prune", model, model.config, "pruned", provenance("prune/iterative.py"))
-    assert iterative.find_training_checkpoint(tmp_path) == tmp_path / "train"
+    assert find_training_checkpoint(tmp_path) == tmp_path / "train"
     with pytest.raises(ValueError, match="no checkpoint written by train.py"):
-        iterative.find_training_checkpoint(tmp_path / "prune")
+        find_training_checkpoint(tmp_path / "prune")
