@@ -24,6 +24,7 @@ demo: setup
 	rm -rf $(DEMO_OUT)
 	$(PY) train.py --model tiny --dataset builtin --max-steps 400 --eval-interval 100 --out-dir $(DEMO_OUT)/train
 	$(PY) sample.py --checkpoint $(DEMO_OUT)/train --prompt "The module" --num-samples 2 --max-new-tokens 60 --seed 1
+	$(PY) -m serve.demo --checkpoint $(DEMO_OUT)/train
 
 test: setup
 	$(PY) -m pytest
