@@ -85,16 +85,10 @@ def train_command(options: dict, nproc: int | None) -> list[str]:
             str(TRAIN_SCRIPT), *flags(options)]
 
 
-def run_train(out_dir: Path, options: dict, nproc: int | None = None, threads: int | None = None,
-              timeout_s: float | None = None) -> TrainRun:
-    """Train into a fresh `out_dir`; `nproc` launches that many ranks with torchrun (None: one plain process).
-    `threads` sets OMP_NUM_THREADS per process."""
-    out_dir = Path(out_dir)
-    if (out_dir / "training_state").exists():
-        raise ValueError(f"{out_dir} already holds a training run; remove it or choose another folder")
-    if (out_dir / "metrics.jsonl").exists():
-        (out_dir / "metrics.jsonl").unlink()  # a rerun must not read a failed earlier run's records
-    command = train_command({**options, "out_dir": str(out_dir)}, nproc)
+def run_command(command: list[str], threads: int | None = None,
+                timeout_s: float | None = None) -> tuple[int | None, str, float]:
+    """(exit code or None at the timeout, stdout and stderr together, seconds), run from the project root;
+    `threads` sets OMP_NUM_THREADS for it and its children."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
@@ -112,7 +106,20 @@ def run_train(out_dir: Path, options: dict, nproc: int | None = None, threads: i
     except BaseException:  # Ctrl-C: leave no ranks behind
         os.killpg(process.pid, signal.SIGKILL)
         raise
-    elapsed = time.perf_counter() - start
+    return returncode, output, time.perf_counter() - start
+
+
+def run_train(out_dir: Path, options: dict, nproc: int | None = None, threads: int | None = None,
+              timeout_s: float | None = None) -> TrainRun:
+    """Train into a fresh `out_dir`; `nproc` launches that many ranks with torchrun (None: one plain process).
+    `threads` sets OMP_NUM_THREADS per process."""
+    out_dir = Path(out_dir)
+    if (out_dir / "training_state").exists():
+        raise ValueError(f"{out_dir} already holds a training run; remove it or choose another folder")
+    if (out_dir / "metrics.jsonl").exists():
+        (out_dir / "metrics.jsonl").unlink()  # a rerun must not read a failed earlier run's records
+    command = train_command({**options, "out_dir": str(out_dir)}, nproc)
+    returncode, output, elapsed = run_command(command, threads, timeout_s)
     metrics = out_dir / "metrics.jsonl"
     records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] \
         if metrics.exists() else []
