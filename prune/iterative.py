@@ -231,15 +231,139 @@ def sparse_format_verdict(rows: list[dict], device: torch.device) -> dict | None
                         + ("a real speedup" if faster else "no real speedup from unstructured sparsity"))}
 
 
-def finetune_dense_control(cfg: PruneConfig, dense: GPT, train_tokens, block: int, evaluate, device, precision) -> dict:
-    """The unpruned model fine-tuned on the same batches for as many steps as the whole pruning run."""
-    control = copy.deepcopy(dense)
-    steps = cfg.rounds * cfg.finetune_steps
-    settings = FinetuneSettings(steps, cfg.lr, cfg.weight_decay, cfg.warmup_steps)
-    start = time.perf_counter()
-    finetune(control, WindowSampler(train_tokens, block, cfg.batch_size, seed=cfg.seed), settings, device, precision,
-             desc="dense control fine-tune")
-    return {"finetune_steps": steps, "val_loss": evaluate(control), "time_s": time.perf_counter() - start}
+def load_source(cfg: PruneConfig, device) -> tuple[GPT, Path, dict]:
+    """The model to prune, loaded and announced, with its folder and stored metadata."""
+    if cfg.checkpoint:
+        folder, found = Path(cfg.checkpoint), "from --checkpoint"
+    else:
+        folder, found = find_training_checkpoint(), "the newest train.py checkpoint under out/"
+    if Path(cfg.out_dir).resolve() == folder.resolve():
+        raise PruneError(f"--out-dir {cfg.out_dir} is the checkpoint being pruned; choose another folder")
+    model, meta = load_model(folder, device)
+    if not isinstance(model, GPT) or meta["artifact"] == "int8":
+        raise PruneError(f"{folder} holds a {meta['artifact']} model; pruning needs a floating-point checkpoint")
+    config = model.config
+    print(f"loaded {meta['artifact']} checkpoint {folder} ({found}"
+          f"{', step ' + str(meta['step']) if 'step' in meta else ''}): {config.n_layer} layers, "
+          f"{config.n_head} heads, n_embd {config.n_embd}, {model.num_parameters(padded_vocab=False):,} parameters")
+    return model.eval(), folder, meta
+
+
+def resolve_dataset(cfg: PruneConfig, folder: Path, meta: dict) -> str:
+    if cfg.dataset:
+        print(f"dataset {cfg.dataset} (from --dataset)")
+        return cfg.dataset
+    dataset = checkpoint_dataset(folder, meta)
+    if dataset:
+        print(f"dataset {dataset} (the checkpoint's training dataset)")
+        return dataset
+    print(f"note: {folder} does not record its training dataset; fine-tuning and evaluating on {DEFAULT_DATASET!r}. "
+          f"Pass --dataset NAME if it was trained on something else.")
+    return DEFAULT_DATASET
+
+
+class PruningRun:
+    """The fixed parts of one run (data, dense baseline, original sizes) and the steps of a round."""
+
+    def __init__(self, cfg: PruneConfig, model: GPT, folder: Path, dataset: str, block: int, device, precision):
+        self.cfg, self.folder, self.dataset, self.block = cfg, folder, dataset, block
+        self.device, self.precision = device, precision
+        self.out_dir = Path(cfg.out_dir)
+        self.train_tokens = load_split(dataset, "train")
+        self.sampler = WindowSampler(self.train_tokens, block, cfg.batch_size, seed=cfg.seed)
+        self.val_batches = list(eval_batches(load_split(dataset, "validation"), block, cfg.batch_size,
+                                             cfg.eval_batches))
+        self.calibration = None
+        if cfg.method == "wanda":
+            calibration_sampler = WindowSampler(self.train_tokens, block, cfg.batch_size, seed=cfg.seed + 1)
+            self.calibration = [calibration_sampler.next_batch() for _ in range(cfg.calibration_batches)]
+        self.settings = FinetuneSettings(cfg.finetune_steps, cfg.lr, cfg.weight_decay, cfg.warmup_steps)
+        self.dense = copy.deepcopy(model).eval()  # the baseline every round is timed against
+        self.reference = model.config
+        self.pruned_total = sum(t.numel() for t in pruned_tensors(cfg, model))
+        self.all_total = sum(p.numel() for p in model.parameters())
+
+    def evaluate(self, model: GPT) -> float:
+        return evaluate_loss(model, self.val_batches, self.device, self.precision.autocast)["val_loss"]
+
+    def counts(self, model: GPT) -> dict:
+        return sparsity_counts(model, pruned_tensors(self.cfg, model), self.pruned_total, self.all_total)
+
+    def baseline(self, model: GPT) -> dict:
+        start = time.perf_counter()
+        row = {"round": 0, "target_sparsity": 0.0, "val_loss_after_pruning": None, "val_loss": self.evaluate(model),
+               "finetune_steps": 0, **self.counts(model), **speed_row(self.cfg, self.dense, model, None, self.device)}
+        row["time_s"] = {"total": time.perf_counter() - start}
+        return row
+
+    def describe(self, schedule: list[float]) -> dict:
+        cfg = self.cfg
+        speed = SpeedSettings(cfg.speed_batch, cfg.speed_seq_len, cfg.generation_tokens, cfg.speed_repeats)
+        return {"method": cfg.method, "target": cfg.target, "schedule": cfg.schedule, "schedule_sparsities": schedule,
+                "rounds_planned": cfg.rounds, "finetune_steps": cfg.finetune_steps, "lr": cfg.lr,
+                "weight_decay": cfg.weight_decay, "batch_size": cfg.batch_size, "block_size": self.block,
+                "prune_params": "block linear weights (rows/heads)" if cfg.method == "row" else cfg.prune_params,
+                "source_checkpoint": str(self.folder), "dataset": self.dataset, "device": str(self.device),
+                "precision": str(self.precision.autocast_dtype or torch.float32),
+                "eval": {"split": "validation", "batches": len(self.val_batches), "batch_size": cfg.batch_size,
+                         "block_size": self.block},
+                "speed_settings": {**dataclasses.asdict(speed), "torch_threads": torch.get_num_threads(),
+                                   "method": "median of repeats after one warm-up; dense and pruned interleaved; "
+                                             "round 0 times two copies of the dense model (the noise floor)"},
+                "finished": False}
+
+    def dense_control(self) -> dict:
+        """The unpruned model fine-tuned on the same batches for as many steps as the whole pruning run."""
+        control = copy.deepcopy(self.dense)
+        steps = self.cfg.rounds * self.cfg.finetune_steps
+        start = time.perf_counter()
+        finetune(control, WindowSampler(self.train_tokens, self.block, self.cfg.batch_size, seed=self.cfg.seed),
+                 dataclasses.replace(self.settings, steps=steps), self.device, self.precision,
+                 desc="dense control fine-tune")
+        return {"finetune_steps": steps, "val_loss": self.evaluate(control), "time_s": time.perf_counter() - start}
+
+    def round(self, k: int, sparsity: float, model: GPT, masks: MaskSet | None) -> tuple[GPT, MaskSet | None, dict]:
+        """Prune to `sparsity`, evaluate, fine-tune, evaluate, time: the new model, its masks and the report row."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        model, masks = prune_step(cfg, model, sparsity, masks, self.reference, self.calibration, self.device)
+        t1 = time.perf_counter()
+        loss_after_pruning = self.evaluate(model)
+        t2 = time.perf_counter()
+        finetune(model, self.sampler, self.settings, self.device, self.precision, masks,
+                 desc=f"round {k}/{cfg.rounds} fine-tune")
+        t3 = time.perf_counter()
+        val_loss = self.evaluate(model) if cfg.finetune_steps else loss_after_pruning
+        t4 = time.perf_counter()
+        row = {"round": k, "target_sparsity": sparsity, "val_loss_after_pruning": loss_after_pruning,
+               "val_loss": val_loss, "finetune_steps": cfg.finetune_steps, **self.counts(model)}
+        if cfg.method == "row":
+            row["widths"] = {"mlp_hidden": model.config.mlp_hidden, "n_head_per_layer": model.config.n_head_per_layer}
+        row.update(speed_row(cfg, self.dense, model, masks, self.device))
+        t5 = time.perf_counter()
+        row["time_s"] = {"prune": t1 - t0, "finetune": t3 - t2, "eval": (t2 - t1) + (t4 - t3), "speed": t5 - t4,
+                         "total": t5 - t0}
+        return model, masks, row
+
+    def save(self, model: GPT, report: dict, row: dict) -> None:
+        """The checkpoint, the report and the plots, all or nothing."""
+        cfg = self.cfg
+        pruning_meta = {"method": cfg.method, "round": row["round"], "rounds": cfg.rounds, "target": cfg.target,
+                        "sparsity_pruned_tensors": row["sparsity_pruned_tensors"],
+                        "sparsity_all_params": row["sparsity_all_params"], "dataset": self.dataset}
+        writers = artifact_writers(model_state_for_saving(model), model.config, "pruned",
+                                   provenance("prune/iterative.py", self.folder), extra={"pruning": pruning_meta})
+        writers.update(report_writers(report))
+        write_folder_atomically(self.out_dir, writers)
+
+
+def round_summary(row: dict, rounds: int) -> str:
+    speed = f"forward {row['forward_speedup']:.2f}x, generation {row['generation_speedup']:.2f}x dense"
+    if "csr" in row:
+        speed += f"; CSR forward {row['csr']['forward_speedup']:.2f}x"
+    return (f"round {row['round']}/{rounds}: sparsity {row['sparsity_pruned_tensors']:.2%} of the pruned tensors "
+            f"({row['sparsity_all_params']:.2%} of all parameters), val_loss {row['val_loss_after_pruning']:.4f} "
+            f"after pruning -> {row['val_loss']:.4f} after {row['finetune_steps']} fine-tune steps; {speed}")
 
 
 def run(cfg: PruneConfig) -> dict:
@@ -248,133 +372,47 @@ def run(cfg: PruneConfig) -> dict:
         torch.set_num_threads(cfg.threads)
     device = choose_device(cfg.device)
     precision = precision_policy(device, cfg.precision)
-    if cfg.checkpoint:
-        folder, found = Path(cfg.checkpoint), "from --checkpoint"
-    else:
-        folder, found = find_training_checkpoint(), "the newest train.py checkpoint under out/"
-    out_dir = Path(cfg.out_dir)
-    if out_dir.resolve() == folder.resolve():
-        raise PruneError(f"--out-dir {out_dir} is the checkpoint being pruned; choose another folder")
-    model, meta = load_model(folder, device)
-    if not isinstance(model, GPT) or meta["artifact"] == "int8":
-        raise PruneError(f"{folder} holds a {meta['artifact']} model; pruning needs a floating-point checkpoint")
-    config = model.config
-    print(f"loaded {meta['artifact']} checkpoint {folder} ({found}"
-          f"{', step ' + str(meta['step']) if 'step' in meta else ''}): {config.n_layer} layers, "
-          f"{config.n_head} heads, n_embd {config.n_embd}, {model.num_parameters(padded_vocab=False):,} parameters")
+    model, folder, meta = load_source(cfg, device)
     block = validate_against_model(cfg, model)
-    dataset = cfg.dataset or checkpoint_dataset(folder, meta)
-    if cfg.dataset:
-        print(f"dataset {dataset} (from --dataset)")
-    elif dataset:
-        print(f"dataset {dataset} (the checkpoint's training dataset)")
-    else:
-        dataset = DEFAULT_DATASET
-        print(f"note: {folder} does not record its training dataset; fine-tuning and evaluating on {dataset!r}. "
-              f"Pass --dataset NAME if it was trained on something else.")
+    dataset = resolve_dataset(cfg, folder, meta)
+    out_dir = Path(cfg.out_dir)
     report = read_report(out_dir)
-    others = {m: e["source_checkpoint"] for m, e in report["methods"].items()
-              if m != cfg.method and e.get("source_checkpoint") != str(folder)}
-    for method, source in others.items():
-        print(f"note: {out_dir}/prune_report.json also holds a {method} run pruned from {source}, not {folder}; "
-              f"its curve stays in the plots")
+    for method, entry in report["methods"].items():
+        if method != cfg.method and entry.get("source_checkpoint") != str(folder):
+            print(f"note: {out_dir}/prune_report.json also holds a {method} run pruned from "
+                  f"{entry.get('source_checkpoint')}, not {folder}; its curve stays in the plots")
     schedule = sparsity_schedule(cfg.target, cfg.rounds, cfg.schedule)
+    session = PruningRun(cfg, model, folder, dataset, block, device, precision)
 
-    train_tokens = load_split(dataset, "train")
-    val_tokens = load_split(dataset, "validation")
-    sampler = WindowSampler(train_tokens, block, cfg.batch_size, seed=cfg.seed)
-    val_batches = list(eval_batches(val_tokens, block, cfg.batch_size, cfg.eval_batches))
-    calibration = None
-    if cfg.method == "wanda":
-        calibration_sampler = WindowSampler(train_tokens, block, cfg.batch_size, seed=cfg.seed + 1)
-        calibration = [calibration_sampler.next_batch() for _ in range(cfg.calibration_batches)]
-    settings = FinetuneSettings(cfg.finetune_steps, cfg.lr, cfg.weight_decay, cfg.warmup_steps)
-
-    model.eval()
-    dense = copy.deepcopy(model).eval()  # the baseline every round is timed against
-    reference = config
-    pruned_total = sum(t.numel() for t in pruned_tensors(cfg, model))
-    all_total = sum(p.numel() for p in model.parameters())
-
-    def evaluate(m: GPT) -> float:
-        return evaluate_loss(m, val_batches, device, precision.autocast)["val_loss"]
-
-    start = time.perf_counter()
-    baseline = {"round": 0, "target_sparsity": 0.0, "val_loss_after_pruning": None, "val_loss": evaluate(model),
-                "finetune_steps": 0, **sparsity_counts(model, pruned_tensors(cfg, model), pruned_total, all_total)}
-    baseline.update(speed_row(cfg, dense, model, None, device))
-    baseline["time_s"] = {"total": time.perf_counter() - start}
-    print(f"dense: val_loss {baseline['val_loss']:.4f} on {len(val_batches)} batches of {cfg.batch_size}x{block}, "
-          f"forward {baseline['forward_tokens_per_s']:,.0f} tokens/s, generation "
+    baseline = session.baseline(model)
+    print(f"dense: val_loss {baseline['val_loss']:.4f} on {len(session.val_batches)} batches of "
+          f"{cfg.batch_size}x{block}, forward {baseline['forward_tokens_per_s']:,.0f} tokens/s, generation "
           f"{baseline['generation_tokens_per_s']:,.1f} tokens/s")
-    entry = {"method": cfg.method, "target": cfg.target, "schedule": cfg.schedule, "schedule_sparsities": schedule,
-             "rounds_planned": cfg.rounds, "finetune_steps": cfg.finetune_steps, "lr": cfg.lr,
-             "weight_decay": cfg.weight_decay, "batch_size": cfg.batch_size, "block_size": block,
-             "prune_params": "block linear weights (rows/heads)" if cfg.method == "row" else cfg.prune_params,
-             "source_checkpoint": str(folder), "dataset": dataset, "device": str(device),
-             "precision": str(precision.autocast_dtype or torch.float32),
-             "eval": {"split": "validation", "batches": len(val_batches), "batch_size": cfg.batch_size,
-                      "block_size": block},
-             "speed_settings": {**dataclasses.asdict(SpeedSettings(cfg.speed_batch, cfg.speed_seq_len,
-                                                                   cfg.generation_tokens, cfg.speed_repeats)),
-                                "torch_threads": torch.get_num_threads(),
-                                "method": "median of repeats after one warm-up; dense and pruned interleaved"},
-             "finished": False, "rounds": [baseline]}
-
+    entry = {**session.describe(schedule), "rounds": [baseline]}
     if cfg.dense_control and cfg.finetune_steps:
-        entry["dense_control"] = finetune_dense_control(cfg, dense, train_tokens, block, evaluate, device, precision)
+        entry["dense_control"] = session.dense_control()
         print(f"dense control: val_loss {entry['dense_control']['val_loss']:.4f} after "
               f"{entry['dense_control']['finetune_steps']} fine-tune steps without pruning")
 
     masks = None
-    finished_round = 0
     rounds_bar = tqdm(total=cfg.rounds, desc=f"{cfg.method} pruning", unit="round")
     try:
         for k, sparsity in enumerate(schedule, start=1):
-            t0 = time.perf_counter()
-            model, masks = prune_step(cfg, model, sparsity, masks, reference, calibration, device)
-            t1 = time.perf_counter()
-            loss_after_pruning = evaluate(model)
-            t2 = time.perf_counter()
-            finetune(model, sampler, settings, device, precision, masks,
-                     desc=f"round {k}/{cfg.rounds} fine-tune")
-            t3 = time.perf_counter()
-            val_loss = evaluate(model) if cfg.finetune_steps else loss_after_pruning
-            t4 = time.perf_counter()
-            row = {"round": k, "target_sparsity": sparsity, "val_loss_after_pruning": loss_after_pruning,
-                   "val_loss": val_loss, "finetune_steps": cfg.finetune_steps,
-                   **sparsity_counts(model, pruned_tensors(cfg, model), pruned_total, all_total)}
-            if cfg.method == "row":
-                row["widths"] = {"mlp_hidden": model.config.mlp_hidden, "n_head_per_layer": model.config.n_head_per_layer}
-            row.update(speed_row(cfg, dense, model, masks, device))
-            t5 = time.perf_counter()
-            row["time_s"] = {"prune": t1 - t0, "finetune": t3 - t2, "eval": (t2 - t1) + (t4 - t3), "speed": t5 - t4,
-                             "total": t5 - t0}
+            model, masks, row = session.round(k, sparsity, model, masks)
             entry["rounds"].append(row)
             entry["finished"] = k == cfg.rounds
             entry["sparse_format"] = sparse_format_verdict(entry["rounds"], device)
             report["methods"][cfg.method] = entry
             report["checkpoint"] = {"method": cfg.method, "round": k, "target": cfg.target}
-            pruning_meta = {"method": cfg.method, "round": k, "rounds": cfg.rounds, "target": cfg.target,
-                            "sparsity_pruned_tensors": row["sparsity_pruned_tensors"],
-                            "sparsity_all_params": row["sparsity_all_params"], "dataset": dataset}
-            writers = artifact_writers(model_state_for_saving(model), model.config, "pruned",
-                                       provenance("prune/iterative.py", folder), extra={"pruning": pruning_meta})
-            writers.update(report_writers(report))
-            write_folder_atomically(out_dir, writers)
-            finished_round = k
+            session.save(model, report, row)
             rounds_bar.update(1)
-            speed = f"forward {row['forward_speedup']:.2f}x, generation {row['generation_speedup']:.2f}x dense"
-            if "csr" in row:
-                speed += f"; CSR forward {row['csr']['forward_speedup']:.2f}x"
-            tqdm.write(f"round {k}/{cfg.rounds}: sparsity {row['sparsity_pruned_tensors']:.2%} of the pruned tensors "
-                       f"({row['sparsity_all_params']:.2%} of all parameters), val_loss {loss_after_pruning:.4f} "
-                       f"after pruning -> {val_loss:.4f} after {cfg.finetune_steps} fine-tune steps; {speed}")
+            tqdm.write(round_summary(row, cfg.rounds))
     except KeyboardInterrupt:
         rounds_bar.close()
-        kept = f"round {finished_round}'s checkpoint and report in {out_dir} are intact" if finished_round else \
+        done = len(entry["rounds"]) - 1
+        kept = f"round {done}'s checkpoint and report in {out_dir} are intact" if done else \
             f"no round had finished, so {out_dir} holds nothing from this run"
-        print(f"\ninterrupted during round {finished_round + 1}; {kept}", file=sys.stderr)
+        print(f"\ninterrupted during round {done + 1}; {kept}", file=sys.stderr)
         raise SystemExit(130)
     rounds_bar.close()
     final = entry["rounds"][-1]
