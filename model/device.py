@@ -57,8 +57,16 @@ def synchronize(device: torch.device) -> None:
 
 
 def peak_memory_bytes(device: torch.device) -> int:
-    """CUDA allocator peak, or the process's peak resident set size on CPU."""
+    """CUDA allocator peak, or the process's peak resident set size on CPU.
+
+    On Linux this is VmHWM, the peak of this process's own memory: ru_maxrss would carry over the
+    peak of the parent it was forked from (Linux keeps it across exec), so a train.py started by a
+    large process -- torchrun, a benchmark -- would report its parent's size."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):  # not Linux
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
