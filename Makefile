@@ -24,10 +24,19 @@ demo: setup
 	rm -rf $(DEMO_OUT)
 	$(PY) train.py --model tiny --dataset builtin --max-steps 400 --eval-interval 100 --out-dir $(DEMO_OUT)/train
 	$(PY) sample.py --checkpoint $(DEMO_OUT)/train --prompt "The module" --num-samples 2 --max-new-tokens 60 --seed 1
+	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --nproc_per_node=2 train.py --parallel fsdp --model tiny \
+		--max-steps 20 --block-size 64 --batch-size 4 --log-interval 10 --eval-interval 1000 --final-eval-batches 4 \
+		--out-dir $(DEMO_OUT)/fsdp
 	$(PY) -m serve.demo --checkpoint $(DEMO_OUT)/train
 
 test: setup
 	$(PY) -m pytest
+
+# The scorecard evaluates on WikiText-103 validation when the shared copy is here (the hub is not
+# reachable offline); otherwise on the built-in corpus, and bench/REPORT.md says so.
+WIKITEXT := ../shared/data/wikitext-103-raw
+bench: setup
+	$(PY) bench/run_all.py --quick --leaderboard-dataset $(if $(wildcard $(WIKITEXT)/wiki.valid.raw),$(WIKITEXT),builtin)
 
 clean:
 	rm -rf out .cache .pytest_cache
