@@ -1,7 +1,6 @@
 """AdamW with decay / no-decay groups and a cosine schedule with linear warmup (as GPT-2 / nanoGPT)."""
 from __future__ import annotations
 
-import inspect
 import math
 
 import torch
@@ -14,8 +13,9 @@ def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, beta
     decay = [p for p in params.values() if p.dim() >= 2]
     no_decay = [p for p in params.values() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused or None)
+    # The fused kernel (one pass over each tensor, CPU and CUDA alike) beats the default
+    # per-parameter loop on CPU; see bench/train_speed.py.
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)
 
 
 def lr_at(step: int, max_lr: float, warmup_steps: int, max_steps: int, min_lr_ratio: float = 0.1) -> float:
