@@ -52,7 +52,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--checkpoint", type=Path,
                         help="float or pruned artifact folder (default: the newest one under out/)")
-    parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR)
+    parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR,
+                        help="folder for the int8 artifact and quant_report.json")
     parser.add_argument("--dataset", default="builtin",
                         help=f"validation text for the report: {', '.join(DATASET_NAMES)}, or a local folder")
     parser.add_argument("--head", choices=HEAD_FORMATS, default="fp32",
