@@ -5,10 +5,10 @@
     python quantize/dynamic.py --head int8                      # the tied embedding / output head too
 
 The linear layers of the transformer blocks get int8 weights (symmetric, per output channel) and
-activations quantized per tensor at run time.  The tied embedding / output head stays fp32 by
-default; `--head fp16` keeps it floating point but runs the head matmul from a half-precision copy
-(fbgemm's fp16 GEMM; at batch 1 that matmul is memory-bound and dominates once the blocks are int8),
-and `--head int8` quantizes it too.  The output folder is an ordinary artifact (config.json with "artifact": "int8" and
+activations quantized per tensor at run time.  The tied embedding / output head stays floating
+point by default: `--head auto` picks fp16 on x86 (the head matmul runs from a half-precision copy
+through fbgemm's fp16 GEMM; at batch 1 that matmul is memory-bound and dominates once the blocks are
+int8) and fp32 elsewhere; `--head fp32` keeps it unchanged, and `--head int8` quantizes it too.  The output folder is an ordinary artifact (config.json with "artifact": "int8" and
 the list of quantized layers, model.safetensors with int8 weights and float32 scales) plus
 quant_report.json; `sample.py --checkpoint OUT` and `serve/` load it.
 
@@ -39,7 +39,7 @@ from data.tokenizer import TokenizerError
 from model.artifact import (CONFIG_FILE, DEFAULT_OUT_ROOT, STAGING_DIR, WEIGHTS_FILE, ArtifactError,
                             artifact_writers, load_model, provenance, read_config, write_folder_atomically)
 from model.device import choose_device
-from model.int8 import HEAD_FORMATS, int8_state_for_saving, quantize_model
+from model.int8 import HEAD_FORMATS, default_head_format, int8_state_for_saving, quantize_model
 from quantize.measure import generation_speed, greedy_agreement, paired_validation, prompts_from
 
 DEFAULT_OUT_DIR = DEFAULT_OUT_ROOT / "int8"
@@ -56,8 +56,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="folder for the int8 artifact and quant_report.json")
     parser.add_argument("--dataset", default="builtin",
                         help=f"validation text for the report: {', '.join(DATASET_NAMES)}, or a local folder")
-    parser.add_argument("--head", choices=HEAD_FORMATS, default="fp32",
-                        help="format of the tied embedding / output head: fp32 (unchanged), fp16 (half-precision "
+    parser.add_argument("--head", choices=("auto", *HEAD_FORMATS), default="auto",
+                        help="format of the tied embedding / output head: auto (fp16 on x86, where fbgemm has an "
+                             "fp16 GEMM, else fp32), fp32 (unchanged), fp16 (half-precision "
                              "weight copy for the head matmul; floating point, faster), int8 (head and embedding "
                              "quantized too: smallest and fastest, least accurate)")
     parser.add_argument("--threads", type=int, default=None,
@@ -147,6 +148,9 @@ def quantize(args) -> dict:
                          f"the model's context of {context}")
     tokens = load_split(args.dataset, "validation")  # before writing anything: a bad --dataset fails early
     int8_model, _ = load_model(source, "cpu")
+    if args.head == "auto":
+        args.head = default_head_format()
+        print(f"head format: {args.head} (auto; pass --head to choose)", file=sys.stderr)
     quantization = quantize_model(int8_model, head=args.head)
     writers = artifact_writers(int8_state_for_saving(int8_model), float_model.config, "int8",
                                provenance("quantize/dynamic.py", source), extra={"quantization": quantization})

@@ -14,7 +14,7 @@ from model.artifact import (CONFIG_FILE, WEIGHTS_FILE, ArtifactError, artifact_w
                             save_artifact, write_folder_atomically)
 from model.generate import SamplingParams, generate
 from model.gpt import GPT
-from model.int8 import (HEAD_FORMATS, Fp16WeightLinear, Int8Embedding, Int8Linear, int8_state_for_saving,
+from model.int8 import (HEAD_FORMATS, default_head_format, Fp16WeightLinear, Int8Embedding, Int8Linear, int8_state_for_saving,
                         quantize_model, quantize_per_channel)
 from quantize import dynamic
 from quantize.measure import greedy_agreement
@@ -221,7 +221,7 @@ def test_cli_writes_artifact_and_report_that_sample_loads(workspace, monkeypatch
     assert set(report["generation"]) >= {"batch_1", "batch_12"}
     assert report["generation"]["batch_12"]["int8_tokens_per_s"] > 0
     assert report["size_bytes"]["int8"] < report["size_bytes"]["float"]
-    assert report["quantization"]["head"] == "fp32"
+    assert report["quantization"]["head"] == default_head_format()  # auto: floating point either way
     printed = capsys.readouterr().out
     assert "val loss" in printed and "tokens/s batch 12" in printed
 

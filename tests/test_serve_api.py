@@ -197,7 +197,7 @@ def test_int8_artifact_is_served(tmp_path, quantize_head):
     from model.int8 import int8_state_for_saving, quantize_model
     torch.manual_seed(0)
     model = GPT(small_config(block_size=BLOCK_SIZE))
-    quantization = quantize_model(model, quantize_head=quantize_head)
+    quantization = quantize_model(model, head="int8" if quantize_head else "fp32")
     write_folder_atomically(tmp_path, artifact_writers(int8_state_for_saving(model), model.config, "int8",
                                                        provenance("tests"), extra={"quantization": quantization}))
     with make_client(str(tmp_path)) as client:
