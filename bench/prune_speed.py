@@ -1,6 +1,6 @@
 """Measured speed of pruned GPT-2 against dense, on random weights (speed does not depend on training).
 
-    python bench/prune_speed.py                      # gpt2 preset, row pruning to 50% widths, CSR at 50/80/90/95%
+    python bench/prune_speed.py --threads 1          # gpt2 preset, row pruning to 50% widths, CSR at 50/80/90/95%
     python bench/prune_speed.py --preset tiny --repeats 3
 
 Row pruning: forward tokens/s with logits at every position (as training and evaluation run it)
@@ -15,11 +15,13 @@ import argparse
 import dataclasses
 import json
 import platform
+import time
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from model.artifact import git_commit
 from model.config import PRESETS, preset
 from model.device import choose_device
 from model.gpt import GPT
@@ -35,10 +37,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--preset", default="gpt2", choices=tuple(PRESETS))
     parser.add_argument("--target", type=float, default=0.5, help="share of each layer's heads and MLP units removed")
-    parser.add_argument("--batch-size", type=int, default=2)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--generation-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--generation-tokens", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--csr-sparsities", default="0.5,0.8,0.9,0.95",
                         help="comma-separated unstructured sparsities to time in CSR format ('' to skip)")
     parser.add_argument("--device", default="auto")
@@ -60,7 +62,8 @@ def main(argv=None) -> dict:
     keep_hidden, keep_heads = select_units(dense, args.target, dense.config)
     row = shrink(dense, keep_hidden, keep_heads).eval()
     settings = SpeedSettings(args.batch_size, args.seq_len, args.generation_tokens, args.repeats)
-    result = {"preset": args.preset, "device": str(device), "torch": torch.__version__,
+    result = {"preset": args.preset, "device": str(device), "torch": torch.__version__, "git_commit": git_commit(),
+              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "torch_threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
               "settings": dataclasses.asdict(settings),
               "parameters": {"dense": dense.num_parameters(), "row_pruned": row.num_parameters()}}
