@@ -106,3 +106,17 @@ def test_top_k_and_top_p_filtering():
 def test_generation_refuses_to_overrun_context(small_model):
     with pytest.raises(ValueError, match="exceeds the model's context of 64"):
         generate(small_model, torch.zeros(1, 60, dtype=torch.long), SamplingParams(max_new_tokens=10))
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    torch.manual_seed(0)
+    plain = GPT(small_config())
+    checkpointed = GPT(small_config())
+    checkpointed.load_state_dict(plain.state_dict())
+    checkpointed.gradient_checkpointing = True
+    idx, targets = torch.randint(0, 50257, (2, 16)), torch.randint(0, 50257, (2, 16))
+    for model in (plain, checkpointed):
+        model.train()
+        model(idx, targets)[1].backward()
+    for (name, a), b in zip(plain.named_parameters(), checkpointed.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, msg=name)
