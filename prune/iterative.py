@@ -42,14 +42,13 @@ from prune.masks import MaskSet, block_linear_weights, count_nonzero, parse_para
 from prune.report import ReportError, read_report, report_writers
 from prune.schedule import SCHEDULES, sparsity_schedule
 from prune.source import checkpoint_dataset, find_training_checkpoint
-from prune.speed import SpeedSettings, measure
+from prune.speed import GENERATION_PROMPT_TOKENS, SpeedSettings, measure
 from prune.structured import StructureError, check_widths, select_units, shrink
 from prune.wanda import input_feature_norms, wanda_masks
 
 METHODS = ("magnitude", "row", "wanda")
 DEFAULT_OUT_DIR = "out/prune"
 DEFAULT_DATASET = "builtin"
-GENERATION_PROMPT_TOKENS = 16  # prune.speed's prompt length
 
 
 @dataclass

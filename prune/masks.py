@@ -65,9 +65,6 @@ class MaskSet:
             if p.grad is not None:
                 p.grad.mul_(self.masks[name])
 
-    def pruned_count(self) -> int:
-        return sum(int((~m).sum()) for m in self.masks.values())
-
 
 @torch.no_grad()
 def count_nonzero(tensors) -> tuple[int, int]:

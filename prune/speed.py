@@ -15,6 +15,9 @@ from model.device import synchronize
 from model.generate import SamplingParams, generate
 
 
+GENERATION_PROMPT_TOKENS = 16
+
+
 @dataclass(frozen=True)
 class SpeedSettings:
     batch_size: int = 4
@@ -54,9 +57,9 @@ def forward_tokens_per_s(models: dict[str, torch.nn.Module], settings: SpeedSett
 @torch.inference_mode()
 def generation_tokens_per_s(models: dict[str, torch.nn.Module], settings: SpeedSettings, device,
                             vocab_size: int) -> dict[str, float]:
-    """Median new tokens/s of greedy KV-cache generation from a 16-token prompt, batch 1, no early stop."""
+    """Median new tokens/s of greedy KV-cache generation from a short random prompt, batch 1, no early stop."""
     generator = torch.Generator().manual_seed(1)
-    prompt = torch.randint(0, vocab_size, (1, 16), generator=generator).to(device)
+    prompt = torch.randint(0, vocab_size, (1, GENERATION_PROMPT_TOKENS), generator=generator).to(device)
     params = SamplingParams(max_new_tokens=settings.generation_tokens, temperature=0, stop_at_eot=False)
     times = {name: [] for name in models}
     for repeat in range(settings.repeats + 1):
