@@ -107,8 +107,9 @@ def scorecards(r: Report, run: dict | None) -> None:
         r.add(f"- `{key}`: {first['definitions'][key]}")
     r.add("")
     note = first["generation"]["note"]
-    r.add(f"Generation: {note}. Training figures: {first['training']['parallel']} on "
-          f"{first['training']['world_size']} rank(s), from train.py's metrics.jsonl. "
+    layout = "one process" if first["training"]["parallel"] == "none" else \
+        f"--parallel {first['training']['parallel']} on {first['training']['world_size']} ranks"
+    r.add(f"Generation: {note}. Training figures: train.py as {layout}, tokens/s from its metrics.jsonl. "
           + ("The int8 scorecard's training figures are those of its float architecture (int8 is inference-only). "
              if any(c["training"]["architecture_only"] for _, c in cards) else ""))
     if run and run.get("leaderboard_text_note"):

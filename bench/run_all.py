@@ -18,22 +18,23 @@ import sys
 import time
 from pathlib import Path
 
-from bench.record import RESULTS_DIR, write_result
+from bench.record import RESULTS_DIR, read_result, write_result
 from bench.report import REPORT, write_report
 from bench.runner import ROOT, run_train
 
 WORK = Path("out/bench")
 QUICK = {
-    "train_steps": 300,
-    "leaderboard": ["--repeats", "3", "--train-steps", "3"],
-    "batch_sweep": ["--max-batch", "128", "--steps", "2", "--repeats", "2"],
+    "train_steps": 100,
+    "leaderboard": ["--repeats", "3", "--train-steps", "2"],
+    "batch_sweep": ["--block-size", "128", "--max-batch", "128", "--steps", "1", "--repeats", "2"],
     "data_loading": ["--batches", "200", "--repeats", "3"],
-    "phase_profile": ["--steps", "30"],
-    "precision_memory": ["--steps", "15", "--timeout-s", "240"],
-    "comm_strategies": ["--block-size", "128", "--global-batch", "8", "--steps-per-window", "3", "--windows", "2"],
-    "tp_vs_fsdp": ["--block-size", "128", "--global-batches", "2", "4", "8", "16", "--steps-per-window", "3",
+    "phase_profile": ["--block-size", "128", "--steps", "20"],
+    "precision_memory": ["--block-size", "128", "--steps", "8", "--timeout-s", "180"],
+    "comm_strategies": ["--block-size", "64", "--global-batch", "8", "--steps-per-window", "2", "--windows", "2"],
+    "tp_vs_fsdp": ["--block-size", "64", "--global-batches", "2", "4", "8", "16", "--steps-per-window", "2",
                    "--windows", "2"],
-    "compression": ["--methods", "magnitude", "row", "--rounds", "3", "--finetune-steps", "20", "--eval-batches", "8"],
+    "compression": ["--methods", "magnitude", "row", "--rounds", "2", "--finetune-steps", "10", "--eval-batches", "4",
+                    "--block-size", "128", "--speed-repeats", "2"],
 }
 FULL = {
     "train_steps": 1000,
@@ -101,7 +102,7 @@ def main(argv=None) -> None:
     unknown = wanted - {"train", *stages}
     if unknown:
         sys.exit(f"error: unknown stage(s) {sorted(unknown)}; choose from train, {', '.join(stages)}")
-    started, start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), time.perf_counter()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     record, failed = [], []
 
     if "train" in wanted:
@@ -124,10 +125,17 @@ def main(argv=None) -> None:
             failed.append(name)
             print(f"== {name} failed; going on with the others", file=sys.stderr, flush=True)
 
+    previous = read_result(args.results_dir, "run_all") if args.only else None
+    if previous:  # a partial rerun: keep the full run's record, with these stages replaced
+        rerun = {stage["name"] for stage in record}
+        record = [s for s in previous["stages"] if s["name"] not in rerun] + record
+        failed = sorted(set(previous["failed"]) - rerun | set(failed))
+        started = f"{previous['started']}; re-ran {', '.join(sorted(rerun))} at {started}"
     write_result(args.results_dir, "run_all", {
-        "command": " ".join(["python bench/run_all.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": previous["command"] if previous else
+        " ".join(["python bench/run_all.py", *(sys.argv[1:] if argv is None else argv)]),
         "mode": "--quick (sized for 2 CPU cores, under 20 minutes)" if args.quick else "full",
-        "started": started, "total_s": time.perf_counter() - start, "stages": record, "failed": failed,
+        "started": started, "total_s": sum(stage["seconds"] for stage in record), "stages": record, "failed": failed,
         "checkpoint": str(checkpoint), "leaderboard_dataset": args.leaderboard_dataset,
         "leaderboard_text_note": text_note(args.leaderboard_dataset),
         "note": f"The scorecard's checkpoint is trained here: tiny preset, {settings['train_steps']} steps on the "
