@@ -106,7 +106,7 @@ def measure(args) -> dict:
         elif not row["finished"] and not row.get("step_s"):
             verdicts.append(f"{row['setting']}: too slow -- not one timed step within {args.timeout_s:g}s")
         elif row.get("time_vs_fp32", 0) > 1:
-            verdicts.append(f"{row['setting']}: {row['time_vs_fp32']:.1f}x slower per step than fp32 on this "
+            verdicts.append(f"{row['setting']}: {row['time_vs_fp32']:.2f}x the fp32 step time on this "
                             f"{device.type}")
     return {"model": args.model, "batch_size": args.batch_size, "block_size": args.block_size,
             "steps": args.steps, "mixed_precision": mixed, "rows": rows, "verdicts": verdicts,

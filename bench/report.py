@@ -193,8 +193,16 @@ def precision_memory(r: Report) -> None:
     r.add(f"`{res['model']}`, batch {res['batch_size']} x block {res['block_size']}, {res['steps']} steps each, "
           f"one fresh train.py process per setting. Memory: {res['memory_meaning']}.\n")
     r.add(table(["setting", "s/step", "time vs fp32", "peak MiB", "memory vs fp32", "run"], rows))
-    for verdict in res["verdicts"]:
-        r.add(f"- **{verdict}**")
+    for x in res["rows"]:
+        if x["precision"] == "fp32":
+            continue
+        if x.get("error"):
+            r.add(f"- **{x['setting']}: unsupported here** ({x['error']})")
+        elif not x.get("step_s"):
+            r.add(f"- **{x['setting']}: too slow** -- {x['note']}")
+        elif x.get("time_vs_fp32"):
+            r.add(f"- **{x['setting']}: {x['time_vs_fp32']:.2f}x the fp32 step time "
+                  f"({'slower' if x['time_vs_fp32'] > 1 else 'faster'}) on this {res['environment']['device_type']}**")
     if res.get("bf16_hardware"):
         r.add(f"- {res['bf16_hardware']}")
     r.add("")
