@@ -390,8 +390,10 @@ def _train(cfg: TrainConfig, ctx) -> dict:
                     scaler.scale(loss).backward()
                 par.after_backward(time.perf_counter())
                 loss_sum += loss.detach()
+                synchronize(device)
                 phases["data"] += t1 - t0
                 phases["forward"] += t2 - t1
+                phases["backward_optimizer"] += time.perf_counter() - t2
             t3 = time.perf_counter()
             par.sync_gradients()
             scaler.unscale_(optimizer)
@@ -441,11 +443,18 @@ def _train(cfg: TrainConfig, ctx) -> dict:
         print(f"\ninterrupted at step {step}; the checkpoint of step {last_good_step} in {out_dir} is intact "
               f"(continue with --resume)", file=sys.stderr)
         raise SystemExit(130)
-    except torch.OutOfMemoryError as e:
+    except (torch.OutOfMemoryError, RuntimeError) as e:
+        if not is_out_of_memory(e):
+            raise
         raise TrainingError(f"batch {cfg.batch_size} x block {block} does not fit in {device} memory; lower "
                             f"--batch-size (and raise --grad-accum to keep the batch) or use "
                             f"--activation-checkpointing") from e
     return run_eval(cfg.max_steps, cfg.final_eval_batches)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """CUDA raises OutOfMemoryError; the CPU allocator raises a plain RuntimeError."""
+    return isinstance(error, torch.OutOfMemoryError) or "can't allocate memory" in str(error)
 
 
 def main(argv=None) -> None:

@@ -134,3 +134,12 @@ def test_existing_run_is_not_overwritten_without_resume(tmp_path):
     train.train(TrainConfig(**FAST, max_steps=2, eval_interval=100, out_dir=str(out)))
     with pytest.raises(TrainingError, match="already holds a training run; pass --resume"):
         train.train(TrainConfig(**FAST, max_steps=2, eval_interval=100, out_dir=str(out)))
+
+
+def test_cpu_allocation_failure_is_explained(tmp_path, monkeypatch):
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(model.gpt.F, "cross_entropy", out_of_memory)
+    with pytest.raises(TrainingError, match="batch 4 x block 64 does not fit in cpu memory; lower --batch-size"):
+        train.train(TrainConfig(**FAST, max_steps=2, eval_interval=100, out_dir=str(tmp_path / "run")))
