@@ -15,8 +15,8 @@ from model.config import GPTConfig
 from model.gpt import GPT
 
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-# Buffers some transformers versions save; they are not weights.
-IGNORED_SUFFIXES = ("attn.bias", "attn.masked_bias")
+# Causal-mask buffers some transformers versions save (`h.0.attn.bias`); they are not weights.
+IGNORED_BUFFERS = ("bias", "masked_bias")
 
 
 def config_from_hf(hf: dict) -> GPTConfig:
@@ -33,7 +33,8 @@ def hf_to_ours(hf_state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str
     state = {}
     for key, value in hf_state.items():
         key = key.removeprefix("transformer.")
-        if key.endswith(IGNORED_SUFFIXES) or key == "lm_head.weight":
+        parent, _, leaf = key.rpartition(".")
+        if (parent.endswith(".attn") and leaf in IGNORED_BUFFERS) or key == "lm_head.weight":
             continue
         if key.endswith(CONV1D_SUFFIXES):
             value = value.t()
