@@ -204,10 +204,7 @@ def restore_weights(out_dir: Path, model: GPT) -> None:
 def restore_training_state(out_dir: Path, par, optimizer, sampler: WindowSampler, device) -> int:
     state = json.loads((out_dir / TRAINING_STATE / "state.json").read_text())
     saved = torch.load(out_dir / TRAINING_STATE / "optimizer.pt", map_location="cpu", weights_only=True)
-    if "format" not in saved and par.ctx.mode == "none":
-        optimizer.load_state_dict(saved)  # written by an older single-device train.py
-    else:
-        par.load_optimizer_state(optimizer, saved)
+    par.load_optimizer_state(optimizer, saved)
     sampler.load_state_dict(state["sampler"])
     torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
     if state["cuda_rng"] and torch.cuda.is_available():
