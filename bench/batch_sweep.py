@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from bench.record import add_results_arg, plt, save_figure, write_result
+from bench.record import add_results_arg, plt, run_experiment, save_figure
 from bench.step import TrainStep, is_out_of_memory, release_memory
 from bench.timing import environment, summary, time_repeats
 from data.loader import WindowSampler
@@ -145,11 +145,7 @@ def plot(result: dict, path) -> str:
 
 
 def main(argv=None) -> dict:
-    args = parse_args(argv)
-    result = sweep(args)
-    result["plot"] = plot(result, args.results_dir / f"{NAME}.png")
-    write_result(args.results_dir, NAME, result)
-    return result
+    return run_experiment(NAME, argv, parse_args, sweep, plot)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench.record import add_results_arg, plt, save_figure, write_result
+from bench.record import add_results_arg, plt, run_experiment, save_figure
 from bench.runner import run_parallel
 from bench.timing import environment
 from model.config import PRESETS
@@ -123,11 +123,7 @@ def plot(result: dict, path) -> str:
 
 
 def main(argv=None) -> dict:
-    args = parse_args(argv)
-    result = measure(args)
-    result["plot"] = plot(result, args.results_dir / f"{NAME}.png")
-    write_result(args.results_dir, NAME, result)
-    return result
+    return run_experiment(NAME, argv, parse_args, measure, plot)
 
 
 if __name__ == "__main__":

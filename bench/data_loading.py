@@ -17,7 +17,7 @@ import time
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from bench.record import add_results_arg, plt, save_figure, write_result
+from bench.record import add_results_arg, plt, run_experiment, save_figure
 from bench.timing import environment, summary
 from data.loader import WindowSampler
 from data.shards import load_split
@@ -114,11 +114,7 @@ def plot(result: dict, path) -> str:
 
 
 def main(argv=None) -> dict:
-    args = parse_args(argv)
-    result = measure(args)
-    result["plot"] = plot(result, args.results_dir / f"{NAME}.png")
-    write_result(args.results_dir, NAME, result)
-    return result
+    return run_experiment(NAME, argv, parse_args, measure, plot)
 
 
 if __name__ == "__main__":

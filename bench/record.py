@@ -38,3 +38,12 @@ def save_figure(fig, path: Path) -> str:
     fig.savefig(path, format="png", dpi=90)
     plt.close(fig)
     return path.name
+
+
+def run_experiment(name: str, argv, parse_args, measure, plot) -> dict:
+    """What every experiment script does: parse its flags, measure, plot, write results/NAME.json."""
+    args = parse_args(argv)
+    result = measure(args)
+    result["plot"] = plot(result, args.results_dir / f"{name}.png")
+    write_result(args.results_dir, name, result)
+    return result
