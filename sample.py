@@ -15,7 +15,8 @@ import torch
 from data.tokenizer import TokenizerError, decode, encode
 from model.artifact import ArtifactError, find_latest_artifact, load_model
 from model.device import choose_device
-from model.generate import SamplingParams, generate
+from model.generate import generate
+from model.sampling import SamplingParams
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -19,9 +19,10 @@ import torch
 from bench.timing import environment, summary, time_repeats
 from model.config import preset
 from model.device import choose_device
-from model.generate import SamplingParams, generate
+from model.generate import generate
 from model.gpt import GPT
 from model.hf import export_hf_gpt2
+from model.sampling import SamplingParams
 
 
 def main(argv=None):

@@ -37,8 +37,9 @@ from model.artifact import ArtifactError, find_latest_artifact, load_model, prov
 from model.config import GPTConfig
 from model.device import choose_device, peak_memory_bytes, precision_policy, synchronize
 from model.evaluate import evaluate_loss
-from model.generate import SamplingParams, generate
+from model.generate import generate
 from model.gpt import GPT
+from model.sampling import SamplingParams
 from parallel.distributed import MODES, MULTI_PROCESS_MODES
 
 GENERATION_BATCHES = (1, 12)

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from model.device import synchronize
-from model.generate import SamplingParams, generate
+from model.generate import generate
+from model.sampling import SamplingParams
 
 
 GENERATION_PROMPT_TOKENS = 16

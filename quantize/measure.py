@@ -13,7 +13,8 @@ from typing import Iterable
 import torch
 from tqdm import tqdm
 
-from model.generate import SamplingParams, generate
+from model.generate import generate
+from model.sampling import SamplingParams
 
 
 @torch.inference_mode()

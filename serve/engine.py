@@ -4,7 +4,7 @@ Continuous batching: a request that arrives is prefilled on its own (one forward
 its prompt, batch of one) and then joins the running batch, where every sequence advances
 one token per shared forward pass; a sequence leaves the batch the step it finishes, and its
 row goes to the next waiting request.  Each request samples with its own torch.Generator,
-seeded from its `seed` (serve/sampling.py), so its random stream does not depend on its
+seeded from its `seed` (model/sampling.py), so its random stream does not depend on its
 neighbours in the batch.
 
 The engine knows nothing about HTTP or asyncio: a request carries an `on_event` callback
@@ -24,10 +24,9 @@ from typing import Callable
 import torch
 
 from model.config import EOT_TOKEN
-from model.generate import SamplingParams
 from model.gpt import KVCache
+from model.sampling import SamplingParams, sample_rows
 from serve.metrics import ServerMetrics
-from serve.sampling import sample_rows
 from serve.slots import SlotCache
 from serve.text import TextAssembler
 

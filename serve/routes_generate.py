@@ -12,7 +12,7 @@ import json
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from model.generate import SamplingParams
+from model.sampling import SamplingParams
 from serve.engine import DoneEvent, TokenEvent
 from serve.errors import error_body
 from serve.schemas import GenerateRequest, GenerateResponse, LatencyBody

@@ -13,7 +13,7 @@ from typing import AsyncIterator
 
 from fastapi import Request
 
-from model.generate import SamplingParams
+from model.sampling import SamplingParams
 from serve.engine import DoneEvent, Engine, EngineStopped, ErrorEvent, Event, GenerationRequest, QueueFull
 from serve.errors import APIError
 

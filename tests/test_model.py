@@ -2,8 +2,9 @@ import pytest
 import torch
 
 from model.config import GPTConfig, preset
-from model.generate import SamplingParams, filter_logits, generate
+from model.generate import generate
 from model.gpt import GPT, KVCache
+from model.sampling import SamplingParams, filter_logits
 from tests.conftest import small_config
 
 

@@ -12,8 +12,9 @@ from data.loader import WindowSampler
 from model.artifact import load_model, provenance, save_artifact
 from model.config import GPTConfig
 from model.device import precision_policy
-from model.generate import SamplingParams, generate
+from model.generate import generate
 from model.gpt import GPT
+from model.sampling import SamplingParams
 from prune import iterative
 from prune.csr import csr_copy
 from prune.finetune import FinetuneSettings, finetune

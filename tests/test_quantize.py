@@ -12,10 +12,11 @@ import torch.nn.functional as F
 import sample
 from model.artifact import (CONFIG_FILE, WEIGHTS_FILE, ArtifactError, artifact_writers, load_model, provenance,
                             save_artifact, write_folder_atomically)
-from model.generate import SamplingParams, generate
+from model.generate import generate
 from model.gpt import GPT
-from model.int8 import (HEAD_FORMATS, default_head_format, Fp16WeightLinear, Int8Embedding, Int8Linear, int8_state_for_saving,
-                        quantize_model, quantize_per_channel)
+from model.int8 import (HEAD_FORMATS, Fp16WeightLinear, Int8Embedding, Int8Linear, default_head_format,
+                        int8_state_for_saving, quantize_model, quantize_per_channel)
+from model.sampling import SamplingParams
 from quantize import dynamic
 from quantize.measure import greedy_agreement
 from tests.conftest import small_config

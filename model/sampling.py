@@ -1,21 +1,55 @@
 """Sample one token for every row of a batch, each row with its own settings and its own generator.
 
-Rows that share settings are filtered together (model/generate.py's `filter_logits`, one call
-per group instead of one per row); with top-k, only the k best tokens enter the distribution
+Rows that share settings are filtered together (`filter_logits`, one call per group instead of
+one per row); with top-k, only the k best tokens enter the distribution
 (where k-th place is tied, `filter_logits` would keep every tied token; here exactly k).
 Each row then draws a single uniform number from its own generator and picks its token by
 inverting its cumulative distribution.  A row's token thus
 depends only on its logits, its settings and its generator's state, never on the other rows.
 
-Why not `sample_next` per row: `torch.multinomial` draws a random number per vocabulary entry
-and the per-row calls dominated a decode step of the demo model (50257 entries x 12 rows);
-so did full-vocabulary softmax and cumulative sums when top-k leaves 200 candidates.
+Why not `torch.multinomial` per row: it draws a random number per vocabulary entry and the
+per-row calls dominated a decode step of the demo model (50257 entries x 12 rows); so did
+full-vocabulary softmax and cumulative sums when top-k leaves 200 candidates.  `sample.py`
+(through `model/generate.py`) and the server share this sampler, so a seed gives the same text in both.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from model.generate import SamplingParams, filter_logits
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 64
+    temperature: float = 1.0  # 0 means greedy
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop_at_eot: bool = True
+
+
+def filter_logits(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    """Scale by temperature and mask what top-k / nucleus sampling excludes (rows are sequences)."""
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        # Drop a token once the mass before it already reaches top_p; the best token always stays.
+        drop_sorted = cumulative - sorted_logits.softmax(-1) >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def row_generators(seed: int | None, rows: int, device) -> list[torch.Generator]:
+    """Row i samples from seed + i (as the server's `n` completions do); without a seed, from torch's global RNG."""
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, ()))
+    return [torch.Generator(device=device).manual_seed(seed + i) for i in range(rows)]
 
 
 def settings_key(params: SamplingParams) -> tuple:
