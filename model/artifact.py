@@ -164,11 +164,26 @@ def load_weights(model: GPT, state: dict[str, torch.Tensor]) -> None:
             raise ArtifactError(f"buffer {name} was not restored")
 
 
-def find_latest_artifact(root: str | Path = DEFAULT_OUT_ROOT) -> Path:
-    """The most recently written artifact folder at or below `root`."""
+def find_latest_artifact(root: str | Path = DEFAULT_OUT_ROOT, accept: Callable[[dict], bool] | None = None,
+                         what: str = "checkpoint") -> Path:
+    """The most recently written artifact folder at or below `root` whose config.json satisfies `accept`.
+
+    Folders whose config.json cannot be read are skipped here; naming one with --checkpoint reports the damage.
+    """
     root = Path(root)
-    candidates = [p.parent for p in root.rglob(CONFIG_FILE) if STAGING_DIR not in p.parts]
+    candidates = []
+    for path in root.rglob(CONFIG_FILE):
+        if STAGING_DIR in path.parts:
+            continue
+        if accept is not None:
+            try:
+                meta = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            if not isinstance(meta, dict) or not accept(meta):
+                continue
+        candidates.append(path.parent)
     if not candidates:
-        raise ArtifactError(f"no checkpoint found under {root}/; train one first (`python train.py`) "
+        raise ArtifactError(f"no {what} found under {root}/; train one first (`python train.py`) "
                             f"or pass --checkpoint DIR")
     return max(candidates, key=lambda d: (d / CONFIG_FILE).stat().st_mtime)

@@ -36,8 +36,8 @@ from data.corpus import DATASET_NAMES, DatasetError
 from data.loader import eval_batches
 from data.shards import load_split
 from data.tokenizer import TokenizerError
-from model.artifact import (CONFIG_FILE, DEFAULT_OUT_ROOT, STAGING_DIR, WEIGHTS_FILE, ArtifactError,
-                            artifact_writers, load_model, provenance, read_config, write_folder_atomically)
+from model.artifact import (DEFAULT_OUT_ROOT, WEIGHTS_FILE, ArtifactError, artifact_writers, find_latest_artifact,
+                            load_model, provenance, read_config, write_folder_atomically)
 from model.device import choose_device
 from model.int8 import HEAD_FORMATS, default_head_format, int8_state_for_saving, quantize_model
 from quantize.measure import generation_speed, greedy_agreement, paired_validation, prompts_from
@@ -85,12 +85,8 @@ def check(args) -> None:
 
 def newest_quantizable(root: Path = DEFAULT_OUT_ROOT) -> Path:
     """The newest float or pruned artifact under `root` (int8 ones cannot be quantized again)."""
-    folders = [p.parent for p in root.rglob(CONFIG_FILE) if STAGING_DIR not in p.parts]
-    folders = [f for f in folders if read_config(f).get("artifact", "float") != "int8"]
-    if not folders:
-        raise ArtifactError(f"no float or pruned checkpoint under {root}/; train one (`python train.py`) "
-                            f"or pass --checkpoint DIR")
-    return max(folders, key=lambda f: (f / CONFIG_FILE).stat().st_mtime)
+    return find_latest_artifact(root, accept=lambda meta: meta.get("artifact", "float") != "int8",
+                                what="float or pruned checkpoint")
 
 
 def refuse_int8_source(folder: Path) -> None:
