@@ -151,6 +151,16 @@ class GPT(nn.Module):
         batches of different prompt lengths.  `last_only` computes logits for the
         final position only, which is all that sampling needs.
         """
+        x = self.hidden_states(idx, cache, positions, key_mask, last_only)
+        logits = self.lm_head(x)[..., : self.config.vocab_size]
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    def hidden_states(self, idx, cache: KVCache | None = None, positions: torch.Tensor | None = None,
+                      key_mask: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
+        """The final LayerNorm's output, which the output head turns into logits (see `forward`)."""
         B, T = idx.shape
         start = cache.length if cache is not None else 0
         if positions is None:
@@ -167,13 +177,7 @@ class GPT(nn.Module):
         if cache is not None:
             cache.length += T
         x = self.transformer.ln_f(x)
-        if last_only:
-            x = x[:, -1:]
-        logits = self.lm_head(x)[..., : self.config.vocab_size]
-        if targets is None:
-            return logits, None
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+        return x[:, -1:] if last_only else x
 
     @staticmethod
     def _attention_mask(B, T, start, key_mask, device):

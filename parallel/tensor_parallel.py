@@ -165,24 +165,8 @@ class TensorParallelGPT(nn.Module):
     def forward(self, idx, targets=None, cache: KVCache | None = None, positions=None, key_mask=None,
                 last_only: bool = False):
         m, cfg = self.model, self.model.config
-        B, T = idx.shape
-        start = cache.length if cache is not None else 0
-        if positions is None:
-            if start + T > cfg.block_size:
-                raise ValueError(f"sequence of {start + T} tokens exceeds block_size={cfg.block_size}")
-            positions = torch.arange(start, start + T, device=idx.device)
-        x = m.transformer.drop(m.transformer.wte(idx) + m.transformer.wpe(positions))
-        mask = GPT._attention_mask(B, T, start, key_mask, idx.device)
-        for block in m.transformer.h:
-            if m.gradient_checkpointing and self.training:
-                x = torch.utils.checkpoint.checkpoint(block, x, cache, mask, use_reentrant=False)
-            else:
-                x = block(x, cache, mask)
-        if cache is not None:
-            cache.length += T
-        x = m.transformer.ln_f(x)
-        if last_only:
-            x = x[:, -1:]
+        # The trunk is the GPT's own; its sharded layers communicate inside.
+        x = m.hidden_states(idx, cache, positions, key_mask, last_only)
         # Tied head: the embedding shard is also the head shard (logits for this rank's vocabulary range).
         local_logits = F.linear(copy_to_tensor_parallel_region(x, self.group, self.meter), m.lm_head.weight)
         columns = self.vocab_start + torch.arange(local_logits.size(-1), device=idx.device)
