@@ -24,8 +24,14 @@ def small_model() -> GPT:
     return GPT(small_config()).eval()
 
 
-@pytest.fixture
-def small_artifact(tmp_path, small_model) -> str:
-    folder = tmp_path / "artifact"
-    save_artifact(folder, small_model, small_model.config, "float", provenance("tests"))
+def save_small_artifact(folder, **config_overrides) -> str:
+    """A seeded small model saved as a float artifact; returns the folder."""
+    torch.manual_seed(0)
+    model = GPT(small_config(**config_overrides))
+    save_artifact(folder, model, model.config, "float", provenance("tests"))
     return str(folder)
+
+
+@pytest.fixture
+def small_artifact(tmp_path) -> str:
+    return save_small_artifact(tmp_path / "artifact")

@@ -7,22 +7,18 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from model.artifact import provenance, save_artifact
+from model.artifact import provenance
 from model.gpt import GPT
 from serve.app import create_app
 from serve.config import API_KEY_ENV, ServeConfig
-from tests.conftest import small_config
+from tests.conftest import save_small_artifact, small_config
 
 BLOCK_SIZE = 64
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> str:
-    torch.manual_seed(0)
-    model = GPT(small_config(block_size=BLOCK_SIZE))
-    folder = tmp_path_factory.mktemp("serve_api") / "artifact"
-    save_artifact(folder, model, model.config, "float", provenance("tests"))
-    return str(folder)
+    return save_small_artifact(tmp_path_factory.mktemp("serve_api") / "artifact", block_size=BLOCK_SIZE)
 
 
 def make_client(checkpoint: str, **settings) -> TestClient:

@@ -13,24 +13,17 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-import torch
 
 from bench.loadtest import format_table, run_levels
-from model.artifact import provenance, save_artifact
-from model.gpt import GPT
 from serve.launch import running_server
-from tests.conftest import small_config
+from tests.conftest import save_small_artifact
 
 BLOCK_SIZE = 256
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> str:
-    torch.manual_seed(0)
-    model = GPT(small_config(block_size=BLOCK_SIZE))
-    folder = tmp_path_factory.mktemp("serve_live") / "artifact"
-    save_artifact(folder, model, model.config, "float", provenance("tests"))
-    return str(folder)
+    return save_small_artifact(tmp_path_factory.mktemp("serve_live") / "artifact", block_size=BLOCK_SIZE)
 
 
 @pytest.fixture(scope="module")
