@@ -14,9 +14,9 @@ import torch
 
 from data.tokenizer import TokenizerError, decode, encode
 from model.artifact import ArtifactError, find_latest_artifact, load_model
-from model.device import choose_device
 from model.generate import generate
 from model.sampling import SamplingParams
+from runtime.device import choose_device
 
 
 def parse_args(argv=None) -> argparse.Namespace:

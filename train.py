@@ -26,17 +26,18 @@ from data.corpus import DATASET_NAMES, DatasetError
 from data.loader import WindowSampler, eval_batches
 from data.shards import load_split
 from data.tokenizer import TokenizerError
-from model.artifact import (ArtifactError, artifact_writers, load_model, model_state_for_saving, provenance,
-                            roll_forward, write_folder_atomically)
-from model.cli import add_dataclass_args, dataclass_from_args
+from model.artifact import (ArtifactError, artifact_writers, load_model, model_state_for_saving, roll_forward,
+                            write_folder_atomically)
 from model.config import PRESETS, GPTConfig, preset
-from model.device import choose_device, peak_memory_bytes, precision_policy, synchronize
 from model.evaluate import evaluate_loss
 from model.gpt import GPT
 from model.optim import build_optimizer, lr_at
 from parallel import MODES, CommsMeter, ParallelError, check_divisibility, init_distributed, parallelize, scaled_lr
 from parallel.distributed import announce_failure, failed_rank, shutdown
 from parallel.lr_scaling import RULES as LR_SCALING_RULES
+from runtime.cli import add_dataclass_args, dataclass_from_args
+from runtime.device import choose_device, peak_memory_bytes, precision_policy, synchronize
+from runtime.provenance import provenance
 
 DEFAULT_OUT_DIR = "out/train"
 TRAINING_STATE = "training_state"

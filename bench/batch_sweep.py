@@ -26,8 +26,8 @@ from bench.timing import environment, summary, time_repeats
 from data.loader import WindowSampler
 from data.shards import load_split
 from model.config import PRESETS, preset
-from model.device import choose_device, peak_memory_bytes, precision_policy
 from model.gpt import GPT
+from runtime.device import choose_device, peak_memory_bytes, precision_policy
 
 NAME = "batch_sweep"
 

@@ -23,7 +23,7 @@ from bench.record import add_results_arg, plt, run_experiment, save_figure
 from bench.runner import run_parallel
 from bench.timing import environment
 from model.config import PRESETS
-from model.device import choose_device
+from runtime.device import choose_device
 
 NAME = "comm_strategies"
 MODES = ("gather-scatter", "allreduce", "ddp", "fsdp", "tp")

@@ -18,7 +18,7 @@ from bench.record import add_results_arg, plt, save_figure, write_result
 from bench.runner import ROOT, run_command
 from bench.timing import environment
 from model.artifact import find_latest_artifact
-from model.device import choose_device
+from runtime.device import choose_device
 
 NAME = "compression"
 PRUNE_REPORT = "prune_report.json"

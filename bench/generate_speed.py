@@ -18,11 +18,11 @@ import torch
 
 from bench.timing import environment, summary, time_repeats
 from model.config import preset
-from model.device import choose_device
 from model.generate import generate
 from model.gpt import GPT
 from model.hf import export_hf_gpt2
 from model.sampling import SamplingParams
+from runtime.device import choose_device
 
 
 def main(argv=None):

@@ -33,14 +33,15 @@ from data.corpus import DATASET_NAMES, Corpus, DatasetError
 from data.loader import eval_batches
 from data.shards import load_split
 from data.tokenizer import TokenizerError
-from model.artifact import ArtifactError, find_latest_artifact, load_model, provenance, save_artifact
+from model.artifact import ArtifactError, find_latest_artifact, load_model, save_artifact
 from model.config import GPTConfig
-from model.device import choose_device, peak_memory_bytes, precision_policy, synchronize
 from model.evaluate import evaluate_loss
 from model.generate import generate
 from model.gpt import GPT
 from model.sampling import SamplingParams
 from parallel.distributed import MODES, MULTI_PROCESS_MODES
+from runtime.device import choose_device, peak_memory_bytes, precision_policy, synchronize
+from runtime.provenance import provenance
 
 GENERATION_BATCHES = (1, 12)
 TRAINING_BATCHES = (4, 12)

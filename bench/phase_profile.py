@@ -23,9 +23,9 @@ from bench.timing import environment
 from data.loader import WindowSampler, eval_batches
 from data.shards import load_split
 from model.config import PRESETS, preset
-from model.device import choose_device, precision_policy
 from model.evaluate import evaluate_loss
 from model.gpt import GPT
+from runtime.device import choose_device, precision_policy
 
 NAME = "phase_profile"
 

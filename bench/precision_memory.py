@@ -24,7 +24,7 @@ from bench.record import add_results_arg, plt, run_experiment, save_figure
 from bench.runner import run_train
 from bench.timing import environment
 from model.config import PRESETS
-from model.device import choose_device, precision_policy
+from runtime.device import choose_device, precision_policy
 
 NAME = "precision_memory"
 

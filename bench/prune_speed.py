@@ -21,15 +21,15 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from model.artifact import git_commit
 from model.config import PRESETS, preset
-from model.device import choose_device
 from model.gpt import GPT
 from prune.csr import csr_copy
 from prune.magnitude import magnitude_masks
 from prune.masks import block_linear_weights
 from prune.speed import SpeedSettings, forward_tokens_per_s, generation_tokens_per_s
 from prune.structured import select_units, shrink
+from runtime.device import choose_device
+from runtime.provenance import git_commit
 
 
 def parse_args(argv=None) -> argparse.Namespace:

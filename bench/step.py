@@ -15,9 +15,9 @@ from collections import defaultdict
 
 import torch
 
-from model.device import Precision, synchronize
 from model.gpt import GPT
 from model.optim import build_optimizer
+from runtime.device import Precision, synchronize
 
 PHASES = ("data", "forward", "backward", "optimizer", "evaluation", "other")
 # On CPU PyTorch reports an allocation failure as a plain RuntimeError with this text.

@@ -9,8 +9,8 @@ from typing import Callable
 
 import torch
 
-from model.artifact import git_commit
-from model.device import synchronize
+from runtime.device import synchronize
+from runtime.provenance import git_commit
 
 
 def time_repeats(fn: Callable[[], object], repeats: int, warmup: int = 1, device=torch.device("cpu")) -> list[float]:

@@ -17,7 +17,7 @@ from bench.comm_strategies import add_parallel_args, train_options
 from bench.record import plt, run_experiment, save_figure
 from bench.runner import run_parallel
 from bench.timing import environment
-from model.device import choose_device
+from runtime.device import choose_device
 
 NAME = "tp_vs_fsdp"
 MODES = ("tp", "fsdp")

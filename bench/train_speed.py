@@ -16,9 +16,9 @@ from bench.timing import environment, summary, time_repeats
 from data.loader import WindowSampler
 from data.shards import load_split
 from model.config import preset
-from model.device import choose_device, precision_policy
 from model.gpt import GPT
 from model.optim import build_optimizer
+from runtime.device import choose_device, precision_policy
 
 
 def main(argv=None):

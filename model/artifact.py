@@ -7,11 +7,9 @@ the previous checkpoint readable.
 """
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Callable
 
@@ -30,19 +28,6 @@ ARTIFACT_KINDS = ("float", "pruned", "int8")
 
 class ArtifactError(ValueError):
     """A folder that is missing, incomplete or not an artifact this project can load."""
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent, timeout=5).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def provenance(tool: str, source: str | Path | None = None) -> dict:
-    return {"tool": tool, "source": str(source) if source else None, "git_commit": git_commit(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
 def write_folder_atomically(folder: str | Path, writers: dict[str, Callable[[Path], None]]) -> None:

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from model.config import GPTConfig
-from model.device import distributed_backend
+from runtime.device import distributed_backend
 
 MODES = ("none", "ddp", "fsdp", "tp", "allreduce", "gather-scatter", "dp")
 # Modes that run one process per rank under torchrun.

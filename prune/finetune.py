@@ -8,10 +8,10 @@ import torch
 from tqdm import tqdm
 
 from data.loader import WindowSampler
-from model.device import Precision
 from model.gpt import GPT
 from model.optim import build_optimizer, lr_at
 from prune.masks import MaskSet
+from runtime.device import Precision
 
 
 @dataclass(frozen=True)

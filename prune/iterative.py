@@ -29,10 +29,7 @@ from data.corpus import DATASET_NAMES, DatasetError
 from data.loader import WindowSampler, eval_batches
 from data.shards import load_split
 from data.tokenizer import TokenizerError
-from model.artifact import (ArtifactError, artifact_writers, load_model, model_state_for_saving, provenance,
-                            write_folder_atomically)
-from model.cli import add_dataclass_args, dataclass_from_args
-from model.device import choose_device, precision_policy
+from model.artifact import ArtifactError, artifact_writers, load_model, model_state_for_saving, write_folder_atomically
 from model.evaluate import evaluate_loss
 from model.gpt import GPT
 from prune.csr import csr_copy
@@ -45,6 +42,9 @@ from prune.source import checkpoint_dataset, find_training_checkpoint
 from prune.speed import GENERATION_PROMPT_TOKENS, SpeedSettings, measure
 from prune.structured import StructureError, check_widths, select_units, shrink
 from prune.wanda import input_feature_norms, wanda_masks
+from runtime.cli import add_dataclass_args, dataclass_from_args
+from runtime.device import choose_device, precision_policy
+from runtime.provenance import provenance
 
 METHODS = ("magnitude", "row", "wanda")
 DEFAULT_OUT_DIR = "out/prune"

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from model.device import synchronize
 from model.generate import generate
 from model.sampling import SamplingParams
-
+from runtime.device import synchronize
 
 GENERATION_PROMPT_TOKENS = 16
 

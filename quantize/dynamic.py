@@ -37,10 +37,11 @@ from data.loader import eval_batches
 from data.shards import load_split
 from data.tokenizer import TokenizerError
 from model.artifact import (DEFAULT_OUT_ROOT, WEIGHTS_FILE, ArtifactError, artifact_writers, find_latest_artifact,
-                            load_model, provenance, read_config, write_folder_atomically)
-from model.device import choose_device
+                            load_model, read_config, write_folder_atomically)
 from model.int8 import HEAD_FORMATS, default_head_format, int8_state_for_saving, quantize_model
 from quantize.measure import generation_speed, greedy_agreement, paired_validation, prompts_from
+from runtime.device import choose_device
+from runtime.provenance import provenance
 
 DEFAULT_OUT_DIR = DEFAULT_OUT_ROOT / "int8"
 REPORT_FILE = "quant_report.json"

@@ -15,7 +15,7 @@ import uvicorn
 
 from data.tokenizer import TokenizerError
 from model.artifact import ArtifactError
-from model.cli import add_dataclass_args, dataclass_from_args
+from runtime.cli import add_dataclass_args, dataclass_from_args
 from serve.app import create_app
 from serve.config import API_KEY_ENV, ServeConfig
 

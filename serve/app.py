@@ -17,7 +17,7 @@ from fastapi.responses import PlainTextResponse
 
 from data.tokenizer import get_tokenizer
 from model.artifact import CONFIG_FILE, find_latest_artifact, load_model
-from model.device import choose_device
+from runtime.device import choose_device
 from serve import routes_generate, routes_openai
 from serve.body_limit import BodySizeLimit
 from serve.config import API_KEY_ENV, CHECKPOINT_ENV, ServeConfig

@@ -25,8 +25,9 @@ def results(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench")
     results_dir = root / "results"
     torch.manual_seed(0)
+    from model.artifact import save_artifact
+    from runtime.provenance import provenance
     from tests.conftest import small_config
-    from model.artifact import provenance, save_artifact
     model = GPT(small_config())
     save_artifact(root / "artifact", model, model.config, "float", provenance("tests"))
     (root / "eval.txt").write_text(TEXT)

@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from data.loader import WindowSampler
-from model.artifact import load_model, provenance, save_artifact
+from model.artifact import load_model, save_artifact
 from model.config import GPTConfig
-from model.device import precision_policy
 from model.generate import generate
 from model.gpt import GPT
 from model.sampling import SamplingParams
@@ -24,6 +23,8 @@ from prune.schedule import sparsity_schedule
 from prune.source import find_training_checkpoint
 from prune.structured import StructureError, head_columns, select_units, shrink
 from prune.wanda import input_feature_norms, wanda_masks
+from runtime.device import precision_policy
+from runtime.provenance import provenance
 
 CPU = torch.device("cpu")
 

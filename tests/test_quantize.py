@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 import sample
-from model.artifact import (CONFIG_FILE, WEIGHTS_FILE, ArtifactError, artifact_writers, load_model, provenance,
-                            save_artifact, write_folder_atomically)
+from model.artifact import (CONFIG_FILE, WEIGHTS_FILE, ArtifactError, artifact_writers, load_model, save_artifact,
+                            write_folder_atomically)
 from model.generate import generate
 from model.gpt import GPT
 from model.int8 import (HEAD_FORMATS, Fp16WeightLinear, Int8Embedding, Int8Linear, default_head_format,
@@ -19,6 +19,7 @@ from model.int8 import (HEAD_FORMATS, Fp16WeightLinear, Int8Embedding, Int8Linea
 from model.sampling import SamplingParams
 from quantize import dynamic
 from quantize.measure import greedy_agreement
+from runtime.provenance import provenance
 from tests.conftest import small_config
 
 VOCAB = 256

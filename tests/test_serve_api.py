@@ -7,8 +7,8 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from model.artifact import provenance
 from model.gpt import GPT
+from runtime.provenance import provenance
 from serve.app import create_app
 from serve.config import API_KEY_ENV, ServeConfig
 from tests.conftest import save_small_artifact, small_config

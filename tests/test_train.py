@@ -5,7 +5,8 @@ import torch
 
 import model.gpt
 import train
-from model.artifact import load_model, roll_forward, save_artifact, provenance, STAGING_DIR
+from model.artifact import STAGING_DIR, load_model, roll_forward, save_artifact
+from runtime.provenance import provenance
 from train import TrainConfig, TrainingError
 
 FAST = dict(model="tiny", dataset="builtin", batch_size=4, block_size=64, log_interval=1, eval_batches=2,
