@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.timing import summary
+from training.checkpoint import is_training_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN_SCRIPT = ROOT / "train.py"
@@ -114,7 +115,7 @@ def run_train(out_dir: Path, options: dict, nproc: int | None = None, threads: i
     """Train into a fresh `out_dir`; `nproc` launches that many ranks with torchrun (None: one plain process).
     `threads` sets OMP_NUM_THREADS per process."""
     out_dir = Path(out_dir)
-    if (out_dir / "training_state").exists():
+    if is_training_checkpoint(out_dir):
         raise ValueError(f"{out_dir} already holds a training run; remove it or choose another folder")
     if (out_dir / "metrics.jsonl").exists():
         (out_dir / "metrics.jsonl").unlink()  # a rerun must not read a failed earlier run's records

@@ -31,6 +31,14 @@ class ParallelModel:
         self.ctx, self.model, self.module, self.eval_module = ctx, model, module, eval_module
         self.meter, self.layout, self.data_parallel, self.note = meter, layout, data_parallel, note
 
+    @property
+    def is_distributed(self) -> bool:
+        return self.ctx.mode != "none"
+
+    @property
+    def comm_time_is_exposed_wait(self) -> bool:
+        return self.data_parallel in ("ddp", "allreduce", "gather-scatter")
+
     # --- the training step ---------------------------------------------------------------------
     def gradient_sync(self, sync: bool):
         """Context for one micro-batch's backward: with `sync=False` DDP/FSDP skip the reduction

@@ -1,10 +1,10 @@
 """What to prune when the user names nothing: the newest training checkpoint, and the data it was trained on."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from model.artifact import DEFAULT_OUT_ROOT, find_latest_artifact
+from training.checkpoint import trained_dataset
 
 
 def find_training_checkpoint(root: str | Path = DEFAULT_OUT_ROOT) -> Path:
@@ -15,9 +15,4 @@ def find_training_checkpoint(root: str | Path = DEFAULT_OUT_ROOT) -> Path:
 
 def checkpoint_dataset(folder: Path, meta: dict) -> str | None:
     """The dataset the checkpoint was trained (or last pruned) on, when it records one."""
-    state = Path(folder) / "training_state" / "state.json"
-    if state.exists():
-        dataset = json.loads(state.read_text()).get("train_config", {}).get("dataset")
-        if dataset:
-            return dataset
-    return (meta.get("pruning") or {}).get("dataset")
+    return trained_dataset(folder) or (meta.get("pruning") or {}).get("dataset")

@@ -14,14 +14,14 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls, help_texts: dict[st
         flag = "--" + f.name.replace("_", "-")
         kind = _base_type(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        help_text = (help_texts or {}).get(f.name, "")
+        help_text = (help_texts or {}).get(f.name, f.metadata.get("help", ""))
         help_text = f"{help_text} (default: {default})".strip()
         if kind is bool:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
                                 help=help_text)
         else:
             parser.add_argument(flag, dest=f.name, type=kind, default=default, help=help_text,
-                                choices=(choices or {}).get(f.name))
+                                choices=(choices or {}).get(f.name, f.metadata.get("choices")))
 
 
 def dataclass_from_args(cls, args: argparse.Namespace):
@@ -34,3 +34,11 @@ def _base_type(hint):
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
         return next(a for a in args if a is not type(None))
     return hint
+
+
+def parse_config(cls, description: str, argv=None):
+    """The command line as a `cls` instance: help and choices from the fields' metadata, checks in its
+    `__post_init__` (which raise a UserError that the caller's main prints)."""
+    parser = argparse.ArgumentParser(description=description.strip().split("\n\n")[0])
+    add_dataclass_args(parser, cls)
+    return dataclass_from_args(cls, parser.parse_args(argv))

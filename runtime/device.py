@@ -70,3 +70,9 @@ def peak_memory_bytes(device: torch.device) -> int:
     except (OSError, StopIteration):  # not Linux
         import resource
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """CUDA raises torch.OutOfMemoryError; the CPU allocator raises a plain RuntimeError saying so."""
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and "can't allocate memory" in str(error))

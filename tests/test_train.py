@@ -5,11 +5,12 @@ import torch
 
 import model.gpt
 import train
+from data.loader import WindowSampler
 from model.artifact import STAGING_DIR, load_model, roll_forward, save_artifact
 from runtime.provenance import provenance
 from train import TrainConfig, TrainingError
 
-FAST = dict(model="tiny", dataset="builtin", batch_size=4, block_size=64, log_interval=1, eval_batches=2,
+FAST = dict(model="tiny", dataset="builtin", device="cpu", batch_size=4, block_size=64, log_interval=1, eval_batches=2,
             warmup_steps=5, lr=2e-3)
 
 
@@ -27,10 +28,10 @@ def test_loss_falls_and_metrics_are_logged(tmp_path):
     records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     step_record = next(r for r in records if "loss" in r)
     assert {"step", "loss", "lr", "tokens_per_s", "mfu", "phase_s", "peak_memory_bytes"} <= set(step_record)
-    assert set(step_record["phase_s"]) == {"data", "forward", "backward_optimizer", "eval", "other"}
+    assert set(step_record["phase_s"]) == {"data", "forward", "backward", "optimizer", "other"}
     evals = [r for r in records if "val_loss" in r]
     assert [r["step"] for r in evals] == [20, 40] and evals[-1]["eval_full_split"]
-    assert summary["val_loss"] == evals[-1]["val_loss"] < 8.0
+    assert summary.val_loss == evals[-1]["val_loss"] < 8.0
 
 
 def test_resume_after_interrupt_equals_uninterrupted_run(tmp_path, monkeypatch):
@@ -38,7 +39,7 @@ def test_resume_after_interrupt_equals_uninterrupted_run(tmp_path, monkeypatch):
     train.train(TrainConfig(**FAST, max_steps=10, eval_interval=5, out_dir=str(full)))
 
     broken = tmp_path / "broken"
-    real_next = train.WindowSampler.next_batch
+    real_next = WindowSampler.next_batch
     calls = {"n": 0}
 
     def interrupt_on_step_8(self):
@@ -47,10 +48,10 @@ def test_resume_after_interrupt_equals_uninterrupted_run(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real_next(self)
 
-    monkeypatch.setattr(train.WindowSampler, "next_batch", interrupt_on_step_8)
+    monkeypatch.setattr(WindowSampler, "next_batch", interrupt_on_step_8)
     with pytest.raises(SystemExit):
         train.train(TrainConfig(**FAST, max_steps=10, eval_interval=5, out_dir=str(broken)))
-    monkeypatch.setattr(train.WindowSampler, "next_batch", real_next)
+    monkeypatch.setattr(WindowSampler, "next_batch", real_next)
     state = json.loads((broken / "training_state" / "state.json").read_text())
     assert state["step"] == 5
 
@@ -66,12 +67,14 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     calls = {"n": 0}
 
     def nan_on_third(*args, **kwargs):
-        calls["n"] += 1
         loss = real_ce(*args, **kwargs)
+        if not torch.is_grad_enabled():  # validation (and the checkpoint's probe) stay finite
+            return loss
+        calls["n"] += 1
         return loss * float("nan") if calls["n"] == 3 else loss
 
     monkeypatch.setattr(model.gpt.F, "cross_entropy", nan_on_third)
-    with pytest.raises(TrainingError, match="loss became nan at step 3.*step 2.*intact"):
+    with pytest.raises(TrainingError, match=r"loss became nan \(gradient norm .*\) at step 3.*step 2.*intact"):
         train.train(TrainConfig(**FAST, max_steps=10, eval_interval=100, checkpoint_interval=2,
                                 out_dir=str(out)))
     loaded, meta = load_model(out)
@@ -144,3 +147,27 @@ def test_cpu_allocation_failure_is_explained(tmp_path, monkeypatch):
     monkeypatch.setattr(model.gpt.F, "cross_entropy", out_of_memory)
     with pytest.raises(TrainingError, match="batch 4 x block 64 does not fit in cpu memory; lower --batch-size"):
         train.train(TrainConfig(**FAST, max_steps=2, eval_interval=100, out_dir=str(tmp_path / "run")))
+
+
+def test_exploding_update_never_becomes_the_last_good_checkpoint(tmp_path):
+    """--lr 1e9 makes the weights finite but useless after one update; that state must not be saved."""
+    out = tmp_path / "run"
+    with pytest.raises(TrainingError, match="; stopping. ") as failure:
+        train.train(TrainConfig(**{**FAST, "lr": 1e9, "warmup_steps": 0}, max_steps=5, eval_interval=100,
+                                checkpoint_interval=1, out_dir=str(out)))
+    if (out / "config.json").exists():  # any checkpoint left behind gives a finite loss
+        loaded, meta = load_model(out)
+        assert f"step {meta['step']}" in str(failure.value)
+        _, loss = loaded(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))
+        assert torch.isfinite(loss)
+    else:
+        assert "no checkpoint was written" in str(failure.value)
+
+
+@pytest.mark.parametrize("flag, value", [("--grad-clip", "nan"), ("--lr", "inf"), ("--min-lr-ratio", "nan"),
+                                         ("--warmup-steps", "-5"), ("--checkpoint-interval", "0"),
+                                         ("--checkpoint-interval", "-1"), ("--dropout", "1.5")])
+def test_impossible_numbers_are_refused_by_name(tmp_path, flag, value):
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([flag, value, "--out-dir", str(tmp_path / "x")])
+    assert str(exit_info.value.code).startswith(f"error: {flag} ")

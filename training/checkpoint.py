@@ -1,0 +1,151 @@
+"""Training checkpoints: the one owner of the `training_state/` layout.
+
+A checkpoint is an ordinary float artifact (config.json + model.safetensors, consolidated under the
+single-device names whatever the layout) plus `training_state/`: `optimizer.pt` (the optimizer state by
+parameter name, full tensors) and `state.json` (step, data position, RNG, the run's TrainConfig).  That
+is enough to resume exactly under any parallel layout.  Saves are atomic (model/artifact.py), and
+nothing non-finite is ever saved.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from data.loader import WindowSampler
+from model.artifact import artifact_writers, load_model, roll_forward, write_folder_atomically
+from model.config import GPTConfig
+from model.gpt import GPT
+from runtime.provenance import provenance
+from training.config import TrainConfig, TrainingError
+
+TRAINING_STATE = "training_state"
+STATE_FILE = f"{TRAINING_STATE}/state.json"
+OPTIMIZER_FILE = f"{TRAINING_STATE}/optimizer.pt"
+# Settings that may differ when a run is resumed; everything else comes from the checkpoint.
+RESUMABLE_OVERRIDES = ("max_steps", "eval_interval", "eval_batches", "log_interval", "checkpoint_interval",
+                       "device", "compile", "out_dir", "resume", "peak_flops", "parallel", "tp_size",
+                       "cpu_offload", "dist_timeout_s", "final_eval_batches")
+
+
+def is_training_checkpoint(folder: str | Path) -> bool:
+    return (Path(folder) / TRAINING_STATE).exists()
+
+
+def read_training_state(folder: str | Path) -> dict | None:
+    """`state.json` of a training checkpoint, or None for any other artifact."""
+    path = Path(folder) / STATE_FILE
+    if not path.exists():
+        return None
+    try:
+        state = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise TrainingError(f"{path} is not valid JSON ({e}); the checkpoint is damaged") from e
+    if not isinstance(state, dict):
+        raise TrainingError(f"{path} holds a {type(state).__name__}, not the training state; the checkpoint "
+                            f"is damaged")
+    return state
+
+
+def trained_dataset(folder: str | Path) -> str | None:
+    """The dataset a training checkpoint was trained on, when it records one."""
+    state = read_training_state(folder) or {}
+    return (state.get("train_config") or {}).get("dataset")
+
+
+def resumed_config(cfg: TrainConfig, dp_size: int) -> TrainConfig:
+    """The saved run's settings; the per-rank batch is re-derived so the global batch stays the same
+    when the run resumes under another layout."""
+    roll_forward(cfg.out_dir)
+    state = read_training_state(cfg.out_dir)
+    if state is None:
+        raise TrainingError(f"--resume: {cfg.out_dir} has no {STATE_FILE}; nothing to resume "
+                            f"(drop --resume to start a new run)")
+    try:
+        saved = TrainConfig(**state["train_config"])
+    except (KeyError, TypeError) as e:
+        raise TrainingError(f"{Path(cfg.out_dir) / STATE_FILE}: its train_config cannot be read ({e}); the "
+                            f"checkpoint is damaged") from e
+    global_batch = state.get("global_batch", saved.batch_size)
+    if global_batch % dp_size:
+        raise TrainingError(f"the run was trained with a global batch of {global_batch} sequences, which "
+                            f"{dp_size} data-parallel ranks cannot share evenly; resume on a divisor of {global_batch}")
+    return dataclasses.replace(saved, **{k: getattr(cfg, k) for k in RESUMABLE_OVERRIDES},
+                               batch_size=global_batch // dp_size)
+
+
+def first_non_finite(state: dict[str, torch.Tensor]) -> str | None:
+    return next((name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+
+
+class Checkpointer:
+    """Saves and restores one run's checkpoint; every rank calls it (consolidation is collective), rank 0
+    alone writes."""
+
+    def __init__(self, out_dir: Path, cfg: TrainConfig):
+        self.out_dir, self.cfg = out_dir, cfg
+        self.last_saved_step: int | None = None
+
+    def save(self, par, step: int, model_config: GPTConfig, optimizer: torch.optim.Optimizer,
+             sampler: WindowSampler) -> None:
+        """`par` is the parallelised model: its state is consolidated to single-device tensors."""
+        model_state = {k: v.contiguous() for k, v in par.full_model_state().items()}
+        optimizer_state = par.full_optimizer_state(optimizer)
+        ctx = par.ctx
+        if ctx.is_writer:
+            bad = first_non_finite(model_state) or first_non_finite(
+                {f"optimizer state of {name}.{key}": v for name, entry in optimizer_state["state"].items()
+                 for key, v in entry.items() if torch.is_tensor(v)})
+            if bad:
+                raise TrainingError(f"step {step}: {bad} holds NaN or infinite values; not saving it over "
+                                    f"{self.describe_last_good()}")
+            state = {
+                "step": step,
+                "sampler": sampler.state_dict(),
+                "global_batch": sampler.global_batch,
+                "parallel": {"mode": self.cfg.parallel, "world_size": ctx.world_size, "tp_size": ctx.tp_size},
+                "train_config": dataclasses.asdict(self.cfg),
+                "torch_rng": torch.get_rng_state().tolist(),
+                "cuda_rng": [s.tolist() for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
+            }
+            writers = artifact_writers(model_state, model_config, "float", provenance("train.py", self.cfg.init_from),
+                                       extra={"step": step})
+            writers[OPTIMIZER_FILE] = lambda p: torch.save(optimizer_state, p)
+            writers[STATE_FILE] = lambda p: p.write_text(json.dumps(state))
+            write_folder_atomically(self.out_dir, writers)
+        if ctx.world_size > 1:
+            dist.barrier()  # nobody reads the folder before it is complete
+        self.last_saved_step = step
+
+    def describe_last_good(self) -> str:
+        if self.last_saved_step is None:
+            return f"{self.out_dir}: no checkpoint was written in this run yet"
+        return f"the checkpoint of step {self.last_saved_step} in {self.out_dir}, which is intact"
+
+    def restore_weights(self, model: GPT) -> None:
+        """The full weights, into the full model, before it is parallelised."""
+        loaded, _ = load_model(self.out_dir, "cpu")
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(loaded.get_parameter(name))
+
+    def restore(self, par, optimizer: torch.optim.Optimizer, sampler: WindowSampler) -> int:
+        """Optimizer, data position and RNG of the saved step; returns that step."""
+        state = read_training_state(self.out_dir)
+        optimizer_path = self.out_dir / OPTIMIZER_FILE
+        try:
+            saved = torch.load(optimizer_path, map_location="cpu", weights_only=True)
+            par.load_optimizer_state(optimizer, saved)
+            sampler.load_state_dict(state["sampler"])
+            torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
+        except (OSError, RuntimeError, KeyError, TypeError, ValueError, EOFError) as e:
+            raise TrainingError(f"{self.out_dir}/{TRAINING_STATE} cannot be resumed: {type(e).__name__}: "
+                                f"{str(e).splitlines()[0][:200]} ({optimizer_path.name} or state.json is missing or "
+                                f"damaged); start a new run with another --out-dir") from e
+        if state.get("cuda_rng") and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda_rng"]])
+        self.last_saved_step = state["step"]
+        return state["step"]

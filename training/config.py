@@ -1,0 +1,101 @@
+"""The training run's settings: one typed dataclass, filled from train.py's command line and saved into
+every checkpoint (`training_state/state.json`), so a resumed run continues with the same settings."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from data.corpus import DATASET_NAMES
+from model.config import PRESETS
+from parallel import MODES
+from parallel.lr_scaling import RULES as LR_SCALING_RULES
+from runtime.errors import UserError
+
+DEFAULT_OUT_DIR = "out/train"
+
+
+class TrainingError(UserError):
+    """A problem with the arguments, the data or the run that the user can fix."""
+
+
+def option(default, help_text: str, **metadata):
+    """A config field whose help (and choices) the command line shows."""
+    return field(default=default, metadata={"help": help_text, **metadata})
+
+
+@dataclass
+class TrainConfig:
+    model: str = option("tiny", "model preset", choices=tuple(PRESETS))
+    dataset: str = option("builtin", f"{', '.join(DATASET_NAMES)}, or a local folder with wiki.*.raw or "
+                                     f"hub-layout parquet files")
+    init_from: str | None = option(None, "start from this checkpoint or Hugging Face GPT-2 folder (fine-tuning) "
+                                         "instead of random weights")
+    max_steps: int = option(600, "optimizer steps in the whole run")
+    batch_size: int = option(8, "micro-batch size per data-parallel rank")
+    block_size: int | None = option(None, "training context length (default: the model's)")
+    grad_accum: int = option(1, "micro-batches accumulated per optimizer step")
+    lr: float = option(1e-3, "peak learning rate")
+    min_lr_ratio: float = option(0.1, "cosine schedule decays to lr * this")
+    warmup_steps: int = option(50, "steps of linear warmup")
+    weight_decay: float = option(0.1, "AdamW weight decay of matrices (biases and LayerNorm gains do not decay)")
+    grad_clip: float = option(1.0, "clip the global gradient norm to this")
+    dropout: float = option(0.0, "dropout probability")
+    seed: int = option(1337, "seed of the initial weights and the data order")
+    device: str = option("auto", "auto (CUDA if present, else CPU), cpu, cuda, cuda:1, ...")
+    precision: str = option("auto", "auto (fp32 on CPU, bf16/fp16 autocast on CUDA), fp32, bf16, fp16",
+                            choices=("auto", "fp32", "bf16", "fp16"))
+    compile: bool = option(False, "torch.compile the model")
+    activation_checkpointing: bool = option(False, "recompute each block's activations in backward to save memory")
+    out_dir: str = option(DEFAULT_OUT_DIR, "folder of the run: checkpoint, metrics.jsonl")
+    resume: bool = option(False, "continue the run in --out-dir from its checkpoint")
+    eval_interval: int = option(200, "validate (and checkpoint) every N steps; the final validation sweeps the "
+                                     "whole split")
+    eval_batches: int = option(20, "batches in the periodic validations (the same leading windows each time)")
+    log_interval: int = option(10, "log a metrics line every N steps")
+    checkpoint_interval: int | None = option(None, "checkpoint every N steps (default: --eval-interval)")
+    parallel: str = option("none", "parallelism mode: none (one device); under torchrun ddp, fsdp, tp, allreduce, "
+                                   "gather-scatter; dp (nn.DataParallel, one process over several CUDA devices)",
+                           choices=tuple(MODES))
+    tp_size: int = option(1, "tensor-parallel ranks per group; with ddp/fsdp, data parallelism runs over the "
+                             "rest (2D)")
+    cpu_offload: bool = option(False, "fsdp: keep sharded parameters, gradients and optimizer state in CPU memory")
+    scale_lr: str = option("none", "scale --lr with the global batch relative to --reference-batch (linear or "
+                                   "sqrt), after warmup", choices=LR_SCALING_RULES)
+    reference_batch: int | None = option(None, "global batch (sequences) that --lr was tuned for (default: "
+                                               "--batch-size, one rank)")
+    dist_timeout_s: float = option(300.0, "collective timeout: if a rank dies or hangs, the others stop after "
+                                          "this many seconds")
+    final_eval_batches: int | None = option(None, "batches in the final validation (default: the whole split)")
+    peak_flops: float | None = option(None, "one device's peak FLOP/s for MFU (default: a table of known GPUs; "
+                                            "none on CPU)")
+
+    def __post_init__(self):
+        for name in ("max_steps", "batch_size", "grad_accum", "eval_interval", "eval_batches", "log_interval",
+                     "tp_size"):
+            self._require(name, getattr(self, name) > 0, "must be positive")
+        for name in ("block_size", "reference_batch", "final_eval_batches", "checkpoint_interval"):
+            value = getattr(self, name)
+            self._require(name, value is None or value > 0, "must be positive")
+        self._require("warmup_steps", self.warmup_steps >= 0, "must be 0 or more")
+        for name in ("lr", "grad_clip", "dist_timeout_s"):
+            value = getattr(self, name)
+            self._require(name, math.isfinite(value) and value > 0, "must be a positive finite number")
+        self._require("peak_flops", self.peak_flops is None or (math.isfinite(self.peak_flops)
+                                                               and self.peak_flops > 0),
+                      "must be a positive finite number")
+        self._require("min_lr_ratio", math.isfinite(self.min_lr_ratio) and 0 <= self.min_lr_ratio <= 1,
+                      "must be between 0 and 1")
+        self._require("weight_decay", math.isfinite(self.weight_decay) and self.weight_decay >= 0,
+                      "must be a finite number >= 0")
+        self._require("dropout", 0 <= self.dropout < 1, "must be in [0, 1)")
+        for name, choices in (("model", PRESETS), ("parallel", MODES), ("scale_lr", LR_SCALING_RULES),
+                              ("precision", ("auto", "fp32", "bf16", "fp16"))):
+            self._require(name, getattr(self, name) in choices, f"must be one of {', '.join(choices)}")
+
+    def _require(self, name: str, ok: bool, what: str) -> None:
+        if not ok:
+            raise TrainingError(f"--{name.replace('_', '-')} {what}, got {getattr(self, name)!r}")
+
+    @property
+    def checkpoint_every(self) -> int:
+        return self.checkpoint_interval or self.eval_interval

@@ -1,0 +1,141 @@
+"""What a run measures and how it is recorded: one set of phase names, a phase clock, MFU against a
+table of device peaks, and the typed records written one JSON object per line to `metrics.jsonl`."""
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from model.config import GPTConfig
+from runtime.device import synchronize
+
+# Every phase of a training step, in the order they happen; train.py, the pruning fine-tunes and the
+# benchmarks all use these names.
+PHASES = ("data", "forward", "backward", "optimizer", "evaluation", "other")
+
+# Dense bf16 matmul peaks per device (FLOP/s) for MFU, from the vendors' data sheets; matched against
+# torch.cuda.get_device_name, most specific first.  Pass --peak-flops for anything else.
+PEAK_FLOPS = (("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("A100", 312e12), ("L4", 121e12),
+              ("A10", 125e12), ("4090", 165e12))
+
+
+class PhaseClock:
+    """Seconds per phase.  The device is synchronised at each boundary so that asynchronous CUDA work
+    is charged to the phase that queued it; that costs throughput on a GPU, so the trainer times only
+    the last step of each log window."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        synchronize(self.device)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            synchronize(self.device)
+            self.seconds[phase] += time.perf_counter() - start
+
+    def reset(self) -> None:
+        self.seconds.clear()
+
+
+class NoClock:
+    """What the step is given when nobody times its phases: no synchronisation, no cost."""
+
+    def __call__(self, phase: str):
+        return contextlib.nullcontext()
+
+
+NO_CLOCK = NoClock()
+
+
+def flops_per_token(config: GPTConfig, n_params: int, block: int) -> float:
+    """Training FLOPs per token: 6N for the weights plus the attention scores (PaLM appendix B)."""
+    return 6 * n_params + 12 * config.n_layer * config.n_embd * block
+
+
+def device_peak_flops(device: torch.device, override: float | None = None) -> float | None:
+    """One device's peak, from --peak-flops or the table; None where unknown (the CPU)."""
+    if override:
+        return override
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        return next((peak for key, peak in PEAK_FLOPS if key in name), None)
+    return None
+
+
+@dataclass
+class ParallelRecord:
+    """Communication and memory of a log window, per step (rank 0's view; memory from every rank)."""
+    comm_s: float
+    exposed_comm_s: float
+    compute_s: float
+    comm_share: float
+    comm_bytes: dict[str, float]
+    comm_sent_bytes: dict[str, float]
+    comm_sent_bytes_theory: dict[str, float]
+    bandwidth_bytes_per_s: float | None
+    peak_memory_bytes_per_rank: list[int]
+    state_bytes_this_rank: dict[str, int]
+    world_size: int
+    dp_size: int
+    tp_size: int
+
+
+@dataclass
+class StepRecord:
+    step: int
+    loss: float
+    lr: float
+    grad_norm: float
+    tokens_per_s: float  # the whole job's
+    tokens_per_s_per_device: float
+    mfu: float | None  # per device, against one device's peak
+    phase_s: dict[str, float]  # one timed step of the window
+    peak_memory_bytes: int
+    parallel: ParallelRecord | None = None
+
+    def to_json(self) -> dict:
+        record = asdict(self)
+        record.update(record.pop("parallel") or {})  # flat, as readers of metrics.jsonl expect
+        return record
+
+
+@dataclass
+class EvalRecord:
+    step: int
+    val_loss: float
+    val_ppl: float
+    val_tokens: int
+    eval_full_split: bool
+    eval_s: float
+    peak_memory_bytes: int
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class MetricsLog:
+    """`metrics.jsonl`, appended and flushed record by record (rank 0 only; other ranks get NullLog)."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.file = open(path, "a")
+
+    def write(self, record: StepRecord | EvalRecord) -> None:
+        self.file.write(json.dumps(record.to_json()) + "\n")
+        self.file.flush()
+
+
+class NullLog:
+    def write(self, record: StepRecord | EvalRecord) -> None:
+        pass

@@ -1,0 +1,94 @@
+"""The one training step: train.py, the pruning fine-tunes and every benchmark call it.
+
+One optimizer step is `grad_accum` micro-batches of forward, loss and (scaled) backward, then the
+data-parallel strategy's gradient synchronisation, unscaling, clipping of the global gradient norm,
+and the optimizer update.  The loss and the gradient norm are read with one device synchronisation,
+*before* the update: a non-finite value stops the step with the weights and optimizer state untouched,
+so a poisoned update can never reach a checkpoint.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+
+from runtime.device import Precision
+from runtime.errors import UserError
+from training.metrics import NO_CLOCK
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class NonFiniteStep(UserError):
+    """The loss or the gradient norm was NaN or infinite; the update was not applied."""
+
+    def __init__(self, loss: float, grad_norm: float, message: str):
+        super().__init__(message)
+        self.loss, self.grad_norm = loss, grad_norm
+
+
+class GradientMasks(Protocol):
+    """Pruning masks: pruned weights get no gradient and are re-zeroed after the update."""
+
+    def mask_gradients(self) -> None: ...
+
+    def apply(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss: float  # mean over micro-batches and data-parallel ranks
+    grad_norm: float  # before clipping
+
+
+class TrainStep:
+    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy, device: torch.device,
+                 precision: Precision, grad_accum: int = 1, grad_clip: float = 1.0,
+                 masks: GradientMasks | None = None):
+        """`module` runs forward and backward (the wrapped or compiled model); `strategy` is the
+        data-parallel strategy (`parallel.SingleDevice(model)` on one device)."""
+        self.module, self.optimizer, self.strategy = module, optimizer, strategy
+        self.device, self.precision = device, precision
+        self.grad_accum, self.grad_clip, self.masks = grad_accum, grad_clip, masks
+        self.scaler = torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
+        self.steps_taken = 0  # by this object; the trainer sets it when it resumes
+
+    def __call__(self, next_batch: Callable[[], Batch], lr: float, clock=NO_CLOCK) -> StepResult:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = None
+        for micro in range(self.grad_accum):
+            with clock("data"):
+                x, y = (t.to(self.device, non_blocking=True) for t in next_batch())
+            with self.strategy.gradient_sync(micro == self.grad_accum - 1):
+                with clock("forward"), self.precision.autocast():
+                    _, loss = self.module(x, y)
+                    loss = loss / self.grad_accum
+                with clock("backward"):
+                    self.scaler.scale(loss).backward()
+            self.strategy.after_backward(time.perf_counter())
+            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+        with clock("optimizer"):
+            self.strategy.sync_gradients()
+            self.scaler.unscale_(self.optimizer)
+            if self.masks is not None:
+                self.masks.mask_gradients()
+            grad_norm = self.strategy.clip_grad_norm(self.grad_clip)
+            loss_mean = self.strategy.mean_over_data_parallel(loss_sum)
+            loss_value, norm_value = torch.stack([loss_mean.float(), grad_norm.float().to(self.device)]).tolist()
+            # Under fp16 the scaler skips steps with infinite gradients itself; anywhere else they are fatal.
+            if not math.isfinite(loss_value) or (not math.isfinite(norm_value) and not self.scaler.is_enabled()):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteStep(loss_value, norm_value, f"loss became {loss_value} (gradient norm "
+                                                            f"{norm_value}) at step {self.steps_taken + 1}, before its "
+                                                            f"update (not applied)")
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.masks is not None:
+                self.masks.apply()
+        self.steps_taken += 1
+        return StepResult(loss_value, norm_value)

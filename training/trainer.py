@@ -1,0 +1,213 @@
+"""The training loop: it reads like a table of contents and hands off to the step (training/step.py),
+the checkpointer (training/checkpoint.py), the evaluator and the metrics log (training/metrics.py)."""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from data.loader import WindowSampler, eval_batches
+from data.shards import load_split
+from model.artifact import load_model
+from model.config import GPTConfig, preset
+from model.evaluate import evaluate_loss
+from model.gpt import GPT
+from model.optim import build_optimizer, lr_at
+from parallel import CommsMeter, check_divisibility, parallelize, scaled_lr
+from runtime.device import is_out_of_memory, peak_memory_bytes, precision_policy
+from training.checkpoint import Checkpointer, is_training_checkpoint, resumed_config
+from training.config import TrainConfig, TrainingError
+from training.metrics import (NO_CLOCK, EvalRecord, MetricsLog, NullLog, ParallelRecord, PhaseClock, StepRecord,
+                              device_peak_flops, flops_per_token)
+from training.step import NonFiniteStep, TrainStep
+
+
+def build_model(cfg: TrainConfig) -> GPT:
+    """Random weights from the preset and seed, or the weights of --init-from with this run's dropout."""
+    if not cfg.init_from:
+        torch.manual_seed(cfg.seed)
+        return GPT(preset(cfg.model, dropout=cfg.dropout))
+    model, _ = load_model(cfg.init_from)
+    if not isinstance(model, GPT):
+        raise TrainingError(f"{cfg.init_from} is not a floating-point model; cannot train from it")
+    model.train()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = cfg.dropout
+    model.config.dropout = cfg.dropout
+    return model
+
+
+def training_block(cfg: TrainConfig, model_config: GPTConfig) -> int:
+    block = cfg.block_size or model_config.block_size
+    if block > model_config.block_size:
+        raise TrainingError(f"--block-size {block} is larger than the model's context of "
+                            f"{model_config.block_size}; use --block-size <= {model_config.block_size}")
+    return block
+
+
+class Trainer:
+    """One run, built from its config: the model parallelised, the data, the optimizer, the step, the
+    checkpointer and the metrics log; `fit` trains it."""
+
+    def __init__(self, cfg: TrainConfig, ctx):
+        self.ctx, self.device, self.out_dir = ctx, ctx.device, Path(cfg.out_dir)
+        if cfg.resume:
+            cfg = resumed_config(cfg, ctx.dp_size)
+        elif is_training_checkpoint(self.out_dir):
+            raise TrainingError(f"{self.out_dir} already holds a training run; pass --resume to continue it or "
+                                f"--out-dir to start a new one")
+        self.cfg = cfg
+        self.precision = precision_policy(self.device, cfg.precision)
+        self.say = print if ctx.is_writer else (lambda *a, **k: None)
+        model = build_model(cfg)
+        self.model_config, self.block = model.config, training_block(cfg, model.config)
+        check_divisibility(self.model_config, ctx, cfg.batch_size)
+        self.checkpointer = Checkpointer(self.out_dir, cfg)
+        if cfg.resume:
+            self.checkpointer.restore_weights(model)  # full weights first; every layout slices them the same way
+        model.to(self.device)
+        model.gradient_checkpointing = cfg.activation_checkpointing
+        self.n_params = model.num_parameters(padded_vocab=False)
+        self.meter = CommsMeter()
+        self.par = parallelize(model, ctx, self.meter, param_dtype=self.precision.autocast_dtype,
+                               cpu_offload=cfg.cpu_offload)
+        if self.par.note:
+            self.say(f"note: {self.par.note}")
+        self.train_tokens = load_split(cfg.dataset, "train")
+        self.val_tokens = load_split(cfg.dataset, "validation")
+        self.sampler = WindowSampler(self.train_tokens, self.block, cfg.batch_size, seed=cfg.seed,
+                                     dp_rank=ctx.dp_rank, dp_size=ctx.dp_size)
+        self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, device_type=self.device.type)
+        self.max_lr = scaled_lr(cfg.lr, self.sampler.global_batch, cfg.reference_batch or cfg.batch_size,
+                                cfg.scale_lr)
+        self.start_step = self.checkpointer.restore(self.par, self.optimizer, self.sampler) if cfg.resume else 0
+        if cfg.resume:
+            self.say(f"resumed {self.out_dir} at step {self.start_step}")
+        module = torch.compile(self.par.module) if cfg.compile else self.par.module
+        self.eval_module = self.par.eval_module if self.par.is_distributed else module
+        self.step = TrainStep(module, self.optimizer, self.par, self.device, self.precision, cfg.grad_accum,
+                              cfg.grad_clip)
+        self.step.steps_taken = self.start_step
+        self.tokens_per_step = self.sampler.global_batch * cfg.grad_accum * self.block
+        self.peak_flops = device_peak_flops(self.device, cfg.peak_flops)
+        self.flops_per_token = flops_per_token(self.model_config, self.n_params, self.block)
+        self.metrics = MetricsLog(self.out_dir / "metrics.jsonl") if ctx.is_writer else NullLog()
+        self.announce(model)
+
+    def announce(self, model: GPT) -> None:
+        cfg, ctx = self.cfg, self.ctx
+        self.say(f"model {cfg.init_from or cfg.model}: {self.n_params:,} parameters "
+                 f"({model.num_parameters():,} with the vocabulary padded to {self.model_config.padded_vocab_size}); "
+                 f"device {self.device}, precision {self.precision.autocast_dtype or torch.float32}, "
+                 f"{len(self.train_tokens):,} training tokens, {self.tokens_per_step:,} tokens per step")
+        if self.par.is_distributed:
+            self.say(f"parallel {cfg.parallel}: {ctx.world_size} ranks, dp {ctx.dp_size} x tp {ctx.tp_size}, "
+                     f"global batch {self.sampler.global_batch} ({cfg.batch_size} per dp rank), "
+                     f"peak lr {self.max_lr:.2e}")
+
+    def fit(self) -> EvalRecord:
+        """Train to --max-steps, checkpointing and validating on the way; returns the final validation."""
+        cfg = self.cfg
+        window_start, window_steps, excluded = time.perf_counter(), 0, 0.0
+        step = self.start_step
+        try:
+            for step in range(self.start_step, cfg.max_steps):
+                done = step + 1
+                logged = done % cfg.log_interval == 0 or done == cfg.max_steps
+                clock = PhaseClock(self.device) if logged else NO_CLOCK  # synchronising costs GPU throughput
+                lr = lr_at(step, self.max_lr, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
+                started = time.perf_counter()
+                result = self.step(self.sampler.next_batch, lr, clock)
+                window_steps += 1
+                if logged:
+                    clock.seconds["other"] = max(0.0, time.perf_counter() - started - sum(clock.seconds.values()))
+                    self.log_step(done, lr, result, clock,
+                                  time.perf_counter() - window_start - excluded, window_steps)
+                    window_start, window_steps, excluded = time.perf_counter(), 0, 0.0
+                t0 = time.perf_counter()  # evaluation and checkpointing are kept out of tokens/s
+                if done % cfg.eval_interval == 0 and done != cfg.max_steps:
+                    self.evaluate(done, cfg.eval_batches)
+                if done % cfg.checkpoint_every == 0 or done == cfg.max_steps:
+                    self.save_checkpoint(done)
+                excluded += time.perf_counter() - t0
+        except KeyboardInterrupt:
+            print(f"\ninterrupted at step {step}; {self.checkpointer.describe_last_good()} "
+                  f"(continue with --resume)", file=sys.stderr)
+            raise SystemExit(130)
+        except NonFiniteStep as e:
+            raise TrainingError(f"{e}; stopping. "
+                                f"{self.checkpointer.describe_last_good().capitalize()}. Try a lower --lr or "
+                                f"--grad-clip, or fp32 precision.") from e
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            if not is_out_of_memory(e):
+                raise
+            raise TrainingError(f"batch {cfg.batch_size} x block {self.block} does not fit in {self.device} memory; "
+                                f"lower --batch-size (and raise --grad-accum to keep the batch) or use "
+                                f"--activation-checkpointing") from e
+        return self.evaluate(cfg.max_steps, cfg.final_eval_batches)
+
+    def save_checkpoint(self, step: int) -> None:
+        """Only weights that still give a finite loss are saved: a finite but exploded update (a huge
+        --lr) would otherwise become "the last good checkpoint" and only fail at the next step."""
+        with self.meter.paused():
+            probe = evaluate_loss(self.eval_module, eval_batches(self.val_tokens, self.block,
+                                                                 self.sampler.global_batch, 1),
+                                  self.device, self.precision.autocast)["val_loss"]
+            if not math.isfinite(probe):
+                raise NonFiniteStep(probe, float("nan"), f"validation loss became {probe} after the update of "
+                                                         f"step {step}, so that state is not saved")
+            self.checkpointer.save(self.par, step, self.model_config, self.optimizer, self.sampler)
+
+    def evaluate(self, step: int, max_batches: int | None) -> EvalRecord:
+        t0 = time.perf_counter()
+        with self.meter.paused():
+            batches = eval_batches(self.val_tokens, self.block, self.sampler.global_batch, max_batches)
+            result = evaluate_loss(self.eval_module, batches, self.device, self.precision.autocast)
+        record = EvalRecord(step, **result, eval_full_split=max_batches is None, eval_s=time.perf_counter() - t0,
+                            peak_memory_bytes=peak_memory_bytes(self.device))
+        self.metrics.write(record)
+        self.say(f"step {step}: val_loss {record.val_loss:.4f} (ppl {record.val_ppl:.1f}, "
+                 f"{record.val_tokens:,} tokens{', whole split' if max_batches is None else ''})")
+        return record
+
+    def log_step(self, done: int, lr: float, result, clock: PhaseClock, elapsed: float, steps: int) -> None:
+        tokens_per_s = self.tokens_per_step * steps / elapsed
+        per_device = tokens_per_s / self.ctx.world_size
+        record = StepRecord(done, result.loss, lr, result.grad_norm, tokens_per_s, per_device,
+                            per_device * self.flops_per_token / self.peak_flops if self.peak_flops else None,
+                            {phase: round(clock.seconds.get(phase, 0.0), 4) for phase in PHASES_OF_A_STEP},
+                            peak_memory_bytes(self.device),
+                            self.parallel_record(elapsed, steps) if self.par.is_distributed else None)
+        self.metrics.write(record)
+        self.meter.reset()
+        mfu = f", MFU {record.mfu:.1%}" if record.mfu is not None else ""
+        comm = f", comm {record.parallel.comm_share:.0%}" if record.parallel else ""
+        self.say(f"step {done}/{self.cfg.max_steps}: loss {result.loss:.4f}, lr {lr:.2e}, "
+                 f"{tokens_per_s:,.0f} tokens/s{mfu}{comm}")
+
+    def parallel_record(self, elapsed: float, steps: int) -> ParallelRecord:
+        cfg, ctx, snap = self.cfg, self.ctx, self.meter.snapshot()
+        activation_bytes = (self.precision.autocast_dtype or torch.float32).itemsize
+        theory = self.par.theoretical_bytes(cfg.batch_size, self.block, cfg.grad_accum, activation_bytes)
+        exposed = snap["exposed_comm_s"] if self.par.comm_time_is_exposed_wait else snap["comm_s"]
+        peaks = [peak_memory_bytes(self.device)] * ctx.world_size
+        if ctx.world_size > 1:
+            dist.all_gather_object(peaks, peaks[0])
+        sent = sum(snap["sent_bytes"].values())
+        return ParallelRecord(
+            comm_s=snap["comm_s"] / steps, exposed_comm_s=exposed / steps, compute_s=(elapsed - exposed) / steps,
+            comm_share=exposed / elapsed, comm_bytes={k: v / steps for k, v in snap["payload_bytes"].items()},
+            comm_sent_bytes={k: v / steps for k, v in snap["sent_bytes"].items()},
+            comm_sent_bytes_theory=theory["sent_bytes"],
+            bandwidth_bytes_per_s=sent / snap["comm_s"] if snap["comm_s"] else None,
+            peak_memory_bytes_per_rank=peaks, state_bytes_this_rank=self.par.local_state_bytes(self.optimizer),
+            world_size=ctx.world_size, dp_size=ctx.dp_size, tp_size=ctx.tp_size)
+
+
+# A step's phases (evaluation is timed in its own records).
+PHASES_OF_A_STEP = ("data", "forward", "backward", "optimizer", "other")
