@@ -16,7 +16,9 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls, help_texts: dict[st
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         help_text = (help_texts or {}).get(f.name, f.metadata.get("help", ""))
         help_text = f"{help_text} (default: {default})".strip()
-        if kind is bool:
+        if f.metadata.get("positional"):  # a list of operands, e.g. run folders
+            parser.add_argument(f.name, nargs="*", type=typing.get_args(kind)[0], default=default, help=help_text)
+        elif kind is bool:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
                                 help=help_text)
         else:

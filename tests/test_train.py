@@ -5,6 +5,7 @@ import torch
 
 import model.gpt
 import train
+from bench.plot_runs import main as plot_runs_main
 from data.loader import WindowSampler
 from model.artifact import STAGING_DIR, load_model, roll_forward, save_artifact
 from runtime.provenance import provenance
@@ -22,7 +23,7 @@ def losses(out_dir) -> dict[int, float]:
 
 def test_loss_falls_and_metrics_are_logged(tmp_path):
     out = tmp_path / "run"
-    summary = train.train(TrainConfig(**FAST, max_steps=40, eval_interval=20, out_dir=str(out)))
+    summary = train.train(TrainConfig(**FAST, max_steps=40, eval_interval=20, out_dir=str(out), tensorboard=True))
     curve = losses(out)
     assert curve[1] > 10.0 and curve[40] < 7.5
     records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
@@ -32,6 +33,21 @@ def test_loss_falls_and_metrics_are_logged(tmp_path):
     evals = [r for r in records if "val_loss" in r]
     assert [r["step"] for r in evals] == [20, 40] and evals[-1]["eval_full_split"]
     assert summary.val_loss == evals[-1]["val_loss"] < 8.0
+    assert evals[-1]["tokens"] == 40 * 4 * 64
+
+    # The pictures: curves.png kept by the run, several runs overlaid by bench.plot_runs.
+    assert (out / "curves.png").read_bytes().startswith(b"\x89PNG")
+    overlay = tmp_path / "overlay.png"
+    plot_runs_main([str(out), str(out), "--labels", "a,b", "--out", str(overlay)])
+    assert overlay.read_bytes().startswith(b"\x89PNG")
+
+    # TensorBoard holds the same scalars.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(out / "tb"))
+    events.Reload()
+    train_loss = {e.step: e.value for e in events.Scalars("train/loss")}
+    assert train_loss[40] == pytest.approx(curve[40], rel=1e-6)
+    assert [e.step for e in events.Scalars("validation/loss")] == [20, 40]
 
 
 def test_resume_after_interrupt_equals_uninterrupted_run(tmp_path, monkeypatch):

@@ -28,7 +28,7 @@ OPTIMIZER_FILE = f"{TRAINING_STATE}/optimizer.pt"
 # Settings that may differ when a run is resumed; everything else comes from the checkpoint.
 RESUMABLE_OVERRIDES = ("max_steps", "eval_interval", "eval_batches", "log_interval", "checkpoint_interval",
                        "device", "compile", "out_dir", "resume", "peak_flops", "parallel", "tp_size",
-                       "cpu_offload", "dist_timeout_s", "final_eval_batches")
+                       "cpu_offload", "dist_timeout_s", "final_eval_batches", "tensorboard")
 
 
 def is_training_checkpoint(folder: str | Path) -> bool:

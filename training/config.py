@@ -66,6 +66,8 @@ class TrainConfig:
     dist_timeout_s: float = option(300.0, "collective timeout: if a rank dies or hangs, the others stop after "
                                           "this many seconds")
     final_eval_batches: int | None = option(None, "batches in the final validation (default: the whole split)")
+    tensorboard: bool = option(False, "also write the metrics as TensorBoard event files under OUT/tb/ (needs the "
+                                      "tensorboard package)")
     peak_flops: float | None = option(None, "one device's peak FLOP/s for MFU (default: a table of known GPUs; "
                                             "none on CPU)")
 

@@ -13,7 +13,10 @@ import torch
 
 from model.config import GPTConfig
 from runtime.device import synchronize
+from runtime.errors import UserError
+from training.curves import CURVES_FILE, METRICS_FILE, plot_runs
 
+TENSORBOARD_DIR = "tb"
 # Every phase of a training step, in the order they happen; train.py, the pruning fine-tunes and the
 # benchmarks all use these names.
 PHASES = ("data", "forward", "backward", "optimizer", "evaluation", "other")
@@ -93,6 +96,7 @@ class ParallelRecord:
 @dataclass
 class StepRecord:
     step: int
+    tokens: int  # seen since the run began, the whole job's
     loss: float
     lr: float
     grad_norm: float
@@ -112,6 +116,7 @@ class StepRecord:
 @dataclass
 class EvalRecord:
     step: int
+    tokens: int
     val_loss: float
     val_ppl: float
     val_tokens: int
@@ -124,16 +129,49 @@ class EvalRecord:
 
 
 class MetricsLog:
-    """`metrics.jsonl`, appended and flushed record by record (rank 0 only; other ranks get NullLog)."""
+    """A run's records: `metrics.jsonl` (appended and flushed record by record), `curves.png` redrawn at
+    every evaluation, and with `tensorboard` the same scalars as event files under `tb/`.  Rank 0 only;
+    the other ranks get NullLog."""
 
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self.file = open(path, "a")
+    def __init__(self, out_dir: Path, tensorboard: bool = False):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.out_dir = out_dir
+        self.file = open(out_dir / METRICS_FILE, "a")
+        self.tensorboard = TensorBoardLog(out_dir / TENSORBOARD_DIR) if tensorboard else None
 
     def write(self, record: StepRecord | EvalRecord) -> None:
         self.file.write(json.dumps(record.to_json()) + "\n")
         self.file.flush()
+        if self.tensorboard:
+            self.tensorboard.write(record)
+        if isinstance(record, EvalRecord):
+            plot_runs([self.out_dir], self.out_dir / CURVES_FILE)
+
+
+class TensorBoardLog:
+    """The scalars of each record as TensorBoard events, against the step."""
+    SCALARS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm",
+               "tokens_per_s": "train/tokens_per_s", "mfu": "train/mfu", "val_loss": "validation/loss",
+               "val_ppl": "validation/perplexity"}
+
+    def __init__(self, folder: Path):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as e:  # torch imports tensorboard only here; it is an optional dependency
+            raise TensorBoardMissing("--tensorboard needs the tensorboard package: pip install tensorboard "
+                                     "(or drop --tensorboard)") from e
+        self.writer = SummaryWriter(str(folder))
+
+    def write(self, record: StepRecord | EvalRecord) -> None:
+        for key, tag in self.SCALARS.items():
+            value = getattr(record, key, None)
+            if value is not None:
+                self.writer.add_scalar(tag, value, record.step)
+        self.writer.flush()
+
+
+class TensorBoardMissing(UserError):
+    pass
 
 
 class NullLog:

@@ -96,7 +96,7 @@ class Trainer:
         self.tokens_per_step = self.sampler.global_batch * cfg.grad_accum * self.block
         self.peak_flops = device_peak_flops(self.device, cfg.peak_flops)
         self.flops_per_token = flops_per_token(self.model_config, self.n_params, self.block)
-        self.metrics = MetricsLog(self.out_dir / "metrics.jsonl") if ctx.is_writer else NullLog()
+        self.metrics = MetricsLog(self.out_dir, cfg.tensorboard) if ctx.is_writer else NullLog()
         self.announce(model)
 
     def announce(self, model: GPT) -> None:
@@ -168,7 +168,7 @@ class Trainer:
         with self.meter.paused():
             batches = eval_batches(self.val_tokens, self.block, self.sampler.global_batch, max_batches)
             result = evaluate_loss(self.eval_module, batches, self.device, self.precision.autocast)
-        record = EvalRecord(step, **result, eval_full_split=max_batches is None, eval_s=time.perf_counter() - t0,
+        record = EvalRecord(step, step * self.tokens_per_step, **result, eval_full_split=max_batches is None, eval_s=time.perf_counter() - t0,
                             peak_memory_bytes=peak_memory_bytes(self.device))
         self.metrics.write(record)
         self.say(f"step {step}: val_loss {record.val_loss:.4f} (ppl {record.val_ppl:.1f}, "
@@ -178,7 +178,7 @@ class Trainer:
     def log_step(self, done: int, lr: float, result, clock: PhaseClock, elapsed: float, steps: int) -> None:
         tokens_per_s = self.tokens_per_step * steps / elapsed
         per_device = tokens_per_s / self.ctx.world_size
-        record = StepRecord(done, result.loss, lr, result.grad_norm, tokens_per_s, per_device,
+        record = StepRecord(done, done * self.tokens_per_step, result.loss, lr, result.grad_norm, tokens_per_s, per_device,
                             per_device * self.flops_per_token / self.peak_flops if self.peak_flops else None,
                             {phase: round(clock.seconds.get(phase, 0.0), 4) for phase in PHASES_OF_A_STEP},
                             peak_memory_bytes(self.device),

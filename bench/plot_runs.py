@@ -1,0 +1,50 @@
+"""Overlay the training curves of several runs in one picture (loss against tokens seen, learning rate,
+tokens/s), e.g. ddp against fsdp against tp, or a run before and after pruning's fine-tune.
+
+    python -m bench.plot_runs out/ddp out/fsdp out/tp --out out/compare.png
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+from runtime.cli import parse_config
+from runtime.errors import UserError
+from training.curves import plot_runs, read_metrics
+
+
+class PlotError(UserError):
+    pass
+
+
+@dataclass
+class PlotConfig:
+    runs: list[str] = field(default_factory=list, metadata={"help": "train.py run folders (holding metrics.jsonl)",
+                                                             "positional": True})
+    out: str = field(default="curves.png", metadata={"help": "the PNG to write"})
+    labels: str | None = field(default=None, metadata={"help": "comma-separated legend names (default: the "
+                                                                  "folders' names)"})
+
+    def __post_init__(self):
+        if not self.runs:
+            raise PlotError("name at least one run folder: python -m bench.plot_runs RUN [RUN ...]")
+        if self.labels is not None and len(self.labels.split(",")) != len(self.runs):
+            raise PlotError(f"--labels names {len(self.labels.split(','))} runs but {len(self.runs)} were given")
+
+
+def main(argv=None) -> None:
+    try:
+        cfg = parse_config(PlotConfig, __doc__, argv)
+        for run in cfg.runs:
+            try:
+                read_metrics(run)
+            except FileNotFoundError as e:
+                raise PlotError(str(e)) from e
+        out = plot_runs(cfg.runs, cfg.out, cfg.labels.split(",") if cfg.labels else None)
+    except UserError as e:
+        sys.exit(f"error: {e}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
