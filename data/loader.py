@@ -88,3 +88,35 @@ def eval_batches(tokens: np.ndarray, block_size: int, batch_size: int,
             x[i, :length] = torch.from_numpy(tokens[start:start + length].astype(np.int64))
             y[i, :length] = torch.from_numpy(tokens[start + 1:start + 1 + length].astype(np.int64))
         yield x, y
+
+
+def sliding_windows(tokens: np.ndarray, context: int, stride: int,
+                    batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The sliding-window protocol of transformers' perplexity guide, with every target scored once.
+
+    Window k scores the `stride` targets after position k*stride; its input reaches back up to
+    `context` tokens, so every target but those in the first window sees at least
+    `context - stride + 1` tokens before it.  Targets already scored by an earlier window are -1
+    (ignored).  `stride == context` is the non-overlapping protocol.  Short final rows are padded
+    on the right (the model is causal, so padding never changes a scored position).
+    """
+    if not 0 < stride <= context:
+        raise ValueError(f"the stride must be in 1..{context} (the context), got {stride}")
+    n = len(tokens)
+    rows = []
+    for first_target in range(1, n, stride):
+        end = min(first_target + stride, n)  # targets first_target .. end-1
+        start = max(0, end - 1 - context)  # inputs start .. end-2
+        rows.append((start, first_target, end))
+    for i in range(0, len(rows), batch_size):
+        chunk = rows[i:i + batch_size]
+        width = max(end - 1 - start for start, _, end in chunk)
+        x = torch.zeros(len(chunk), width, dtype=torch.int64)
+        y = torch.full((len(chunk), width), -1, dtype=torch.int64)
+        for r, (start, first_target, end) in enumerate(chunk):
+            length = end - 1 - start
+            x[r, :length] = torch.from_numpy(tokens[start:end - 1].astype(np.int64))
+            targets = torch.from_numpy(tokens[start + 1:end].astype(np.int64))
+            targets[:first_target - start - 1] = -1  # scored by the previous window
+            y[r, :length] = targets
+        yield x, y

@@ -1,0 +1,139 @@
+"""Perplexity of any model over a whole split, with both protocols of transformers' perplexity guide.
+
+    python bench/perplexity.py --checkpoint out/demo/train --dataset builtin --split validation
+    python bench/perplexity.py --checkpoint /path/to/gpt2 --dataset ../shared/data/wikitext-103-raw --split test
+
+Non-overlapping windows restart the context every `context` tokens; the sliding window advances by
+`--stride` (default 512) and scores each token once with up to a full context before it, which lowers
+the perplexity.  Every token of the split after the first is scored exactly once in both.  The split is
+the raw text, documents joined with end-of-text, as train.py sees it (see README: the GPT-2 paper's
+figures were taken on detokenized text).
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from data.corpus import DATASET_NAMES
+from data.loader import sliding_windows
+from data.shards import load_split
+from data.tokenizer import get_tokenizer
+from model.artifact import load_model
+from runtime.cli import parse_config
+from runtime.device import choose_device
+from runtime.errors import UserError
+
+
+class PerplexityError(UserError):
+    pass
+
+
+@dataclass
+class PerplexityConfig:
+    checkpoint: str = field(default="out/demo/train", metadata={"help": "artifact folder (float, pruned, int8) "
+                                                                         "or Hugging Face GPT-2 folder"})
+    dataset: str = field(default="builtin", metadata={"help": f"{', '.join(DATASET_NAMES)}, or a local folder "
+                                                                f"with wiki.*.raw or hub-layout parquet files"})
+    split: str = field(default="validation", metadata={"help": "which split", "choices": ("validation", "test")})
+    context: int | None = field(default=None, metadata={"help": "tokens of context per window (default: the "
+                                                                   "model's block size)"})
+    stride: int = field(default=512, metadata={"help": "sliding-window step; each window scores this many new "
+                                                        "tokens (capped at the context)"})
+    batch_size: int = field(default=8, metadata={"help": "windows per forward pass"})
+    max_tokens: int | None = field(default=None, metadata={"help": "score only the split's first N tokens "
+                                                                      "(default: all)"})
+    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda, ..."})
+    out: str | None = field(default=None, metadata={"help": "also write the result as JSON here"})
+
+    def __post_init__(self):
+        for name in ("stride", "batch_size"):
+            if getattr(self, name) <= 0:
+                raise PerplexityError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        for name in ("context", "max_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 2:
+                raise PerplexityError(f"--{name.replace('_', '-')} must be at least 2, got {getattr(self, name)}")
+
+
+@dataclass
+class ProtocolResult:
+    protocol: str
+    context: int
+    stride: int
+    loss: float  # mean cross-entropy, nats per token
+    perplexity: float
+    scored_tokens: int
+    bits_per_byte: float
+    seconds: float
+
+
+@torch.no_grad()
+def score(model: torch.nn.Module, tokens, context: int, stride: int, batch_size: int,
+          device: torch.device, desc: str) -> tuple[float, int]:
+    """(summed negative log-likelihood in nats, scored tokens) over `tokens`."""
+    total, count = 0.0, 0
+    n_windows = math.ceil((len(tokens) - 1) / stride)
+    with tqdm(total=n_windows, desc=desc, unit="window", leave=False) as bar:
+        for x, y in sliding_windows(tokens, context, stride, batch_size):
+            x, y = x.to(device), y.to(device)
+            logits, _ = model(x)
+            nll = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-1,
+                                                    reduction="sum")
+            total += float(nll)
+            count += int((y != -1).sum())
+            bar.update(len(x))
+    return total, count
+
+
+def measure(model, tokens, context: int, stride: int, batch_size: int, device, n_bytes: int) -> ProtocolResult:
+    protocol = "non-overlapping" if stride == context else "sliding"
+    t0 = time.perf_counter()
+    nll, count = score(model, tokens, context, stride, batch_size, device, protocol)
+    loss = nll / count
+    return ProtocolResult(protocol, context, stride, loss, math.exp(loss), count, nll / math.log(2) / n_bytes,
+                          time.perf_counter() - t0)
+
+
+def run(cfg: PerplexityConfig) -> dict:
+    device = choose_device(cfg.device)
+    model, meta = load_model(cfg.checkpoint, device)
+    context = cfg.context or model.config.block_size
+    if context > model.config.block_size:
+        raise PerplexityError(f"--context {context} exceeds the model's {model.config.block_size} positions")
+    tokens = load_split(cfg.dataset, cfg.split)
+    if cfg.max_tokens:
+        tokens = tokens[:cfg.max_tokens]
+    n_bytes = len(get_tokenizer().decode_bytes(tokens[1:].tolist()))  # the scored text, in UTF-8 bytes
+    protocols = [measure(model, tokens, context, context, cfg.batch_size, device, n_bytes)]
+    if min(cfg.stride, context) < context:
+        protocols.append(measure(model, tokens, context, cfg.stride, cfg.batch_size, device, n_bytes))
+    return {"checkpoint": str(cfg.checkpoint), "artifact": meta.get("artifact"), "dataset": cfg.dataset,
+            "split": cfg.split, "tokens": len(tokens), "bytes": n_bytes, "bytes_per_token": n_bytes / (len(tokens) - 1),
+            "protocols": [asdict(p) for p in protocols]}
+
+
+def main(argv=None) -> None:
+    try:
+        cfg = parse_config(PerplexityConfig, __doc__, argv)
+        result = run(cfg)
+    except UserError as e:
+        sys.exit(f"error: {e}")
+    print(f"{result['checkpoint']} on {result['dataset']} {result['split']}: {result['tokens']:,} tokens, "
+          f"{result['bytes_per_token']:.2f} bytes per token")
+    for p in result["protocols"]:
+        print(f"  {p['protocol']:>15} (context {p['context']}, stride {p['stride']}): loss {p['loss']:.4f}, "
+              f"perplexity {p['perplexity']:.2f}, {p['bits_per_byte']:.4f} bits/byte, {p['scored_tokens']:,} tokens "
+              f"scored, {p['seconds']:.1f} s")
+    if cfg.out:
+        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
