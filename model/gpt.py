@@ -152,10 +152,14 @@ class GPT(nn.Module):
         final position only, which is all that sampling needs.
         """
         x = self.hidden_states(idx, cache, positions, key_mask, last_only)
-        logits = self.lm_head(x)[..., : self.config.vocab_size]
+        padded = self.lm_head(x)
+        logits = padded[..., : self.config.vocab_size]  # a view: the padded columns are never sampled
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        # The loss runs over the padded width with the padding at -inf (no probability, no gradient):
+        # the same value as over the real vocabulary, without copying the (B, T, vocab) logits to slice them.
+        padded[..., self.config.vocab_size:] = float("-inf")
+        loss = F.cross_entropy(padded.reshape(-1, padded.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
     def hidden_states(self, idx, cache: KVCache | None = None, positions: torch.Tensor | None = None,
