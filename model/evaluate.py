@@ -18,7 +18,7 @@ def evaluate_loss(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, 
     for x, y in batches:
         x, y = x.to(device), y.to(device)
         with autocast() if autocast else contextlib.nullcontext():
-            _, loss = model(x, y)
+            loss = model(x, y)[1]  # the logits are dropped before the next batch makes its own
         n = int((y != -1).sum())
         total += float(loss) * n
         count += n

@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from model.config import GPTConfig
+from model.head_loss import head_cross_entropy, padded_cross_entropy
 
 
 class Linear(nn.Linear):
@@ -144,7 +145,7 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, cache: KVCache | None = None,
                 positions: torch.Tensor | None = None, key_mask: torch.Tensor | None = None,
                 last_only: bool = False):
-        """Logits (and the mean cross-entropy when `targets` is given).
+        """Logits (and the mean cross-entropy when `targets` is given; while training, the loss alone).
 
         `cache` continues a sequence from `cache.length`; `positions` (B, T) and
         `key_mask` (B, keys: True where a key may be attended) serve left-padded
@@ -152,15 +153,21 @@ class GPT(nn.Module):
         final position only, which is all that sampling needs.
         """
         x = self.hidden_states(idx, cache, positions, key_mask, last_only)
+        if targets is not None and self.training and torch.is_grad_enabled() and type(self.lm_head) is Linear:
+            # Training: the head and the loss fused (model/head_loss.py); no logits are kept or returned.
+            return None, head_cross_entropy(x, self.lm_head.weight, targets, self.config.vocab_size)
         padded = self.lm_head(x)
-        logits = padded[..., : self.config.vocab_size]  # a view: the padded columns are never sampled
+        vocab = self.config.vocab_size
         if targets is None:
-            return logits, None
-        # The loss runs over the padded width with the padding at -inf (no probability, no gradient):
-        # the same value as over the real vocabulary, without copying the (B, T, vocab) logits to slice them.
-        padded[..., self.config.vocab_size:] = float("-inf")
+            return padded[..., :vocab], None  # a view: the padding is never sampled
+        if not torch.is_grad_enabled():  # evaluation: chunked, no logits-sized temporaries
+            return padded[..., :vocab], padded_cross_entropy(padded, targets, vocab)
+        # The padding at -inf (no probability, no gradient) gives the loss over the real vocabulary without
+        # copying the logits to slice them.  (The view is taken after the in-place write: FSDP2 crashes on
+        # a view whose base was modified after it was made.)
+        padded[..., vocab:] = float("-inf")
         loss = F.cross_entropy(padded.reshape(-1, padded.size(-1)), targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+        return padded[..., :vocab], loss
 
     def hidden_states(self, idx, cache: KVCache | None = None, positions: torch.Tensor | None = None,
                       key_mask: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:

@@ -13,6 +13,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from model.gpt import GPT
@@ -38,6 +39,14 @@ class ParallelModel:
     @property
     def comm_time_is_exposed_wait(self) -> bool:
         return self.data_parallel in ("ddp", "allreduce", "gather-scatter")
+
+    def after_evaluation(self) -> None:
+        """FSDP2 leaves the root's parameters gathered after a forward without backward; put the shards
+        back, so the parameters are again the ones the optimizer holds."""
+        if self.data_parallel == "fsdp":
+            for module in self.module.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
 
     # --- the training step ---------------------------------------------------------------------
     def gradient_sync(self, sync: bool):
@@ -71,7 +80,8 @@ class ParallelModel:
         """Global gradient norm and clipping: tensor-parallel shards summed over the tp group,
         replicated parameters counted once, FSDP shards summed over the dp group."""
         if not self.layout:
-            return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+            return norm.full_tensor() if isinstance(norm, DTensor) else norm
         device = self.ctx.device
         sharded, replicated = torch.zeros((), device=device), torch.zeros((), device=device)
         grads = []

@@ -121,3 +121,31 @@ def test_activation_checkpointing_gives_the_same_gradients():
         model(idx, targets)[1].backward()
     for (name, a), b in zip(plain.named_parameters(), checkpointed.parameters()):
         torch.testing.assert_close(a.grad, b.grad, msg=name)
+
+
+def test_fused_head_loss_equals_the_plain_head_and_cross_entropy():
+    """Training's fused head + loss and evaluation's chunked loss give the plain path's loss and gradients,
+    over the real vocabulary only (the padded columns get no probability and no gradient)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=128))  # vocabulary padded to 50304
+    idx = torch.randint(0, 50257, (3, 100))  # 300 rows: the last chunk of 256 is partial
+    targets = torch.randint(0, 50257, (3, 100))
+    targets[0, :7] = -1
+
+    def plain():
+        logits = model.lm_head(model.hidden_states(idx))[..., :50257]
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, 50257), targets.reshape(-1), ignore_index=-1)
+
+    model.train()
+    expected = plain()
+    expected.backward()
+    expected_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    logits, fused = model(idx, targets)
+    fused.backward()
+    assert logits is None and fused.item() == pytest.approx(expected.item(), rel=1e-6)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected_grads[name], rtol=1e-4, atol=1e-7)
+    assert p.grad is not None and not model.transformer.wte.weight.grad[50257:].any()
+    with torch.no_grad():
+        assert model.eval()(idx, targets)[1].item() == pytest.approx(expected.item(), rel=1e-6)

@@ -122,7 +122,7 @@ class EvalRecord:
     val_tokens: int
     eval_full_split: bool
     eval_s: float
-    peak_memory_bytes: int
+    peak_memory_bytes_per_rank: list[int]
 
     def to_json(self) -> dict:
         return asdict(self)

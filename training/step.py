@@ -65,8 +65,9 @@ class TrainStep:
                 x, y = (t.to(self.device, non_blocking=True) for t in next_batch())
             with self.strategy.gradient_sync(micro == self.grad_accum - 1):
                 with clock("forward"), self.precision.autocast():
-                    _, loss = self.module(x, y)
-                    loss = loss / self.grad_accum
+                    # Only the loss is kept: holding the logits would keep a (batch, block, vocab) tensor
+                    # alive through backward.
+                    loss = self.module(x, y)[1] / self.grad_accum
                 with clock("backward"):
                     self.scaler.scale(loss).backward()
             self.strategy.after_backward(time.perf_counter())

@@ -155,9 +155,9 @@ class Trainer:
         """Only weights that still give a finite loss are saved: a finite but exploded update (a huge
         --lr) would otherwise become "the last good checkpoint" and only fail at the next step."""
         with self.meter.paused():
-            probe = evaluate_loss(self.eval_module, eval_batches(self.val_tokens, self.block,
-                                                                 self.sampler.global_batch, 1),
-                                  self.device, self.precision.autocast)["val_loss"]
+            first_batch = eval_batches(self.val_tokens, self.block, self.cfg.batch_size, 1)
+            probe = evaluate_loss(self.eval_module, first_batch, self.device, self.precision.autocast)["val_loss"]
+            self.par.after_evaluation()
             if not math.isfinite(probe):
                 raise NonFiniteStep(probe, float("nan"), f"validation loss became {probe} after the update of "
                                                          f"step {step}, so that state is not saved")
@@ -165,11 +165,16 @@ class Trainer:
 
     def evaluate(self, step: int, max_batches: int | None) -> EvalRecord:
         t0 = time.perf_counter()
+        # The windows of `max_batches` global batches, fed a rank's batch at a time: every rank runs the
+        # whole evaluation (FSDP needs them in step), so a global batch at once would multiply each rank's
+        # logits by the number of data-parallel ranks.
+        windows = None if max_batches is None else max_batches * self.ctx.dp_size
         with self.meter.paused():
-            batches = eval_batches(self.val_tokens, self.block, self.sampler.global_batch, max_batches)
+            batches = eval_batches(self.val_tokens, self.block, self.cfg.batch_size, windows)
             result = evaluate_loss(self.eval_module, batches, self.device, self.precision.autocast)
-        record = EvalRecord(step, step * self.tokens_per_step, **result, eval_full_split=max_batches is None, eval_s=time.perf_counter() - t0,
-                            peak_memory_bytes=peak_memory_bytes(self.device))
+            self.par.after_evaluation()
+        record = EvalRecord(step, step * self.tokens_per_step, **result, eval_full_split=max_batches is None,
+                            eval_s=time.perf_counter() - t0, peak_memory_bytes_per_rank=self.peak_memory_per_rank())
         self.metrics.write(record)
         self.say(f"step {step}: val_loss {record.val_loss:.4f} (ppl {record.val_ppl:.1f}, "
                  f"{record.val_tokens:,} tokens{', whole split' if max_batches is None else ''})")
@@ -178,7 +183,8 @@ class Trainer:
     def log_step(self, done: int, lr: float, result, clock: PhaseClock, elapsed: float, steps: int) -> None:
         tokens_per_s = self.tokens_per_step * steps / elapsed
         per_device = tokens_per_s / self.ctx.world_size
-        record = StepRecord(done, done * self.tokens_per_step, result.loss, lr, result.grad_norm, tokens_per_s, per_device,
+        record = StepRecord(done, done * self.tokens_per_step, result.loss, lr, result.grad_norm, tokens_per_s,
+                            per_device,
                             per_device * self.flops_per_token / self.peak_flops if self.peak_flops else None,
                             {phase: round(clock.seconds.get(phase, 0.0), 4) for phase in PHASES_OF_A_STEP},
                             peak_memory_bytes(self.device),
@@ -190,14 +196,18 @@ class Trainer:
         self.say(f"step {done}/{self.cfg.max_steps}: loss {result.loss:.4f}, lr {lr:.2e}, "
                  f"{tokens_per_s:,.0f} tokens/s{mfu}{comm}")
 
+    def peak_memory_per_rank(self) -> list[int]:
+        peaks = [peak_memory_bytes(self.device)] * self.ctx.world_size
+        if self.ctx.world_size > 1:
+            dist.all_gather_object(peaks, peaks[0])
+        return peaks
+
     def parallel_record(self, elapsed: float, steps: int) -> ParallelRecord:
         cfg, ctx, snap = self.cfg, self.ctx, self.meter.snapshot()
         activation_bytes = (self.precision.autocast_dtype or torch.float32).itemsize
         theory = self.par.theoretical_bytes(cfg.batch_size, self.block, cfg.grad_accum, activation_bytes)
         exposed = snap["exposed_comm_s"] if self.par.comm_time_is_exposed_wait else snap["comm_s"]
-        peaks = [peak_memory_bytes(self.device)] * ctx.world_size
-        if ctx.world_size > 1:
-            dist.all_gather_object(peaks, peaks[0])
+        peaks = self.peak_memory_per_rank()
         sent = sum(snap["sent_bytes"].values())
         return ParallelRecord(
             comm_s=snap["comm_s"] / steps, exposed_comm_s=exposed / steps, compute_s=(elapsed - exposed) / steps,
