@@ -21,13 +21,13 @@ import sys
 import torch
 
 from bench.record import add_results_arg, plt, run_experiment, save_figure
-from bench.step import TrainStep, is_out_of_memory, release_memory
 from bench.timing import environment, summary, time_repeats
 from data.loader import WindowSampler
 from data.shards import load_split
 from model.config import PRESETS, preset
 from model.gpt import GPT
-from runtime.device import choose_device, peak_memory_bytes, precision_policy
+from runtime.device import choose_device, is_out_of_memory, peak_memory_bytes, precision_policy, release_memory
+from training.step import TrainStep
 
 NAME = "batch_sweep"
 
@@ -86,7 +86,7 @@ def sweep(args) -> dict:
         sys.exit(f"error: --block-size {block} exceeds the {args.model} context of {config.block_size}")
     torch.manual_seed(0)
     model = GPT(config).to(device)
-    step = TrainStep(model, device, precision)
+    step = TrainStep.single_device(model, device, precision)
     train_tokens = load_split(args.dataset, "train")
     rows, limit = [], None
     with memory_cap(device, args.memory_limit_gib) as cap:

@@ -41,6 +41,7 @@ from model.gpt import GPT
 from model.sampling import SamplingParams
 from parallel.distributed import MODES, MULTI_PROCESS_MODES
 from runtime.device import choose_device, peak_memory_bytes, precision_policy, synchronize
+from runtime.errors import UserError
 from runtime.provenance import provenance
 
 GENERATION_BATCHES = (1, 12)
@@ -58,7 +59,7 @@ UNITS = {
 }
 
 
-class LeaderboardError(ValueError):
+class LeaderboardError(UserError, ValueError):
     """Arguments that cannot work; printed without a traceback."""
 
 
@@ -284,7 +285,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     try:
         score = scorecard(args)
-    except (LeaderboardError, ArtifactError, DatasetError, TokenizerError) as e:
+    except UserError as e:
         sys.exit(f"error: {e}")
     text = json.dumps(score, indent=2)
     print(text)

@@ -18,7 +18,6 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench.record import add_results_arg, plt, run_experiment, save_figure
-from bench.step import PHASES, PhaseClock, TrainStep
 from bench.timing import environment
 from data.loader import WindowSampler, eval_batches
 from data.shards import load_split
@@ -26,6 +25,8 @@ from model.config import PRESETS, preset
 from model.evaluate import evaluate_loss
 from model.gpt import GPT
 from runtime.device import choose_device, precision_policy
+from training.metrics import PHASES, PhaseClock
+from training.step import TrainStep
 
 NAME = "phase_profile"
 
@@ -53,7 +54,7 @@ def measure(args) -> dict:
     block = args.block_size or config.block_size
     torch.manual_seed(0)
     model = GPT(config).to(device)
-    step = TrainStep(model, device, precision)
+    step = TrainStep.single_device(model, device, precision)
     sampler = WindowSampler(load_split(args.dataset, "train"), block, args.batch_size)
     val_tokens = load_split(args.dataset, "validation")
     step(sampler.next_batch)  # warm-up, untimed

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from runtime.errors import UserError
+
 SPLITS = ("train", "validation", "test")
 HUB_CONFIGS = {"wikitext-103": "wikitext-103-raw-v1", "wikitext-2": "wikitext-2-raw-v1"}
 HUB_REPO = "Salesforce/wikitext"
@@ -23,7 +25,7 @@ RAW_FILES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw", "test": 
 ARTICLE_HEADING = re.compile(r"^ = [^=].* = $")
 
 
-class DatasetError(RuntimeError):
+class DatasetError(UserError, ValueError):
     pass
 
 

@@ -13,12 +13,14 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from data.corpus import DatasetError
+
 
 class WindowSampler:
     def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int = 0,
                  dp_rank: int = 0, dp_size: int = 1):
         if len(tokens) < 2 * (block_size + 1):
-            raise ValueError(f"the split has {len(tokens)} tokens, too few for windows of {block_size + 1}; "
+            raise DatasetError(f"the split has {len(tokens)} tokens, too few for windows of {block_size + 1}; "
                              f"use a smaller --block-size or a larger dataset")
         self.tokens = tokens
         self.block_size = block_size
@@ -39,7 +41,7 @@ class WindowSampler:
         offset = int(rng.integers(0, span))
         starts = np.arange(offset, len(self.tokens) - span + 1, span)
         if len(starts) < self.global_batch:
-            raise ValueError(f"an epoch holds {len(starts)} windows, fewer than the global batch of "
+            raise DatasetError(f"an epoch holds {len(starts)} windows, fewer than the global batch of "
                              f"{self.global_batch}; lower --batch-size or --block-size")
         return starts[rng.permutation(len(starts))]
 
@@ -101,7 +103,7 @@ def sliding_windows(tokens: np.ndarray, context: int, stride: int,
     on the right (the model is causal, so padding never changes a scored position).
     """
     if not 0 < stride <= context:
-        raise ValueError(f"the stride must be in 1..{context} (the context), got {stride}")
+        raise DatasetError(f"the stride must be in 1..{context} (the context), got {stride}")
     n = len(tokens)
     rows = []
     for first_target in range(1, n, stride):

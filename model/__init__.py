@@ -1,4 +1,4 @@
-from model.config import GPTConfig, PRESETS, preset
+from model.config import PRESETS, GPTConfig, preset
 from model.gpt import GPT, KVCache
 
 __all__ = ["GPT", "GPTConfig", "KVCache", "PRESETS", "preset"]

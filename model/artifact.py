@@ -14,20 +14,19 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from model.config import GPTConfig
 from model.gpt import GPT
+from model.hf import load_hf_gpt2
+from model.int8 import build_int8_model
+from model.weights import ArtifactError, load_weights, read_safetensors
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 STAGING_DIR = ".staging"
 DEFAULT_OUT_ROOT = Path("out")
 ARTIFACT_KINDS = ("float", "pruned", "int8")
-
-
-class ArtifactError(ValueError):
-    """A folder that is missing, incomplete or not an artifact this project can load."""
 
 
 def write_folder_atomically(folder: str | Path, writers: dict[str, Callable[[Path], None]]) -> None:
@@ -110,7 +109,6 @@ def load_model(folder: str | Path, device: str | torch.device = "cpu") -> tuple[
     folder = Path(folder)
     meta = read_config(folder)
     if "model_type" in meta:  # a Hugging Face folder
-        from model.hf import load_hf_gpt2
         model = load_hf_gpt2(folder)
         meta = {"artifact": "float", "model": model.config.to_dict(), "produced_by": {"tool": "huggingface"}}
         return model.to(device).eval(), meta
@@ -118,35 +116,14 @@ def load_model(folder: str | Path, device: str | torch.device = "cpu") -> tuple[
     if kind not in ARTIFACT_KINDS:
         raise ArtifactError(f"{folder / CONFIG_FILE} names artifact kind {kind!r}; expected one of {ARTIFACT_KINDS}")
     config = GPTConfig.from_dict(meta["model"])
-    weights = folder / WEIGHTS_FILE
-    if not weights.exists():
-        raise ArtifactError(f"{folder} has no {WEIGHTS_FILE}; the checkpoint is incomplete")
-    try:
-        state = load_file(str(weights))
-    except Exception as e:  # safetensors raises several types for damaged files
-        raise ArtifactError(f"could not read {weights}: {e}; the file is damaged, re-create it") from e
+    state = read_safetensors(folder / WEIGHTS_FILE)
     if kind == "int8":
-        from model.int8 import build_int8_model
         model = build_int8_model(config, state, meta)
     else:
         with torch.device("meta"):
             model = GPT(config)
         load_weights(model, state)
     return model.to(device).eval(), meta
-
-
-def load_weights(model: GPT, state: dict[str, torch.Tensor]) -> None:
-    """Load stored weights into `model` (on any device, including meta), re-tying the output head."""
-    expected = {k for k in model.state_dict() if k != "lm_head.weight"}
-    missing, unexpected = expected - set(state), set(state) - expected
-    if missing or unexpected:
-        raise ArtifactError(f"weights do not match the config: missing {sorted(missing)[:5]}, "
-                            f"unexpected {sorted(unexpected)[:5]}")
-    model.load_state_dict(state, strict=False, assign=True)
-    model.lm_head.weight = model.transformer.wte.weight
-    for name, buf in model.named_buffers():
-        if buf.is_meta:
-            raise ArtifactError(f"buffer {name} was not restored")
 
 
 def find_latest_artifact(root: str | Path = DEFAULT_OUT_ROOT, accept: Callable[[dict], bool] | None = None,

@@ -9,9 +9,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from runtime.errors import UserError
+
 GPT2_VOCAB_SIZE = 50257
 EOT_TOKEN = 50256
 
+
+
+class ConfigError(UserError, ValueError):
+    """A model configuration that cannot be built; the message names the field."""
 
 @dataclass
 class GPTConfig:
@@ -33,11 +39,11 @@ class GPTConfig:
 
     def __post_init__(self):
         if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+            raise ConfigError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         for name in ("mlp_hidden", "n_head_per_layer"):
             widths = getattr(self, name)
             if widths is not None and len(widths) != self.n_layer:
-                raise ValueError(f"{name} has {len(widths)} entries but the model has {self.n_layer} layers")
+                raise ConfigError(f"{name} has {len(widths)} entries but the model has {self.n_layer} layers")
 
     @property
     def head_dim(self) -> int:
@@ -62,7 +68,7 @@ class GPTConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"unknown model config keys {sorted(unknown)}; known keys are {sorted(known)}")
+            raise ConfigError(f"unknown model config keys {sorted(unknown)}; known keys are {sorted(known)}")
         return cls(**d)
 
 
@@ -80,5 +86,5 @@ PRESETS: dict[str, dict] = {
 
 def preset(name: str, **overrides) -> GPTConfig:
     if name not in PRESETS:
-        raise ValueError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}")
+        raise ConfigError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}")
     return GPTConfig(**{**PRESETS[name], **overrides})

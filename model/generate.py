@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from model.config import EOT_TOKEN
-from model.gpt import GPT, KVCache
+from model.gpt import GPT, ContextOverflow, KVCache
 from model.sampling import SamplingParams, row_generators, sample_rows
 
 
@@ -21,7 +21,7 @@ def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: b
     B, T = idx.shape
     block_size = model.config.block_size
     if T + params.max_new_tokens > block_size:
-        raise ValueError(f"prompt of {T} tokens + {params.max_new_tokens} new tokens exceeds the "
+        raise ContextOverflow(f"prompt of {T} tokens + {params.max_new_tokens} new tokens exceeds the "
                          f"model's context of {block_size}")
     generators = row_generators(params.seed, B, idx.device)
     dtype = next(model.parameters()).dtype

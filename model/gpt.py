@@ -14,6 +14,11 @@ import torch.nn.functional as F
 
 from model.config import GPTConfig
 from model.head_loss import head_cross_entropy, padded_cross_entropy
+from runtime.errors import UserError
+
+
+class ContextOverflow(UserError, ValueError):
+    """More positions than the model (or its KV cache) has."""
 
 
 class Linear(nn.Linear):
@@ -46,7 +51,7 @@ class KVCache:
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         end = self.length + k.size(2)
         if end > self.max_len:
-            raise ValueError(f"KV cache holds {self.max_len} positions; {end} requested")
+            raise ContextOverflow(f"KV cache holds {self.max_len} positions; {end} requested")
         self.k[layer][:, :, self.length:end] = k
         self.v[layer][:, :, self.length:end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
@@ -176,7 +181,7 @@ class GPT(nn.Module):
         start = cache.length if cache is not None else 0
         if positions is None:
             if start + T > self.config.block_size:
-                raise ValueError(f"sequence of {start + T} tokens exceeds block_size={self.config.block_size}")
+                raise ContextOverflow(f"sequence of {start + T} tokens exceeds block_size={self.config.block_size}")
             positions = torch.arange(start, start + T, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(positions))
         mask = self._attention_mask(B, T, start, key_mask, idx.device)

@@ -9,10 +9,11 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from model.config import GPTConfig
 from model.gpt import GPT
+from model.weights import ArtifactError, load_weights, read_safetensors
 
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 # Causal-mask buffers some transformers versions save (`h.0.attn.bias`); they are not weights.
@@ -21,9 +22,9 @@ IGNORED_BUFFERS = ("bias", "masked_bias")
 
 def config_from_hf(hf: dict) -> GPTConfig:
     if hf.get("model_type") != "gpt2":
-        raise ValueError(f"config.json has model_type {hf.get('model_type')!r}; only GPT-2 is supported")
+        raise ArtifactError(f"config.json has model_type {hf.get('model_type')!r}; only GPT-2 is supported")
     if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise ValueError(f"activation {hf['activation_function']!r} is not GPT-2's tanh GELU")
+        raise ArtifactError(f"activation {hf['activation_function']!r} is not GPT-2's tanh GELU")
     return GPTConfig(n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"], block_size=hf["n_positions"],
                      vocab_size=hf["vocab_size"], layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
                      dropout=0.0)
@@ -64,12 +65,11 @@ def load_hf_gpt2(folder: str | Path) -> GPT:
     config = config_from_hf(json.loads((folder / "config.json").read_text()))
     weights = folder / "model.safetensors"
     if not weights.exists():
-        raise FileNotFoundError(f"{folder} has no model.safetensors (pickled pytorch_model.bin is not loaded; "
+        raise ArtifactError(f"{folder} has no model.safetensors (pickled pytorch_model.bin is not loaded; "
                                 f"convert it with transformers' save_pretrained(safe_serialization=True))")
-    state = hf_to_ours(load_file(str(weights)), config)
+    state = hf_to_ours(read_safetensors(weights), config)
     with torch.device("meta"):
         model = GPT(config)
-    from model.artifact import load_weights
     load_weights(model, state)
     return model
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from model.config import GPTConfig
 from model.gpt import GPT
+from model.weights import ArtifactError, load_weights
 
 INT8_MAX = 127
 # The head is tied to the token embedding: quantizing it quantizes the embedding rows too.
@@ -188,20 +189,18 @@ def int8_state_for_saving(model: GPT) -> dict[str, torch.Tensor]:
     return state
 
 
-def _take(state: dict[str, torch.Tensor], key: str, dtype: torch.dtype, shape: tuple, error) -> torch.Tensor:
+def _take(state: dict[str, torch.Tensor], key: str, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
     if key not in state:
-        raise error(f"int8 weights are missing {key}")
+        raise ArtifactError(f"int8 weights are missing {key}")
     tensor = state.pop(key)
     if tensor.dtype != dtype or tuple(tensor.shape) != tuple(shape):
-        raise error(f"{key} is {tensor.dtype} {tuple(tensor.shape)}, expected {dtype} {tuple(shape)} "
+        raise ArtifactError(f"{key} is {tensor.dtype} {tuple(tensor.shape)}, expected {dtype} {tuple(shape)} "
                     f"for this config")
     return tensor
 
 
 def build_int8_model(config: GPTConfig, state: dict[str, torch.Tensor], meta: dict) -> GPT:
     """A GPT whose quantized layers (as listed in meta["quantization"]) are int8 modules, from stored tensors."""
-    from model.artifact import ArtifactError  # artifact imports this module lazily
-
     quantization = meta.get("quantization")
     if not isinstance(quantization, dict) or "layers" not in quantization:
         raise ArtifactError("config.json of this int8 artifact has no 'quantization' section listing the "
@@ -217,39 +216,23 @@ def build_int8_model(config: GPTConfig, state: dict[str, torch.Tensor], meta: di
         if not isinstance(linear, nn.Linear):
             raise ArtifactError(f"config.json lists {name!r} as quantized, but the model has no linear layer there")
         out_features, in_features = linear.weight.shape
-        weight = _take(state, f"{name}.weight", torch.int8, (out_features, in_features), ArtifactError)
-        scale = _take(state, f"{name}.weight_scale", torch.float32, (out_features,), ArtifactError)
+        weight = _take(state, f"{name}.weight", torch.int8, (out_features, in_features))
+        scale = _take(state, f"{name}.weight_scale", torch.float32, (out_features,))
         bias = None
         if linear.bias is not None:
-            bias = _take(state, f"{name}.bias", torch.float32, (out_features,), ArtifactError)
+            bias = _take(state, f"{name}.bias", torch.float32, (out_features,))
         _replace(model, name, Int8Linear(weight, scale, bias))
     head = quantization.get("head")
     if head not in HEAD_FORMATS:
         raise ArtifactError(f"config.json names head format {head!r}; expected one of {HEAD_FORMATS}")
     if head == "int8":
         shape = tuple(model.transformer.wte.weight.shape)
-        weight = _take(state, f"{EMBEDDING_NAME}.weight", torch.int8, shape, ArtifactError)
-        scale = _take(state, f"{EMBEDDING_NAME}.weight_scale", torch.float32, shape[:1], ArtifactError)
+        weight = _take(state, f"{EMBEDDING_NAME}.weight", torch.int8, shape)
+        scale = _take(state, f"{EMBEDDING_NAME}.weight_scale", torch.float32, shape[:1])
         _tie_int8_head(model, weight, scale)
-    _load_float_weights(model, state, ArtifactError)
+    load_weights(model, state)
     if head == "fp16":
         model.lm_head = Fp16WeightLinear(model.transformer.wte.weight)
     return model
 
 
-def _load_float_weights(model: GPT, state: dict[str, torch.Tensor], error) -> None:
-    """Fill the still-unmaterialised (meta) float tensors from `state`, re-tying a float head."""
-    tied_float_head = isinstance(model.lm_head, nn.Linear)
-    expected = {k for k, v in model.state_dict().items() if v.is_meta}
-    if tied_float_head:
-        expected.discard(f"{HEAD_NAME}.weight")
-    missing, unexpected = expected - set(state), set(state) - expected
-    if missing or unexpected:
-        raise error(f"int8 weights do not match config.json: missing {sorted(missing)[:5]}, "
-                    f"unexpected {sorted(unexpected)[:5]}")
-    model.load_state_dict(state, strict=False, assign=True)
-    if tied_float_head:
-        model.lm_head.weight = model.transformer.wte.weight
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        if tensor.is_meta:
-            raise error(f"{name} was not restored from the int8 weights")

@@ -14,19 +14,45 @@ full-vocabulary softmax and cumulative sums when top-k leaves 200 candidates.  `
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+from runtime.errors import UserError
+
+
+# Dividing logits by a temperature this small overflows float32; below it decoding is greedy, which is
+# what such a temperature means in the limit.
+GREEDY_BELOW_TEMPERATURE = 1e-4
+
+
+class SamplingError(UserError, ValueError):
+    """A sampling setting whose result is undefined; the message names it."""
 
 
 @dataclass
 class SamplingParams:
     max_new_tokens: int = 64
-    temperature: float = 1.0  # 0 means greedy
+    temperature: float = 1.0  # 0 (or anything below GREEDY_BELOW_TEMPERATURE) means greedy
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = None
     stop_at_eot: bool = True
+
+    def __post_init__(self):
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise SamplingError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.top_p is not None and not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
+            raise SamplingError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k < 1:
+            raise SamplingError(f"top_k must be at least 1, got {self.top_k}")
+        if self.max_new_tokens < 0:
+            raise SamplingError(f"max_new_tokens must be 0 or more, got {self.max_new_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_BELOW_TEMPERATURE
 
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
@@ -53,7 +79,7 @@ def row_generators(seed: int | None, rows: int, device) -> list[torch.Generator]
 
 
 def settings_key(params: SamplingParams) -> tuple:
-    return params.temperature, params.top_k, params.top_p
+    return (0.0, None, None) if params.greedy else (params.temperature, params.top_k, params.top_p)
 
 
 def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> list[int]:
@@ -63,7 +89,8 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: 
     for row, p in enumerate(params):
         groups.setdefault(settings_key(p), []).append(row)
     for (temperature, top_k, top_p), rows in groups.items():
-        group = logits[rows].float()
+        # NaN logits (a broken model) get no probability; a row with nothing finite decodes token 0.
+        group = torch.nan_to_num(logits[rows].float(), nan=float("-inf"))
         if temperature == 0:
             for row, token in zip(rows, group.argmax(-1).tolist()):
                 tokens[row] = token
@@ -87,7 +114,9 @@ def draw(cdf: torch.Tensor, generator: torch.Generator) -> int:
     """The token whose interval of the cumulative distribution holds a uniform draw."""
     total = cdf[-1]
     u = torch.rand((), dtype=torch.float64, generator=generator, device=cdf.device)
+    if not (torch.isfinite(total) and total > 0):  # no usable distribution: the first entry (top-k: the best)
+        return 0
     index = int(torch.searchsorted(cdf, u * total, right=True))
     if index >= cdf.numel():  # u * total rounded up to total: take the last token with any mass
         index = int(torch.searchsorted(cdf, total))
-    return index
+    return min(index, cdf.numel() - 1)

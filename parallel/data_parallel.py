@@ -20,7 +20,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
 from parallel.comms import CommsMeter, tensor_bytes
-from parallel.distributed import ParallelError
+from parallel.errors import ParallelError
 
 
 # --- DDP --------------------------------------------------------------------------------------
@@ -85,9 +85,10 @@ class _CountedReduceScatter(DefaultReduceScatter):
             return super().__call__(output_tensor, input_tensor, group, op, async_op)
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, meter: CommsMeter, param_dtype: torch.dtype | None = None,
-               cpu_offload: bool = False) -> nn.Module:
-    """FSDP2 per transformer block, then at the root (embeddings, final LayerNorm, tied head).
+def apply_fsdp(model: nn.Module, blocks: nn.ModuleList, dp_mesh: DeviceMesh, meter: CommsMeter,
+               param_dtype: torch.dtype | None = None, cpu_offload: bool = False) -> nn.Module:
+    """FSDP2 per transformer block (`blocks`, inside `model`), then at the root (embeddings, final
+    LayerNorm, tied head).
 
     `param_dtype` (CUDA autocast dtype) gathers parameters in that dtype and reduces gradients in fp32.
     """
@@ -96,9 +97,8 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, meter: CommsMeter, param_d
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
-    inner = model.model if hasattr(model, "layout") else model  # a tensor-parallel wrapper keeps the GPT inside
-    units = list(inner.transformer.h) + [model]
-    for block in inner.transformer.h:
+    units = list(blocks) + [model]
+    for block in blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
     for unit in units:
@@ -141,9 +141,13 @@ def gather_scatter_gradients(params: list[nn.Parameter], group, meter: CommsMete
 
 
 # --- legacy single-process DataParallel -------------------------------------------------------
-def apply_data_parallel(model: nn.Module, device: torch.device) -> nn.Module:
+def visible_cuda_devices(device: torch.device) -> int:
+    return torch.cuda.device_count() if device.type == "cuda" else 0
+
+
+def replicate_with_data_parallel(model: nn.Module, device: torch.device) -> nn.Module:
     """`nn.DataParallel` over every visible CUDA device (one process splits each batch)."""
-    count = torch.cuda.device_count() if device.type == "cuda" else 0
+    count = visible_cuda_devices(device)
     if count < 2:
         where = "one CUDA device" if count == 1 else f"{device.type}"
         raise ParallelError(f"--parallel dp (torch.nn.DataParallel) needs two or more CUDA devices in one "

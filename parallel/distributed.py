@@ -15,16 +15,11 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from model.config import GPTConfig
+from parallel.errors import ParallelError
+from parallel.strategies import MODES, MULTI_PROCESS_MODES, STRATEGIES
 from runtime.device import distributed_backend
 
-MODES = ("none", "ddp", "fsdp", "tp", "allreduce", "gather-scatter", "dp")
-# Modes that run one process per rank under torchrun.
-MULTI_PROCESS_MODES = ("ddp", "fsdp", "tp", "allreduce", "gather-scatter")
 FAILURE_KEY = "parallel/failed_rank"
-
-
-class ParallelError(ValueError):
-    """A parallel layout that cannot work with this model, batch or launch; the message names the fix."""
 
 
 @dataclass
@@ -75,6 +70,7 @@ def init_distributed(mode: str, tp_size: int, device: torch.device, timeout_s: f
             raise ParallelError(f"--parallel {mode} needs one process per rank; launch with "
                                 f"`torchrun --nproc_per_node=N train.py --parallel {mode}`")
         if device.type == "cuda" and device.index is None:
+            check_ranks_fit_devices(int(os.environ.get("LOCAL_WORLD_SIZE", 1)), torch.cuda.device_count())
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
             torch.cuda.set_device(device)
         dist.init_process_group(distributed_backend(device),
@@ -88,12 +84,20 @@ def init_distributed(mode: str, tp_size: int, device: torch.device, timeout_s: f
     if mode == "tp" and tp_size != world:
         raise ParallelError(f"--parallel tp uses every rank for tensor parallelism ({world}), but --tp-size is "
                             f"{tp_size}; for 2D use --parallel fsdp --tp-size {tp_size} (or ddp)")
-    if mode in ("allreduce", "gather-scatter") and tp_size != 1:
+    if mode in STRATEGIES and not STRATEGIES[mode].composes_with_tensor_parallel and tp_size != 1:
         raise ParallelError(f"--parallel {mode} is data-parallel only; drop --tp-size or use ddp/fsdp for 2D")
     mesh = init_device_mesh(device.type, (world // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
     return DistContext(mode, rank, world, device, mesh, dp_rank=mesh["dp"].get_local_rank(),
                        dp_size=world // tp_size, tp_rank=mesh["tp"].get_local_rank(), tp_size=tp_size,
                        owns_process_group=owns)
+
+
+def check_ranks_fit_devices(local_ranks: int, gpus: int) -> None:
+    """One CUDA device per rank on this machine, checked before any CUDA call."""
+    if local_ranks > gpus:
+        raise ParallelError(f"torchrun started {local_ranks} ranks on this machine, which has {gpus} CUDA "
+                            f"device{'s' if gpus != 1 else ''}; use --nproc_per_node={gpus} or fewer, or "
+                            f"--device cpu to run the ranks on the CPU with gloo")
 
 
 def check_divisibility(config: GPTConfig, ctx: DistContext, batch_size: int) -> None:

@@ -33,6 +33,7 @@ from model.artifact import ArtifactError, artifact_writers, load_model, model_st
 from model.evaluate import evaluate_loss
 from model.gpt import GPT
 from prune.csr import csr_copy
+from prune.errors import PruneError
 from prune.finetune import FinetuneError, FinetuneSettings, finetune
 from prune.magnitude import magnitude_masks
 from prune.masks import MaskSet, block_linear_weights, count_nonzero, parse_param_groups, prunable_parameters
@@ -44,6 +45,7 @@ from prune.structured import StructureError, check_widths, select_units, shrink
 from prune.wanda import input_feature_norms, wanda_masks
 from runtime.cli import add_dataclass_args, dataclass_from_args
 from runtime.device import choose_device, precision_policy
+from runtime.errors import UserError
 from runtime.provenance import provenance
 
 METHODS = ("magnitude", "row", "wanda")
@@ -109,10 +111,6 @@ HELP = {
     "dense_control": "also fine-tune the unpruned model for the run's total fine-tune steps, to separate the "
                      "effect of pruning from that of the extra training",
 }
-
-
-class PruneError(ValueError):
-    """A problem with the arguments that the user can fix; printed without a traceback."""
 
 
 def parse_args(argv=None) -> PruneConfig:
@@ -437,8 +435,7 @@ def main(argv=None) -> None:
     except KeyboardInterrupt:  # during loading or the dense baseline; interrupts inside rounds are handled there
         print("\ninterrupted before the first pruning round finished; nothing was written", file=sys.stderr)
         raise SystemExit(130)
-    except (PruneError, StructureError, ReportError, FinetuneError, ArtifactError, DatasetError, TokenizerError,
-            ValueError) as e:
+    except UserError as e:
         sys.exit(f"error: {e}")
 
 

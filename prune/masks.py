@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from model.gpt import GPT
+from prune.errors import PruneError
 
 # Groups of parameters that `--prune-params` may name.  `linear` is the default: the
 # transformer blocks' linear weights (attention c_attn/c_proj, MLP c_fc/c_proj).
@@ -20,7 +21,7 @@ def parse_param_groups(spec: str) -> tuple[str, ...]:
     groups = tuple(g.strip() for g in spec.split(",") if g.strip())
     unknown = [g for g in groups if g not in PARAM_GROUPS]
     if unknown or not groups:
-        raise ValueError(f"--prune-params {spec!r}: expected a comma-separated subset of {', '.join(PARAM_GROUPS)}")
+        raise PruneError(f"--prune-params {spec!r}: expected a comma-separated subset of {', '.join(PARAM_GROUPS)}")
     return groups
 
 

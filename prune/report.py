@@ -15,12 +15,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from runtime.errors import UserError
+
 REPORT_FILE = "prune_report.json"
 LOSS_PLOT = "loss_vs_sparsity.png"
 SPEED_PLOT = "speed_vs_sparsity.png"
 
 
-class ReportError(ValueError):
+class ReportError(UserError, ValueError):
     pass
 
 

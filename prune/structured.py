@@ -17,12 +17,13 @@ import dataclasses
 
 import torch
 
-from model.artifact import load_weights
 from model.config import GPTConfig
 from model.gpt import GPT
+from model.weights import load_weights
+from runtime.errors import UserError
 
 
-class StructureError(ValueError):
+class StructureError(UserError, ValueError):
     pass
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from model.gpt import GPT
+from prune.errors import PruneError
 from prune.masks import MaskSet
 
 
@@ -23,7 +24,7 @@ def input_feature_norms(model: GPT, params: dict[str, torch.nn.Parameter], batch
         module_name, _, attr = name.rpartition(".")
         module = modules[module_name]
         if attr != "weight" or not isinstance(module, torch.nn.Linear):
-            raise ValueError(f"wanda needs input activations, so it prunes linear weights only; {name} is not one "
+            raise PruneError(f"wanda needs input activations, so it prunes linear weights only; {name} is not one "
                              f"(use --prune-params linear)")
 
         def accumulate(mod, inputs, output, name=name):

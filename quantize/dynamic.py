@@ -41,12 +41,17 @@ from model.artifact import (DEFAULT_OUT_ROOT, WEIGHTS_FILE, ArtifactError, artif
 from model.int8 import HEAD_FORMATS, default_head_format, int8_state_for_saving, quantize_model
 from quantize.measure import generation_speed, greedy_agreement, paired_validation, prompts_from
 from runtime.device import choose_device
+from runtime.errors import UserError
 from runtime.provenance import provenance
 
 DEFAULT_OUT_DIR = DEFAULT_OUT_ROOT / "int8"
 REPORT_FILE = "quant_report.json"
 BATCH_SIZES = (1, 12)
 
+
+
+class QuantizeError(UserError, ValueError):
+    """Settings this tool cannot work with; the message names the flag."""
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -76,12 +81,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def check(args) -> None:
     if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be at least 1, got {args.threads}")
+        raise QuantizeError(f"--threads must be at least 1, got {args.threads}")
     for name in ("eval_batches", "eval_batch_size", "prompt_tokens", "new_tokens", "repeats"):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+            raise QuantizeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.eval_block_size is not None and args.eval_block_size < 1:
-        raise ValueError(f"--eval-block-size must be at least 1, got {args.eval_block_size}")
+        raise QuantizeError(f"--eval-block-size must be at least 1, got {args.eval_block_size}")
 
 
 def newest_quantizable(root: Path = DEFAULT_OUT_ROOT) -> Path:
@@ -128,7 +133,7 @@ def print_table(report: dict) -> None:
 def quantize(args) -> dict:
     source = args.checkpoint or newest_quantizable()
     if args.out_dir.resolve() == Path(source).resolve():
-        raise ValueError(f"--out-dir {args.out_dir} is the source checkpoint; choose another folder")
+        raise QuantizeError(f"--out-dir {args.out_dir} is the source checkpoint; choose another folder")
     refuse_int8_source(source)
     device = choose_device("auto")
     if device.type != "cpu":
@@ -139,9 +144,9 @@ def quantize(args) -> dict:
     context = float_model.config.block_size
     block = args.eval_block_size or context
     if block > context:
-        raise ValueError(f"--eval-block-size {block} exceeds the model's context of {context}")
+        raise QuantizeError(f"--eval-block-size {block} exceeds the model's context of {context}")
     if args.prompt_tokens + args.new_tokens > context:
-        raise ValueError(f"--prompt-tokens + --new-tokens = {args.prompt_tokens + args.new_tokens} exceeds "
+        raise QuantizeError(f"--prompt-tokens + --new-tokens = {args.prompt_tokens + args.new_tokens} exceeds "
                          f"the model's context of {context}")
     tokens = load_split(args.dataset, "validation")  # before writing anything: a bad --dataset fails early
     int8_model, _ = load_model(source, "cpu")
@@ -183,7 +188,7 @@ def main(argv=None) -> None:
         if args.threads is not None:
             torch.set_num_threads(args.threads)
         report = quantize(args)
-    except (ArtifactError, DatasetError, TokenizerError, ValueError, FileNotFoundError) as e:
+    except UserError as e:
         sys.exit(f"error: {e}")
     write_folder_atomically(args.out_dir, {REPORT_FILE: lambda p: p.write_text(json.dumps(report, indent=2) + "\n")})
     print_table(report)

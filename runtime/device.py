@@ -2,9 +2,16 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 from dataclasses import dataclass
 
 import torch
+
+from runtime.errors import UserError
+
+
+class DeviceError(UserError, ValueError):
+    """A device or precision this machine cannot provide."""
 
 
 def choose_device(requested: str = "auto") -> torch.device:
@@ -12,7 +19,7 @@ def choose_device(requested: str = "auto") -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(requested)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {requested} requested but CUDA is not available; use --device cpu")
+        raise DeviceError(f"--device {requested} requested but CUDA is not available; use --device cpu")
     return device
 
 
@@ -45,9 +52,9 @@ def precision_policy(device: torch.device, requested: str = "auto") -> Precision
             requested = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     dtypes = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
     if requested not in dtypes:
-        raise ValueError(f"unknown precision {requested!r}; choose auto, fp32, bf16 or fp16")
+        raise DeviceError(f"unknown precision {requested!r}; choose auto, fp32, bf16 or fp16")
     if requested == "fp16" and device.type != "cuda":
-        raise ValueError("fp16 autocast is only supported on CUDA here; use --precision fp32 on CPU")
+        raise DeviceError("fp16 autocast is only supported on CUDA here; use --precision fp32 on CPU")
     return Precision(device.type, dtypes[requested])
 
 
@@ -70,6 +77,13 @@ def peak_memory_bytes(device: torch.device) -> int:
     except (OSError, StopIteration):  # not Linux
         import resource
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def release_memory(device: torch.device) -> None:
+    """After an out-of-memory error: drop the failed step's tensors before going on."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def is_out_of_memory(error: BaseException) -> bool:

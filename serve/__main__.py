@@ -16,6 +16,7 @@ import uvicorn
 from data.tokenizer import TokenizerError
 from model.artifact import ArtifactError
 from runtime.cli import add_dataclass_args, dataclass_from_args
+from runtime.errors import UserError
 from serve.app import create_app
 from serve.config import API_KEY_ENV, ServeConfig
 
@@ -51,7 +52,7 @@ def main(argv=None) -> None:
     try:
         config = dataclass_from_args(ServeConfig, args)
         app = create_app(config)
-    except (ArtifactError, TokenizerError, ValueError, FileNotFoundError) as e:
+    except UserError as e:
         sys.exit(f"error: {e}")
     if not is_loopback(config.host):
         logging.getLogger("serve").warning("binding to %s: the server is reachable from other machines%s", config.host,

@@ -3,11 +3,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runtime.errors import UserError
+
 # The environment variable that, when set, holds the API key every generation request must present.
 API_KEY_ENV = "GPT2_SERVE_API_KEY"
 # The environment variable the uvicorn app factory (`uvicorn --factory serve.app:create_app`) reads
 # the checkpoint folder from, since a factory takes no arguments.
 CHECKPOINT_ENV = "GPT2_SERVE_CHECKPOINT"
+
+
+class ServeConfigError(UserError, ValueError):
+    """A server setting out of range; the message names it."""
 
 
 @dataclass
@@ -28,12 +34,12 @@ class ServeConfig:
     def __post_init__(self):
         for name in ("max_batch_size", "max_completions", "retry_after_s"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+                raise ServeConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("max_queue", "max_body_bytes", "threads"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+                raise ServeConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("request_timeout_s", "graceful_shutdown_s"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+                raise ServeConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be in 0..65535, got {self.port}")
+            raise ServeConfigError(f"port must be in 0..65535, got {self.port}")

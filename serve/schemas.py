@@ -27,7 +27,7 @@ class StrictBody(BaseModel):
 class GenerateRequest(StrictBody):
     prompt: str = Field(min_length=1)
     max_new_tokens: int = Field(64, ge=1)
-    temperature: float = Field(1.0, ge=0, le=10, allow_inf_nan=False, description="0 means greedy")
+    temperature: float = Field(1.0, ge=0, le=10, allow_inf_nan=False, description="0 (or below 1e-4) means greedy")
     top_k: int | None = Field(None, ge=1)
     top_p: Probability | None = None
     seed: int | None = Field(None, ge=0, le=MAX_SEED)

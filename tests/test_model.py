@@ -149,3 +149,49 @@ def test_fused_head_loss_equals_the_plain_head_and_cross_entropy():
     assert p.grad is not None and not model.transformer.wte.weight.grad[50257:].any()
     with torch.no_grad():
         assert model.eval()(idx, targets)[1].item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_model_package_has_no_import_cycle():
+    """model/ imports top-down only (no module reaches itself through others) and nothing downstream of it."""
+    import ast
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent / "model"
+    imports, packages = {}, set()
+    for path in root.glob("*.py"):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):  # every import, also those inside functions
+            modules = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for module in modules:
+                packages.add(module.split(".")[0])
+                if module.startswith("model."):
+                    names.add(module.removeprefix("model."))
+        imports[path.stem] = names
+
+    def reaches(start, target, seen=()):
+        return any(n == target or (n not in seen and reaches(n, target, (*seen, n))) for n in imports.get(start, ()))
+    assert not [m for m in imports if reaches(m, m)]
+    assert not packages & {"parallel", "training", "train", "serve", "prune", "quantize", "bench", "sample"}
+
+
+@pytest.mark.parametrize("fill", [float("nan"), float("inf"), float("-inf"), 3e38])
+@pytest.mark.parametrize("settings", [dict(temperature=7.3e-39), dict(temperature=1.0), dict(temperature=0.7, top_k=5),
+                                      dict(temperature=1.0, top_p=1e-300), dict(temperature=2.0, top_p=0.5)])
+def test_sampler_never_leaves_the_vocabulary(fill, settings):
+    from model.sampling import row_generators, sample_rows
+    logits = torch.randn(3, 50257)
+    logits[0] = fill  # a whole row of it
+    logits[1, ::7] = fill  # some of it
+    params = SamplingParams(**settings)
+    tokens = sample_rows(logits, [params] * 3, row_generators(0, 3, "cpu"))
+    assert all(0 <= t < 50257 for t in tokens)
+
+
+@pytest.mark.parametrize("settings, message", [(dict(temperature=float("nan")), "temperature must be a finite"),
+                                               (dict(temperature=-1), "temperature must be a finite"),
+                                               (dict(top_p=0.0), "top_p must be in"),
+                                               (dict(top_p=float("nan")), "top_p must be in")])
+def test_undefined_sampling_settings_are_refused(settings, message):
+    from model.sampling import SamplingError
+    with pytest.raises(SamplingError, match=message):
+        SamplingParams(**settings)

@@ -1,7 +1,10 @@
+import json
 import subprocess
 import sys
 
 import pytest
+
+from data.tokenizer import decode
 
 
 def run_sample(*args, stdin=None):
@@ -27,8 +30,38 @@ def test_prompt_from_stdin_and_seed_reproducibility(small_artifact):
     (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
     (["--checkpoint", "/no/such/dir"], "does not exist"),
     (["--max-new-tokens", "1000"], "exceeds the model's context of 64"),
+    (["--temperature", "nan"], "--temperature must be a finite number >= 0, got nan"),
+    (["--prompt-file", "."], "--prompt-file . is not a file"),
 ])
 def test_bad_input_is_explained(small_artifact, args, message):
     base = [] if "--checkpoint" in args else ["--checkpoint", small_artifact]
-    result = run_sample(*base, *args, "--prompt", "x")
+    prompt = [] if "--prompt-file" in args else ["--prompt", "x"]
+    result = run_sample(*base, *args, *prompt)
     assert result.returncode != 0 and message in result.stderr
+
+
+def test_prompts_file_runs_every_good_line_in_batches_and_reports_bad_ones(small_artifact, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join([
+        json.dumps({"prompt": "Hello there", "max_new_tokens": 4, "temperature": 0}),
+        "{not json",
+        json.dumps({"prompt": "Hello world", "max_new_tokens": 4, "temperature": 0}),  # same length: one batch
+        json.dumps({"prompt": "A", "temperature": 1e-45, "max_new_tokens": 3}),  # below the floor: greedy
+        json.dumps({"text": "no prompt key"}),
+        json.dumps({"prompt": "x", "max_new_tokens": 1000}),  # too long for the context: this line alone fails
+    ]) + "\n")
+    out = tmp_path / "out.jsonl"
+    result = run_sample("--checkpoint", small_artifact, "--prompts-file", str(prompts), "--output", str(out),
+                        "--batch-size", "4")
+    assert result.returncode == 0, result.stderr
+    assert f"{prompts}:2: skipped" in result.stderr and f"{prompts}:5: skipped" in result.stderr
+    rows = {r["line"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert sorted(rows) == [1, 2, 3, 4, 5, 6]
+    assert "error" in rows[2] and "error" in rows[5] and "exceeds the model's context" in rows[6]["error"]
+    for line in (1, 3, 4):
+        assert rows[line]["finish_reason"] in ("stop", "length") and rows[line]["latency_s"] > 0
+        assert rows[line]["tokens"] == rows[line]["tokens"][:4] and rows[line]["text"] == decode(rows[line]["tokens"])
+    # Greedy in a batch equals greedy alone.
+    alone = run_sample("--checkpoint", small_artifact, "--prompt", "Hello world", "--max-new-tokens", "4",
+                       "--temperature", "0")
+    assert decode(rows[3]["tokens"]) in alone.stdout

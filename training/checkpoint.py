@@ -19,6 +19,7 @@ from data.loader import WindowSampler
 from model.artifact import artifact_writers, load_model, roll_forward, write_folder_atomically
 from model.config import GPTConfig
 from model.gpt import GPT
+from parallel.state import full_model_state, full_optimizer_state, load_optimizer_state
 from runtime.provenance import provenance
 from training.config import TrainConfig, TrainingError
 
@@ -92,8 +93,8 @@ class Checkpointer:
     def save(self, par, step: int, model_config: GPTConfig, optimizer: torch.optim.Optimizer,
              sampler: WindowSampler) -> None:
         """`par` is the parallelised model: its state is consolidated to single-device tensors."""
-        model_state = {k: v.contiguous() for k, v in par.full_model_state().items()}
-        optimizer_state = par.full_optimizer_state(optimizer)
+        model_state = {k: v.contiguous() for k, v in full_model_state(par).items()}
+        optimizer_state = full_optimizer_state(par, optimizer)
         ctx = par.ctx
         if ctx.is_writer:
             bad = first_non_finite(model_state) or first_non_finite(
@@ -138,7 +139,7 @@ class Checkpointer:
         optimizer_path = self.out_dir / OPTIMIZER_FILE
         try:
             saved = torch.load(optimizer_path, map_location="cpu", weights_only=True)
-            par.load_optimizer_state(optimizer, saved)
+            load_optimizer_state(par, optimizer, saved)
             sampler.load_state_dict(state["sampler"])
             torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
         except (OSError, RuntimeError, KeyError, TypeError, ValueError, EOFError) as e:

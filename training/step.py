@@ -15,6 +15,8 @@ from typing import Callable, Protocol
 
 import torch
 
+from model.optim import build_optimizer
+from parallel import CommsMeter, DistContext, SingleDevice
 from runtime.device import Precision
 from runtime.errors import UserError
 from training.metrics import NO_CLOCK
@@ -56,9 +58,19 @@ class TrainStep:
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
         self.steps_taken = 0  # by this object; the trainer sets it when it resumes
 
-    def __call__(self, next_batch: Callable[[], Batch], lr: float, clock=NO_CLOCK) -> StepResult:
+    @classmethod
+    def single_device(cls, model: torch.nn.Module, device: torch.device, precision: Precision, lr: float = 1e-3,
+                      weight_decay: float = 0.1, grad_clip: float = 1.0, masks: GradientMasks | None = None):
+        """The step of a one-device run with train.py's optimizer (pruning fine-tunes, benchmarks)."""
+        model.train()
+        optimizer = build_optimizer(model, lr, weight_decay, device_type=device.type)
+        return cls(model, optimizer, SingleDevice(model, DistContext("none", device=device), CommsMeter()), device,
+                   precision, grad_clip=grad_clip, masks=masks)
+
+    def __call__(self, next_batch: Callable[[], Batch], lr: float | None = None, clock=NO_CLOCK) -> StepResult:
+        """One optimizer step at learning rate `lr` (None: the optimizer's current one)."""
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = group["lr"] if lr is None else lr
         loss_sum = None
         for micro in range(self.grad_accum):
             with clock("data"):

@@ -18,6 +18,7 @@ from model.evaluate import evaluate_loss
 from model.gpt import GPT
 from model.optim import build_optimizer, lr_at
 from parallel import CommsMeter, check_divisibility, parallelize, scaled_lr
+from parallel.state import local_state_bytes
 from runtime.device import is_out_of_memory, peak_memory_bytes, precision_policy
 from training.checkpoint import Checkpointer, is_training_checkpoint, resumed_config
 from training.config import TrainConfig, TrainingError
@@ -76,6 +77,7 @@ class Trainer:
         self.meter = CommsMeter()
         self.par = parallelize(model, ctx, self.meter, param_dtype=self.precision.autocast_dtype,
                                cpu_offload=cfg.cpu_offload)
+        self.model = model
         if self.par.note:
             self.say(f"note: {self.par.note}")
         self.train_tokens = load_split(cfg.dataset, "train")
@@ -90,7 +92,7 @@ class Trainer:
             self.say(f"resumed {self.out_dir} at step {self.start_step}")
         module = torch.compile(self.par.module) if cfg.compile else self.par.module
         self.eval_module = self.par.eval_module if self.par.is_distributed else module
-        self.step = TrainStep(module, self.optimizer, self.par, self.device, self.precision, cfg.grad_accum,
+        self.step = TrainStep(module, self.optimizer, self.par.strategy, self.device, self.precision, cfg.grad_accum,
                               cfg.grad_clip)
         self.step.steps_taken = self.start_step
         self.tokens_per_step = self.sampler.global_batch * cfg.grad_accum * self.block
@@ -157,7 +159,7 @@ class Trainer:
         with self.meter.paused():
             first_batch = eval_batches(self.val_tokens, self.block, self.cfg.batch_size, 1)
             probe = evaluate_loss(self.eval_module, first_batch, self.device, self.precision.autocast)["val_loss"]
-            self.par.after_evaluation()
+            self.par.strategy.after_evaluation()
             if not math.isfinite(probe):
                 raise NonFiniteStep(probe, float("nan"), f"validation loss became {probe} after the update of "
                                                          f"step {step}, so that state is not saved")
@@ -172,7 +174,7 @@ class Trainer:
         with self.meter.paused():
             batches = eval_batches(self.val_tokens, self.block, self.cfg.batch_size, windows)
             result = evaluate_loss(self.eval_module, batches, self.device, self.precision.autocast)
-            self.par.after_evaluation()
+            self.par.strategy.after_evaluation()
         record = EvalRecord(step, step * self.tokens_per_step, **result, eval_full_split=max_batches is None,
                             eval_s=time.perf_counter() - t0, peak_memory_bytes_per_rank=self.peak_memory_per_rank())
         self.metrics.write(record)
@@ -205,8 +207,8 @@ class Trainer:
     def parallel_record(self, elapsed: float, steps: int) -> ParallelRecord:
         cfg, ctx, snap = self.cfg, self.ctx, self.meter.snapshot()
         activation_bytes = (self.precision.autocast_dtype or torch.float32).itemsize
-        theory = self.par.theoretical_bytes(cfg.batch_size, self.block, cfg.grad_accum, activation_bytes)
-        exposed = snap["exposed_comm_s"] if self.par.comm_time_is_exposed_wait else snap["comm_s"]
+        theory = self.par.strategy.theoretical_bytes(cfg.batch_size, self.block, cfg.grad_accum, activation_bytes)
+        exposed = snap["exposed_comm_s"] if self.par.strategy.comm_time_is_exposed_wait else snap["comm_s"]
         peaks = self.peak_memory_per_rank()
         sent = sum(snap["sent_bytes"].values())
         return ParallelRecord(
@@ -215,7 +217,7 @@ class Trainer:
             comm_sent_bytes={k: v / steps for k, v in snap["sent_bytes"].items()},
             comm_sent_bytes_theory=theory["sent_bytes"],
             bandwidth_bytes_per_s=sent / snap["comm_s"] if snap["comm_s"] else None,
-            peak_memory_bytes_per_rank=peaks, state_bytes_this_rank=self.par.local_state_bytes(self.optimizer),
+            peak_memory_bytes_per_rank=peaks, state_bytes_this_rank=local_state_bytes(self.model, self.optimizer),
             world_size=ctx.world_size, dp_size=ctx.dp_size, tp_size=ctx.tp_size)
 
 

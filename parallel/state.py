@@ -1,0 +1,89 @@
+"""The state a rank holds, across layouts: consolidated to full tensors under the single-device names
+(checkpoints are written that way, whatever trained them), sharded back for any layout on resume, and
+its size (the bytes of parameters, gradients and optimizer state this rank keeps)."""
+from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from parallel.comms import counted_all_gather
+from parallel.errors import ParallelError
+
+OPTIMIZER_FORMAT = "full-by-name"
+
+
+def full_tensor(par, name: str, t: torch.Tensor) -> torch.Tensor:
+    """The single-device tensor for parameter `name` (or its optimizer state); a collective."""
+    if isinstance(t, DTensor):
+        t = t.full_tensor()
+    spec = par.layout.get(name)
+    if spec is not None and par.ctx.tp_size > 1:
+        t = spec.unshard(counted_all_gather(t.detach(), par.ctx.tp_group, None))
+    return t.detach().cpu()
+
+
+def local_tensor(par, name: str, full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """This rank's piece of the single-device tensor `full`, laid out like the parameter `like`."""
+    spec = par.layout.get(name)
+    if spec is not None and par.ctx.tp_size > 1:
+        full = spec.shard(full, par.ctx.tp_rank, par.ctx.tp_size)
+    if isinstance(like, DTensor):
+        return distribute_tensor(full.to(like.device), like.device_mesh, like.placements)
+    return full.to(like.device)
+
+
+def full_model_state(par) -> dict[str, torch.Tensor]:
+    """Every parameter as one full tensor under its single-device name (all ranks must call)."""
+    return {name: full_tensor(par, name, p) for name, p in par.model.named_parameters()}
+
+
+def full_optimizer_state(par, optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer state keyed by single-device parameter names, with full tensors, so that a run can
+    resume under any other layout."""
+    names = {id(p): n for n, p in par.model.named_parameters()}
+    state, groups = {}, []
+    for group in optimizer.param_groups:
+        groups.append({**{k: v for k, v in group.items() if k != "params"},
+                       "params": [names[id(p)] for p in group["params"]]})
+        for p in group["params"]:
+            name = names[id(p)]
+            state[name] = {k: (full_tensor(par, name, v) if torch.is_tensor(v) and v.dim() > 0
+                               else v.cpu() if torch.is_tensor(v) else v)
+                           for k, v in optimizer.state.get(p, {}).items()}
+    return {"format": OPTIMIZER_FORMAT, "state": state, "param_groups": groups}
+
+
+def load_optimizer_state(par, optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    if not isinstance(saved, dict) or saved.get("format") != OPTIMIZER_FORMAT:
+        raise ParallelError("the checkpoint's optimizer state is not in the consolidated by-name format; "
+                            "it was written by an older train.py and can only be resumed with --parallel none")
+    names = {id(p): n for n, p in par.model.named_parameters()}
+    params = dict(par.model.named_parameters())
+    torch_state, torch_groups, index = {}, [], 0
+    for group, saved_group in zip(optimizer.param_groups, saved["param_groups"], strict=True):
+        current = [names[id(p)] for p in group["params"]]
+        if current != saved_group["params"]:
+            raise ParallelError("the checkpoint's optimizer groups do not match this model's parameters")
+        ids = []
+        for name in current:
+            entry = saved["state"].get(name)
+            if entry:
+                torch_state[index] = {k: (local_tensor(par, name, v, params[name]) if torch.is_tensor(v) and
+                                          v.dim() > 0 else v) for k, v in entry.items()}
+            ids.append(index)
+            index += 1
+        torch_groups.append({**{k: v for k, v in saved_group.items() if k != "params"}, "params": ids})
+    optimizer.load_state_dict({"state": torch_state, "param_groups": torch_groups})
+
+
+def local_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Parameter, gradient and optimizer-state bytes this rank holds (its shards only).  A gradient has
+    its parameter's shape and placement, so it is counted from the parameter: the figure is the same
+    between steps, when the gradients have been freed."""
+    local = lambda t: t.to_local() if isinstance(t, DTensor) else t
+    size = lambda t: local(t).numel() * local(t).element_size()
+    params = [p for p in model.parameters() if p.requires_grad]
+    return {"params": sum(size(p) for p in model.parameters()),
+            "grads": sum(size(p) for p in params),
+            "optimizer": sum(size(v) for st in optimizer.state.values() for v in st.values()
+                             if torch.is_tensor(v) and v.dim() > 0)}
