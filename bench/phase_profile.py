@@ -62,7 +62,7 @@ def measure(args) -> dict:
     clock = PhaseClock(device)
     start = time.perf_counter()
     for i in range(1, args.steps + 1):
-        step(sampler.next_batch, clock)
+        step(sampler.next_batch, clock=clock)
         if i % args.eval_interval == 0:
             with clock("evaluation"):
                 evaluate_loss(model, eval_batches(val_tokens, block, args.batch_size, args.eval_batches), device,

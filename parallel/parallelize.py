@@ -31,7 +31,8 @@ class Parallelized:
 
     @property
     def is_distributed(self) -> bool:
-        return self.ctx.world_size > 1
+        """Launched as a multi-process job (a process group and mesh exist, even with one rank)."""
+        return self.ctx.mesh is not None
 
 
 def parallelize(model: GPT, ctx: DistContext, meter: CommsMeter, param_dtype: torch.dtype | None = None,

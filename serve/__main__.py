@@ -22,6 +22,8 @@ from serve.config import API_KEY_ENV, ServeConfig
 
 HELP = {
     "checkpoint": "artifact folder (float, pruned or int8); default: the newest under out/",
+    "served_model_name": "the model id /v1/models lists and /v1/completions expects (default: the artifact "
+                         "folder's name)",
     "host": "interface to bind; anything but loopback exposes the server to the network",
     "device": "auto, cpu, cuda or cuda:N",
     "threads": "torch intra-op threads (0: torch's default); 1 suits small models on a busy CPU",

@@ -47,7 +47,7 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     metrics = ServerMetrics()
     engine = Engine(model, device, config.max_batch_size, config.max_queue, config.request_timeout_s, metrics)
     state = ServerState(config=config, engine=engine, metrics=metrics, checkpoint=folder,
-                        artifact_kind=meta["artifact"], model_id=str(folder),
+                        artifact_kind=meta["artifact"], model_id=config.served_model_name or folder.resolve().name,
                         created=int((folder / CONFIG_FILE).stat().st_mtime), device=device,
                         api_key=os.environ.get(API_KEY_ENV) or None)
 
@@ -75,7 +75,9 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
 
 async def health(request: Request) -> dict:
     state = server_state(request)
-    return {"status": "ok", "model_loaded": True, "artifact": state.artifact_kind, "checkpoint": str(state.checkpoint),
+    # /health needs no key: with one set, the folder's name only, not where it lives.
+    checkpoint = state.checkpoint.name if state.api_key else str(state.checkpoint)
+    return {"status": "ok", "model_loaded": True, "artifact": state.artifact_kind, "checkpoint": checkpoint,
             "model": state.model_id, "device": str(state.device), "context": state.block_size,
             "max_batch_size": state.config.max_batch_size, "batch_size": state.engine.batch_size,
             "queue_depth": state.engine.queue_depth}

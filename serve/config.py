@@ -19,6 +19,7 @@ class ServeConfigError(UserError, ValueError):
 @dataclass
 class ServeConfig:
     checkpoint: str | None = None  # artifact folder; None means the newest under out/
+    served_model_name: str | None = None  # the model id clients send; None means the artifact folder's name
     host: str = "127.0.0.1"
     port: int = 8000
     device: str = "auto"

@@ -11,8 +11,8 @@ import torch
 from bench import (batch_sweep, comm_strategies, compression, data_loading, leaderboard, phase_profile,
                    precision_memory, report, tp_vs_fsdp)
 from bench.runner import flags
-from bench.step import is_out_of_memory
 from model.gpt import GPT
+from runtime.device import is_out_of_memory
 
 FIVE_KEYS = ("loss", "inference_latency_1", "inference_latency_12", "training_throughput_4", "training_throughput_12")
 TEXT = ("The quick brown fox jumps over the lazy dog while the committee debates the budget for the new "

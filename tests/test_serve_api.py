@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -137,7 +138,7 @@ def test_unknown_paths_and_methods_answer_json(client):
 
 
 def test_openai_request_checks(client, checkpoint):
-    base = {"model": checkpoint, "prompt": "hi", "max_tokens": 4}
+    base = {"model": Path(checkpoint).name, "prompt": "hi", "max_tokens": 4}
     for body, status, param in [({**base, "model": "gpt-4"}, 404, "model"), ({**base, "n": 9}, 422, "n"),
                                 ({**base, "echo": True}, 422, "echo"), ({**base, "logprobs": 2}, 422, "logprobs"),
                                 ({**base, "presence_penalty": 0.5}, 422, "presence_penalty"),
@@ -201,3 +202,14 @@ def test_int8_artifact_is_served(tmp_path, quantize_head):
         request = {"prompt": "Hello", "max_new_tokens": 5, "temperature": 0}
         alone = client.post("/generate", json=request).json()
         assert alone["tokens"] >= 1 and alone["finish_reason"] in ("length", "eos")
+
+
+def test_served_model_name_and_health_without_the_path(checkpoint, monkeypatch):
+    with make_client(checkpoint, served_model_name="demo-gpt2") as client:
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["demo-gpt2"]
+        reply = client.post("/v1/completions", json={"model": "demo-gpt2", "prompt": "hi", "max_tokens": 2})
+        assert reply.status_code == 200 and reply.json()["model"] == "demo-gpt2"
+        assert client.post("/v1/completions", json={"model": checkpoint, "prompt": "hi"}).status_code == 404
+    monkeypatch.setenv("GPT2_SERVE_API_KEY", "secret")
+    with make_client(checkpoint) as client:  # /health is open: with a key set it names the folder, not its path
+        assert client.get("/health").json()["checkpoint"] == Path(checkpoint).name

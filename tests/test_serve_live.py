@@ -8,6 +8,7 @@ import random
 import re
 import threading
 import time
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -82,8 +83,8 @@ def test_concurrent_requests_batch_and_equal_running_alone(server):
 
 def test_openai_client_works_unchanged(server, checkpoint):
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-    assert [m.id for m in client.models.list()] == [checkpoint]
-    kwargs = dict(model=checkpoint, prompt="The meaning of life is", max_tokens=10, temperature=0.9, seed=11)
+    assert [m.id for m in client.models.list()] == [Path(checkpoint).name]  # the folder's name, not its path
+    kwargs = dict(model=Path(checkpoint).name, prompt="The meaning of life is", max_tokens=10, temperature=0.9, seed=11)
     first = client.completions.create(n=2, **kwargs)
     assert len(first.choices) == 2 and first.choices[0].text != first.choices[1].text
     assert first.usage.prompt_tokens == 5 and first.usage.total_tokens == 5 + first.usage.completion_tokens
@@ -93,7 +94,7 @@ def test_openai_client_works_unchanged(server, checkpoint):
     assert "".join(c.text for chunk in chunks for c in chunk.choices) == first.choices[0].text
     assert chunks[-1].usage.prompt_tokens == 5 and 1 <= chunks[-1].usage.completion_tokens <= 10
     with pytest.raises(openai.UnprocessableEntityError, match="exceeds the model's context of 256 tokens"):
-        client.completions.create(model=checkpoint, prompt="hi", max_tokens=1000)
+        client.completions.create(model=Path(checkpoint).name, prompt="hi", max_tokens=1000)
     with pytest.raises(openai.NotFoundError, match="is not served here"):
         client.completions.create(model="gpt-3.5-turbo-instruct", prompt="hi")
 
@@ -155,7 +156,7 @@ def test_random_bad_bodies_get_4xx_and_the_server_lives(server, checkpoint):
     rng = random.Random(0)
     with httpx.Client(base_url=server.url, timeout=30) as client:
         for _ in range(300):
-            path, content = random_bad_body(rng, checkpoint)
+            path, content = random_bad_body(rng, Path(checkpoint).name)
             response = client.post(path, content=content, headers={"content-type": "application/json"})
             assert 400 <= response.status_code < 500, (path, content[:200], response.text)
             assert "message" in response.json()["error"]
