@@ -56,6 +56,14 @@ class Latency:
 
 
 @dataclass
+class TokenLogprob:
+    """One position's log-probability under the model (temperature 1, no top-k/top-p) and its best alternatives."""
+    token: int
+    logprob: float | None  # None for a prompt's first token, which nothing predicts
+    top: list[tuple[int, float]]  # the `logprobs` most likely tokens, best first
+
+
+@dataclass
 class DoneEvent:
     text: str  # the whole generated text
     tail: str  # text not yet sent in a TokenEvent
@@ -63,6 +71,7 @@ class DoneEvent:
     prompt_tokens: int
     finish_reason: str  # "eos" (end-of-text), "stop" (a stop string) or "length"
     latency: Latency
+    logprobs: list[TokenLogprob] | None = None  # the prompt's (with echo), then the generated tokens'
 
 
 @dataclass
@@ -80,6 +89,8 @@ class GenerationRequest:
     params: SamplingParams
     on_event: Callable[[Event], None]
     stop: list[str] = field(default_factory=list)
+    logprobs: int | None = None  # alternatives per position to report; None reports no log-probabilities
+    echo: bool = False  # also score the prompt's own tokens
     arrival: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
 
@@ -103,6 +114,18 @@ class _Sequence:
         self.last_token = -1
         self.position = len(request.prompt_ids)  # where the next input token sits
         self.finished = False
+        self.logprobs: list[TokenLogprob] | None = None if request.logprobs is None else []
+
+    def record_logprobs(self, logits: torch.Tensor, tokens: list[int], first: bool = False) -> None:
+        """Log-probabilities of `tokens`, each under the row of `logits` (positions, vocab) that predicts it."""
+        if self.logprobs is None:
+            return
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        k = self.request.logprobs
+        top_values, top_ids = logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long())
+        chosen = logp.gather(1, torch.tensor(tokens, device=logp.device)[:, None]).squeeze(1).tolist()
+        for i, token in enumerate(tokens):
+            self.logprobs.append(TokenLogprob(token, chosen[i], list(zip(top_ids[i].tolist(), top_values[i].tolist()))))
 
 
 class Engine:
@@ -175,16 +198,17 @@ class Engine:
                 for request in joining:
                     try:
                         self._join(request)
-                    except Exception as e:  # noqa: BLE001 - one bad request must not take the server down
+                    except Exception:  # noqa: BLE001 - one bad request must not take the server down
                         log.exception("prefill failed")
-                        request.on_event(ErrorEvent("internal", f"generation failed: {type(e).__name__}: {e}"))
+                        request.on_event(ErrorEvent("internal", "generation failed for this request; see the "
+                                                                "server log"))
                 try:
                     self._drop_cancelled_and_expired()
                     if self.active:
                         self._decode_step()
-                except Exception as e:  # noqa: BLE001 - one bad step must not take the server down
+                except Exception:  # noqa: BLE001 - one bad step must not take the server down
                     log.exception("generation step failed; failing the %d requests in the batch", len(self.active))
-                    self._fail_all(f"generation failed: {type(e).__name__}: {e}")
+                    self._fail_all("generation failed; see the server log")
                 self.metrics.batch_size.set(len(self.active))
 
     def _join(self, request: GenerationRequest) -> None:
@@ -199,8 +223,16 @@ class Engine:
         prompt_len = len(request.prompt_ids)
         prefill = KVCache(self.config, 1, prompt_len, self.device, self.dtype)
         idx = torch.tensor([request.prompt_ids], dtype=torch.long, device=self.device)
-        logits, _ = self.model(idx, cache=prefill, last_only=True)
-        self._accept(seq, sample_rows(logits[:, -1], [seq.params], [seq.generator])[0])
+        # With echo the prompt's own positions are scored too: logits at every position, not just the last.
+        logits, _ = self.model(idx, cache=prefill, last_only=not (request.echo and seq.logprobs is not None))
+        if request.echo and seq.logprobs is not None:
+            seq.logprobs.append(TokenLogprob(request.prompt_ids[0], None, []))
+            seq.record_logprobs(logits[0, :-1], request.prompt_ids[1:])
+        if seq.params.max_new_tokens == 0:  # scoring only (echo)
+            seq.first_token_at = now
+            self._finish(seq, "length", time.perf_counter())
+            return
+        self._accept(seq, sample_rows(logits[:, -1], [seq.params], [seq.generator])[0], logits[:, -1])
         if not seq.finished:
             self.slots.add(prefill, prompt_len)
             self.active.append(seq)
@@ -215,12 +247,19 @@ class Engine:
         self.slots.advance()
         self.metrics.decode_batch.observe(len(self.active))
         tokens = sample_rows(logits[:, -1], [s.params for s in self.active], [s.generator for s in self.active])
-        for seq, token in zip(self.active, tokens):
+        for row, (seq, token) in enumerate(zip(self.active, tokens)):
             seq.position += 1
-            self._accept(seq, token)
+            try:
+                self._accept(seq, token, logits[row:row + 1, -1])
+            except Exception:  # noqa: BLE001 - a failure in one request's tokens ends that request alone
+                log.exception("request failed while handling its token %d", token)
+                seq.finished = True
+                seq.request.on_event(ErrorEvent("internal", "generation failed for this request; see the "
+                                                            "server log"))
         self._remove(lambda s: s.finished)
 
-    def _accept(self, seq: _Sequence, token: int) -> None:
+    def _accept(self, seq: _Sequence, token: int, logits: torch.Tensor) -> None:
+        """`logits` (1, vocab): the distribution `token` was drawn from."""
         now = time.perf_counter()
         if seq.first_token_at is None:
             seq.first_token_at = now
@@ -229,6 +268,7 @@ class Engine:
         if token == EOT_TOKEN and seq.params.stop_at_eot:
             self._finish(seq, "eos", now)
             return
+        seq.record_logprobs(logits, [token])
         delta = seq.text.add(token)
         seq.request.on_event(TokenEvent(token, delta))
         if seq.text.stopped:
@@ -251,7 +291,7 @@ class Engine:
         self.metrics.total_time.observe(total)
         seq.request.on_event(DoneEvent(text=seq.text.text, tail=tail, tokens=seq.generated,
                                        prompt_tokens=len(seq.request.prompt_ids), finish_reason=reason,
-                                       latency=latency))
+                                       latency=latency, logprobs=seq.logprobs))
 
     def _timeout(self, request: GenerationRequest, generated: int) -> None:
         request.on_event(ErrorEvent("timeout", f"the request exceeded the time limit of {self.request_timeout_s:g}s "

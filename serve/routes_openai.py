@@ -13,11 +13,13 @@ import uuid
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
+from data.tokenizer import decode
 from model.sampling import SamplingParams
 from serve.engine import DoneEvent, ErrorEvent, TokenEvent
 from serve.errors import APIError, error_body
 from serve.routes_generate import SSE_HEADERS
-from serve.schemas import Completion, CompletionChoice, CompletionRequest, CompletionUsage, ModelCard, ModelList
+from serve.schemas import (Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionUsage,
+                           ModelCard, ModelList)
 from serve.state import ServerState, require_api_key, server_state
 from serve.submission import Submission, error_for
 
@@ -40,7 +42,7 @@ async def create_completion(body: CompletionRequest, request: Request):
         raise APIError(404, f"model {body.model!r} is not served here; this server serves {state.model_id!r} "
                             f"(see GET /v1/models)", param="model", code="model_not_found")
     jobs = completion_jobs(body, state)
-    submission = Submission(state.engine, jobs, state.config.retry_after_s)
+    submission = Submission(state.engine, jobs, state.config.retry_after_s, body.logprobs, body.echo)
     submission.submit()
     completion_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
@@ -48,9 +50,28 @@ async def create_completion(body: CompletionRequest, request: Request):
         chunks = stream(submission, completion_id, created, state.model_id, include_usage, body.n)
         return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS)
     results = await submission.results(request)
-    choices = [CompletionChoice(text=r.text, index=i, finish_reason=FINISH_REASONS[r.finish_reason])
-               for i, r in enumerate(results)]
+    prompts = [prompt for prompt in body.prompts for _ in range(body.n)]  # choice order
+    choices = [completion_choice(r, i, prompts[i] if body.echo else "") for i, r in enumerate(results)]
     return Completion(id=completion_id, choices=choices, created=created, model=state.model_id, usage=usage(results, body.n))
+
+
+def completion_choice(result: DoneEvent, index: int, echoed: str) -> CompletionChoice:
+    """The choice's text (after the echoed prompt, if any) and, when asked for, its log-probabilities with
+    each token's text and its character offset in that text."""
+    logprobs = None
+    if result.logprobs is not None:
+        pieces = [decode([entry.token]) for entry in result.logprobs]
+        offsets, at = [], 0
+        for piece in pieces:
+            offsets.append(at)
+            at += len(piece)
+        logprobs = CompletionLogprobs(
+            tokens=pieces, token_logprobs=[entry.logprob for entry in result.logprobs],
+            top_logprobs=[None if entry.logprob is None else {decode([t]): lp for t, lp in entry.top}
+                          for entry in result.logprobs],
+            text_offset=offsets)
+    return CompletionChoice(text=echoed + result.text, index=index, logprobs=logprobs,
+                            finish_reason=FINISH_REASONS[result.finish_reason])
 
 
 def completion_jobs(body: CompletionRequest, state: ServerState) -> list:

@@ -68,8 +68,9 @@ class CompletionRequest(StrictBody):
     echo: bool = False
     frequency_penalty: float = Field(0.0, allow_inf_nan=False)
     logit_bias: dict[str, float] | None = None
-    logprobs: int | None = None
-    max_tokens: int = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=5, description="log-probabilities of the chosen tokens and of "
+                                                                 "this many alternatives per position")
+    max_tokens: int = Field(16, ge=0, description="0 only with echo: score the prompt, generate nothing")
     n: int = Field(1, ge=1)
     presence_penalty: float = Field(0.0, allow_inf_nan=False)
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
@@ -80,13 +81,6 @@ class CompletionRequest(StrictBody):
     temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False)
     top_p: Probability = 1.0
     user: str | None = None
-
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, v):
-        if v:
-            raise ValueError("echo is not supported by this server; leave it out or set it to false")
-        return v
 
     @field_validator("frequency_penalty", "presence_penalty")
     @classmethod
@@ -102,19 +96,20 @@ class CompletionRequest(StrictBody):
             raise ValueError("logit_bias is not supported by this server; leave it out")
         return v
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v):
-        if v is not None:
-            raise ValueError("logprobs is not supported by this server; leave it out")
-        return v
-
     @field_validator("suffix")
     @classmethod
     def _no_suffix(cls, v):
         if v:
             raise ValueError("suffix (insertion) is not supported by this server; leave it out")
         return v
+
+    @model_validator(mode="after")
+    def _scoring(self):
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens: 0 generates nothing; it is allowed only with echo (to score the prompt)")
+        if self.stream and self.logprobs is not None:
+            raise ValueError("logprobs: not available with stream; leave one of them out")
+        return self
 
     @model_validator(mode="after")
     def _best_of_is_n(self):
@@ -134,10 +129,18 @@ class CompletionRequest(StrictBody):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
+class CompletionLogprobs(BaseModel):
+    """OpenAI's completions format: one entry per token of the returned text (the prompt's first, with echo)."""
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     text: str
     index: int
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
 
 

@@ -22,12 +22,13 @@ DISCONNECT_POLL_S = 0.5
 
 
 class Submission:
-    def __init__(self, engine: Engine, jobs: list[tuple[list[int], SamplingParams, list[str]]], retry_after_s: int):
+    def __init__(self, engine: Engine, jobs: list[tuple[list[int], SamplingParams, list[str]]], retry_after_s: int,
+                 logprobs: int | None = None, echo: bool = False):
         self.engine = engine
         self.retry_after_s = retry_after_s
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
-        self.requests = [GenerationRequest(ids, params, functools.partial(self._deliver, i), stop)
+        self.requests = [GenerationRequest(ids, params, functools.partial(self._deliver, i), stop, logprobs, echo)
                          for i, (ids, params, stop) in enumerate(jobs)]
         self.open = set(range(len(jobs)))
 

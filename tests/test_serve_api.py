@@ -140,7 +140,6 @@ def test_unknown_paths_and_methods_answer_json(client):
 def test_openai_request_checks(client, checkpoint):
     base = {"model": Path(checkpoint).name, "prompt": "hi", "max_tokens": 4}
     for body, status, param in [({**base, "model": "gpt-4"}, 404, "model"), ({**base, "n": 9}, 422, "n"),
-                                ({**base, "echo": True}, 422, "echo"), ({**base, "logprobs": 2}, 422, "logprobs"),
                                 ({**base, "presence_penalty": 0.5}, 422, "presence_penalty"),
                                 ({**base, "prompt": ["ok", "word " * 70]}, 422, "prompt[1]"),
                                 ({**base, "temperature": 3}, 422, "temperature")]:
@@ -213,3 +212,42 @@ def test_served_model_name_and_health_without_the_path(checkpoint, monkeypatch):
     monkeypatch.setenv("GPT2_SERVE_API_KEY", "secret")
     with make_client(checkpoint) as client:  # /health is open: with a key set it names the folder, not its path
         assert client.get("/health").json()["checkpoint"] == Path(checkpoint).name
+
+
+def test_logprobs_and_echo_score_text_as_evaluation_does(client, checkpoint):
+    """echo + max_tokens 0 returns the prompt's own log-probabilities; their sum is minus the summed
+    cross-entropy that model/evaluate.py computes on the same text."""
+    from data.tokenizer import encode
+    from model.artifact import load_model
+    from model.evaluate import evaluate_loss
+    text = "The quick brown fox jumps over the lazy dog."
+    name = Path(checkpoint).name
+    reply = client.post("/v1/completions", json={"model": name, "prompt": text, "max_tokens": 0, "echo": True,
+                                                 "logprobs": 2})
+    assert reply.status_code == 200, reply.text
+    choice = reply.json()["choices"][0]
+    lp = choice["logprobs"]
+    ids = encode(text)
+    assert choice["text"] == text and "".join(lp["tokens"]) == text and len(lp["tokens"]) == len(ids)
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["text_offset"] == [len("".join(lp["tokens"][:i])) for i in range(len(ids))]
+    assert all(len(top) <= 2 and max(top.values()) >= chosen - 1e-6
+               for top, chosen in zip(lp["top_logprobs"][1:], lp["token_logprobs"][1:]))
+    model, _ = load_model(checkpoint)
+    x, y = torch.tensor([ids[:-1]]), torch.tensor([ids[1:]])
+    expected = evaluate_loss(model, [(x, y)], "cpu")["val_loss"] * (len(ids) - 1)
+    assert sum(lp["token_logprobs"][1:]) == pytest.approx(-expected, rel=1e-4)
+
+    greedy = client.post("/v1/completions", json={"model": name, "prompt": text, "max_tokens": 3, "temperature": 0,
+                                                  "logprobs": 1}).json()["choices"][0]
+    entries = greedy["logprobs"]
+    assert "".join(entries["tokens"]) == greedy["text"]
+    for top, chosen, token in zip(entries["top_logprobs"], entries["token_logprobs"], entries["tokens"]):
+        assert list(top) == [token] and top[token] == pytest.approx(chosen)  # greedy: the chosen token is the best
+
+
+@pytest.mark.parametrize("extra, param", [({"max_tokens": 0}, "max_tokens"), ({"logprobs": 6}, "logprobs"),
+                                          ({"logprobs": 1, "stream": True}, "logprobs")])
+def test_scoring_requests_that_cannot_work_are_refused(client, checkpoint, extra, param):
+    reply = client.post("/v1/completions", json={"model": Path(checkpoint).name, "prompt": "hi", **extra})
+    assert reply.status_code == 422 and param in reply.json()["error"]["message"]

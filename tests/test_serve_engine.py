@@ -211,3 +211,27 @@ def test_text_assembler_holds_back_partial_stop_strings_and_characters():
     pieces = [assembler.add(t) for t in encode("naïve 🙂 ok")]
     assert "\ufffd" not in "".join(pieces)
     assert "".join(pieces) + assembler.finish() == "naïve 🙂 ok"
+
+
+def test_a_failing_request_ends_alone_and_its_batch_completes_as_if_alone(engine, monkeypatch):
+    """A request whose token handling fails (here: its text assembly) gets an error without internal text;
+    the greedy requests decoded in the same steps finish with the tokens they get alone."""
+    greedy = SamplingParams(max_new_tokens=6, temperature=0)
+    prompts = [[5, 6, 7], [9, 10], [11, 12, 13, 14]]
+    alone = [run(engine, [(ids, greedy)]).tokens[0] for ids in prompts]
+
+    class PoisonedText(TextAssembler):
+        def add(self, token):
+            if self.stop == ["poison"] and len(self.tokens) == 2:
+                raise KeyError(f"Invalid token for decoding: {token}")
+            return super().add(token)
+
+    monkeypatch.setattr("serve.engine.TextAssembler", PoisonedText)
+    collector = Collector(4)
+    for i, ids in enumerate(prompts):
+        engine.submit(GenerationRequest(ids, greedy, collector.callback(i)))
+    engine.submit(GenerationRequest([1, 2], greedy, collector.callback(3), stop=["poison"]))
+    collector.wait()
+    assert collector.tokens[:3] == alone and all(isinstance(collector.ends[i], DoneEvent) for i in range(3))
+    failure = collector.ends[3]
+    assert isinstance(failure, ErrorEvent) and "KeyError" not in failure.message and "Invalid" not in failure.message

@@ -97,6 +97,11 @@ def test_openai_client_works_unchanged(server, checkpoint):
         client.completions.create(model=Path(checkpoint).name, prompt="hi", max_tokens=1000)
     with pytest.raises(openai.NotFoundError, match="is not served here"):
         client.completions.create(model="gpt-3.5-turbo-instruct", prompt="hi")
+    # What evaluation harnesses send to score text (lm-evaluation-harness's local-completions backend).
+    scored = client.completions.create(model=Path(checkpoint).name, prompt="The meaning of life is", max_tokens=0,
+                                       echo=True, logprobs=1, temperature=0).choices[0]
+    assert scored.text == "The meaning of life is" and scored.logprobs.token_logprobs[0] is None
+    assert len(scored.logprobs.tokens) == 5 and all(lp < 0 for lp in scored.logprobs.token_logprobs[1:])
 
 
 def test_client_that_disconnects_mid_stream_frees_its_slot(server):
