@@ -72,7 +72,7 @@ def nanogpt_step(checkout: str, cfg: TrainSpeedConfig, device: torch.device, pre
     runner = torch.compile(model) if cfg.compile else model
 
     def step(next_batch):
-        x, y = (t.to(device) for t in next_batch())
+        x, y = (t.contiguous().to(device) for t in next_batch())  # its loss views the targets
         with precision.autocast():
             _, loss = runner(x, y)
         loss.backward()

@@ -30,8 +30,10 @@ def _loss_sum(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, to_g
         if to_gradient:
             chunk.sub_(lse[:, None]).exp_()
             chunk[torch.arange(len(target), device=chunk.device), target] -= 1
-            chunk.mul_(counted[:, None])
-            logits[rows] = chunk
+            if not counted.all():
+                chunk.mul_(counted[:, None])
+            if chunk.data_ptr() != logits.data_ptr() + start * logits.stride(0) * logits.element_size():
+                logits[rows] = chunk  # a float32 copy of lower-precision logits goes back
     return loss_sum
 
 

@@ -242,7 +242,8 @@ class DataParallel(DataParallelStrategy):
 
 
 class MeanOverReplicas(nn.Module):
-    """nn.DataParallel gathers one loss per replica; the step needs their mean (equal shares of the batch)."""
+    """nn.DataParallel gathers one mean loss per replica; the step needs the whole batch's, so each replica's
+    loss is weighted by the rows it got (DataParallel splits the batch as `chunk` over its devices)."""
 
     def __init__(self, replicated: nn.Module):
         super().__init__()
@@ -250,7 +251,10 @@ class MeanOverReplicas(nn.Module):
 
     def forward(self, idx, targets=None):
         logits, loss = self.replicated(idx, targets)
-        return logits, (loss.mean() if loss is not None else None)
+        if loss is None:
+            return logits, None
+        rows = torch.tensor([len(c) for c in idx.chunk(len(self.replicated.device_ids))], device=loss.device)
+        return logits, (loss * rows).sum() / rows.sum()
 
 
 STRATEGIES: dict[str, type[DataParallelStrategy]] = {

@@ -313,25 +313,27 @@ def test_more_ranks_than_gpus_is_refused_before_touching_cuda(monkeypatch):
 
 
 def test_data_parallel_trains_on_the_mean_of_its_replicas_losses(monkeypatch):
-    """nn.DataParallel gathers one loss per replica.  No second GPU here: a stand-in splits the batch in
-    two and returns the two losses as DataParallel would; one step must equal a single-device step."""
+    """nn.DataParallel gathers one loss per replica.  No second GPU here: a stand-in splits the batch (3 rows:
+    2 + 1) and returns the two losses as DataParallel would; one step must equal a single-device step."""
     from model.optim import build_optimizer
     from parallel import strategies
     from runtime.device import precision_policy
     from training.step import TrainStep
 
     class TwoReplicas(torch.nn.Module):
+        device_ids = [0, 1]
+
         def __init__(self, module):
             super().__init__()
             self.module = module
 
-        def forward(self, idx, targets):
-            halves = [self.module(i, t) for i, t in zip(idx.chunk(2), targets.chunk(2))]
-            return None, torch.stack([loss for _, loss in halves])
+        def forward(self, idx, targets):  # DataParallel's split: `chunk` over the devices, here 2 + 1 rows
+            shares = [self.module(i, t) for i, t in zip(idx.chunk(2), targets.chunk(2))]
+            return None, torch.stack([loss for _, loss in shares])
 
     monkeypatch.setattr(strategies, "replicate_with_data_parallel", lambda module, device: TwoReplicas(module))
     cpu = torch.device("cpu")
-    batch = (torch.randint(0, 50257, (4, 16)), torch.randint(0, 50257, (4, 16)))
+    batch = (torch.randint(0, 50257, (3, 16)), torch.randint(0, 50257, (3, 16)))
     results = {}
     for name in ("none", "dp"):
         torch.manual_seed(0)
