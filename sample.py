@@ -1,6 +1,6 @@
 """Generate text from a checkpoint folder (float, pruned or int8) or a Hugging Face GPT-2 folder.
 
-    python sample.py --prompt "The history of"                  # newest checkpoint under out/
+    python sample.py --prompt "The history of"                  # the most-trained checkpoint under out/
     echo "Once upon a time" | python sample.py --checkpoint out/train --num-samples 3 --top-p 0.9
     python sample.py --prompts-file prompts.jsonl --output out.jsonl --batch-size 8
 
@@ -22,13 +22,15 @@ import torch
 from tqdm import tqdm
 
 from data.tokenizer import decode, encode
-from model.artifact import find_latest_artifact, load_model
+from model.artifact import load_model
 from model.config import EOT_TOKEN
 from model.generate import generate
+from model.hub import resolve_checkpoint
 from model.sampling import SamplingParams
 from runtime.cli import parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
+from training.checkpoint import default_checkpoint
 
 PROMPT_SETTINGS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
 
@@ -169,7 +171,8 @@ def sample_many(cfg: SampleConfig, model, device) -> None:
 def main(argv=None) -> None:
     try:
         cfg = parse_config(SampleConfig, __doc__, argv)
-        folder = cfg.checkpoint or find_latest_artifact()
+        folder, why = (resolve_checkpoint(cfg.checkpoint), "--checkpoint") if cfg.checkpoint else default_checkpoint()
+        print(f"model: {folder} ({why})", file=sys.stderr)
         device = choose_device(cfg.device)
         model, meta = load_model(folder, device)
         print(f"loaded {meta['artifact']} model from {folder}", file=sys.stderr)

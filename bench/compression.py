@@ -17,8 +17,8 @@ from pathlib import Path
 from bench.record import add_results_arg, plt, save_figure, write_result
 from bench.runner import ROOT, run_command
 from bench.timing import environment
-from model.artifact import find_latest_artifact
 from runtime.device import choose_device
+from training.checkpoint import default_checkpoint
 
 NAME = "compression"
 PRUNE_REPORT = "prune_report.json"
@@ -59,7 +59,7 @@ def run_tool(script: str, flags: list[str], timeout_s: float) -> str:
 
 
 def produce_reports(args) -> tuple[Path, Path, list[str]]:
-    checkpoint = args.checkpoint or find_latest_artifact()
+    checkpoint = args.checkpoint or default_checkpoint()[0]
     commands = []
     prune_report, quant_report = args.prune_report, args.quant_report
     if prune_report is None:

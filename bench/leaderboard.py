@@ -33,16 +33,18 @@ from data.corpus import DATASET_NAMES, Corpus, DatasetError
 from data.loader import eval_batches
 from data.shards import load_split
 from data.tokenizer import TokenizerError
-from model.artifact import ArtifactError, find_latest_artifact, load_model, save_artifact
+from model.artifact import ArtifactError, load_model, save_artifact
 from model.config import GPTConfig
 from model.evaluate import evaluate_loss
 from model.generate import generate
 from model.gpt import GPT
+from model.hub import resolve_checkpoint
 from model.sampling import SamplingParams
 from parallel.distributed import MODES, MULTI_PROCESS_MODES
 from runtime.device import choose_device, peak_memory_bytes, precision_policy, synchronize
 from runtime.errors import UserError
 from runtime.provenance import provenance
+from training.checkpoint import default_checkpoint
 
 GENERATION_BATCHES = (1, 12)
 TRAINING_BATCHES = (4, 12)
@@ -195,8 +197,8 @@ def scorecard(args) -> dict:
     device = choose_device(args.device)
     if args.parallel not in ("none", *MULTI_PROCESS_MODES):
         raise LeaderboardError(f"--parallel {args.parallel} is not a torchrun mode")
-    folder = args.checkpoint or find_latest_artifact()
-    print(f"scoring {folder}", file=sys.stderr)
+    folder, why = (resolve_checkpoint(args.checkpoint), "--checkpoint") if args.checkpoint else default_checkpoint()
+    print(f"scoring {folder} ({why})", file=sys.stderr)
     model, meta = load_model(folder, device)
     context = model.config.block_size
     eval_block = args.eval_block_size or context

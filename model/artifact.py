@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from model.config import GPTConfig
 from model.gpt import GPT
 from model.hf import load_hf_gpt2
+from model.hub import resolve_checkpoint
 from model.int8 import build_int8_model
 from model.weights import ArtifactError, load_weights, read_safetensors
 
@@ -105,8 +106,9 @@ def read_config(folder: str | Path) -> dict:
 
 
 def load_model(folder: str | Path, device: str | torch.device = "cpu") -> tuple[torch.nn.Module, dict]:
-    """Any artifact folder (float, pruned, int8, or a Hugging Face GPT-2 folder) as a ready model in eval mode."""
-    folder = Path(folder)
+    """Any artifact folder (float, pruned, int8, or a Hugging Face GPT-2 folder or hub name) as a ready model in
+    eval mode."""
+    folder = resolve_checkpoint(folder)
     meta = read_config(folder)
     if "model_type" in meta:  # a Hugging Face folder
         model = load_hf_gpt2(folder)
@@ -126,15 +128,13 @@ def load_model(folder: str | Path, device: str | torch.device = "cpu") -> tuple[
     return model.to(device).eval(), meta
 
 
-def find_latest_artifact(root: str | Path = DEFAULT_OUT_ROOT, accept: Callable[[dict], bool] | None = None,
-                         what: str = "checkpoint") -> Path:
-    """The most recently written artifact folder at or below `root` whose config.json satisfies `accept`.
+def artifact_folders(root: str | Path = DEFAULT_OUT_ROOT, accept: Callable[[dict], bool] | None = None) -> list[Path]:
+    """Every artifact folder at or below `root` whose config.json satisfies `accept`.
 
     Folders whose config.json cannot be read are skipped here; naming one with --checkpoint reports the damage.
     """
-    root = Path(root)
-    candidates = []
-    for path in root.rglob(CONFIG_FILE):
+    folders = []
+    for path in Path(root).rglob(CONFIG_FILE):
         if STAGING_DIR in path.parts:
             continue
         if accept is not None:
@@ -144,8 +144,5 @@ def find_latest_artifact(root: str | Path = DEFAULT_OUT_ROOT, accept: Callable[[
                 continue
             if not isinstance(meta, dict) or not accept(meta):
                 continue
-        candidates.append(path.parent)
-    if not candidates:
-        raise ArtifactError(f"no {what} found under {root}/; train one first (`python train.py`) "
-                            f"or pass --checkpoint DIR")
-    return max(candidates, key=lambda d: (d / CONFIG_FILE).stat().st_mtime)
+        folders.append(path.parent)
+    return folders

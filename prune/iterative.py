@@ -3,6 +3,7 @@
     python prune/iterative.py --target 0.8                      # magnitude pruning of the newest train.py checkpoint
     python prune/iterative.py --target 0.5 --method row         # remove heads and MLP units: a smaller, faster model
     python prune/iterative.py --target 0.5 --method wanda --finetune-steps 0
+    python prune/iterative.py --target 0.8 --method magnitude,row  # both, one report with both curves
 
 Methods: `magnitude` (global unstructured, smallest |w| first), `row` (whole MLP hidden units
 and attention heads removed per layer, layers rebuilt smaller), `wanda` (|w| x input-activation
@@ -32,6 +33,7 @@ from data.tokenizer import TokenizerError
 from model.artifact import ArtifactError, artifact_writers, load_model, model_state_for_saving, write_folder_atomically
 from model.evaluate import evaluate_loss
 from model.gpt import GPT
+from model.hub import resolve_checkpoint
 from prune.csr import csr_copy
 from prune.errors import PruneError
 from prune.finetune import FinetuneError, FinetuneSettings, finetune
@@ -39,7 +41,7 @@ from prune.magnitude import magnitude_masks
 from prune.masks import MaskSet, block_linear_weights, count_nonzero, parse_param_groups, prunable_parameters
 from prune.report import ReportError, read_report, report_writers
 from prune.schedule import SCHEDULES, sparsity_schedule
-from prune.source import checkpoint_dataset, find_training_checkpoint
+from prune.source import checkpoint_dataset
 from prune.speed import GENERATION_PROMPT_TOKENS, SpeedSettings, measure
 from prune.structured import StructureError, check_widths, select_units, shrink
 from prune.wanda import input_feature_norms, wanda_masks
@@ -47,6 +49,7 @@ from runtime.cli import add_dataclass_args, dataclass_from_args
 from runtime.device import choose_device, precision_policy
 from runtime.errors import UserError
 from runtime.provenance import provenance
+from training.checkpoint import default_checkpoint
 
 METHODS = ("magnitude", "row", "wanda")
 DEFAULT_OUT_DIR = "out/prune"
@@ -85,7 +88,9 @@ class PruneConfig:
 
 HELP = {
     "target": "final sparsity, 0 < F < 1 (row: the share of each layer's heads and MLP units removed) [required]",
-    "method": "magnitude (global unstructured), row (structured: heads and MLP units), wanda (|w| x activation norm)",
+    "method": "magnitude (global unstructured), row (structured: heads and MLP units), wanda (|w| x activation "
+              "norm); several, comma-separated (magnitude,row), run one after the other from the same checkpoint "
+              "into one report",
     "checkpoint": "artifact folder to prune (default: the newest checkpoint written by train.py under out/)",
     "rounds": "pruning rounds, each followed by fine-tuning and evaluation",
     "schedule": "cubic (Zhu & Gupta) or geometric: the sparsity reached after each round",
@@ -116,8 +121,16 @@ HELP = {
 def parse_args(argv=None) -> PruneConfig:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    add_dataclass_args(parser, PruneConfig, HELP, choices={"method": METHODS, "schedule": SCHEDULES})
+    add_dataclass_args(parser, PruneConfig, HELP, choices={"schedule": SCHEDULES})
     return dataclass_from_args(PruneConfig, parser.parse_args(argv))
+
+
+def methods(cfg: PruneConfig) -> list[str]:
+    names = [m.strip() for m in cfg.method.split(",") if m.strip()]
+    unknown = [m for m in names if m not in METHODS]
+    if unknown or not names:
+        raise PruneError(f"--method {cfg.method!r}: choose from {', '.join(METHODS)} (several: comma-separated)")
+    return names
 
 
 def validate(cfg: PruneConfig) -> None:
@@ -236,9 +249,9 @@ def sparse_format_verdict(rows: list[dict], device: torch.device) -> dict | None
 def load_source(cfg: PruneConfig, device) -> tuple[GPT, Path, dict]:
     """The model to prune, loaded and announced, with its folder and stored metadata."""
     if cfg.checkpoint:
-        folder, found = Path(cfg.checkpoint), "from --checkpoint"
+        folder, found = resolve_checkpoint(cfg.checkpoint), "from --checkpoint"
     else:
-        folder, found = find_training_checkpoint(), "the newest train.py checkpoint under out/"
+        folder, found = default_checkpoint()
     if Path(cfg.out_dir).resolve() == folder.resolve():
         raise PruneError(f"--out-dir {cfg.out_dir} is the checkpoint being pruned; choose another folder")
     model, meta = load_model(folder, device)
@@ -431,7 +444,8 @@ def run(cfg: PruneConfig) -> dict:
 def main(argv=None) -> None:
     cfg = parse_args(argv)
     try:
-        run(cfg)
+        for method in methods(cfg):  # each adds its curve to the same report in --out-dir
+            run(dataclasses.replace(cfg, method=method))
     except KeyboardInterrupt:  # during loading or the dense baseline; interrupts inside rounds are handled there
         print("\ninterrupted before the first pruning round finished; nothing was written", file=sys.stderr)
         raise SystemExit(130)

@@ -36,13 +36,15 @@ from data.corpus import DATASET_NAMES, DatasetError
 from data.loader import eval_batches
 from data.shards import load_split
 from data.tokenizer import TokenizerError
-from model.artifact import (DEFAULT_OUT_ROOT, WEIGHTS_FILE, ArtifactError, artifact_writers, find_latest_artifact,
-                            load_model, read_config, write_folder_atomically)
+from model.artifact import (DEFAULT_OUT_ROOT, WEIGHTS_FILE, ArtifactError, artifact_writers, load_model, read_config,
+                            write_folder_atomically)
+from model.hub import resolve_checkpoint
 from model.int8 import HEAD_FORMATS, default_head_format, int8_state_for_saving, quantize_model
 from quantize.measure import generation_speed, greedy_agreement, paired_validation, prompts_from
 from runtime.device import choose_device
 from runtime.errors import UserError
 from runtime.provenance import provenance
+from training.checkpoint import default_checkpoint
 
 DEFAULT_OUT_DIR = DEFAULT_OUT_ROOT / "int8"
 REPORT_FILE = "quant_report.json"
@@ -89,12 +91,6 @@ def check(args) -> None:
         raise QuantizeError(f"--eval-block-size must be at least 1, got {args.eval_block_size}")
 
 
-def newest_quantizable(root: Path = DEFAULT_OUT_ROOT) -> Path:
-    """The newest float or pruned artifact under `root` (int8 ones cannot be quantized again)."""
-    return find_latest_artifact(root, accept=lambda meta: meta.get("artifact", "float") != "int8",
-                                what="float or pruned checkpoint")
-
-
 def refuse_int8_source(folder: Path) -> None:
     meta = read_config(folder)
     if meta.get("artifact") == "int8":
@@ -131,7 +127,8 @@ def print_table(report: dict) -> None:
 
 
 def quantize(args) -> dict:
-    source = args.checkpoint or newest_quantizable()
+    source, why = (resolve_checkpoint(args.checkpoint), "--checkpoint") if args.checkpoint else default_checkpoint()
+    print(f"model: {source} ({why})", file=sys.stderr)
     if args.out_dir.resolve() == Path(source).resolve():
         raise QuantizeError(f"--out-dir {args.out_dir} is the source checkpoint; choose another folder")
     refuse_int8_source(source)

@@ -16,7 +16,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 
 from data.tokenizer import get_tokenizer
-from model.artifact import CONFIG_FILE, find_latest_artifact, load_model
+from model.artifact import CONFIG_FILE, load_model
+from model.hub import resolve_checkpoint
 from runtime.device import choose_device
 from serve import routes_generate, routes_openai
 from serve.body_limit import BodySizeLimit
@@ -27,6 +28,7 @@ from serve.metrics import ServerMetrics
 from serve.request_log import RequestLog
 from serve.schemas import CompletionRequest, GenerateRequest
 from serve.state import ServerState, server_state
+from training.checkpoint import default_checkpoint
 
 log = logging.getLogger("serve")
 
@@ -37,7 +39,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     if not logging.getLogger().handlers:
         # Uvicorn configures only its own loggers; the per-request lines need a handler too.
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    folder = Path(config.checkpoint) if config.checkpoint else find_latest_artifact()
+    folder, why = (resolve_checkpoint(config.checkpoint), "--checkpoint") if config.checkpoint else default_checkpoint()
+    log.info("model: %s (%s)", folder, why)
     device = choose_device(config.device)
     if config.threads:
         torch.set_num_threads(config.threads)

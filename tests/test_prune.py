@@ -20,11 +20,11 @@ from prune.finetune import FinetuneSettings, finetune
 from prune.magnitude import magnitude_masks
 from prune.masks import block_linear_weights, count_nonzero, prunable_parameters
 from prune.schedule import sparsity_schedule
-from prune.source import find_training_checkpoint
 from prune.structured import StructureError, head_columns, select_units, shrink
 from prune.wanda import input_feature_norms, wanda_masks
 from runtime.device import precision_policy
 from runtime.provenance import provenance
+from training.checkpoint import default_checkpoint
 
 CPU = torch.device("cpu")
 
@@ -203,6 +203,18 @@ def run_cli(*argv):
     iterative.main([*FAST, *argv])  # later flags win, so a test can override FAST
 
 
+def test_two_methods_in_one_run_share_the_source_and_the_report(workspace):
+    root, checkpoint = workspace
+    out = root / "both"
+    run_cli("--target", "0.5", "--method", "magnitude,row", "--rounds", "1", "--checkpoint", str(checkpoint),
+            "--out-dir", str(out))
+    report = json.loads((out / "prune_report.json").read_text())
+    assert set(report["methods"]) == {"magnitude", "row"}
+    assert {m["source_checkpoint"] for m in report["methods"].values()} == {str(checkpoint)}
+    assert all(m["finished"] and m["rounds"][-1]["sparsity_pruned_tensors"] == pytest.approx(0.5)
+               for m in report["methods"].values())
+
+
 def test_row_pruning_end_to_end_and_methods_accumulate(workspace, capsys):
     root, checkpoint = workspace
     out = root / "pruned"
@@ -275,6 +287,7 @@ def test_ctrl_c_keeps_the_last_finished_round(workspace, monkeypatch):
     (["--target", "0.5", "--checkpoint", "/nonexistent/checkpoint"], "does not exist"),
     (["--target", "0.9", "--method", "row"], "would remove every head of layer 0"),
     (["--target", "0.5", "--method", "wanda", "--prune-params", "linear,embedding"], "linear weights only"),
+    (["--target", "0.5", "--method", "magnitude,banana"], "choose from magnitude, row, wanda"),
 ])
 def test_bad_input_gets_a_clear_error(workspace, argv, message, capsys):
     root, checkpoint = workspace
@@ -289,6 +302,6 @@ def test_default_checkpoint_search_skips_non_training_artifacts(tmp_path):
     model = random_model()
     save_artifact(tmp_path / "train", model, model.config, "float", provenance("train.py"))
     save_artifact(tmp_path / "prune", model, model.config, "pruned", provenance("prune/iterative.py"))
-    assert find_training_checkpoint(tmp_path) == tmp_path / "train"
+    assert default_checkpoint(tmp_path)[0] == tmp_path / "train"
     with pytest.raises(ValueError, match="no checkpoint written by train.py"):
-        find_training_checkpoint(tmp_path / "prune")
+        default_checkpoint(tmp_path / "prune")

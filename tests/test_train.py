@@ -185,3 +185,33 @@ def test_impossible_numbers_are_refused_by_name(tmp_path, flag, value):
     with pytest.raises(SystemExit) as exit_info:
         train.main([flag, value, "--out-dir", str(tmp_path / "x")])
     assert str(exit_info.value.code).startswith(f"error: {flag} ")
+
+
+def test_tools_without_checkpoint_pick_the_most_trained_run_of_the_demo(tmp_path, small_model):
+    """make demo's layout: out/demo/train (200 steps x 2,048 tokens), then an int8 copy and a 20-step FSDP
+    run written after it.  With no --checkpoint the tools take the trained model and say why."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from training.checkpoint import default_checkpoint
+
+    def training_run(folder, step, global_batch, block):
+        save_artifact(folder, small_model, small_model.config, "float", provenance("train.py"), extra={"step": step})
+        (folder / "training_state").mkdir()
+        (folder / "training_state" / "state.json").write_text(json.dumps(
+            {"step": step, "global_batch": global_batch, "train_config": {"grad_accum": 1, "block_size": block}}))
+
+    demo = tmp_path / "out" / "demo"
+    training_run(demo / "train", 200, 8, 256)
+    save_artifact(demo / "int8", small_model, small_model.config, "pruned", provenance("quantize/dynamic.py"))
+    training_run(demo / "fsdp", 20, 8, 64)  # the newest folder
+    folder, why = default_checkpoint(tmp_path / "out")
+    assert folder == demo / "train" and "409,600" in why and "of 2 runs" in why
+    repo = Path(__file__).resolve().parent.parent
+    result = subprocess.run([sys.executable, str(repo / "sample.py"), "--prompt", "x", "--max-new-tokens", "2"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(repo)})
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines()[0].startswith(f"model: {Path('out/demo/train')} (the train.py checkpoint")

@@ -1,0 +1,63 @@
+"""Pretrained GPT-2 by hub name, offline: from a hub cache the test writes in the hub's snapshot layout."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from model.artifact import load_model
+from model.hf import export_hf_gpt2
+from model.hub import resolve_checkpoint
+from model.weights import ArtifactError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write_hub_cache(cache: Path, repo_id: str, model) -> Path:
+    """models--org--name/{refs/main, snapshots/<commit>/{config.json, model.safetensors}}, as the hub client keeps it."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    root = cache / f"models--{repo_id.replace('/', '--')}"
+    snapshot = root / "snapshots" / commit
+    export_hf_gpt2(model, snapshot)
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text(commit)
+    return snapshot
+
+
+@pytest.fixture
+def offline_hub(tmp_path, monkeypatch):
+    cache = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache
+
+
+def test_a_hub_name_loads_from_the_cache_in_every_tool(offline_hub, small_model, tmp_path):
+    snapshot = write_hub_cache(offline_hub, "tiny-org/tiny-gpt2", small_model)
+    assert resolve_checkpoint("tiny-org/tiny-gpt2") == snapshot
+    loaded, meta = load_model("tiny-org/tiny-gpt2")
+    idx = torch.randint(0, 50257, (1, 8))
+    torch.testing.assert_close(loaded(idx)[0], small_model(idx)[0])
+    result = subprocess.run([sys.executable, str(REPO / "sample.py"), "--checkpoint", "tiny-org/tiny-gpt2",
+                             "--prompt", "Hello", "--max-new-tokens", "3"], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0 and "Hello" in result.stdout, result.stderr
+
+    import train
+    out = tmp_path / "finetune"
+    train.train(train.TrainConfig(init_from="tiny-org/tiny-gpt2", device="cpu", dataset="builtin", block_size=32,
+                                  batch_size=2, max_steps=1, eval_batches=1, final_eval_batches=1, out_dir=str(out)))
+    assert load_model(out)[1]["produced_by"]["source"] == "tiny-org/tiny-gpt2"
+
+
+def test_an_uncached_name_offline_says_how_to_get_the_files(offline_hub):
+    with pytest.raises(ArtifactError, match=r"gpt2-medium: the files of openai-community/gpt2-medium .* snapshot_download"):
+        resolve_checkpoint("gpt2-medium")
+
+
+def test_a_local_folder_wins_over_a_hub_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gpt2").mkdir()
+    assert resolve_checkpoint("gpt2") == Path("gpt2")
