@@ -61,6 +61,12 @@ UNITS = {
 }
 
 
+# The reference scorecard's protocol: gradient accumulation per optimizer step (this project's default: 1).
+REFERENCE_GRAD_ACCUM = 40
+REFERENCE_BLOCK = 128
+PROTOCOLS = {"default": 1, "reference": REFERENCE_GRAD_ACCUM}
+
+
 class LeaderboardError(UserError, ValueError):
     """Arguments that cannot work; printed without a traceback."""
 
@@ -90,6 +96,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="training text for the throughput runs (content does not change the speed)")
     parser.add_argument("--threads", type=int, help="torch threads per training rank (default: torch's choice)")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--protocol", default="default", choices=tuple(PROTOCOLS),
+                        help="reference: the reference scorecard's settings (training: grad accumulation "
+                             f"{REFERENCE_GRAD_ACCUM} x micro-batch 4 or 12 x block {REFERENCE_BLOCK}; generation: "
+                             f"batch x {REFERENCE_NEW_TOKENS} new tokens / time); default: this project's")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
     for name in ("eval_batch_size", "prompt_tokens", "repeats", "nproc_per_node", "train_steps"):
@@ -169,7 +179,7 @@ def trainable_source(folder: Path, meta: dict, workdir: Path) -> Path:
     return float_copy
 
 
-def training_figures(args, source: Path, block: int, workdir: Path) -> dict:
+def training_figures(args, source: Path, block: int, workdir: Path, grad_accum: int) -> dict:
     parallel = args.parallel != "none"
     steps = args.train_steps * (args.repeats + 1)
     figures = {}
@@ -177,7 +187,7 @@ def training_figures(args, source: Path, block: int, workdir: Path) -> dict:
         options = {"init_from": str(source), "dataset": args.train_dataset, "batch_size": batch,
                    "block_size": block, "max_steps": steps, "log_interval": args.train_steps,
                    "eval_interval": steps, "eval_batches": 1, "final_eval_batches": 1, "warmup_steps": 1,
-                   "parallel": args.parallel, "device": args.device}
+                   "parallel": args.parallel, "device": args.device, "grad_accum": grad_accum}
         print(f"training throughput: micro-batch {batch} x block {block}"
               f"{f', {args.parallel} on {args.nproc_per_node} ranks' if parallel else ''}", file=sys.stderr)
         run = run_train(workdir / f"train_{batch}", options, nproc=args.nproc_per_node if parallel else None,
@@ -202,7 +212,14 @@ def scorecard(args) -> dict:
     model, meta = load_model(folder, device)
     context = model.config.block_size
     eval_block = args.eval_block_size or context
-    train_block = args.block_size or context
+    reference = args.protocol == "reference"
+    train_block = REFERENCE_BLOCK if reference else args.block_size or context
+    if reference and args.prompt_tokens + REFERENCE_NEW_TOKENS > context:
+        raise LeaderboardError(f"--protocol reference generates {REFERENCE_NEW_TOKENS} new tokens after the "
+                               f"{args.prompt_tokens}-token prompt, which this model's context of {context} cannot "
+                               f"hold; score it with --protocol default (or a model with a longer context)")
+    if reference and args.new_tokens not in (None, REFERENCE_NEW_TOKENS):
+        raise LeaderboardError(f"--protocol reference fixes the new tokens at {REFERENCE_NEW_TOKENS}; drop --new-tokens")
     for name, value in (("--eval-block-size", eval_block), ("--block-size", train_block)):
         if value > context:
             raise LeaderboardError(f"{name} {value} exceeds the model's context of {context}")
@@ -230,7 +247,8 @@ def scorecard(args) -> dict:
     inference_peak = peak_memory_bytes(device)
     del model
     with tempfile.TemporaryDirectory(prefix="leaderboard-") as tmp:
-        training = training_figures(args, trainable_source(Path(folder), meta, Path(tmp)), train_block, Path(tmp))
+        training = training_figures(args, trainable_source(Path(folder), meta, Path(tmp)), train_block, Path(tmp),
+                                    PROTOCOLS[args.protocol])
 
     world = args.nproc_per_node if args.parallel != "none" else 1
     score = {
@@ -270,6 +288,10 @@ def scorecard(args) -> dict:
                        "precision": str(precision.autocast_dtype or torch.float32)},
         "generation": {"prompt_tokens": args.prompt_tokens, "new_tokens": new_tokens, "note": new_tokens_note,
                        "repeats": args.repeats},
+        "protocol": {"name": args.protocol, "grad_accum": PROTOCOLS[args.protocol], "training_block_size": train_block,
+                     "new_tokens": new_tokens,
+                     "training_throughput": "global micro-batch x grad accumulation x block x steps / seconds",
+                     "generation_throughput": "batch x new tokens / seconds"},
         "training": {"parallel": args.parallel, "world_size": world, "block_size": train_block,
                      "steps_per_repeat": args.train_steps, "repeats": args.repeats, "dataset": args.train_dataset,
                      "threads_per_rank": args.threads or "torch default",

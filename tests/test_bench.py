@@ -68,7 +68,14 @@ def test_scorecard_has_the_five_keys_with_numbers_and_units(results):
     assert score["environment"]["world_size"] == 1 and score["environment"]["git_commit"]
     assert score["generation"]["new_tokens"] == 4
     assert score["evaluation"]["targets"] == score["evaluation"]["tokens"] - 1  # the whole text, every target
+    assert score["protocol"]["name"] == "default" and score["protocol"]["grad_accum"] == 1
     assert json.loads((results["dir"] / "leaderboard.json").read_text())["loss"] == score["loss"]
+
+
+def test_reference_protocol_needs_room_for_its_500_new_tokens(results):
+    with pytest.raises(SystemExit, match="--protocol reference generates 500 new tokens .* context of 64"):
+        leaderboard.main(["--checkpoint", str(results["root"] / "artifact"), "--eval-text",
+                          str(results["root"] / "eval.txt"), "--protocol", "reference"])
 
 
 def test_leaderboard_refuses_what_cannot_work(small_artifact, tmp_path):
