@@ -17,7 +17,10 @@ class DeviceError(UserError, ValueError):
 def choose_device(requested: str = "auto") -> torch.device:
     if requested == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(requested)
+    try:
+        device = torch.device(requested)
+    except RuntimeError as e:
+        raise DeviceError(f"--device {requested!r} is not a device; use auto, cpu, cuda or cuda:N") from e
     if device.type == "cuda" and not torch.cuda.is_available():
         raise DeviceError(f"--device {requested} requested but CUDA is not available; use --device cpu")
     return device

@@ -59,8 +59,9 @@ def require_api_key(request: Request) -> None:
     expected = server_state(request).api_key
     if not expected:
         return
-    auth = request.headers.get("authorization", "")
-    given = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else request.headers.get("x-api-key", "")
+    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+    # The scheme is case-insensitive (RFC 9110): "bearer KEY" is as good as "Bearer KEY".
+    given = credentials.strip() if scheme.lower() == "bearer" else request.headers.get("x-api-key", "")
     if not hmac.compare_digest(given.encode(), expected.encode()):
         raise APIError(401, "missing or wrong API key: send `Authorization: Bearer <key>` or `X-API-Key: <key>`",
                        code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})

@@ -172,6 +172,7 @@ def test_api_key_is_required_when_set(checkpoint, monkeypatch):
         assert client.post("/generate", json=request).status_code == 401
         assert client.post("/generate", json=request, headers={"Authorization": "Bearer wrong"}).status_code == 401
         assert client.post("/generate", json=request, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert client.post("/generate", json=request, headers={"Authorization": "bearer s3cret"}).status_code == 200
         assert client.post("/generate", json=request, headers={"X-API-Key": "s3cret"}).status_code == 200
         assert client.get("/v1/models").status_code == 401
         assert client.get("/health").status_code == 200

@@ -136,6 +136,7 @@ def test_checkpoint_round_trip_gives_identical_logits(small_model, small_artifac
     (["--block-size", "4096"], "--block-size 4096 is larger than the model's context of 256"),
     (["--batch-size", "0"], "--batch-size must be positive"),
     (["--dataset", "/no/such/folder"], "neither a known name"),
+    (["--device", "banana"], "--device 'banana' is not a device"),
 ])
 def test_bad_arguments_fail_fast_with_a_message(tmp_path, argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
