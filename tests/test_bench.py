@@ -34,16 +34,18 @@ def results(tmp_path_factory):
     out = {"root": root, "dir": results_dir}
     out["score"] = leaderboard.main(["--checkpoint", str(root / "artifact"), "--eval-text", str(root / "eval.txt"),
                                      "--new-tokens", "4", "--repeats", "1", "--block-size", "16", "--train-steps", "1",
-                                     "--out", str(results_dir / "leaderboard.json")])
+                                     "--device", "cpu", "--out", str(results_dir / "leaderboard.json")])
     res = ["--results-dir", str(results_dir)]
     out["data_loading"] = data_loading.main(["--block-size", "16", "--batch-size", "2", "--batches", "3",
                                              "--repeats", "1", "--max-workers", "1", *res])
     out["phase_profile"] = phase_profile.main(["--block-size", "16", "--batch-size", "2", "--steps", "2",
                                                "--eval-interval", "1", "--eval-batches", "1", "--profile-steps", "1",
-                                               *res])
-    out["precision_memory"] = precision_memory.main(["--precisions", "fp32", "--block-size", "16", "--batch-size",
-                                                     "2", "--steps", "3", "--work-dir", str(root / "pm"), *res])
-    tiny_parallel = ["--block-size", "16", "--steps-per-window", "1", "--windows", "1", "--work-dir",
+                                               "--device", "cpu", *res])
+    out["precision_memory"] = precision_memory.main(["--precisions", "fp32", "--device", "cpu", "--block-size", "16",
+                                                     "--batch-size", "2", "--steps", "3", "--work-dir", str(root / "pm"),
+                                                     *res])
+    # Several ranks on one machine run on the CPU (gloo) even where a GPU is present.
+    tiny_parallel = ["--device", "cpu", "--block-size", "16", "--steps-per-window", "1", "--windows", "1", "--work-dir",
                      str(root / "par"), *res]
     out["comm_strategies"] = comm_strategies.main(["--modes", "allreduce", "--world-sizes", "1", "2",
                                                    "--global-batch", "2", *tiny_parallel])
