@@ -142,8 +142,8 @@ class Trainer:
                   f"(continue with --resume)", file=sys.stderr)
             raise SystemExit(130)
         except NonFiniteStep as e:
-            raise TrainingError(f"{e}; stopping. "
-                                f"{self.checkpointer.describe_last_good().capitalize()}. Try a lower --lr or "
+            last_good = self.checkpointer.describe_last_good()
+            raise TrainingError(f"{e}; stopping. {last_good[:1].upper()}{last_good[1:]}. Try a lower --lr or "
                                 f"--grad-clip, or fp32 precision.") from e
         except (torch.OutOfMemoryError, RuntimeError) as e:
             if not is_out_of_memory(e):
