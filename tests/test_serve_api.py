@@ -252,3 +252,14 @@ def test_logprobs_and_echo_score_text_as_evaluation_does(client, checkpoint):
 def test_scoring_requests_that_cannot_work_are_refused(client, checkpoint, extra, param):
     reply = client.post("/v1/completions", json={"model": Path(checkpoint).name, "prompt": "hi", **extra})
     assert reply.status_code == 422 and param in reply.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("settings", [{"temperature": 7.3e-39}, {"temperature": 5e-324},
+                                      {"temperature": 1.0, "top_p": 1e-300}])
+def test_vanishing_temperature_or_top_p_decodes_greedily(client, checkpoint, settings):
+    """The issue's triggers: a temperature below the floor is greedy, a top_p that rounds to 0 keeps the best token."""
+    greedy = client.post("/generate", json={"prompt": "The", "max_new_tokens": 8, "temperature": 0}).json()["text"]
+    body = {"prompt": "The", "max_new_tokens": 8, "seed": 1, **settings}
+    assert client.post("/generate", json=body).json()["text"] == greedy
+    openai_body = {"model": Path(checkpoint).name, "prompt": "The", "max_tokens": 8, "seed": 1, **settings}
+    assert client.post("/v1/completions", json=openai_body).json()["choices"][0]["text"] == greedy

@@ -235,3 +235,24 @@ def test_a_failing_request_ends_alone_and_its_batch_completes_as_if_alone(engine
     assert collector.tokens[:3] == alone and all(isinstance(collector.ends[i], DoneEvent) for i in range(3))
     failure = collector.ends[3]
     assert isinstance(failure, ErrorEvent) and "KeyError" not in failure.message and "Invalid" not in failure.message
+
+
+@pytest.mark.parametrize("fill", [float("inf"), 3e38])
+def test_huge_or_infinite_logits_are_drawn_not_overflowed(fill):
+    """Logits far beyond float32's range once divided by the temperature still name their best token."""
+    logits = torch.randn(2, 1000)
+    logits[:, 7] = fill
+    for settings in (dict(temperature=0.5), dict(temperature=2e-4), dict(temperature=0.7, top_k=5),
+                     dict(temperature=1.0, top_p=0.5)):
+        generators = [torch.Generator().manual_seed(i) for i in range(2)]
+        tokens = sample_rows(logits, [SamplingParams(**settings)] * 2, generators)
+        assert tokens == [7, 7], settings
+
+
+def test_a_vanishing_top_p_keeps_the_best_token():
+    """top_p = 1e-300 rounds to 0 in float32; the nucleus is then the best token alone, not nothing."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 1000)
+    tokens = sample_rows(logits, [SamplingParams(temperature=1.0, top_p=1e-300)] * 3,
+                         [torch.Generator().manual_seed(i) for i in range(3)])
+    assert tokens == logits.argmax(-1).tolist()
