@@ -118,4 +118,5 @@ def install_error_handlers(app: FastAPI, schemas_by_path: dict[str, type[BaseMod
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(APIError(500, f"internal server error: {type(exc).__name__}"))
+        # The exception's name and text stay in the log: they can describe the server's internals.
+        return error_response(APIError(500, "internal server error; the server log has the details"))
