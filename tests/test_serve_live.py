@@ -6,17 +6,18 @@ import asyncio
 import json
 import random
 import re
+import socket
 import threading
 import time
-from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from bench.loadtest import format_table, run_levels
-from serve.launch import running_server
+from serve.launch import LOOPBACK, running_server
 from tests.conftest import save_small_artifact
 
 BLOCK_SIZE = 256
@@ -117,6 +118,32 @@ def test_client_that_disconnects_mid_stream_frees_its_slot(server):
         time.sleep(0.02)
     assert httpx.get(f"{server.url}/health").json()["batch_size"] == 0
     assert metric(server.url, "serve_generated_tokens_total") - tokens_before < 200
+
+
+def wait_until(condition, timeout_s: float = 10) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def raw_request(path: str, body: bytes) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode() + body
+
+
+def test_client_that_disconnects_while_waiting_frees_its_rows(server, checkpoint):
+    """Non-streaming: the rows leave the batch as soon as the socket closes, and the request is logged 499."""
+    rows, max_tokens = 8, 250  # about a second of decoding: ample time to close the socket in the middle
+    tokens_before = metric(server.url, "serve_generated_tokens_total")
+    body = json.dumps({"model": Path(checkpoint).name, "prompt": "Tell me a long story", "max_tokens": max_tokens,
+                       "n": rows, "temperature": 0}).encode()
+    with socket.create_connection((LOOPBACK, server.port)) as client:
+        client.sendall(raw_request("/v1/completions", body))
+        assert wait_until(lambda: httpx.get(f"{server.url}/health").json()["batch_size"] == rows)
+    assert wait_until(lambda: httpx.get(f"{server.url}/health").json()["batch_size"] == 0, timeout_s=2)
+    assert metric(server.url, "serve_generated_tokens_total") - tokens_before < rows * max_tokens
+    assert wait_until(lambda: "POST /v1/completions 499" in server.log(), timeout_s=2)
 
 
 # Values each field must refuse (a wrong model name is a 404, also a 4xx).
