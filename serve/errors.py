@@ -16,8 +16,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 log = logging.getLogger("serve")
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
-               499: "client_closed_request", 500: "server_error", 503: "overloaded_error", 504: "timeout_error"}
+               405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error",
+               422: "invalid_request_error", 499: "client_closed_request", 500: "server_error",
+               503: "overloaded_error", 504: "timeout_error"}
 
 
 class APIError(Exception):
