@@ -25,6 +25,12 @@ from serve.slow_clients import connection_protocol
 # Descriptors the server holds besides client connections: 7 measured at rest (model files are read and
 # closed; the listening socket, the event loop's pipes, stdio), with room for the tokenizer, logs and torch.
 FILES_BESIDES_CONNECTIONS = 32
+# The listen backlog, which is also how many connections asyncio accepts in one event-loop tick, before any
+# of them can be refused (uvicorn's default, 2048, let a burst exhaust the descriptors the cap protects).
+ACCEPT_BACKLOG = 64
+# Accepted sockets the cap has not closed yet: one tick accepts, the next creates the transports, the next
+# refuses, the next closes (measured: up to ~190 at once while 400 connections arrived together).
+ACCEPTED_NOT_YET_REFUSED = 4 * ACCEPT_BACKLOG
 
 HELP = {
     "checkpoint": "artifact folder (float, pruned or int8); default: the newest under out/",
@@ -68,7 +74,7 @@ def main(argv=None) -> None:
         logging.getLogger("serve").warning("binding to %s: the server is reachable from other machines%s", config.host,
                                            "" if app.state.server.api_key else f"; set {API_KEY_ENV} to require a key")
     open_files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if config.max_connections > open_files - FILES_BESIDES_CONNECTIONS:
+    if config.max_connections + ACCEPTED_NOT_YET_REFUSED + FILES_BESIDES_CONNECTIONS > open_files:
         logging.getLogger("serve").warning("--max-connections %d is close to the open-file limit of %d (ulimit -n): "
                                            "a flood of connections will fail with 'Too many open files' before the "
                                            "cap answers 503", config.max_connections, open_files)
@@ -76,7 +82,7 @@ def main(argv=None) -> None:
                                    app.state.server.metrics)
     # ws="none": no route takes a websocket, and an upgrade would hand the socket to a protocol without the limits.
     uvicorn.run(app, host=config.host, port=config.port, access_log=False, http=protocol, ws="none",
-                timeout_graceful_shutdown=config.graceful_shutdown_s)
+                backlog=ACCEPT_BACKLOG, timeout_graceful_shutdown=config.graceful_shutdown_s)
 
 
 if __name__ == "__main__":
