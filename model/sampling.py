@@ -22,8 +22,8 @@ import torch
 from runtime.errors import UserError
 
 
-# Dividing logits by a temperature this small overflows float32; below it decoding is greedy, which is
-# what such a temperature means in the limit.
+# Below this temperature decoding is greedy, which is what the temperature means in the limit: already at
+# 1e-4, float32 gives no probability to a token more than 0.011 below the best logit (exp(-110) underflows).
 GREEDY_BELOW_TEMPERATURE = 1e-4
 
 
@@ -56,16 +56,21 @@ class SamplingParams:
 
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
-    """Scale by temperature and mask what top-k / nucleus sampling excludes (rows are sequences)."""
-    logits = logits / temperature
+    """Scale by temperature and mask what top-k / nucleus sampling excludes (rows are sequences).
+
+    Logits are scaled relative to their row's best, so that none overflows to +inf however small the
+    temperature or large the logits; a softmax is unchanged by the shift.
+    """
+    logits = (logits - logits.amax(-1, keepdim=True)) / temperature
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        # Drop a token once the mass before it already reaches top_p; the best token always stays.
-        drop_sorted = cumulative - sorted_logits.softmax(-1) >= top_p
+        probs = sorted_logits.softmax(-1)
+        # Drop a token once the mass before it already reaches top_p.
+        drop_sorted = probs.cumsum(-1) - probs >= top_p
+        drop_sorted[..., 0] = False  # the best token always stays, even when top_p rounds to 0 in float32
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
@@ -89,8 +94,10 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: 
     for row, p in enumerate(params):
         groups.setdefault(settings_key(p), []).append(row)
     for (temperature, top_k, top_p), rows in groups.items():
-        # NaN logits (a broken model) get no probability; a row with nothing finite decodes token 0.
-        group = torch.nan_to_num(logits[rows].float(), nan=float("-inf"))
+        # NaN logits (a broken model) get no probability; +inf ones become the largest float, so that they
+        # share the row's mass rather than make it NaN; a row with nothing above -inf decodes token 0.
+        group = torch.nan_to_num(logits[rows].float(), nan=float("-inf"), posinf=torch.finfo(torch.float32).max,
+                                 neginf=float("-inf"))
         if temperature == 0:
             for row, token in zip(rows, group.argmax(-1).tolist()):
                 tokens[row] = token

@@ -27,6 +27,7 @@ from serve.errors import install_error_handlers
 from serve.metrics import ServerMetrics
 from serve.request_log import RequestLog
 from serve.schemas import CompletionRequest, GenerateRequest
+from serve.slow_clients import BodyReadDeadline
 from serve.state import ServerState, server_state
 from training.checkpoint import default_checkpoint
 
@@ -71,6 +72,7 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
                            config.max_body_bytes)
     known_paths = set(app.openapi()["paths"]) | {app.docs_url, app.openapi_url}
     app.add_middleware(BodySizeLimit, max_body_bytes=config.max_body_bytes)
+    app.add_middleware(BodyReadDeadline, timeout_s=config.read_timeout_s)
     # Added last, so outermost: it logs and counts the 413s too.
     app.add_middleware(RequestLog, metrics=metrics, known_paths=known_paths)
     return app

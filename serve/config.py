@@ -28,18 +28,20 @@ class ServeConfig:
     max_queue: int = 64  # requests waiting for a batch slot; one more is answered 503
     request_timeout_s: float = 120.0  # from arrival to the last token, queueing included
     max_body_bytes: int = 64 * 1024
+    read_timeout_s: float = 10.0  # a client's time to send a request's headers, and again its body; then 408
+    max_connections: int = 128  # open connections; one more is answered 503 and closed at once
     retry_after_s: int = 1  # the Retry-After a 503 suggests
     max_completions: int = 8  # the most sequences one /v1/completions request may ask for (n x prompts)
     graceful_shutdown_s: float = 60.0  # how long shutdown waits for in-flight requests
 
     def __post_init__(self):
-        for name in ("max_batch_size", "max_completions", "retry_after_s"):
+        for name in ("max_batch_size", "max_completions", "retry_after_s", "max_connections"):
             if getattr(self, name) < 1:
                 raise ServeConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("max_queue", "max_body_bytes", "threads"):
             if getattr(self, name) < 0:
                 raise ServeConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("request_timeout_s", "graceful_shutdown_s"):
+        for name in ("request_timeout_s", "graceful_shutdown_s", "read_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ServeConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if not 0 <= self.port <= 65535:

@@ -32,6 +32,9 @@ from serve.text import TextAssembler
 
 log = logging.getLogger("serve.engine")
 
+# What a client hears when its generation fails: the cause (exception text, internals) goes to the log only.
+REQUEST_FAILED = "generation failed for this request; the server log has the details"
+
 
 class QueueFull(RuntimeError):
     pass
@@ -200,15 +203,14 @@ class Engine:
                         self._join(request)
                     except Exception:  # noqa: BLE001 - one bad request must not take the server down
                         log.exception("prefill failed")
-                        request.on_event(ErrorEvent("internal", "generation failed for this request; see the "
-                                                                "server log"))
+                        request.on_event(ErrorEvent("internal", REQUEST_FAILED))
                 try:
                     self._drop_cancelled_and_expired()
                     if self.active:
                         self._decode_step()
                 except Exception:  # noqa: BLE001 - one bad step must not take the server down
                     log.exception("generation step failed; failing the %d requests in the batch", len(self.active))
-                    self._fail_all("generation failed; see the server log")
+                    self._fail_all("generation failed for every request in the batch; the server log has the details")
                 self.metrics.batch_size.set(len(self.active))
 
     def _join(self, request: GenerationRequest) -> None:
@@ -232,7 +234,11 @@ class Engine:
             seq.first_token_at = now
             self._finish(seq, "length", time.perf_counter())
             return
-        self._accept(seq, sample_rows(logits[:, -1], [seq.params], [seq.generator])[0], logits[:, -1])
+        [token] = self._sample(logits[:, -1], [seq])
+        if token is None:
+            self._fail(seq)
+            return
+        self._accept(seq, token, logits[:, -1])
         if not seq.finished:
             self.slots.add(prefill, prompt_len)
             self.active.append(seq)
@@ -246,17 +252,46 @@ class Engine:
                                last_only=True)
         self.slots.advance()
         self.metrics.decode_batch.observe(len(self.active))
-        tokens = sample_rows(logits[:, -1], [s.params for s in self.active], [s.generator for s in self.active])
+        tokens = self._sample(logits[:, -1], self.active)
         for row, (seq, token) in enumerate(zip(self.active, tokens)):
             seq.position += 1
+            if token is None:
+                self._fail(seq)
+                continue
             try:
                 self._accept(seq, token, logits[row:row + 1, -1])
             except Exception:  # noqa: BLE001 - a failure in one request's tokens ends that request alone
                 log.exception("request failed while handling its token %d", token)
-                seq.finished = True
-                seq.request.on_event(ErrorEvent("internal", "generation failed for this request; see the "
-                                                            "server log"))
+                self._fail(seq)
         self._remove(lambda s: s.finished)
+
+    def _sample(self, logits: torch.Tensor, seqs: list[_Sequence]) -> list[int | None]:
+        """One token per sequence, sampled together; None for a sequence whose sampling failed (logged).
+
+        When the batch fails, each row is sampled again alone from its generator's state before the
+        batch: a row's token depends only on its own logits, settings and generator, so the rows that
+        succeed get the token they would have got in the batch.
+        """
+        generators = [seq.generator for seq in seqs]
+        states = [g.get_state() for g in generators]
+        try:
+            return sample_rows(logits, [seq.params for seq in seqs], generators)
+        except Exception:  # noqa: BLE001 - find the rows that fail, so that only they end
+            log.exception("sampling a batch of %d failed; sampling its rows one at a time", len(seqs))
+        tokens: list[int | None] = []
+        for row, (seq, state) in enumerate(zip(seqs, states)):
+            seq.generator.set_state(state)
+            try:
+                tokens.append(sample_rows(logits[row:row + 1], [seq.params], [seq.generator])[0])
+            except Exception:  # noqa: BLE001 - this request alone ends
+                log.exception("sampling failed for a request with %s", seq.params)
+                tokens.append(None)
+        return tokens
+
+    def _fail(self, seq: _Sequence) -> None:
+        """End one sequence with an error that says nothing of the cause (the log has it)."""
+        seq.finished = True
+        seq.request.on_event(ErrorEvent("internal", REQUEST_FAILED))
 
     def _accept(self, seq: _Sequence, token: int, logits: torch.Tensor) -> None:
         """`logits` (1, vocab): the distribution `token` was drawn from."""

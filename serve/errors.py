@@ -16,8 +16,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 log = logging.getLogger("serve")
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
-               499: "client_closed_request", 500: "server_error", 503: "overloaded_error", 504: "timeout_error"}
+               405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error",
+               422: "invalid_request_error", 499: "client_closed_request", 500: "server_error",
+               503: "overloaded_error", 504: "timeout_error"}
 
 
 class APIError(Exception):
@@ -118,4 +119,5 @@ def install_error_handlers(app: FastAPI, schemas_by_path: dict[str, type[BaseMod
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(APIError(500, f"internal server error: {type(exc).__name__}"))
+        # The exception's name and text stay in the log: they can describe the server's internals.
+        return error_response(APIError(500, "internal server error; the server log has the details"))

@@ -93,8 +93,11 @@ class ServerMetrics:
                                       BATCH_BUCKETS)
         self.queue_depth = Gauge("serve_queue_depth", "Requests waiting for a batch slot.")
         self.batch_size = Gauge("serve_batch_size", "Sequences in the running batch.")
+        self.connections_closed = Counter("serve_connections_closed_total",
+                                          "Connections the server closed: over_limit (refused on arrival) or "
+                                          "read_timeout (a request's bytes came too slowly).")
 
     def render(self) -> str:
         parts = (self.requests, self.tokens, self.queue_time, self.first_token, self.total_time,
-                 self.decode_batch, self.queue_depth, self.batch_size)
+                 self.decode_batch, self.queue_depth, self.batch_size, self.connections_closed)
         return "\n".join(line for metric in parts for line in metric.render()) + "\n"

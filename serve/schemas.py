@@ -78,7 +78,7 @@ class CompletionRequest(StrictBody):
     stream: bool = False
     stream_options: StreamOptions | None = None
     suffix: str | None = None
-    temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False)
+    temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False, description="0 (or below 1e-4) means greedy")
     top_p: Probability = 1.0
     user: str | None = None
 

@@ -2,8 +2,8 @@
 
 A submission holds one or more engine requests (an OpenAI request may ask for several
 completions) that deliver their events into one asyncio queue, tagged with their index.
-Whoever reads the events cancels the submission when done, so a client that goes away
-frees its batch rows at the engine's next step.
+Whoever reads the events cancels the submission when done or when the client goes away, so a
+client that disconnects frees its batch rows at the engine's next step.
 """
 from __future__ import annotations
 
@@ -16,9 +16,6 @@ from fastapi import Request
 from model.sampling import SamplingParams
 from serve.engine import DoneEvent, Engine, EngineStopped, ErrorEvent, Event, GenerationRequest, QueueFull
 from serve.errors import APIError
-
-# How often a non-streaming request checks whether its client is still there.
-DISCONNECT_POLL_S = 0.5
 
 
 class Submission:
@@ -52,21 +49,11 @@ class Submission:
         for request in self.requests:
             request.cancel()
 
-    async def event_batches(self, client: Request | None = None) -> AsyncIterator[list[tuple[int, Event]]]:
+    async def event_batches(self) -> AsyncIterator[list[tuple[int, Event]]]:
         """Lists of (index, event), each everything that arrived since the last, until every
-        generation is done (a slow reader gets fewer, larger batches: one write per batch).
-        Stops early if `client` disconnects; streams learn of that from Starlette instead."""
+        generation is done (a slow reader gets fewer, larger batches: one write per batch)."""
         while self.open:
-            if client is None:
-                first = await self.queue.get()
-            else:
-                try:
-                    first = await asyncio.wait_for(self.queue.get(), DISCONNECT_POLL_S)
-                except TimeoutError:
-                    if await client.is_disconnected():
-                        return
-                    continue
-            batch = [first]
+            batch = [await self.queue.get()]
             while not self.queue.empty():
                 batch.append(self.queue.get_nowait())
             for index, event in batch:
@@ -75,20 +62,38 @@ class Submission:
             yield batch
 
     async def results(self, client: Request) -> list[DoneEvent]:
-        """Wait for every generation; an engine error becomes the HTTP error that says what happened."""
-        done: dict[int, DoneEvent] = {}
+        """Wait for every generation; an engine error becomes the HTTP error that says what happened.
+
+        The client's connection is watched meanwhile: when it closes, the generations are cancelled
+        at once (streams learn of a disconnect from Starlette instead)."""
+        collecting = asyncio.ensure_future(self._collect())
+        watching = asyncio.ensure_future(wait_for_disconnect(client))
         try:
-            async for batch in self.event_batches(client):
-                for index, event in batch:
-                    if isinstance(event, ErrorEvent):
-                        raise error_for(event)
-                    if isinstance(event, DoneEvent):
-                        done[index] = event
+            await asyncio.wait({collecting, watching}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            watching.cancel()
+            collecting.cancel()
             self.cancel()
-        if len(done) < len(self.requests):
+        if not collecting.done():
             raise APIError(499, "client closed the request before generation finished")
+        return collecting.result()
+
+    async def _collect(self) -> list[DoneEvent]:
+        done: dict[int, DoneEvent] = {}
+        async for batch in self.event_batches():
+            for index, event in batch:
+                if isinstance(event, ErrorEvent):
+                    raise error_for(event)
+                if isinstance(event, DoneEvent):
+                    done[index] = event
         return [done[i] for i in range(len(self.requests))]
+
+
+async def wait_for_disconnect(client: Request) -> None:
+    """Return when the client closes its connection.  Called after the body was read, when the
+    server's `receive` has nothing left to deliver but the disconnect."""
+    while (await client.receive())["type"] != "http.disconnect":
+        pass
 
 
 def error_for(event: ErrorEvent) -> APIError:

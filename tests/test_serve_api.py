@@ -12,6 +12,7 @@ from model.gpt import GPT
 from runtime.provenance import provenance
 from serve.app import create_app
 from serve.config import API_KEY_ENV, ServeConfig
+from serve.state import ServerState
 from tests.conftest import save_small_artifact, small_config
 
 BLOCK_SIZE = 64
@@ -252,3 +253,53 @@ def test_logprobs_and_echo_score_text_as_evaluation_does(client, checkpoint):
 def test_scoring_requests_that_cannot_work_are_refused(client, checkpoint, extra, param):
     reply = client.post("/v1/completions", json={"model": Path(checkpoint).name, "prompt": "hi", **extra})
     assert reply.status_code == 422 and param in reply.json()["error"]["message"]
+
+
+def test_an_unexpected_error_answers_500_without_its_text(checkpoint, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("secret internal detail")
+
+    monkeypatch.setattr(ServerState, "encode_within_context", broken)
+    app = create_app(ServeConfig(checkpoint=checkpoint, device="cpu"))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        response = client.post("/generate", json={"prompt": "hi", "max_new_tokens": 2})
+    assert response.status_code == 500
+    error = response.json()["error"]
+    assert error["type"] == "server_error" and "server log" in error["message"]
+    assert "secret" not in response.text and "RuntimeError" not in response.text
+
+
+POISON_SEED = 666
+
+
+def test_a_request_whose_sampling_fails_gets_an_error_without_internal_text(checkpoint, monkeypatch):
+    """Plain and streamed: the failing request gets OpenAI's error shape, the server stays up."""
+    from model.sampling import sample_rows
+
+    def poisoned(logits, params, generators):
+        if any(p.seed == POISON_SEED for p in params):
+            raise FloatingPointError("secret internal detail")
+        return sample_rows(logits, params, generators)
+
+    monkeypatch.setattr("serve.engine.sample_rows", poisoned)
+    with make_client(checkpoint) as client:
+        response = client.post("/generate", json={"prompt": "hi", "max_new_tokens": 4, "seed": POISON_SEED})
+        assert response.status_code == 500 and response.json()["error"]["type"] == "server_error"
+        body = {"model": Path(checkpoint).name, "prompt": "hi", "max_tokens": 4, "seed": POISON_SEED, "stream": True}
+        with client.stream("POST", "/v1/completions", json=body) as streamed:
+            chunks = [line for line in streamed.iter_lines() if line.startswith("data: ")]
+        assert json.loads(chunks[-1].removeprefix("data: "))["error"]["type"] == "server_error"
+        for text in (response.text, *chunks):
+            assert "secret" not in text and "FloatingPointError" not in text
+        assert client.post("/generate", json={"prompt": "hi", "max_new_tokens": 2, "seed": 1}).status_code == 200
+
+
+@pytest.mark.parametrize("settings", [{"temperature": 7.3e-39}, {"temperature": 5e-324},
+                                      {"temperature": 1.0, "top_p": 1e-300}])
+def test_vanishing_temperature_or_top_p_decodes_greedily(client, checkpoint, settings):
+    """The issue's triggers: a temperature below the floor is greedy, a top_p that rounds to 0 keeps the best token."""
+    greedy = client.post("/generate", json={"prompt": "The", "max_new_tokens": 8, "temperature": 0}).json()["text"]
+    body = {"prompt": "The", "max_new_tokens": 8, "seed": 1, **settings}
+    assert client.post("/generate", json=body).json()["text"] == greedy
+    openai_body = {"model": Path(checkpoint).name, "prompt": "The", "max_tokens": 8, "seed": 1, **settings}
+    assert client.post("/v1/completions", json=openai_body).json()["choices"][0]["text"] == greedy

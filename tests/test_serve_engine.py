@@ -235,3 +235,52 @@ def test_a_failing_request_ends_alone_and_its_batch_completes_as_if_alone(engine
     assert collector.tokens[:3] == alone and all(isinstance(collector.ends[i], DoneEvent) for i in range(3))
     failure = collector.ends[3]
     assert isinstance(failure, ErrorEvent) and "KeyError" not in failure.message and "Invalid" not in failure.message
+
+
+def test_a_request_whose_sampling_fails_ends_alone_and_its_batch_completes_as_if_alone(engine, monkeypatch):
+    """The sampler fails for one request in the middle of a batched step, after every row drew its token:
+    that request gets an error without internal text; the others (greedy, and seeded sampling, whose
+    generators must be rewound) finish with the tokens they get alone."""
+    others = [([5, 6, 7], SamplingParams(max_new_tokens=6, temperature=0, stop_at_eot=False)),
+              ([9, 10], SamplingParams(max_new_tokens=6, temperature=0, stop_at_eot=False)),
+              ([11, 12, 13], SamplingParams(max_new_tokens=6, temperature=0.9, seed=3, stop_at_eot=False))]
+    alone = [run(engine, [job]).tokens[0] for job in others]
+    poison = SamplingParams(max_new_tokens=6, temperature=0.8, seed=5, stop_at_eot=False)
+    batch_sizes_with_poison = []
+
+    def poisoned(logits, params, generators):
+        tokens = sample_rows(logits, params, generators)  # every row draws first, as a late failure would
+        if any(p is poison for p in params):
+            batch_sizes_with_poison.append(len(params))
+            if len(batch_sizes_with_poison) > 2:  # prefill and the first decode step pass: it fails mid-batch
+                raise FloatingPointError("poisoned logits")
+        return tokens
+
+    monkeypatch.setattr("serve.engine.sample_rows", poisoned)
+    together = run(engine, [*others, ([1, 2], poison)])
+    assert together.tokens[:3] == alone and all(isinstance(together.ends[i], DoneEvent) for i in range(3))
+    failure = together.ends[3]
+    assert isinstance(failure, ErrorEvent) and failure.kind == "internal"
+    assert "poisoned" not in failure.message and "FloatingPointError" not in failure.message
+    assert len(together.tokens[3]) == 2 and batch_sizes_with_poison[2] == 4  # it failed inside the batch of four
+
+
+@pytest.mark.parametrize("fill", [float("inf"), 3e38])
+def test_huge_or_infinite_logits_are_drawn_not_overflowed(fill):
+    """Logits far beyond float32's range once divided by the temperature still name their best token."""
+    logits = torch.randn(2, 1000)
+    logits[:, 7] = fill
+    for settings in (dict(temperature=0.5), dict(temperature=2e-4), dict(temperature=0.7, top_k=5),
+                     dict(temperature=1.0, top_p=0.5)):
+        generators = [torch.Generator().manual_seed(i) for i in range(2)]
+        tokens = sample_rows(logits, [SamplingParams(**settings)] * 2, generators)
+        assert tokens == [7, 7], settings
+
+
+def test_a_vanishing_top_p_keeps_the_best_token():
+    """top_p = 1e-300 rounds to 0 in float32; the nucleus is then the best token alone, not nothing."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 1000)
+    tokens = sample_rows(logits, [SamplingParams(temperature=1.0, top_p=1e-300)] * 3,
+                         [torch.Generator().manual_seed(i) for i in range(3)])
+    assert tokens == logits.argmax(-1).tolist()

@@ -6,17 +6,19 @@ import asyncio
 import json
 import random
 import re
+import select
+import socket
 import threading
 import time
-from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from bench.loadtest import format_table, run_levels
-from serve.launch import running_server
+from serve.launch import LOOPBACK, running_server
 from tests.conftest import save_small_artifact
 
 BLOCK_SIZE = 256
@@ -27,10 +29,17 @@ def checkpoint(tmp_path_factory) -> str:
     return save_small_artifact(tmp_path_factory.mktemp("serve_live") / "artifact", block_size=BLOCK_SIZE)
 
 
+# Short enough that slow and surplus clients take seconds to test; no other test comes near either.
+READ_TIMEOUT_S = 2
+MAX_CONNECTIONS = 16
+
+
 @pytest.fixture(scope="module")
 def server(checkpoint, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve_live_log") / "server.log"
-    with running_server(checkpoint, log, ["--device", "cpu", "--threads", "1", "--max-batch-size", "8"]) as server:
+    with running_server(checkpoint, log, ["--device", "cpu", "--threads", "1", "--max-batch-size", "8",
+                                          "--read-timeout-s", str(READ_TIMEOUT_S),
+                                          "--max-connections", str(MAX_CONNECTIONS)]) as server:
         yield server
 
 
@@ -119,6 +128,32 @@ def test_client_that_disconnects_mid_stream_frees_its_slot(server):
     assert metric(server.url, "serve_generated_tokens_total") - tokens_before < 200
 
 
+def wait_until(condition, timeout_s: float = 10) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def raw_request(path: str, body: bytes) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode() + body
+
+
+def test_client_that_disconnects_while_waiting_frees_its_rows(server, checkpoint):
+    """Non-streaming: the rows leave the batch as soon as the socket closes, and the request is logged 499."""
+    rows, max_tokens = 8, 250  # about a second of decoding: ample time to close the socket in the middle
+    tokens_before = metric(server.url, "serve_generated_tokens_total")
+    body = json.dumps({"model": Path(checkpoint).name, "prompt": "Tell me a long story", "max_tokens": max_tokens,
+                       "n": rows, "temperature": 0}).encode()
+    with socket.create_connection((LOOPBACK, server.port)) as client:
+        client.sendall(raw_request("/v1/completions", body))
+        assert wait_until(lambda: httpx.get(f"{server.url}/health").json()["batch_size"] == rows)
+    assert wait_until(lambda: httpx.get(f"{server.url}/health").json()["batch_size"] == 0, timeout_s=2)
+    assert metric(server.url, "serve_generated_tokens_total") - tokens_before < rows * max_tokens
+    assert wait_until(lambda: "POST /v1/completions 499" in server.log(), timeout_s=2)
+
+
 # Values each field must refuse (a wrong model name is a 404, also a 4xx).
 BAD_VALUES = {
     "/generate": {
@@ -176,6 +211,64 @@ def test_load_test_reports_every_level(server):
     assert all(o.ttft_s is not None and o.ttft_s <= o.latency_s for r in results for o in r.ok)
     table = format_table(results)
     assert table.count("\n") == 3 and "| 4 | 4 | 4 | 0 | 0 |" in table
+
+
+def read_until_closed(s: socket.socket) -> bytes:
+    data = b""
+    while chunk := s.recv(4096):
+        data += chunk
+    return data
+
+
+def test_slow_senders_are_cut_off_while_health_keeps_answering(server):
+    """Clients that trickle their headers or body get 408 at the deadline, a silent one is closed, and
+    /health answers at once all along."""
+    started = time.monotonic()
+    connect = lambda: socket.create_connection((LOOPBACK, server.port), timeout=5)
+    header_tricklers = [connect() for _ in range(4)]
+    for s in header_tricklers:
+        s.sendall(b"POST /generate HTTP/1.1\r\nhost: test\r\n")
+    body_trickler = connect()
+    body_trickler.sendall(raw_request("/generate", b" " * 100)[:-99])  # headers and the first byte of 100
+    silent = connect()
+    trickling, replies, health_s = [*header_tricklers, body_trickler], {}, []
+    try:
+        while trickling and time.monotonic() - started < READ_TIMEOUT_S + 5:
+            for s in list(trickling):
+                if select.select([s], [], [], 0)[0]:  # answered: stop sending, so the reply is not reset
+                    trickling.remove(s)
+                    replies[s] = read_until_closed(s)
+                else:
+                    s.sendall(b"x" if s in header_tricklers else b" ")
+            sent = time.monotonic()
+            assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
+            health_s.append(time.monotonic() - sent)
+            time.sleep(0.2)
+        assert not trickling, f"{len(trickling)} slow senders still connected after {READ_TIMEOUT_S + 5}s"
+        assert time.monotonic() - started >= READ_TIMEOUT_S
+        for reply in replies.values():
+            assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive within" in reply, reply
+        assert read_until_closed(silent) == b""  # closed without a reply: it never started a request
+        assert max(health_s) < 1.5
+    finally:
+        for s in [*header_tricklers, body_trickler, silent]:
+            s.close()
+    # The header tricklers and the silent one are closed by the server; the body's 408 is an answered request.
+    assert metric(server.url, 'serve_connections_closed_total{reason="read_timeout"}') >= 5
+    assert metric(server.url, 'serve_requests_total{path="/generate",status="408"}') == 1
+
+
+def test_connections_over_the_cap_get_503_at_once(server):
+    held = [socket.create_connection((LOOPBACK, server.port)) for _ in range(MAX_CONNECTIONS)]
+    try:
+        response = httpx.get(f"{server.url}/health", timeout=5)
+    finally:
+        for s in held:
+            s.close()
+    assert response.status_code == 503 and response.headers["retry-after"] == "1"
+    assert f"{MAX_CONNECTIONS} connections are open" in response.json()["error"]["message"]
+    assert wait_until(lambda: httpx.get(f"{server.url}/health").status_code == 200, timeout_s=5)
+    assert metric(server.url, 'serve_connections_closed_total{reason="over_limit"}') >= 1
 
 
 @pytest.fixture(scope="module")
