@@ -22,13 +22,13 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from bench.runner import run_train, window_summary
-from bench.timing import environment, summary
 from data.corpus import DATASET_NAMES, Corpus, DatasetError
 from data.loader import eval_batches
 from data.shards import load_split
@@ -44,6 +44,7 @@ from parallel.distributed import MODES, MULTI_PROCESS_MODES
 from runtime.device import choose_device, peak_memory_bytes, precision_policy, synchronize
 from runtime.errors import UserError
 from runtime.provenance import provenance
+from runtime.timing import Spread, environment, time_repeats
 from training.checkpoint import default_checkpoint
 
 GENERATION_BATCHES = (1, 12)
@@ -135,26 +136,27 @@ def generation_figures(model, tokens, prompt_tokens: int, new_tokens: int, repea
     figures = {}
     for batch in GENERATION_BATCHES:
         prompt = torch.stack(rows[:batch]).to(device)
-        runs = []
-        for repeat in range(repeats + 1):  # the first is the warm-up
-            first_token_at = []
+        first_token_s = []  # per call: from its start to its first new token
+
+        def run():
+            start, first = time.perf_counter(), []
 
             def on_token(_token):
-                if not first_token_at:
+                if not first:
                     synchronize(device)
-                    first_token_at.append(time.perf_counter())
+                    first.append(time.perf_counter() - start)
 
-            synchronize(device)
-            start = time.perf_counter()
             generate(model, prompt, params, on_token=on_token)
-            synchronize(device)
-            if repeat:
-                runs.append((time.perf_counter() - start, first_token_at[0] - start))
+            first_token_s.append(first[0])
+
+        totals = time_repeats(run, repeats, warmup=1, device=device)
+        ttfts = first_token_s[1:]  # the first call is the warm-up
         figures[batch] = {
-            "tokens_per_s": summary([batch * new_tokens / total for total, _ in runs]),
-            "time_to_first_token_s": summary([ttft for _, ttft in runs]),
+            "tokens_per_s": Spread.of([batch * new_tokens / total for total in totals]),
+            "time_to_first_token_s": Spread.of(ttfts),
             # Decoding after the first token (the prompt's prefill is in the time to first token).
-            "ms_per_token": summary([1000 * (total - ttft) / max(1, new_tokens - 1) for total, ttft in runs]),
+            "ms_per_token": Spread.of([1000 * (total - ttft) / max(1, new_tokens - 1)
+                                       for total, ttft in zip(totals, ttfts)]),
         }
     return figures
 
@@ -235,8 +237,8 @@ def scorecard(args) -> dict:
     world = args.nproc_per_node if args.parallel != "none" else 1
     score = {
         "loss": validation["val_loss"],
-        **{f"inference_latency_{b}": generation[b]["tokens_per_s"]["median"] for b in GENERATION_BATCHES},
-        **{f"training_throughput_{b}": training[b]["tokens_per_s"]["median"] for b in TRAINING_BATCHES},
+        **{f"inference_latency_{b}": generation[b]["tokens_per_s"].median for b in GENERATION_BATCHES},
+        **{f"training_throughput_{b}": training[b]["tokens_per_s"].median for b in TRAINING_BATCHES},
         "units": UNITS,
         "definitions": {
             "loss": f"token-weighted mean cross-entropy over every target of {described} "
@@ -255,14 +257,14 @@ def scorecard(args) -> dict:
                                  "process for inference, each train.py process for training)",
             "spread": "each figure is the median of its repeats after one warm-up; min and max beside it",
         },
-        "time_to_first_token_s": generation[1]["time_to_first_token_s"]["median"],
-        "ms_per_token_batch_1": generation[1]["ms_per_token"]["median"],
+        "time_to_first_token_s": generation[1]["time_to_first_token_s"].median,
+        "ms_per_token_batch_1": generation[1]["ms_per_token"].median,
         "peak_memory_bytes": {"inference": inference_peak,
                               **{f"training_{b}": training[b]["peak_memory_bytes"] for b in TRAINING_BATCHES}},
-        "spread": {**{f"inference_latency_{b}": generation[b]["tokens_per_s"] for b in GENERATION_BATCHES},
-                   **{f"training_throughput_{b}": training[b]["tokens_per_s"] for b in TRAINING_BATCHES},
-                   "time_to_first_token_s": generation[1]["time_to_first_token_s"],
-                   "ms_per_token_batch_1": generation[1]["ms_per_token"]},
+        "spread": {**{f"inference_latency_{b}": asdict(generation[b]["tokens_per_s"]) for b in GENERATION_BATCHES},
+                   **{f"training_throughput_{b}": asdict(training[b]["tokens_per_s"]) for b in TRAINING_BATCHES},
+                   "time_to_first_token_s": asdict(generation[1]["time_to_first_token_s"]),
+                   "ms_per_token_batch_1": asdict(generation[1]["ms_per_token"])},
         "artifact": {"path": str(folder), "kind": meta["artifact"], "produced_by": meta.get("produced_by"),
                      "model": meta["model"]},
         "evaluation": {"text": described, "tokens": len(tokens), "targets": validation["val_tokens"],
@@ -277,7 +279,7 @@ def scorecard(args) -> dict:
                                                     for b in TRAINING_BATCHES},
                      "commands": {b: training[b]["command"] for b in TRAINING_BATCHES},
                      "architecture_only": meta["artifact"] == "int8"},
-        "environment": {**environment(device), "world_size": world},
+        "environment": {**asdict(environment(device)), "world_size": world},
     }
     score["timestamp"] = score["environment"]["date"]
     return score
