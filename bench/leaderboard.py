@@ -16,31 +16,30 @@ of the float architecture it was quantized from (same config, fresh weights).
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from bench.runner import run_train, window_summary
-from data.corpus import DATASET_NAMES, Corpus, DatasetError
+from data.corpus import DATASET_NAMES, Corpus
 from data.loader import eval_batches
 from data.shards import load_split
-from data.tokenizer import TokenizerError
-from model.artifact import ArtifactError, load_model, save_artifact
+from model.artifact import load_model, save_artifact
 from model.config import GPTConfig
 from model.evaluate import evaluate_loss
 from model.generate import generate
 from model.gpt import GPT
 from model.hub import resolve_checkpoint
 from model.sampling import SamplingParams
-from parallel.distributed import MODES, MULTI_PROCESS_MODES
+from parallel.distributed import MULTI_PROCESS_MODES
+from runtime.cli import parse_config
 from runtime.device import choose_device, peak_memory_bytes, precision_policy, synchronize
 from runtime.errors import UserError
 from runtime.provenance import provenance
@@ -62,44 +61,53 @@ UNITS = {
 }
 
 
-class LeaderboardError(UserError, ValueError):
-    """Arguments that cannot work; printed without a traceback."""
+DEFAULT_DATASET = "wikitext-103"
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--checkpoint", type=Path, help="artifact folder (default: the newest one under out/)")
-    text = parser.add_mutually_exclusive_group()
-    text.add_argument("--dataset", default="wikitext-103",
-                      help=f"evaluation corpus, validation split: {', '.join(DATASET_NAMES)} or a local folder "
-                           f"(default: wikitext-103)")
-    text.add_argument("--eval-text", type=Path, help="evaluate on this local text file instead (all of it)")
-    parser.add_argument("--eval-batch-size", type=int, default=8)
-    parser.add_argument("--eval-block-size", type=int, help="evaluation window (default: the model's context)")
-    parser.add_argument("--prompt-tokens", type=int, default=16, help="prompt length for the generation figures")
-    parser.add_argument("--new-tokens", type=int,
-                        help=f"new tokens per generation (default: {REFERENCE_NEW_TOKENS} as the reference, or "
-                             f"as many as the model's context leaves after the prompt, whichever is smaller)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per figure (after one warm-up)")
-    parser.add_argument("--parallel", default="none", choices=[m for m in MODES if m != "dp"],
-                        help="training figures: none (one process) or a torchrun mode of train.py")
-    parser.add_argument("--nproc-per-node", type=int, default=2, help="ranks for --parallel (torchrun)")
-    parser.add_argument("--block-size", type=int, help="training block size (default: the model's context)")
-    parser.add_argument("--train-steps", type=int, default=3, help="optimizer steps per timed training window")
-    parser.add_argument("--train-dataset", default="builtin",
-                        help="training text for the throughput runs (content does not change the speed)")
-    parser.add_argument("--threads", type=int, help="torch threads per training rank (default: torch's choice)")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--out", type=Path, help="also write the JSON here")
-    args = parser.parse_args(argv)
-    for name in ("eval_batch_size", "prompt_tokens", "repeats", "nproc_per_node", "train_steps"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("eval_block_size", "new_tokens", "block_size", "threads"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    return args
+class LeaderboardError(UserError):
+    """Settings that cannot work, or a training run that failed; printed without a traceback."""
+
+
+@dataclass
+class LeaderboardConfig:
+    checkpoint: str | None = field(default=None, metadata={
+        "help": "artifact folder or Hugging Face GPT-2 id (default: the train.py checkpoint under out/ trained on "
+                "the most tokens)"})
+    dataset: str = field(default=DEFAULT_DATASET, metadata={
+        "help": f"evaluation corpus, validation split: {', '.join(DATASET_NAMES)} or a local folder"})
+    eval_text: Path | None = field(default=None, metadata={"help": "evaluate on this local text file instead of "
+                                                                   "--dataset (all of it)"})
+    eval_batch_size: int = field(default=8, metadata={"help": "evaluation windows per forward pass"})
+    eval_block_size: int | None = field(default=None, metadata={"help": "evaluation window (default: the model's "
+                                                                         "context)"})
+    prompt_tokens: int = field(default=16, metadata={"help": "prompt length for the generation figures"})
+    new_tokens: int | None = field(default=None, metadata={
+        "help": f"new tokens per generation (default: {REFERENCE_NEW_TOKENS} as the reference, or as many as the "
+                f"model's context leaves after the prompt, whichever is smaller)"})
+    repeats: int = field(default=3, metadata={"help": "timed repeats per figure (after one warm-up)"})
+    parallel: str = field(default="none", metadata={
+        "help": "training figures: none (one process) or a torchrun mode of train.py",
+        "choices": ("none", *MULTI_PROCESS_MODES)})
+    nproc_per_node: int = field(default=2, metadata={"help": "ranks for --parallel (torchrun)"})
+    block_size: int | None = field(default=None, metadata={"help": "training block size (default: the model's "
+                                                                    "context)"})
+    train_steps: int = field(default=3, metadata={"help": "optimizer steps per timed training window"})
+    train_dataset: str = field(default="builtin", metadata={
+        "help": "training text for the throughput runs (content does not change the speed)"})
+    threads: int | None = field(default=None, metadata={"help": "torch threads per training rank (default: "
+                                                                 "torch's choice)"})
+    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda, ..."})
+    out: Path | None = field(default=None, metadata={"help": "also write the JSON here"})
+
+    def __post_init__(self):
+        for name in ("eval_batch_size", "prompt_tokens", "repeats", "nproc_per_node", "train_steps",
+                     "eval_block_size", "new_tokens", "block_size", "threads"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise LeaderboardError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.eval_text is not None and self.dataset != DEFAULT_DATASET:
+            raise LeaderboardError("give --dataset or --eval-text, not both")
+        if self.parallel not in ("none", *MULTI_PROCESS_MODES):
+            raise LeaderboardError(f"--parallel {self.parallel} is not a torchrun mode")
 
 
 def text_file_corpus(path: Path) -> Corpus:
@@ -114,7 +122,7 @@ def text_file_corpus(path: Path) -> Corpus:
                   documents=lambda split: iter([text] if split == "validation" else []))
 
 
-def evaluation_tokens(args):
+def evaluation_tokens(args: LeaderboardConfig):
     if args.eval_text:
         return load_split(text_file_corpus(args.eval_text), "validation"), f"file {args.eval_text}"
     return load_split(args.dataset, "validation"), f"{args.dataset} validation split"
@@ -171,7 +179,7 @@ def trainable_source(folder: Path, meta: dict, workdir: Path) -> Path:
     return float_copy
 
 
-def training_figures(args, source: Path, block: int, workdir: Path) -> dict:
+def training_figures(args: LeaderboardConfig, source: Path, block: int, workdir: Path) -> dict:
     parallel = args.parallel != "none"
     steps = args.train_steps * (args.repeats + 1)
     figures = {}
@@ -195,10 +203,8 @@ def training_figures(args, source: Path, block: int, workdir: Path) -> dict:
     return figures
 
 
-def scorecard(args) -> dict:
+def scorecard(args: LeaderboardConfig) -> dict:
     device = choose_device(args.device)
-    if args.parallel not in ("none", *MULTI_PROCESS_MODES):
-        raise LeaderboardError(f"--parallel {args.parallel} is not a torchrun mode")
     folder, why = (resolve_checkpoint(args.checkpoint), "--checkpoint") if args.checkpoint else default_checkpoint()
     print(f"scoring {folder} ({why})", file=sys.stderr)
     model, meta = load_model(folder, device)
@@ -286,8 +292,8 @@ def scorecard(args) -> dict:
 
 
 def main(argv=None) -> dict:
-    args = parse_args(argv)
     try:
+        args = parse_config(LeaderboardConfig, __doc__, argv)
         score = scorecard(args)
     except UserError as e:
         sys.exit(f"error: {e}")

@@ -23,16 +23,17 @@ from pathlib import Path
 
 from bench.experiment import WORK_ROOT, Workspace
 from bench.experiments import EXPERIMENTS, find
+from bench.leaderboard import LeaderboardConfig
 from bench.record import RESULTS_DIR, read_result, write_result
 from bench.report import REPORT, write_report
 from bench.runner import ROOT, run_train
-from runtime.cli import parse_config
+from runtime.cli import non_default_flags, parse_config
 from runtime.errors import UserError
 
 CHECKPOINT = WORK_ROOT / "train"
 STAGES = ("train", "leaderboard", *(e.name for e in EXPERIMENTS), "leaderboard_int8")
 TRAIN_STEPS = {"quick": 100, "full": 1000}
-SCORECARD = {"quick": ["--repeats", "3", "--train-steps", "2"], "full": ["--repeats", "5", "--train-steps", "5"]}
+SCORECARD = {"quick": LeaderboardConfig(repeats=3, train_steps=2), "full": LeaderboardConfig(repeats=5, train_steps=5)}
 
 
 @dataclass
@@ -58,8 +59,9 @@ def text_note(dataset: str) -> str:
 
 
 def scorecard_command(cfg: RunAllConfig, size: str, checkpoint: Path, name: str) -> list[str]:
-    return [sys.executable, str(ROOT / "bench" / "leaderboard.py"), "--checkpoint", str(checkpoint), "--dataset",
-            cfg.leaderboard_dataset, *SCORECARD[size], "--out", str(cfg.results_dir / f"{name}.json")]
+    settings = dataclasses.replace(SCORECARD[size], checkpoint=str(checkpoint), dataset=cfg.leaderboard_dataset,
+                                   out=cfg.results_dir / f"{name}.json")
+    return [sys.executable, str(ROOT / "bench" / "leaderboard.py"), *non_default_flags(settings)]
 
 
 def stage_commands(cfg: RunAllConfig, size: str) -> dict[str, list[str]]:

@@ -89,6 +89,10 @@ def test_leaderboard_refuses_what_cannot_work(small_artifact, tmp_path):
     (tmp_path / "t.txt").write_text(TEXT)
     with pytest.raises(SystemExit, match="exceeds the model's context of 64"):
         leaderboard.main(["--checkpoint", small_artifact, "--eval-text", str(tmp_path / "t.txt"), "--new-tokens", "60"])
+    with pytest.raises(SystemExit, match="--dataset or --eval-text, not both"):
+        leaderboard.main(["--checkpoint", small_artifact, "--eval-text", str(tmp_path / "t.txt"), "--dataset", "builtin"])
+    with pytest.raises(SystemExit, match="--repeats must be at least 1, got 0"):
+        leaderboard.main(["--checkpoint", small_artifact, "--repeats", "0"])
 
 
 def test_batch_sweep_reports_an_allocation_failure_as_the_limit(tmp_path, monkeypatch):
