@@ -16,34 +16,34 @@ of the float architecture it was quantized from (same config, fresh weights).
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from bench.runner import run_train, window_summary
-from bench.timing import environment, summary
-from data.corpus import DATASET_NAMES, Corpus, DatasetError
+from data.corpus import DATASET_NAMES, Corpus
 from data.loader import eval_batches
 from data.shards import load_split
-from data.tokenizer import TokenizerError
-from model.artifact import ArtifactError, load_model, save_artifact
+from model.artifact import load_model, save_artifact
 from model.config import GPTConfig
 from model.evaluate import evaluate_loss
 from model.generate import generate
 from model.gpt import GPT
 from model.hub import resolve_checkpoint
 from model.sampling import SamplingParams
-from parallel.distributed import MODES, MULTI_PROCESS_MODES
+from parallel.distributed import MULTI_PROCESS_MODES
+from runtime.cli import parse_config
 from runtime.device import choose_device, peak_memory_bytes, precision_policy, synchronize
 from runtime.errors import UserError
 from runtime.provenance import provenance
+from runtime.timing import Spread, environment, time_repeats
 from training.checkpoint import default_checkpoint
 
 GENERATION_BATCHES = (1, 12)
@@ -61,54 +61,61 @@ UNITS = {
 }
 
 
+DEFAULT_DATASET = "wikitext-103"
 # The reference scorecard's protocol: gradient accumulation per optimizer step (this project's default: 1).
 REFERENCE_GRAD_ACCUM = 40
 REFERENCE_BLOCK = 128
 PROTOCOLS = {"default": 1, "reference": REFERENCE_GRAD_ACCUM}
 
 
-class LeaderboardError(UserError, ValueError):
-    """Arguments that cannot work; printed without a traceback."""
+class LeaderboardError(UserError):
+    """Settings that cannot work, or a training run that failed; printed without a traceback."""
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--checkpoint", type=Path, help="artifact folder (default: the newest one under out/)")
-    text = parser.add_mutually_exclusive_group()
-    text.add_argument("--dataset", default="wikitext-103",
-                      help=f"evaluation corpus, validation split: {', '.join(DATASET_NAMES)} or a local folder "
-                           f"(default: wikitext-103)")
-    text.add_argument("--eval-text", type=Path, help="evaluate on this local text file instead (all of it)")
-    parser.add_argument("--eval-batch-size", type=int, default=8)
-    parser.add_argument("--eval-block-size", type=int, help="evaluation window (default: the model's context)")
-    parser.add_argument("--prompt-tokens", type=int, default=16, help="prompt length for the generation figures")
-    parser.add_argument("--new-tokens", type=int,
-                        help=f"new tokens per generation (default: {REFERENCE_NEW_TOKENS} as the reference, or "
-                             f"as many as the model's context leaves after the prompt, whichever is smaller)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per figure (after one warm-up)")
-    parser.add_argument("--parallel", default="none", choices=[m for m in MODES if m != "dp"],
-                        help="training figures: none (one process) or a torchrun mode of train.py")
-    parser.add_argument("--nproc-per-node", type=int, default=2, help="ranks for --parallel (torchrun)")
-    parser.add_argument("--block-size", type=int, help="training block size (default: the model's context)")
-    parser.add_argument("--train-steps", type=int, default=3, help="optimizer steps per timed training window")
-    parser.add_argument("--train-dataset", default="builtin",
-                        help="training text for the throughput runs (content does not change the speed)")
-    parser.add_argument("--threads", type=int, help="torch threads per training rank (default: torch's choice)")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--protocol", default="default", choices=tuple(PROTOCOLS),
-                        help="reference: the reference scorecard's settings (training: grad accumulation "
-                             f"{REFERENCE_GRAD_ACCUM} x micro-batch 4 or 12 x block {REFERENCE_BLOCK}; generation: "
-                             f"batch x {REFERENCE_NEW_TOKENS} new tokens / time); default: this project's")
-    parser.add_argument("--out", type=Path, help="also write the JSON here")
-    args = parser.parse_args(argv)
-    for name in ("eval_batch_size", "prompt_tokens", "repeats", "nproc_per_node", "train_steps"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("eval_block_size", "new_tokens", "block_size", "threads"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    return args
+@dataclass
+class LeaderboardConfig:
+    checkpoint: str | None = field(default=None, metadata={
+        "help": "artifact folder or Hugging Face GPT-2 id (default: the train.py checkpoint under out/ trained on "
+                "the most tokens)"})
+    dataset: str = field(default=DEFAULT_DATASET, metadata={
+        "help": f"evaluation corpus, validation split: {', '.join(DATASET_NAMES)} or a local folder"})
+    eval_text: Path | None = field(default=None, metadata={"help": "evaluate on this local text file instead of "
+                                                                   "--dataset (all of it)"})
+    eval_batch_size: int = field(default=8, metadata={"help": "evaluation windows per forward pass"})
+    eval_block_size: int | None = field(default=None, metadata={"help": "evaluation window (default: the model's "
+                                                                         "context)"})
+    prompt_tokens: int = field(default=16, metadata={"help": "prompt length for the generation figures"})
+    new_tokens: int | None = field(default=None, metadata={
+        "help": f"new tokens per generation (default: {REFERENCE_NEW_TOKENS} as the reference, or as many as the "
+                f"model's context leaves after the prompt, whichever is smaller)"})
+    repeats: int = field(default=3, metadata={"help": "timed repeats per figure (after one warm-up)"})
+    parallel: str = field(default="none", metadata={
+        "help": "training figures: none (one process) or a torchrun mode of train.py",
+        "choices": ("none", *MULTI_PROCESS_MODES)})
+    nproc_per_node: int = field(default=2, metadata={"help": "ranks for --parallel (torchrun)"})
+    block_size: int | None = field(default=None, metadata={"help": "training block size (default: the model's "
+                                                                    "context)"})
+    train_steps: int = field(default=3, metadata={"help": "optimizer steps per timed training window"})
+    train_dataset: str = field(default="builtin", metadata={
+        "help": "training text for the throughput runs (content does not change the speed)"})
+    threads: int | None = field(default=None, metadata={"help": "torch threads per training rank (default: "
+                                                                 "torch's choice)"})
+    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda, ..."})
+    protocol: str = field(default="default", metadata={
+        "help": f"reference: the reference scorecard's settings (training: grad accumulation {REFERENCE_GRAD_ACCUM} "
+                f"x micro-batch 4 or 12 x block {REFERENCE_BLOCK}; generation: batch x {REFERENCE_NEW_TOKENS} new "
+                f"tokens / time); default: this project's", "choices": tuple(PROTOCOLS)})
+    out: Path | None = field(default=None, metadata={"help": "also write the JSON here"})
+
+    def __post_init__(self):
+        for name in ("eval_batch_size", "prompt_tokens", "repeats", "nproc_per_node", "train_steps",
+                     "eval_block_size", "new_tokens", "block_size", "threads"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise LeaderboardError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.eval_text is not None and self.dataset != DEFAULT_DATASET:
+            raise LeaderboardError("give --dataset or --eval-text, not both")
+        if self.parallel not in ("none", *MULTI_PROCESS_MODES):
+            raise LeaderboardError(f"--parallel {self.parallel} is not a torchrun mode")
 
 
 def text_file_corpus(path: Path) -> Corpus:
@@ -123,7 +130,7 @@ def text_file_corpus(path: Path) -> Corpus:
                   documents=lambda split: iter([text] if split == "validation" else []))
 
 
-def evaluation_tokens(args):
+def evaluation_tokens(args: LeaderboardConfig):
     if args.eval_text:
         return load_split(text_file_corpus(args.eval_text), "validation"), f"file {args.eval_text}"
     return load_split(args.dataset, "validation"), f"{args.dataset} validation split"
@@ -145,26 +152,27 @@ def generation_figures(model, tokens, prompt_tokens: int, new_tokens: int, repea
     figures = {}
     for batch in GENERATION_BATCHES:
         prompt = torch.stack(rows[:batch]).to(device)
-        runs = []
-        for repeat in range(repeats + 1):  # the first is the warm-up
-            first_token_at = []
+        first_token_s = []  # per call: from its start to its first new token
+
+        def run():
+            start, first = time.perf_counter(), []
 
             def on_token(_token):
-                if not first_token_at:
+                if not first:
                     synchronize(device)
-                    first_token_at.append(time.perf_counter())
+                    first.append(time.perf_counter() - start)
 
-            synchronize(device)
-            start = time.perf_counter()
             generate(model, prompt, params, on_token=on_token)
-            synchronize(device)
-            if repeat:
-                runs.append((time.perf_counter() - start, first_token_at[0] - start))
+            first_token_s.append(first[0])
+
+        totals = time_repeats(run, repeats, warmup=1, device=device)
+        ttfts = first_token_s[1:]  # the first call is the warm-up
         figures[batch] = {
-            "tokens_per_s": summary([batch * new_tokens / total for total, _ in runs]),
-            "time_to_first_token_s": summary([ttft for _, ttft in runs]),
+            "tokens_per_s": Spread.of([batch * new_tokens / total for total in totals]),
+            "time_to_first_token_s": Spread.of(ttfts),
             # Decoding after the first token (the prompt's prefill is in the time to first token).
-            "ms_per_token": summary([1000 * (total - ttft) / max(1, new_tokens - 1) for total, ttft in runs]),
+            "ms_per_token": Spread.of([1000 * (total - ttft) / max(1, new_tokens - 1)
+                                       for total, ttft in zip(totals, ttfts)]),
         }
     return figures
 
@@ -179,7 +187,7 @@ def trainable_source(folder: Path, meta: dict, workdir: Path) -> Path:
     return float_copy
 
 
-def training_figures(args, source: Path, block: int, workdir: Path, grad_accum: int) -> dict:
+def training_figures(args: LeaderboardConfig, source: Path, block: int, workdir: Path, grad_accum: int) -> dict:
     parallel = args.parallel != "none"
     steps = args.train_steps * (args.repeats + 1)
     figures = {}
@@ -203,10 +211,8 @@ def training_figures(args, source: Path, block: int, workdir: Path, grad_accum: 
     return figures
 
 
-def scorecard(args) -> dict:
+def scorecard(args: LeaderboardConfig) -> dict:
     device = choose_device(args.device)
-    if args.parallel not in ("none", *MULTI_PROCESS_MODES):
-        raise LeaderboardError(f"--parallel {args.parallel} is not a torchrun mode")
     folder, why = (resolve_checkpoint(args.checkpoint), "--checkpoint") if args.checkpoint else default_checkpoint()
     print(f"scoring {folder} ({why})", file=sys.stderr)
     model, meta = load_model(folder, device)
@@ -219,7 +225,8 @@ def scorecard(args) -> dict:
                                f"{args.prompt_tokens}-token prompt, which this model's context of {context} cannot "
                                f"hold; score it with --protocol default (or a model with a longer context)")
     if reference and args.new_tokens not in (None, REFERENCE_NEW_TOKENS):
-        raise LeaderboardError(f"--protocol reference fixes the new tokens at {REFERENCE_NEW_TOKENS}; drop --new-tokens")
+        raise LeaderboardError(f"--protocol reference fixes the new tokens at {REFERENCE_NEW_TOKENS}; "
+                               f"drop --new-tokens")
     for name, value in (("--eval-block-size", eval_block), ("--block-size", train_block)):
         if value > context:
             raise LeaderboardError(f"{name} {value} exceeds the model's context of {context}")
@@ -253,8 +260,8 @@ def scorecard(args) -> dict:
     world = args.nproc_per_node if args.parallel != "none" else 1
     score = {
         "loss": validation["val_loss"],
-        **{f"inference_latency_{b}": generation[b]["tokens_per_s"]["median"] for b in GENERATION_BATCHES},
-        **{f"training_throughput_{b}": training[b]["tokens_per_s"]["median"] for b in TRAINING_BATCHES},
+        **{f"inference_latency_{b}": generation[b]["tokens_per_s"].median for b in GENERATION_BATCHES},
+        **{f"training_throughput_{b}": training[b]["tokens_per_s"].median for b in TRAINING_BATCHES},
         "units": UNITS,
         "definitions": {
             "loss": f"token-weighted mean cross-entropy over every target of {described} "
@@ -273,14 +280,14 @@ def scorecard(args) -> dict:
                                  "process for inference, each train.py process for training)",
             "spread": "each figure is the median of its repeats after one warm-up; min and max beside it",
         },
-        "time_to_first_token_s": generation[1]["time_to_first_token_s"]["median"],
-        "ms_per_token_batch_1": generation[1]["ms_per_token"]["median"],
+        "time_to_first_token_s": generation[1]["time_to_first_token_s"].median,
+        "ms_per_token_batch_1": generation[1]["ms_per_token"].median,
         "peak_memory_bytes": {"inference": inference_peak,
                               **{f"training_{b}": training[b]["peak_memory_bytes"] for b in TRAINING_BATCHES}},
-        "spread": {**{f"inference_latency_{b}": generation[b]["tokens_per_s"] for b in GENERATION_BATCHES},
-                   **{f"training_throughput_{b}": training[b]["tokens_per_s"] for b in TRAINING_BATCHES},
-                   "time_to_first_token_s": generation[1]["time_to_first_token_s"],
-                   "ms_per_token_batch_1": generation[1]["ms_per_token"]},
+        "spread": {**{f"inference_latency_{b}": asdict(generation[b]["tokens_per_s"]) for b in GENERATION_BATCHES},
+                   **{f"training_throughput_{b}": asdict(training[b]["tokens_per_s"]) for b in TRAINING_BATCHES},
+                   "time_to_first_token_s": asdict(generation[1]["time_to_first_token_s"]),
+                   "ms_per_token_batch_1": asdict(generation[1]["ms_per_token"])},
         "artifact": {"path": str(folder), "kind": meta["artifact"], "produced_by": meta.get("produced_by"),
                      "model": meta["model"]},
         "evaluation": {"text": described, "tokens": len(tokens), "targets": validation["val_tokens"],
@@ -299,15 +306,15 @@ def scorecard(args) -> dict:
                                                     for b in TRAINING_BATCHES},
                      "commands": {b: training[b]["command"] for b in TRAINING_BATCHES},
                      "architecture_only": meta["artifact"] == "int8"},
-        "environment": {**environment(device), "world_size": world},
+        "environment": {**asdict(environment(device)), "world_size": world},
     }
     score["timestamp"] = score["environment"]["date"]
     return score
 
 
 def main(argv=None) -> dict:
-    args = parse_args(argv)
     try:
+        args = parse_config(LeaderboardConfig, __doc__, argv)
         score = scorecard(args)
     except UserError as e:
         sys.exit(f"error: {e}")

@@ -13,7 +13,6 @@ server's queue is full) is counted apart from errors.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import ipaddress
 import json
@@ -28,6 +27,9 @@ import httpx
 import numpy as np
 from tqdm import tqdm
 
+from runtime.cli import parse_config
+from runtime.errors import UserError
+
 PROMPTS = [
     "The history of",
     "In 1998, the company announced that",
@@ -37,6 +39,7 @@ PROMPTS = [
     "The river flows through the valley, past the old mill, and",
 ]
 COMPARE_CONCURRENCY = 12
+DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 @dataclass
@@ -171,6 +174,38 @@ def batching_speedup(results: list[LevelResult]) -> str | None:
             f"the same {alone.requests} one at a time: {alone.tokens_per_s:.1f} tokens/s; speed-up {ratio:.2f}x")
 
 
+class LoadTestError(UserError):
+    """Settings the load test cannot run with."""
+
+
+@dataclass
+class LoadTestConfig:
+    url: str = field(default=DEFAULT_URL, metadata={"help": "a running server on loopback"})
+    checkpoint: str | None = field(default=None, metadata={"help": "start `python -m serve` on this artifact "
+                                                                    "instead of using --url"})
+    server_args: str = field(default="", metadata={"help": "extra flags for the server --checkpoint starts"})
+    concurrency: str = field(default="1,4,12,32", metadata={"help": "comma-separated levels"})
+    min_requests: int = field(default=12, metadata={"help": "requests per level (at least the concurrency)"})
+    max_new_tokens: int = field(default=64, metadata={"help": "tokens per request"})
+    level_time_limit: float = field(default=120.0, metadata={"help": "seconds; no new requests after it"})
+    request_timeout: float = field(default=120.0, metadata={"help": "seconds per request"})
+    json: Path | None = field(default=None, metadata={"help": "also write the results here"})
+
+    def __post_init__(self):
+        if self.checkpoint is not None and self.url != DEFAULT_URL:
+            raise LoadTestError("give --url or --checkpoint, not both")
+        if self.checkpoint is None:
+            check_loopback(self.url)
+        if not all(part.strip().isdigit() for part in self.concurrency.split(",")):
+            raise LoadTestError(f"--concurrency must be comma-separated integers, got {self.concurrency!r}")
+        if min(self.levels) < 1 or self.min_requests < 1 or self.max_new_tokens < 1:
+            raise LoadTestError("concurrency levels, --min-requests and --max-new-tokens must be at least 1")
+
+    @property
+    def levels(self) -> list[int]:
+        return [int(part) for part in self.concurrency.split(",")]
+
+
 def check_loopback(url: str) -> None:
     host = urlparse(url).hostname or ""
     try:
@@ -178,43 +213,20 @@ def check_loopback(url: str) -> None:
     except ValueError:
         loopback = False
     if not loopback:
-        raise ValueError(f"--url {url} is not a loopback address; this load test only drives a server on this "
-                         f"machine (127.0.0.1 or localhost)")
+        raise LoadTestError(f"--url {url} is not a loopback address; this load test only drives a server on this "
+                            f"machine (127.0.0.1 or localhost)")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    target = parser.add_mutually_exclusive_group()
-    target.add_argument("--url", default="http://127.0.0.1:8000", help="a running server on loopback")
-    target.add_argument("--checkpoint", type=Path, help="start `python -m serve` on this artifact instead")
-    parser.add_argument("--server-args", default="", help="extra flags for the server --checkpoint starts")
-    parser.add_argument("--concurrency", default="1,4,12,32", help="comma-separated levels")
-    parser.add_argument("--min-requests", type=int, default=12, help="requests per level (at least the concurrency)")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--level-time-limit", type=float, default=120.0, help="seconds; no new requests after it")
-    parser.add_argument("--request-timeout", type=float, default=120.0, help="seconds per request")
-    parser.add_argument("--json", type=Path, help="also write the results here")
-    args = parser.parse_args(argv)
-    try:
-        args.levels = [int(c) for c in args.concurrency.split(",")]
-    except ValueError:
-        parser.error(f"--concurrency must be comma-separated integers, got {args.concurrency!r}")
-    if any(c < 1 for c in args.levels) or args.min_requests < 1 or args.max_new_tokens < 1:
-        parser.error("concurrency levels, --min-requests and --max-new-tokens must be at least 1")
-    return args
-
-
-def report(args, url: str) -> None:
-    results = asyncio.run(run_levels(url, args.levels, args.min_requests, args.max_new_tokens,
-                                     args.level_time_limit, args.request_timeout))
-    print(f"load test of {url}: streaming /generate, {args.max_new_tokens} new tokens per request")
+def report(cfg: LoadTestConfig, url: str) -> None:
+    results = asyncio.run(run_levels(url, cfg.levels, cfg.min_requests, cfg.max_new_tokens, cfg.level_time_limit,
+                                     cfg.request_timeout))
+    print(f"load test of {url}: streaming /generate, {cfg.max_new_tokens} new tokens per request")
     print(format_table(results))
     speedup = batching_speedup(results)
     if speedup:
         print(speedup)
-    if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+    if cfg.json:
+        cfg.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
     for r in results:
         for o in r.outcomes:
             if o.error and o.status != 503:
@@ -223,21 +235,20 @@ def report(args, url: str) -> None:
 
 
 def main(argv=None) -> None:
-    args = parse_args(argv)
-    if args.checkpoint is None:
-        try:
-            check_loopback(args.url)
-        except ValueError as e:
-            sys.exit(f"error: {e}")
-        report(args, args.url.rstrip("/"))
+    try:
+        cfg = parse_config(LoadTestConfig, __doc__, argv)
+    except UserError as e:
+        sys.exit(f"error: {e}")
+    if cfg.checkpoint is None:
+        report(cfg, cfg.url.rstrip("/"))
         return
     from serve.launch import running_server
     with tempfile.TemporaryDirectory() as tmp, \
-            running_server(args.checkpoint, Path(tmp) / "server.log", args.server_args.split()) as server:
+            running_server(Path(cfg.checkpoint), Path(tmp) / "server.log", cfg.server_args.split()) as server:
         health = httpx.get(f"{server.url}/health").json()
         print(f"server: {health['artifact']} model {health['checkpoint']} on {health['device']}, "
               f"max batch {health['max_batch_size']}")
-        report(args, server.url)
+        report(cfg, server.url)
 
 
 if __name__ == "__main__":

@@ -1,67 +1,51 @@
-"""Run the whole benchmark -- a fresh demo-sized training run, its scorecard, the seven experiments,
-the int8 scorecard -- and write bench/REPORT.md.  `make bench` runs `--quick`.
+"""Run the whole benchmark -- a fresh demo-sized training run, its scorecard, every experiment in the
+registry, the int8 scorecard -- and write bench/REPORT.md.  `make bench` runs `--quick`.
 
     python bench/run_all.py --quick --leaderboard-dataset /path/to/wikitext-103-raw   # under 20 min on 2 CPU cores
     python bench/run_all.py                                                           # more steps and repeats
+    python bench/run_all.py --quick --only batch_sweep data_loading                   # rerun some stages
 
 The scorecard is taken on a checkpoint this script trains itself (tiny preset, built-in corpus, into
-out/bench/train), so the report does not depend on whatever else is in out/.  Each stage is its own
-process (so each one's peak memory is its own); a stage that fails is recorded, the others still run,
-the report is still written, and the exit code is non-zero.
+out/bench/train), so the report does not depend on whatever else is in out/; experiments with a
+`checkpoint` setting (compression) get it too.  Each stage is its own process (so each one's peak
+memory is its own); a stage that fails is recorded, the others still run, the report is still
+written, and the exit code is non-zero.
 """
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.experiment import WORK_ROOT, Workspace
+from bench.experiments import EXPERIMENTS, find
+from bench.leaderboard import LeaderboardConfig
 from bench.record import RESULTS_DIR, read_result, write_result
 from bench.report import REPORT, write_report
 from bench.runner import ROOT, run_train
+from runtime.cli import non_default_flags, parse_config
+from runtime.errors import UserError
 
-WORK = Path("out/bench")
-QUICK = {
-    "train_steps": 100,
-    "leaderboard": ["--repeats", "3", "--train-steps", "2"],
-    "batch_sweep": ["--block-size", "128", "--max-batch", "128", "--steps", "1", "--repeats", "2"],
-    "data_loading": ["--batches", "200", "--repeats", "3"],
-    "phase_profile": ["--block-size", "128", "--steps", "20"],
-    "precision_memory": ["--block-size", "128", "--steps", "8", "--timeout-s", "180"],
-    "comm_strategies": ["--block-size", "64", "--global-batch", "8", "--steps-per-window", "2", "--windows", "2"],
-    "tp_vs_fsdp": ["--block-size", "64", "--global-batches", "2", "4", "8", "16", "--steps-per-window", "2",
-                   "--windows", "2"],
-    "compression": ["--methods", "magnitude", "row", "--rounds", "2", "--finetune-steps", "10", "--eval-batches", "4",
-                    "--block-size", "128", "--speed-repeats", "2"],
-}
-FULL = {
-    "train_steps": 1000,
-    "leaderboard": ["--repeats", "5", "--train-steps", "5"],
-    "batch_sweep": ["--max-batch", "256", "--steps", "3", "--repeats", "3"],
-    "data_loading": ["--batches", "1000", "--repeats", "5"],
-    "phase_profile": ["--steps", "100", "--eval-interval", "25"],
-    "precision_memory": ["--steps", "50", "--timeout-s", "900"],
-    "comm_strategies": ["--block-size", "256", "--global-batch", "16", "--steps-per-window", "5", "--windows", "3"],
-    "tp_vs_fsdp": ["--block-size", "256", "--global-batches", "2", "4", "8", "16", "32", "--steps-per-window", "5",
-                   "--windows", "3"],
-    "compression": ["--methods", "magnitude", "row", "wanda", "--rounds", "4", "--finetune-steps", "50",
-                    "--eval-batches", "16"],
-}
+CHECKPOINT = WORK_ROOT / "train"
+STAGES = ("train", "leaderboard", *(e.name for e in EXPERIMENTS), "leaderboard_int8")
+TRAIN_STEPS = {"quick": 100, "full": 1000}
+SCORECARD = {"quick": LeaderboardConfig(repeats=3, train_steps=2), "full": LeaderboardConfig(repeats=5, train_steps=5)}
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--quick", action="store_true", help="settings that finish in under 20 minutes on 2 CPU cores")
-    parser.add_argument("--leaderboard-dataset", default="wikitext-103",
-                        help="the scorecard's evaluation text (dataset name or local folder); `builtin` is "
-                             "accepted and the report says it is not WikiText-103")
-    parser.add_argument("--only", nargs="+", help="run only these stages (the report uses the results already there)")
-    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
-    parser.add_argument("--report", type=Path, default=REPORT)
-    return parser.parse_args(argv)
+@dataclass
+class RunAllConfig:
+    quick: bool = field(default=False, metadata={"help": "settings that finish in under 20 minutes on 2 CPU cores"})
+    leaderboard_dataset: str = field(default="wikitext-103", metadata={
+        "help": "the scorecard's evaluation text (dataset name or local folder); `builtin` is accepted and the "
+                "report says it is not WikiText-103"})
+    only: list[str] | None = field(default=None, metadata={
+        "help": "run only these stages (the report uses the results already there)", "choices": STAGES})
+    results_dir: Path = field(default=RESULTS_DIR, metadata={"help": "folder for every NAME.json and plot"})
+    report: Path = field(default=REPORT, metadata={"help": "the Markdown report to write"})
 
 
 def text_note(dataset: str) -> str:
@@ -74,74 +58,74 @@ def text_note(dataset: str) -> str:
     return f"the `{dataset}` validation split"
 
 
-def script(name: str, *flags: str) -> list[str]:
-    return [sys.executable, str(ROOT / "bench" / f"{name}.py"), *flags]
+def scorecard_command(cfg: RunAllConfig, size: str, checkpoint: Path, name: str) -> list[str]:
+    settings = dataclasses.replace(SCORECARD[size], checkpoint=str(checkpoint), dataset=cfg.leaderboard_dataset,
+                                   out=cfg.results_dir / f"{name}.json")
+    return [sys.executable, str(ROOT / "bench" / "leaderboard.py"), *non_default_flags(settings)]
+
+
+def stage_commands(cfg: RunAllConfig, size: str) -> dict[str, list[str]]:
+    """Every stage after training, in order: the scorecard, the experiments, the int8 scorecard."""
+    workspace = Workspace(cfg.results_dir)
+    commands = {"leaderboard": scorecard_command(cfg, size, CHECKPOINT, "leaderboard")}
+    for experiment in EXPERIMENTS:
+        settings = getattr(experiment, size)
+        if any(f.name == "checkpoint" for f in dataclasses.fields(settings)):
+            settings = dataclasses.replace(settings, checkpoint=str(CHECKPOINT))
+        commands[experiment.name] = experiment.command(settings, workspace)
+    int8 = find("compression").work_dir(workspace) / "int8"
+    commands["leaderboard_int8"] = scorecard_command(cfg, size, int8, "leaderboard_int8")
+    return commands
+
+
+def train(steps: int) -> dict:
+    shutil.rmtree(CHECKPOINT, ignore_errors=True)  # the benchmark's own checkpoint from last time
+    print(f"== train: tiny preset, {steps} steps on the built-in corpus -> {CHECKPOINT}", flush=True)
+    run = run_train(CHECKPOINT, {"model": "tiny", "dataset": "builtin", "max_steps": steps, "eval_interval": steps,
+                                 "log_interval": 50})
+    if not run.ok:
+        print(run.output_tail, file=sys.stderr)
+    return {"name": "train", "seconds": run.elapsed_s, "ok": run.ok, "command": " ".join(run.command)}
+
+
+def run_stage(name: str, command: list[str]) -> dict:
+    print(f"== {name}: {' '.join(command)}", flush=True)
+    t0 = time.perf_counter()
+    ok = subprocess.run(command, cwd=ROOT).returncode == 0
+    if not ok:
+        print(f"== {name} failed; going on with the others", file=sys.stderr, flush=True)
+    return {"name": name, "seconds": time.perf_counter() - t0, "ok": ok, "command": " ".join(command)}
 
 
 def main(argv=None) -> None:
-    args = parse_args(argv)
-    settings = QUICK if args.quick else FULL
-    results = ["--results-dir", str(args.results_dir)]
-    checkpoint = WORK / "train"
-    int8 = WORK / "compression" / "int8"
-    stages = {
-        "leaderboard": script("leaderboard", "--checkpoint", str(checkpoint), "--dataset", args.leaderboard_dataset,
-                              *settings["leaderboard"], "--out", str(args.results_dir / "leaderboard.json")),
-        **{name: script(name, *settings[name], *results)
-           for name in ("batch_sweep", "data_loading", "phase_profile")},
-        "precision_memory": script("precision_memory", *settings["precision_memory"], "--work-dir",
-                                   str(WORK / "precision_memory"), *results),
-        **{name: script(name, *settings[name], "--work-dir", str(WORK / "parallel"), *results)
-           for name in ("comm_strategies", "tp_vs_fsdp")},
-        "compression": script("compression", "--checkpoint", str(checkpoint), *settings["compression"],
-                              "--work-dir", str(WORK / "compression"), *results),
-        "leaderboard_int8": script("leaderboard", "--checkpoint", str(int8), "--dataset", args.leaderboard_dataset,
-                                   *settings["leaderboard"], "--out", str(args.results_dir / "leaderboard_int8.json")),
-    }
-    wanted = set(args.only or ["train", *stages])
-    unknown = wanted - {"train", *stages}
-    if unknown:
-        sys.exit(f"error: unknown stage(s) {sorted(unknown)}; choose from train, {', '.join(stages)}")
+    try:
+        cfg = parse_config(RunAllConfig, __doc__, argv)
+    except UserError as e:
+        sys.exit(f"error: {e}")
+    size = "quick" if cfg.quick else "full"
+    wanted = set(cfg.only or STAGES)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    record, failed = [], []
+    record = [train(TRAIN_STEPS[size])] if "train" in wanted else []
+    record += [run_stage(name, command) for name, command in stage_commands(cfg, size).items() if name in wanted]
+    failed = [stage["name"] for stage in record if not stage["ok"]]
 
-    if "train" in wanted:
-        shutil.rmtree(checkpoint, ignore_errors=True)  # the benchmark's own checkpoint from last time
-        print(f"== train: tiny preset, {settings['train_steps']} steps on the built-in corpus -> {checkpoint}", flush=True)
-        run = run_train(checkpoint, {"model": "tiny", "dataset": "builtin", "max_steps": settings["train_steps"],
-                                     "eval_interval": settings["train_steps"], "log_interval": 50})
-        record.append({"name": "train", "seconds": run.elapsed_s, "ok": run.ok, "command": " ".join(run.command)})
-        if not run.ok:
-            failed.append("train")
-            print(run.output_tail, file=sys.stderr)
-    for name, command in stages.items():
-        if name not in wanted:
-            continue
-        print(f"== {name}: {' '.join(command)}", flush=True)
-        t0 = time.perf_counter()
-        ok = subprocess.run(command, cwd=ROOT).returncode == 0
-        record.append({"name": name, "seconds": time.perf_counter() - t0, "ok": ok, "command": " ".join(command)})
-        if not ok:
-            failed.append(name)
-            print(f"== {name} failed; going on with the others", file=sys.stderr, flush=True)
-
-    previous = read_result(args.results_dir, "run_all") if args.only else None
+    previous = read_result(cfg.results_dir, "run_all") if cfg.only else None
     if previous:  # a partial rerun: keep the full run's record, with these stages replaced
         rerun = {stage["name"] for stage in record}
         record = [s for s in previous["stages"] if s["name"] not in rerun] + record
         failed = sorted(set(previous["failed"]) - rerun | set(failed))
         started = f"{previous['started']}; re-ran {', '.join(sorted(rerun))} at {started}"
-    write_result(args.results_dir, "run_all", {
+    write_result(cfg.results_dir, "run_all", {
         "command": previous["command"] if previous else
         " ".join(["python bench/run_all.py", *(sys.argv[1:] if argv is None else argv)]),
-        "mode": "--quick (sized for 2 CPU cores, under 20 minutes)" if args.quick else "full",
+        "mode": "--quick (sized for 2 CPU cores, under 20 minutes)" if cfg.quick else "full",
         "started": started, "total_s": sum(stage["seconds"] for stage in record), "stages": record, "failed": failed,
-        "checkpoint": str(checkpoint), "leaderboard_dataset": args.leaderboard_dataset,
-        "leaderboard_text_note": text_note(args.leaderboard_dataset),
-        "note": f"The scorecard's checkpoint is trained here: tiny preset, {settings['train_steps']} steps on the "
+        "checkpoint": str(CHECKPOINT), "leaderboard_dataset": cfg.leaderboard_dataset,
+        "leaderboard_text_note": text_note(cfg.leaderboard_dataset),
+        "note": f"The scorecard's checkpoint is trained here: tiny preset, {TRAIN_STEPS[size]} steps on the "
                 f"built-in corpus (Python documentation), so its WikiText loss is that of a model that never saw "
                 f"Wikipedia." + (f" Failed stages: {', '.join(failed)}." if failed else "")})
-    write_report(args.results_dir, args.report)
+    write_report(cfg.results_dir, cfg.report)
     if failed:
         sys.exit(f"error: stage(s) failed: {', '.join(failed)} (see above); the report marks what is missing")
 

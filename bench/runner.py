@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.timing import summary
+from runtime.cli import to_flags
+from runtime.timing import Spread
 from training.checkpoint import is_training_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,25 +64,11 @@ class TrainRun:
         return self.step_records[skip:]
 
 
-def flags(options: dict) -> list[str]:
-    """{"batch_size": 4, "compile": True} -> ["--batch-size", "4", "--compile"]; None values are left out."""
-    out = []
-    for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            out.append(flag if value else "--no-" + key.replace("_", "-"))
-        else:
-            out += [flag, str(value)]
-    return out
-
-
 def train_command(options: dict, nproc: int | None) -> list[str]:
     if nproc is None:
-        return [sys.executable, str(TRAIN_SCRIPT), *flags(options)]
+        return [sys.executable, str(TRAIN_SCRIPT), *to_flags(options)]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            str(TRAIN_SCRIPT), *flags(options)]
+            str(TRAIN_SCRIPT), *to_flags(options)]
 
 
 def run_command(command: list[str], threads: int | None = None,
@@ -127,47 +112,7 @@ def run_train(out_dir: Path, options: dict, nproc: int | None = None, threads: i
     return TrainRun(command, returncode, elapsed, records, output[-3000:])
 
 
-def window_summary(windows: list[dict], key: str) -> dict | None:
+def window_summary(windows: list[dict], key: str) -> Spread | None:
     """Median, min and max of one metric over the timed log windows (None when train.py did not log it)."""
     values = [w[key] for w in windows if w.get(key) is not None]
-    return summary(values) if values else None
-
-
-def run_parallel(work_dir: Path, mode: str, world: int, global_batch: int, options: dict, windows: int,
-                 steps_per_window: int, threads: int = 1, timeout_s: float | None = None) -> dict:
-    """One torchrun job of train.py at a fixed global batch; per-step figures over the timed windows.
-
-    Data-parallel modes split the global batch over the ranks; `tp` shards the model, so every rank
-    sees the whole batch.  The first log window is warm-up and is left out."""
-    dp = 1 if mode == "tp" else world
-    if global_batch % dp:
-        raise ValueError(f"a global batch of {global_batch} does not split over {dp} data-parallel ranks")
-    steps = steps_per_window * (windows + 1)
-    out_dir = Path(work_dir) / f"{mode}_{world}_b{global_batch}"
-    shutil.rmtree(out_dir, ignore_errors=True)  # the benchmark's own scratch run from last time
-    run = run_train(out_dir,
-                    {**options, "parallel": mode, "tp_size": world if mode == "tp" else 1,
-                     "batch_size": global_batch // dp, "max_steps": steps, "log_interval": steps_per_window,
-                     "eval_interval": steps, "eval_batches": 1, "final_eval_batches": 1},
-                    nproc=world, threads=threads, timeout_s=timeout_s)
-    row = {"mode": mode, "world_size": world, "global_batch": global_batch, "per_rank_batch": global_batch // dp,
-           "threads_per_rank": threads, "command": " ".join(run.command)}
-    if not run.ok:
-        return {**row, "error": run.failure(), "out_of_memory": run.out_of_memory}
-    timed = run.timed_windows(skip=1)
-    tokens_per_step = global_batch * options["block_size"]
-    sent = [sum(w["comm_sent_bytes"].values()) for w in timed]
-    return {**row,
-            "tokens_per_s": window_summary(timed, "tokens_per_s"),
-            "iteration_s": summary([tokens_per_step / w["tokens_per_s"] for w in timed]),
-            "compute_s": window_summary(timed, "compute_s"),
-            "comm_s": window_summary(timed, "comm_s"),
-            "exposed_comm_s": window_summary(timed, "exposed_comm_s"),
-            "comm_share": window_summary(timed, "comm_share"),
-            "sent_bytes_per_step": statistics.median(sent),
-            "sent_bytes_by_kind": timed[-1]["comm_sent_bytes"],
-            "sent_bytes_theory_per_step": sum(timed[-1]["comm_sent_bytes_theory"].values()),
-            "sent_bytes_theory_by_kind": timed[-1]["comm_sent_bytes_theory"],
-            "bandwidth_bytes_per_s": window_summary(timed, "bandwidth_bytes_per_s"),
-            "peak_memory_bytes_per_rank": timed[-1]["peak_memory_bytes_per_rank"],
-            "final_loss": run.step_records[-1]["loss"]}
+    return Spread.of(values) if values else None

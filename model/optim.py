@@ -14,7 +14,7 @@ def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, beta
     no_decay = [p for p in params.values() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     # The fused kernel (one pass over each tensor, CPU and CUDA alike) beats the default
-    # per-parameter loop on CPU; see bench/train_speed.py.
+    # per-parameter loop on CPU; see bench/experiments/train_speed.py.
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)
 
 

@@ -1,19 +1,18 @@
 """Measured (never projected) forward and generation throughput of several models, interleaved.
 
-The models are timed in turns within each repeat, so a change in machine load hits
-all of them alike; each figure is the median over the repeats after one warm-up.
+The models are timed in turns within each repeat (runtime/timing.py), so a change in machine load
+hits all of them alike; each figure is the median over the repeats after one warm-up round.
 """
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 
 from model.generate import generate
 from model.sampling import SamplingParams
-from runtime.device import synchronize
+from runtime.timing import time_interleaved
 
 GENERATION_PROMPT_TOKENS = 16
 
@@ -29,14 +28,6 @@ class SpeedSettings:
     logits: str = "full"
 
 
-def _timed(fn, device) -> float:
-    synchronize(device)
-    start = time.perf_counter()
-    fn()
-    synchronize(device)
-    return time.perf_counter() - start
-
-
 @torch.inference_mode()
 def forward_tokens_per_s(models: dict[str, torch.nn.Module], settings: SpeedSettings, device,
                          vocab_size: int) -> dict[str, float]:
@@ -44,12 +35,8 @@ def forward_tokens_per_s(models: dict[str, torch.nn.Module], settings: SpeedSett
     generator = torch.Generator().manual_seed(0)
     idx = torch.randint(0, vocab_size, (settings.batch_size, settings.seq_len), generator=generator).to(device)
     last_only = settings.logits == "last"
-    times = {name: [] for name in models}
-    for repeat in range(settings.repeats + 1):
-        for name, model in models.items():
-            elapsed = _timed(lambda: model(idx, last_only=last_only), device)
-            if repeat:  # the first round is warm-up
-                times[name].append(elapsed)
+    times = time_interleaved({name: lambda model=model: model(idx, last_only=last_only)
+                              for name, model in models.items()}, settings.repeats, warmup=1, device=device)
     tokens = settings.batch_size * settings.seq_len
     return {name: tokens / statistics.median(t) for name, t in times.items()}
 
@@ -61,12 +48,8 @@ def generation_tokens_per_s(models: dict[str, torch.nn.Module], settings: SpeedS
     generator = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, vocab_size, (1, GENERATION_PROMPT_TOKENS), generator=generator).to(device)
     params = SamplingParams(max_new_tokens=settings.generation_tokens, temperature=0, stop_at_eot=False)
-    times = {name: [] for name in models}
-    for repeat in range(settings.repeats + 1):
-        for name, model in models.items():
-            elapsed = _timed(lambda: generate(model, prompt, params), device)
-            if repeat:
-                times[name].append(elapsed)
+    times = time_interleaved({name: lambda model=model: generate(model, prompt, params)
+                              for name, model in models.items()}, settings.repeats, warmup=1, device=device)
     return {name: settings.generation_tokens / statistics.median(t) for name, t in times.items()}
 
 

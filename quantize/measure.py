@@ -1,13 +1,12 @@
 """Float and int8 side by side: loss on the same tokens, generation speed in the same run, agreement, size.
 
-Every measurement runs both models on identical inputs, interleaved, so that load from other
-processes on a shared CPU hits both alike; speeds are medians over repeats.
+Every measurement runs both models on identical inputs, interleaved (runtime/timing.py), so that load
+from other processes on a shared CPU hits both alike; speeds are medians over repeats.
 """
 from __future__ import annotations
 
 import math
 import statistics
-import time
 from typing import Iterable
 
 import torch
@@ -15,6 +14,7 @@ from tqdm import tqdm
 
 from model.generate import generate
 from model.sampling import SamplingParams
+from runtime.timing import paired_ratio, time_interleaved
 
 
 @torch.inference_mode()
@@ -49,28 +49,24 @@ def generation_speed(models: dict[str, torch.nn.Module], prompts: torch.Tensor, 
                      new_tokens: int, repeats: int) -> tuple[dict, dict[str, torch.Tensor]]:
     """Greedy generation tokens/s per model and batch size (medians), and each model's largest-batch output.
 
-    Each repeat runs every model once per batch size, alternating which model goes first, after one
-    untimed warm-up run each.  The speed-up is the median of the per-repeat ratios (paired samples).
+    Each repeat runs every model once per batch size, in an order that reverses every other repeat,
+    after one untimed warm-up run each (runtime/timing.py).  The speed-up is the median of the
+    per-repeat ratios (paired samples).
     """
     params = SamplingParams(max_new_tokens=new_tokens, temperature=0, stop_at_eot=False)
     names = list(models)
     outputs: dict[str, torch.Tensor] = {}
-    seconds = {(name, b): [] for name in names for b in batch_sizes}
     for b in batch_sizes:
         for name in names:
             outputs[name] = generate(models[name], prompts[:b], params)  # warm-up; keeps the last batch's text
-    steps = [(r, b) for r in range(repeats) for b in batch_sizes]
-    for r, b in tqdm(steps, desc="generation float vs int8", leave=False):
-        for name in (names if r % 2 == 0 else names[::-1]):
-            start = time.perf_counter()
-            generate(models[name], prompts[:b], params)
-            seconds[(name, b)].append(time.perf_counter() - start)
+    calls = {(name, b): lambda model=models[name], b=b: generate(model, prompts[:b], params)
+             for b in batch_sizes for name in names}
+    seconds = time_interleaved(calls, repeats, warmup=0, alternate=True, progress="generation float vs int8")
     result = {}
     for b in batch_sizes:
         row = {f"{name}_tokens_per_s": b * new_tokens / statistics.median(seconds[(name, b)]) for name in names}
         reference, candidate = names
-        ratios = [t_ref / t_new for t_ref, t_new in zip(seconds[(reference, b)], seconds[(candidate, b)])]
-        row["speedup"] = statistics.median(ratios)
+        row["speedup"] = paired_ratio(seconds[(reference, b)], seconds[(candidate, b)])
         result[f"batch_{b}"] = row
     result.update(new_tokens=new_tokens, prompt_tokens=prompts.size(1), repeats=repeats)
     return result, outputs

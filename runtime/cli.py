@@ -15,12 +15,16 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls, help_texts: dict[st
         kind = _base_type(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         help_text = (help_texts or {}).get(f.name, f.metadata.get("help", ""))
-        help_text = f"{help_text} (default: {default})".strip()
+        if default is not None:  # None means "not given", which the help text explains
+            help_text = f"{help_text} (default: {default})".strip()
         if f.metadata.get("positional"):  # a list of operands, e.g. run folders
             parser.add_argument(f.name, nargs="*", type=typing.get_args(kind)[0], default=default, help=help_text)
         elif kind is bool:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
                                 help=help_text)
+        elif typing.get_origin(kind) is list:  # --modes ddp fsdp
+            parser.add_argument(flag, dest=f.name, nargs="+", type=typing.get_args(kind)[0], default=default,
+                                help=help_text, choices=(choices or {}).get(f.name, f.metadata.get("choices")))
         else:
             parser.add_argument(flag, dest=f.name, type=kind, default=default, help=help_text,
                                 choices=(choices or {}).get(f.name, f.metadata.get("choices")))
@@ -28,6 +32,32 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls, help_texts: dict[st
 
 def dataclass_from_args(cls, args: argparse.Namespace):
     return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+
+def to_flags(options: dict) -> list[str]:
+    """The command line that `add_dataclass_args` parses back into `options`:
+    {"batch_size": 4, "compile": True, "modes": ["ddp", "tp"]} -> ["--batch-size", "4", "--compile",
+    "--modes", "ddp", "tp"]; None values are left out."""
+    out = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, (list, tuple)):
+            out += [flag, *map(str, value)]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def non_default_flags(config) -> list[str]:
+    """The flags that rebuild the dataclass instance `config` from its class's defaults (a field set to None
+    where the default is not None cannot be written as a flag)."""
+    defaults = type(config)()
+    return to_flags({f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+                     if getattr(config, f.name) != getattr(defaults, f.name)})
 
 
 def _base_type(hint):

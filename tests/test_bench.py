@@ -1,27 +1,36 @@
-"""bench/: the scorecard's five keys with numbers and units; every experiment script in a tiny
-configuration (train.py and torchrun really run); out-of-memory caught and reported as the limit;
-the report holds every section."""
+"""bench/: the scorecard's five keys with numbers and units; every experiment in the registry in a tiny
+configuration, through its command line (train.py and torchrun really run); out-of-memory caught and
+reported as the limit; the registry complete; the report holds every section, from this run's results
+and from the committed ones."""
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
-from bench import (batch_sweep, comm_strategies, compression, data_loading, leaderboard, phase_profile,
-                   precision_memory, report, tp_vs_fsdp)
-from bench.runner import flags
+from bench import leaderboard, report
+from bench.experiment import Workspace
+from bench.experiments import EXPERIMENTS
+from bench.experiments.__main__ import main as run_experiment
+from bench.experiments.__main__ import parser as experiments_parser
+from bench.record import RESULTS_DIR
 from model.gpt import GPT
+from runtime.cli import dataclass_from_args, to_flags
 from runtime.device import is_out_of_memory
 
 FIVE_KEYS = ("loss", "inference_latency_1", "inference_latency_12", "training_throughput_4", "training_throughput_12")
 TEXT = ("The quick brown fox jumps over the lazy dog while the committee debates the budget for the new "
         "railway station, which was opened in 1887 and rebuilt after the war. ") * 30
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    """Every experiment once, tiny, into one results folder (the report test reads them all)."""
+    """Every experiment but the batch sweep once, tiny, into one results folder (the report test reads them all)."""
     root = tmp_path_factory.mktemp("bench")
     results_dir = root / "results"
     torch.manual_seed(0)
@@ -35,25 +44,29 @@ def results(tmp_path_factory):
     out["score"] = leaderboard.main(["--checkpoint", str(root / "artifact"), "--eval-text", str(root / "eval.txt"),
                                      "--new-tokens", "4", "--repeats", "1", "--block-size", "16", "--train-steps", "1",
                                      "--device", "cpu", "--out", str(results_dir / "leaderboard.json")])
-    res = ["--results-dir", str(results_dir)]
-    out["data_loading"] = data_loading.main(["--block-size", "16", "--batch-size", "2", "--batches", "3",
-                                             "--repeats", "1", "--max-workers", "1", *res])
-    out["phase_profile"] = phase_profile.main(["--block-size", "16", "--batch-size", "2", "--steps", "2",
-                                               "--eval-interval", "1", "--eval-batches", "1", "--profile-steps", "1",
-                                               "--device", "cpu", *res])
-    out["precision_memory"] = precision_memory.main(["--precisions", "fp32", "--device", "cpu", "--block-size", "16",
-                                                     "--batch-size", "2", "--steps", "3", "--work-dir", str(root / "pm"),
-                                                     *res])
+
+    def run(name, *flags):
+        out[name] = run_experiment([name, *flags, "--results-dir", str(results_dir), "--work-dir", str(root / name)])
+
+    run("data_loading", "--block-size", "16", "--batch-size", "2", "--batches", "3", "--repeats", "1",
+        "--max-workers", "1")
+    run("phase_profile", "--block-size", "16", "--batch-size", "2", "--steps", "2", "--eval-interval", "1",
+        "--eval-batches", "1", "--profile-steps", "1", "--device", "cpu")
+    run("precision_memory", "--precisions", "fp32", "--block-size", "16", "--batch-size", "2", "--steps", "3",
+        "--device", "cpu")
     # Several ranks on one machine run on the CPU (gloo) even where a GPU is present.
-    tiny_parallel = ["--device", "cpu", "--block-size", "16", "--steps-per-window", "1", "--windows", "1", "--work-dir",
-                     str(root / "par"), *res]
-    out["comm_strategies"] = comm_strategies.main(["--modes", "allreduce", "--world-sizes", "1", "2",
-                                                   "--global-batch", "2", *tiny_parallel])
-    out["tp_vs_fsdp"] = tp_vs_fsdp.main(["--global-batches", "2", *tiny_parallel])
-    out["compression"] = compression.main([
-        "--checkpoint", str(root / "artifact"), "--methods", "magnitude", "--rounds", "1", "--finetune-steps", "1",
-        "--batch-size", "2", "--block-size", "16", "--eval-batches", "1", "--speed-repeats", "1", "--new-tokens", "4",
-        "--speed-seq-len", "16", "--work-dir", str(root / "compression"), *res])
+    tiny_parallel = ["--device", "cpu", "--block-size", "16", "--steps-per-window", "1", "--windows", "1"]
+    run("comm_strategies", "--modes", "allreduce", "--world-sizes", "1", "2", "--global-batch", "2", *tiny_parallel)
+    run("tp_vs_fsdp", "--global-batches", "2", *tiny_parallel)
+    run("compression", "--checkpoint", str(root / "artifact"), "--methods", "magnitude", "--rounds", "1",
+        "--finetune-steps", "1", "--batch-size", "2", "--block-size", "16", "--eval-batches", "1", "--speed-repeats",
+        "1", "--new-tokens", "4", "--speed-seq-len", "16")
+    run("train_speed", "--model", "tiny", "--batch-size", "2", "--block-size", "16", "--steps", "1", "--repeats", "1",
+        "--device", "cpu")
+    run("generate_speed", "--model", "tiny", "--prompt-tokens", "4", "--new-tokens", "2", "--batch-sizes", "1", "2",
+        "--repeats", "1", "--device", "cpu")
+    run("prune_speed", "--preset", "tiny", "--seq-len", "8", "--generation-tokens", "2", "--repeats", "1",
+        "--csr-sparsities", "0.9", "--device", "cpu")
     return out
 
 
@@ -86,6 +99,10 @@ def test_leaderboard_refuses_what_cannot_work(small_artifact, tmp_path):
     (tmp_path / "t.txt").write_text(TEXT)
     with pytest.raises(SystemExit, match="exceeds the model's context of 64"):
         leaderboard.main(["--checkpoint", small_artifact, "--eval-text", str(tmp_path / "t.txt"), "--new-tokens", "60"])
+    with pytest.raises(SystemExit, match="--dataset or --eval-text, not both"):
+        leaderboard.main(["--checkpoint", small_artifact, "--eval-text", str(tmp_path / "t.txt"), "--dataset", "builtin"])
+    with pytest.raises(SystemExit, match="--repeats must be at least 1, got 0"):
+        leaderboard.main(["--checkpoint", small_artifact, "--repeats", "0"])
 
 
 def test_batch_sweep_reports_an_allocation_failure_as_the_limit(tmp_path, monkeypatch):
@@ -97,11 +114,11 @@ def test_batch_sweep_reports_an_allocation_failure_as_the_limit(tmp_path, monkey
         return forward(self, idx, *args, **kwargs)
 
     monkeypatch.setattr(GPT, "forward", failing_forward)
-    result = batch_sweep.main(["--block-size", "8", "--max-batch", "64", "--steps", "1", "--repeats", "1",
-                               "--results-dir", str(tmp_path)])
-    assert [r["batch_size"] for r in result["rows"]] == [1, 2]
-    assert result["limit"] == {"batch_size": 4, "reason": "out of memory"}
-    assert all(r["tokens_per_s"]["median"] > 0 and r["epoch_equivalent_s"] > 0 for r in result["rows"])
+    result = run_experiment(["batch_sweep", "--block-size", "8", "--max-batch", "64", "--steps", "1", "--repeats", "1",
+                             "--results-dir", str(tmp_path)])
+    assert [r.batch_size for r in result.rows] == [1, 2]
+    assert (result.limit.batch_size, result.limit.reason) == (4, "out of memory")
+    assert all(r.tokens_per_s.median > 0 and r.epoch_equivalent_s > 0 for r in result.rows)
     assert (tmp_path / "batch_sweep.png").stat().st_size > 0
     assert json.loads((tmp_path / "batch_sweep.json").read_text())["limit"]["batch_size"] == 4
 
@@ -112,52 +129,73 @@ def test_cpu_allocation_failures_count_as_out_of_memory_and_nothing_else_does():
     assert not is_out_of_memory(RuntimeError("shape mismatch"))
 
 
+def test_experiment_settings_are_checked_with_a_one_line_error():
+    with pytest.raises(SystemExit, match="--steps must be at least 1, got 0"):
+        run_experiment(["batch_sweep", "--steps", "0"])
+    with pytest.raises(SystemExit, match="--world-sizes must be at least 1"):
+        run_experiment(["comm_strategies", "--world-sizes", "2", "0"])
+
+
 def test_data_loading_measures_each_worker_count(results):
-    rows = results["data_loading"]["rows"]
-    assert [r["num_workers"] for r in rows] == [None, 0, 1]
-    assert all(r["per_batch_s"]["median"] > 0 for r in rows)
+    rows = results["data_loading"].rows
+    assert [r.num_workers for r in rows] == [None, 0, 1]
+    assert all(r.per_batch_s.median > 0 for r in rows)
 
 
 def test_phase_profile_accounts_for_the_whole_time(results):
     res = results["phase_profile"]
-    assert set(res["phase_s"]) == {"data", "forward", "backward", "optimizer", "evaluation", "other"}
-    assert sum(res["phase_s"].values()) == pytest.approx(res["total_s"], rel=1e-6)
-    assert res["phase_s"]["evaluation"] > 0 and res["phase_s"]["backward"] > 0
-    assert (results["dir"] / res["profiler"]["trace"]).stat().st_size > 0 and res["profiler"]["top_ops"]
+    assert set(res.phase_s) == {"data", "forward", "backward", "optimizer", "evaluation", "other"}
+    assert sum(res.phase_s.values()) == pytest.approx(res.total_s, rel=1e-6)
+    assert res.phase_s["evaluation"] > 0 and res.phase_s["backward"] > 0
+    assert Path(res.profiler.trace).stat().st_size > 0 and res.profiler.top_ops
 
 
 def test_precision_memory_runs_train_py_per_setting(results):
-    rows = results["precision_memory"]["rows"]
-    assert [(r["precision"], r["activation_checkpointing"]) for r in rows] == [("fp32", False), ("fp32", True)]
+    rows = results["precision_memory"].rows
+    assert [(r.precision, r.activation_checkpointing) for r in rows] == [("fp32", False), ("fp32", True)]
     for r in rows:
-        assert r["finished"] and len(r["losses"]) == 3 and r["step_s"] > 0 and r["peak_memory_bytes"] > 0
+        assert r.finished and len(r.losses) == 3 and r.step_s > 0 and r.peak_memory_bytes > 0
     # Recomputing activations changes nothing numerically.
-    assert rows[0]["losses"] == pytest.approx(rows[1]["losses"], rel=1e-4)
+    assert rows[0].losses == pytest.approx(rows[1].losses, rel=1e-4)
 
 
 def test_communication_bytes_match_theory_and_scaling_is_relative_to_one_rank(results):
     res = results["comm_strategies"]
-    one, two = res["rows"]
-    assert one["sent_bytes_per_step"] == 0 and two["sent_bytes_per_step"] > 0
-    assert two["sent_bytes_per_step"] == pytest.approx(two["sent_bytes_theory_per_step"], rel=1e-6)
-    assert len(two["peak_memory_bytes_per_rank"]) == 2
-    assert [s["speedup"] for s in res["strong_scaling"]][0] == 1.0
-    assert res["strong_scaling"][1]["speedup"] == pytest.approx(
-        one["iteration_s"]["median"] / two["iteration_s"]["median"])
+    one, two = res.rows
+    assert one.sent_bytes_per_step == 0 and two.sent_bytes_per_step > 0
+    assert two.sent_bytes_per_step == pytest.approx(two.sent_bytes_theory_per_step, rel=1e-6)
+    assert len(two.peak_memory_bytes_per_rank) == 2
+    assert [s.speedup for s in res.strong_scaling][0] == 1.0
+    assert res.strong_scaling[1].speedup == pytest.approx(one.iteration_s.median / two.iteration_s.median)
 
 
 def test_tp_and_fsdp_both_run_at_each_batch(results):
-    rows = results["tp_vs_fsdp"]["rows"]
-    assert [r["mode"] for r in rows] == ["tp", "fsdp"]
-    assert all("error" not in r and r["tokens_per_s"]["median"] > 0 for r in rows)
+    rows = results["tp_vs_fsdp"].rows
+    assert [r.mode for r in rows] == ["tp", "fsdp"]
+    assert all(r.error is None and r.tokens_per_s.median > 0 for r in rows)
 
 
 def test_compression_gathers_prune_and_quantize_reports(results):
     res = results["compression"]
-    assert [r["sparsity"] for r in res["pruning"]["magnitude"]["rounds"]][0] == 0.0
-    assert res["pruning"]["magnitude"]["rounds"][-1]["sparsity"] == pytest.approx(0.5, abs=0.01)
-    assert set(res["quantization"]["val_loss"]) == {"float", "int8", "change_pct"}
-    assert res["quantization"]["size_bytes"]["int8"] > 0
+    assert [r.sparsity for r in res.pruning["magnitude"].rounds][0] == 0.0
+    assert res.pruning["magnitude"].rounds[-1].sparsity == pytest.approx(0.5, abs=0.01)
+    loss = res.quantization.val_loss
+    assert loss.float > 0 and loss.int8 > 0 and loss.change_pct is not None
+    assert res.quantization.size_bytes.int8 > 0
+
+
+def test_speed_comparisons_time_each_side_in_the_same_run(results):
+    train = results["train_speed"]
+    assert list(train.tokens_per_s) == ["ours"] and train.tokens_per_s["ours"].n == 1  # no nanoGPT checkout given
+    generation = results["generate_speed"]
+    assert [r.batch for r in generation.results] == [1, 2]
+    for row in generation.results:
+        assert row.ours_tokens_per_s.median > 0
+        # Greedy decoding of the same weights: transformers must produce exactly our tokens.
+        assert row.identical_tokens is (True if HAS_TRANSFORMERS else None)
+    pruned = results["prune_speed"]
+    assert pruned.parameters["row_pruned"] < pruned.parameters["dense"]
+    assert pruned.row.generation.speedup > 0 and [r.sparsity for r in pruned.csr] == [0.9]
 
 
 def test_report_holds_every_table_and_plot(results, tmp_path):
@@ -165,15 +203,47 @@ def test_report_holds_every_table_and_plot(results, tmp_path):
     text = out.read_text()
     assert "Not run" in text  # the batch sweep of this fixture did not run, and the report says so
     for heading in ("Scorecard", "2. Data loading", "3. Phase profile", "4. Precision", "5. Communication",
-                    "6. Tensor parallel", "7. Compression"):
+                    "6. Tensor parallel", "7. Compression", "8. Training step", "9. Generation", "10. Pruned"):
         assert heading in text
-    for image in ("data_loading.png", "phase_profile.png", "precision_memory.png", "comm_strategies.png",
-                  "tp_vs_fsdp.png", "compression.png"):
+    for experiment in EXPERIMENTS[1:]:
+        image = f"{experiment.name}.png"
         assert f"![{image}](" in text and (results["dir"] / image).exists()
     assert "CPU figures, not GPU figures" in text
     assert f"{results['score']['loss']:.4f}" in text
 
 
+def test_the_registry_lists_every_experiment_module():
+    modules = {p.stem for p in (Path(__file__).parent.parent / "bench" / "experiments").glob("*.py")
+               if not p.stem.startswith("__")}
+    names = [e.name for e in EXPERIMENTS]
+    assert sorted(names) == sorted(modules) and len(set(names)) == len(names)
+    for experiment in EXPERIMENTS:
+        assert importlib.import_module(f"bench.experiments.{experiment.name}").EXPERIMENT is experiment
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS, ids=lambda e: e.name)
+def test_each_experiment_declares_quick_and_full_settings_its_command_line_reproduces(experiment, tmp_path):
+    workspace = Workspace(tmp_path)
+    for size in ("quick", "full"):
+        settings = getattr(experiment, size)
+        assert isinstance(settings, experiment.settings), size
+        command = experiment.command(settings, workspace)
+        assert command[1:4] == ["-m", "bench.experiments", experiment.name]
+        assert dataclass_from_args(experiment.settings, experiments_parser().parse_args(command[3:])) == settings
+    assert experiment.quick != experiment.full
+
+
+def test_the_report_renders_a_section_for_each_experiment_from_the_committed_results(tmp_path):
+    text = report.write_report(RESULTS_DIR, tmp_path / "REPORT.md").read_text()
+    for number, experiment in enumerate(EXPERIMENTS, 1):
+        assert f"## {number}. {experiment.title} (`{experiment.source}`)" in text
+        if (RESULTS_DIR / f"{experiment.name}.json").exists():  # it reads back as its typed result
+            assert isinstance(experiment.read(RESULTS_DIR), experiment.result)
+            assert f"`results/{experiment.name}.json` is missing" not in text
+    assert "## Scorecard" in text and "## Conditions" in text
+
+
 def test_flags_follow_train_py_conventions():
-    assert flags({"batch_size": 4, "compile": True, "resume": False, "init_from": None}) == \
-        ["--batch-size", "4", "--compile", "--no-resume"]
+    assert to_flags({"batch_size": 4, "compile": True, "resume": False, "init_from": None,
+                     "modes": ["ddp", "tp"]}) == \
+        ["--batch-size", "4", "--compile", "--no-resume", "--modes", "ddp", "tp"]

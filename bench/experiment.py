@@ -1,0 +1,93 @@
+"""What a benchmark experiment is.  Each module in bench/experiments/ defines one `Experiment`: its name,
+its settings (a dataclass: help in field metadata, checks in `__post_init__`) with a quick and a full
+instance, a measurement returning a typed result, a plot of that result and its section of the report.
+The registry (bench/experiments/__init__.py) lists them; `python -m bench.experiments`, bench/run_all.py
+and bench/report.py loop over it, and nothing else lists them.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Generic, Protocol, TypeVar
+
+from bench.record import RESULTS_DIR, read_result, save_figure, write_result
+from bench.report_page import Page
+from runtime.cli import non_default_flags
+from runtime.errors import UserError
+from runtime.timing import Environment
+
+WORK_ROOT = Path("out/bench")
+
+
+class SettingsError(UserError):
+    """Settings an experiment cannot run with."""
+
+
+class ExperimentError(UserError):
+    """An experiment that cannot run as asked: a tool it starts failed, or an input is missing."""
+
+
+class Result(Protocol):
+    environment: Environment  # the report's machine line and load check read it from every result
+
+
+S = TypeVar("S")
+R = TypeVar("R", bound=Result)
+
+
+@dataclass(frozen=True)
+class Workspace:
+    results_dir: Path = RESULTS_DIR  # NAME.json and NAME.png
+    work_dir: Path | None = None  # scratch for the runs an experiment starts (default: out/bench/NAME)
+
+
+@dataclass(frozen=True)
+class Experiment(Generic[S, R]):
+    name: str  # results/NAME.json, results/NAME.png, bench/experiments/NAME.py
+    title: str  # the report's heading
+    about: str  # the module's docstring: what is measured, and how
+    settings: type[S]
+    quick: S  # `make bench`: the whole benchmark in under 20 minutes on 2 CPU cores
+    full: S
+    result: type[R]
+    measure: Callable[[S, Path], R]  # (settings, scratch folder) -> result
+    plot: Callable[[R], object]  # result -> a matplotlib figure
+    section: Callable[[R, Page], None]  # the report's text and tables for the result (the plot follows them)
+
+    @property
+    def source(self) -> str:
+        return f"bench/experiments/{self.name}.py"
+
+    def work_dir(self, workspace: Workspace) -> Path:
+        return workspace.work_dir or WORK_ROOT / self.name
+
+    def figure(self, results_dir: Path) -> Path:
+        return results_dir / f"{self.name}.png"
+
+    def run(self, settings: S, workspace: Workspace = Workspace()) -> R:
+        """Measure, then write the result and its plot into the results folder."""
+        result = self.measure(settings, self.work_dir(workspace))
+        write_result(workspace.results_dir, self.name, result)
+        save_figure(self.plot(result), self.figure(workspace.results_dir))
+        return result
+
+    def read(self, results_dir: Path) -> R | None:
+        return read_result(results_dir, self.name, self.result)
+
+    def command(self, settings: S, workspace: Workspace) -> list[str]:
+        """The command line that runs this experiment with `settings` (flags for what differs from the
+        settings' defaults) in its own process."""
+        return [sys.executable, "-m", "bench.experiments", self.name, *non_default_flags(settings),
+                "--results-dir", str(workspace.results_dir), "--work-dir", str(self.work_dir(workspace))]
+
+
+def at_least(settings, minimum: float, *names: str) -> None:
+    """For `__post_init__`: each named setting (unless None) is at least `minimum`; a list setting holds at
+    least one value and each is at least `minimum`."""
+    for name in names:
+        value, flag = getattr(settings, name), "--" + name.replace("_", "-")
+        if isinstance(value, list) and not value:
+            raise SettingsError(f"{flag} needs at least one value")
+        if value is not None and min(value if isinstance(value, list) else [value]) < minimum:
+            raise SettingsError(f"{flag} must be at least {minimum}, got {value}")

@@ -1,0 +1,31 @@
+"""The registry: every experiment of the benchmark, in the report's order.
+
+Each module here defines one `EXPERIMENT` (bench/experiment.py says what it holds).  Adding an
+experiment is adding its module and its line below; `python -m bench.experiments`, bench/run_all.py
+and bench/report.py pick it up from this list.
+"""
+from __future__ import annotations
+
+from bench.experiment import Experiment, SettingsError
+from bench.experiments import (batch_sweep, comm_strategies, compression, data_loading, generate_speed, phase_profile,
+                               precision_memory, prune_speed, tp_vs_fsdp, train_speed)
+
+EXPERIMENTS: tuple[Experiment, ...] = (
+    batch_sweep.EXPERIMENT,
+    data_loading.EXPERIMENT,
+    phase_profile.EXPERIMENT,
+    precision_memory.EXPERIMENT,
+    comm_strategies.EXPERIMENT,
+    tp_vs_fsdp.EXPERIMENT,
+    compression.EXPERIMENT,
+    train_speed.EXPERIMENT,
+    generate_speed.EXPERIMENT,
+    prune_speed.EXPERIMENT,
+)
+
+
+def find(name: str) -> Experiment:
+    for experiment in EXPERIMENTS:
+        if experiment.name == name:
+            return experiment
+    raise SettingsError(f"no experiment {name!r}; choose from {', '.join(e.name for e in EXPERIMENTS)}")

@@ -1,0 +1,149 @@
+"""Where a training run's time goes: data, forward, backward, optimizer, evaluation, other.
+
+    python -m bench.experiments phase_profile            # tiny preset, batch 8, block 256, 30 steps, eval every 10
+
+Runs train.py's single-device step with the device synchronised at every phase boundary (which
+costs a little on CUDA and nothing on CPU), evaluating on --eval-batches validation batches every
+--eval-interval steps as train.py does.  "other" is the wall time outside the named phases (the
+loop, reading the loss).  Then a few more steps run under torch.profiler: its Chrome trace is
+written to the experiment's work folder (open it in chrome://tracing or https://ui.perfetto.dev)
+and its ten most expensive operators go into the result.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from bench.experiment import Experiment, at_least
+from bench.record import plt
+from bench.report_page import Page, num
+from data.loader import WindowSampler, eval_batches
+from data.shards import load_split
+from model.config import PRESETS, preset
+from model.evaluate import evaluate_loss
+from model.gpt import GPT
+from runtime.device import choose_device, precision_policy
+from runtime.timing import Environment, environment
+from training.metrics import PHASES, PhaseClock
+from training.step import TrainStep
+
+
+@dataclass
+class Settings:
+    model: str = field(default="tiny", metadata={"help": "model preset", "choices": tuple(PRESETS)})
+    dataset: str = field(default="builtin", metadata={"help": "training and validation text"})
+    batch_size: int = field(default=8, metadata={"help": "sequences per step"})
+    block_size: int | None = field(default=None, metadata={"help": "tokens per sequence (default: the model's "
+                                                                     "context)"})
+    steps: int = field(default=30, metadata={"help": "timed optimizer steps"})
+    eval_interval: int = field(default=10, metadata={"help": "steps between evaluations"})
+    eval_batches: int = field(default=4, metadata={"help": "validation batches per evaluation"})
+    profile_steps: int = field(default=3, metadata={"help": "steps recorded by torch.profiler"})
+    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda, ..."})
+
+    def __post_init__(self):
+        at_least(self, 1, "batch_size", "block_size", "steps", "eval_interval", "eval_batches", "profile_steps")
+
+
+@dataclass
+class Operator:
+    op: str
+    calls: int
+    self_cpu_ms: float
+    self_device_ms: float
+
+
+@dataclass
+class Profiler:
+    steps: int
+    trace: str  # the Chrome trace file (not kept with the results: it is large)
+    top_ops: list[Operator]
+
+
+@dataclass
+class PhaseProfile:
+    model: str
+    batch_size: int
+    block_size: int
+    steps: int
+    eval_interval: int
+    eval_batches: int
+    total_s: float
+    phase_s: dict[str, float]
+    phase_share: dict[str, float]
+    step_s: float
+    profiler: Profiler
+    environment: Environment
+
+
+def measure(settings: Settings, work_dir: Path) -> PhaseProfile:
+    device = choose_device(settings.device)
+    precision = precision_policy(device)
+    config = preset(settings.model)
+    block = settings.block_size or config.block_size
+    torch.manual_seed(0)
+    model = GPT(config).to(device)
+    step = TrainStep.single_device(model, device, precision)
+    sampler = WindowSampler(load_split(settings.dataset, "train"), block, settings.batch_size)
+    val_tokens = load_split(settings.dataset, "validation")
+    step(sampler.next_batch)  # warm-up, untimed
+
+    clock = PhaseClock(device)
+    start = time.perf_counter()
+    for i in range(1, settings.steps + 1):
+        step(sampler.next_batch, clock=clock)
+        if i % settings.eval_interval == 0:
+            with clock("evaluation"):
+                evaluate_loss(model, eval_batches(val_tokens, block, settings.batch_size, settings.eval_batches),
+                              device, precision.autocast)
+    total = time.perf_counter() - start
+    seconds = {phase: clock.seconds.get(phase, 0.0) for phase in PHASES}
+    seconds["other"] += max(0.0, total - sum(seconds.values()))
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities, record_shapes=False) as prof:
+        for _ in range(settings.profile_steps):
+            step(sampler.next_batch)
+    trace = work_dir / "phase_profile.trace.json"
+    work_dir.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(trace))
+    sort_key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    top = sorted(prof.key_averages(), key=lambda e: getattr(e, sort_key), reverse=True)
+    top_ops = [Operator(e.key, e.count, e.self_cpu_time_total / 1e3, e.self_device_time_total / 1e3) for e in top[:10]]
+    return PhaseProfile(settings.model, settings.batch_size, block, settings.steps, settings.eval_interval,
+                        settings.eval_batches, total, seconds, {k: v / total for k, v in seconds.items()},
+                        (total - seconds["evaluation"]) / settings.steps,
+                        Profiler(settings.profile_steps, str(trace), top_ops), environment(device))
+
+
+def plot(result: PhaseProfile):
+    shares = {k: v for k, v in result.phase_s.items() if v > 0}
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    ax.pie(list(shares.values()), labels=[f"{k} {v / result.total_s:.0%}" for k, v in shares.items()],
+           startangle=90, counterclock=False)
+    ax.set_title(f"{result.model}: {result.steps} steps of batch {result.batch_size} x "
+                 f"{result.block_size}, eval every {result.eval_interval}")
+    return fig
+
+
+def section(res: PhaseProfile, page: Page) -> None:
+    page.add(f"`{res.model}`, {res.steps} steps of {res.batch_size} x {res.block_size}, validation on "
+             f"{res.eval_batches} batches every {res.eval_interval} steps; {res.step_s * 1e3:.0f} ms per "
+             f"training step.\n")
+    page.table(["phase", "seconds", "share"], [[k, num(v, 3), f"{res.phase_share[k]:.1%}"]
+                                               for k, v in res.phase_s.items()])
+    prof = res.profiler
+    page.add(f"torch.profiler, {prof.steps} steps: the trace is `{prof.trace}` (not kept with the results; open "
+             f"it in https://ui.perfetto.dev). Most expensive operators:\n")
+    page.table(["operator", "calls", "self CPU ms", "self device ms"],
+               [[f"`{o.op}`", o.calls, num(o.self_cpu_ms), num(o.self_device_ms)] for o in prof.top_ops])
+
+
+EXPERIMENT = Experiment(
+    name="phase_profile", title="Phase profile", about=__doc__, settings=Settings,
+    quick=Settings(block_size=128, steps=20), full=Settings(steps=100, eval_interval=25),
+    result=PhaseProfile, measure=measure, plot=plot, section=section)

@@ -1,0 +1,178 @@
+"""Measured speed of pruned GPT-2 against dense, on random weights (speed does not depend on training).
+
+    python -m bench.experiments prune_speed --threads 1   # gpt2 preset, row pruning to 50% widths, CSR at 50-95%
+    python -m bench.experiments prune_speed --preset tiny --repeats 3
+
+Row pruning: forward tokens/s with logits at every position (as training and evaluation run it)
+and with logits at the last position only (a generation prefill), and KV-cache generation tokens/s.
+Unstructured: the same model magnitude-pruned to each sparsity with its block weights stored as
+sparse CSR, against dense.  Every pruned model is timed interleaved with the dense one in this run
+(prune/speed.py); figures are medians of the repeats.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from bench.experiment import Experiment, SettingsError, at_least
+from bench.record import plt
+from bench.report_page import Page, num
+from model.config import PRESETS, preset
+from model.gpt import GPT
+from prune.csr import csr_copy
+from prune.magnitude import magnitude_masks
+from prune.masks import block_linear_weights
+from prune.speed import SpeedSettings, forward_tokens_per_s, generation_tokens_per_s
+from prune.structured import select_units, shrink
+from runtime.device import choose_device
+from runtime.timing import Environment, environment
+
+ROW_FIGURES = ("forward_full_logits", "forward_last_logits", "generation")
+
+
+@dataclass
+class Settings:
+    preset: str = field(default="gpt2", metadata={"help": "model preset (random weights)", "choices": tuple(PRESETS)})
+    target: float = field(default=0.5, metadata={"help": "share of each layer's heads and MLP units removed"})
+    batch_size: int = field(default=1, metadata={"help": "rows per timed forward pass"})
+    seq_len: int = field(default=128, metadata={"help": "length of the timed forward passes"})
+    generation_tokens: int = field(default=16, metadata={"help": "tokens per timed generation"})
+    repeats: int = field(default=7, metadata={"help": "timed repeats (interleaved with dense)"})
+    csr_sparsities: list[float] = field(default_factory=lambda: [0.5, 0.8, 0.9, 0.95],
+                                        metadata={"help": "unstructured sparsities to time in CSR format"})
+    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda, ..."})
+    threads: int | None = field(default=None, metadata={"help": "CPU threads for torch (default: torch's choice); "
+                                                                 "1 is steadier on a shared machine"})
+    seed: int = field(default=0, metadata={"help": "seed of the random weights"})
+
+    def __post_init__(self):
+        at_least(self, 1, "batch_size", "seq_len", "generation_tokens", "repeats", "threads")
+        at_least(self, 0, "csr_sparsities")
+        if not 0 < self.target < 1:
+            raise SettingsError(f"--target must lie between 0 and 1, got {self.target}")
+        if max(self.csr_sparsities) >= 1:
+            raise SettingsError(f"--csr-sparsities must each be below 1, got {self.csr_sparsities}")
+
+
+@dataclass
+class Comparison:
+    dense_tokens_per_s: float
+    pruned_tokens_per_s: float
+    speedup: float
+
+
+@dataclass
+class RowPruning:
+    target: float
+    widths: dict[str, list[int]]  # mlp_hidden and n_head_per_layer, per layer
+    forward_full_logits: Comparison
+    forward_last_logits: Comparison
+    generation: Comparison
+
+
+@dataclass
+class CsrRow:
+    sparsity: float
+    forward: Comparison
+    generation: Comparison
+
+
+@dataclass
+class PruneSpeed:
+    preset: str
+    settings: dict[str, int | str]  # prune/speed.py's SpeedSettings
+    parameters: dict[str, int]  # dense, row_pruned
+    row: RowPruning
+    csr: list[CsrRow]
+    environment: Environment
+
+
+def compare(speeds: dict[str, float], pruned: str) -> Comparison:
+    return Comparison(speeds["dense"], speeds[pruned], speeds[pruned] / speeds["dense"])
+
+
+def measure(settings: Settings, work_dir: Path) -> PruneSpeed:
+    device = choose_device(settings.device)
+    if settings.threads is not None:
+        torch.set_num_threads(settings.threads)
+    torch.manual_seed(settings.seed)
+    dense = GPT(preset(settings.preset)).to(device).eval()
+    vocab = dense.config.vocab_size
+    keep_hidden, keep_heads = select_units(dense, settings.target, dense.config)
+    row = shrink(dense, keep_hidden, keep_heads).eval()
+    speed = SpeedSettings(settings.batch_size, settings.seq_len, settings.generation_tokens, settings.repeats)
+    models = {"dense": dense, "row": row}
+    with tqdm(total=3, desc="row pruning speed") as bar:
+        full = forward_tokens_per_s(models, speed, device, vocab)
+        bar.update()
+        last = forward_tokens_per_s(models, dataclasses.replace(speed, logits="last"), device, vocab)
+        bar.update()
+        gen = generation_tokens_per_s(models, speed, device, vocab)
+        bar.update()
+    row_pruning = RowPruning(settings.target, {"mlp_hidden": row.config.mlp_hidden,
+                                               "n_head_per_layer": row.config.n_head_per_layer},
+                             compare(full, "row"), compare(last, "row"), compare(gen, "row"))
+    csr = []
+    for sparsity in tqdm(settings.csr_sparsities, desc="CSR speed"):
+        masked = GPT(dense.config).to(device).eval()
+        masked.load_state_dict(dense.state_dict())
+        magnitude_masks(block_linear_weights(masked), sparsity).apply()
+        models = {"dense": dense, "csr": csr_copy(masked)}
+        csr.append(CsrRow(sparsity, compare(forward_tokens_per_s(models, speed, device, vocab), "csr"),
+                          compare(generation_tokens_per_s(models, speed, device, vocab), "csr")))
+    result = PruneSpeed(settings.preset, dataclasses.asdict(speed),
+                        {"dense": dense.num_parameters(), "row_pruned": row.num_parameters()}, row_pruning, csr,
+                        environment(device))
+    print(f"{settings.preset} on {device} ({torch.get_num_threads()} threads), batch {settings.batch_size} x "
+          f"{settings.seq_len}, median of {settings.repeats}; parameters {result.parameters['dense']:,} -> "
+          f"{result.parameters['row_pruned']:,}")
+    for name in ROW_FIGURES:
+        r = getattr(row_pruning, name)
+        print(f"  row {settings.target:.0%}  {name:20s} dense {r.dense_tokens_per_s:10,.1f}  pruned "
+              f"{r.pruned_tokens_per_s:10,.1f} tokens/s  speedup {r.speedup:.2f}x")
+    for r in csr:
+        print(f"  CSR {r.sparsity:.0%}  forward {r.forward.speedup:.2f}x  generation {r.generation.speedup:.2f}x dense")
+    return result
+
+
+def plot(result: PruneSpeed):
+    fig, (rows, csr) = plt.subplots(1, 2, figsize=(10, 3.6))
+    rows.bar([name.replace("_", "\n") for name in ROW_FIGURES],
+             [getattr(result.row, name).speedup for name in ROW_FIGURES])
+    rows.set_title(f"row pruning, {result.row.target:.0%} of widths removed")
+    xs = [f"{r.sparsity:.0%}" for r in result.csr]
+    csr.plot(xs, [r.forward.speedup for r in result.csr], marker="o", label="forward")
+    csr.plot(xs, [r.generation.speedup for r in result.csr], marker="o", label="generation")
+    csr.set_xlabel("unstructured sparsity (CSR)")
+    csr.set_title("magnitude pruning stored as CSR")
+    csr.legend()
+    for ax in (rows, csr):
+        ax.axhline(1, color="grey", linestyle=":")
+        ax.set_ylabel("speed-up over dense")
+        ax.grid(alpha=0.3, axis="y")
+    fig.suptitle(f"{result.preset}, random weights, threads {result.environment.threads}")
+    return fig
+
+
+def section(res: PruneSpeed, page: Page) -> None:
+    s = res.settings
+    page.add(f"`{res.preset}` with random weights ({res.parameters['dense']:,} parameters; "
+             f"{res.parameters['row_pruned']:,} after row pruning), batch {s['batch_size']} x {s['seq_len']}, "
+             f"{s['generation_tokens']} generated tokens, medians of {s['repeats']} repeats interleaved with dense, "
+             f"{res.environment.threads} thread(s).\n")
+    page.table(["row pruning", "dense tokens/s", "pruned tokens/s", "speedup"],
+               [[name.replace("_", " "), num(c.dense_tokens_per_s), num(c.pruned_tokens_per_s), f"{c.speedup:.2f}x"]
+                for name, c in ((n, getattr(res.row, n)) for n in ROW_FIGURES)])
+    page.table(["CSR sparsity", "forward speedup", "generation speedup"],
+               [[f"{r.sparsity:.0%}", f"{r.forward.speedup:.2f}x", f"{r.generation.speedup:.2f}x"] for r in res.csr])
+
+
+EXPERIMENT = Experiment(
+    name="prune_speed", title="Pruned against dense speed", about=__doc__, settings=Settings,
+    quick=Settings(preset="small-cpu", repeats=3, csr_sparsities=[0.5, 0.9], threads=1),
+    full=Settings(threads=1),
+    result=PruneSpeed, measure=measure, plot=plot, section=section)

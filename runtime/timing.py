@@ -1,0 +1,109 @@
+"""How every tool times things: synchronised calls, warm-up before repeats, several candidates timed in
+turns (so that load from other processes hits them alike), median/min/max, and a record of the machine.
+
+Used by bench/ (the experiments and the scorecard), prune/speed.py and quantize/measure.py.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Hashable, TypeVar
+
+import torch
+from tqdm import tqdm
+
+from runtime.device import synchronize
+from runtime.provenance import git_commit
+
+Key = TypeVar("Key", bound=Hashable)
+CPU = torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The median of repeated measurements, with their range and count."""
+    median: float
+    min: float
+    max: float
+    n: int
+
+    @classmethod
+    def of(cls, values: list[float]) -> Spread:
+        if not values:
+            raise ValueError("a spread needs at least one measurement")
+        return cls(statistics.median(values), min(values), max(values), len(values))
+
+
+def timed_call(fn: Callable[[], object], device: torch.device = CPU) -> float:
+    """Seconds of one call, with the device synchronised before and after (CUDA work is asynchronous)."""
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def time_repeats(fn: Callable[[], object], repeats: int, warmup: int = 1, device: torch.device = CPU) -> list[float]:
+    """Seconds per call of `fn`, after `warmup` untimed calls."""
+    return time_interleaved({None: fn}, repeats, warmup, device)[None]
+
+
+def time_interleaved(calls: dict[Key, Callable[[], object]], repeats: int, warmup: int = 1,
+                     device: torch.device = CPU, alternate: bool = False,
+                     progress: str | None = None) -> dict[Key, list[float]]:
+    """Seconds per call of each of `calls`, timed in turns: every round calls each once, so a change in
+    machine load hits all of them alike.  The first `warmup` rounds are not timed.  `alternate` reverses
+    the order every other round, so that none always runs first (after another's cache traffic);
+    `progress` names a progress bar over the rounds."""
+    times: dict[Key, list[float]] = {key: [] for key in calls}
+    rounds = range(warmup + repeats)
+    for round_ in tqdm(rounds, desc=progress, leave=False) if progress else rounds:
+        order = list(calls)[::-1] if alternate and round_ % 2 else list(calls)
+        for key in order:
+            elapsed = timed_call(calls[key], device)
+            if round_ >= warmup:
+                times[key].append(elapsed)
+    return times
+
+
+def paired_ratio(reference: list[float], candidate: list[float]) -> float:
+    """Median over rounds of reference time / candidate time: the speed-up of the candidate, each round
+    compared with its own partner (paired samples), which cancels load that changes between rounds."""
+    return statistics.median(r / c for r, c in zip(reference, candidate, strict=True))
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What figures were measured on, stored beside them."""
+    device: str
+    device_type: str
+    threads: int
+    torch: str
+    python: str
+    git_commit: str
+    date: str
+    cpu: str
+    cpu_count: int | None
+    # Other processes compete for the cores; a load above the core count means the figures are low.
+    load_average_1m: float
+
+
+def environment(device: torch.device) -> Environment:
+    return Environment(
+        device=torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        device_type=device.type, threads=torch.get_num_threads(), torch=torch.__version__,
+        python=platform.python_version(), git_commit=git_commit(),
+        date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), cpu=cpu_model(), cpu_count=os.cpu_count(),
+        load_average_1m=os.getloadavg()[0])
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
+                        platform.processor() or platform.machine())
+    except OSError:  # not Linux
+        return platform.processor() or platform.machine()
