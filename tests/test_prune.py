@@ -255,7 +255,8 @@ def test_wanda_without_finetuning_and_default_checkpoint(workspace, monkeypatch,
     monkeypatch.chdir(root)  # the default search looks under ./out
     run_cli("--target", "0.5", "--method", "wanda", "--finetune-steps", "0", "--out-dir", "out/wanda")
     printed = capsys.readouterr().out
-    assert "newest train.py checkpoint under out/" in printed and str(checkpoint.relative_to(root)) in printed
+    assert "train.py checkpoint under out/ trained on the most tokens" in printed
+    assert str(checkpoint.relative_to(root)) in printed
     report = json.loads((root / "out/wanda/prune_report.json").read_text())
     rows = report["methods"]["wanda"]["rounds"]
     assert rows[-1]["val_loss"] == rows[-1]["val_loss_after_pruning"]

@@ -243,10 +243,11 @@ def test_quantizing_an_int8_artifact_is_refused(workspace, monkeypatch, capsys):
 
 
 def test_default_checkpoint_skips_int8_artifacts(tmp_path, small_model):
-    save_artifact(tmp_path / "train", small_model, small_model.config, "float", provenance("tests"))
+    from training.checkpoint import default_checkpoint
+    save_artifact(tmp_path / "train", small_model, small_model.config, "float", provenance("train.py"))
     int8_model, quantization = quantized(small_model)
     save_int8(tmp_path / "int8", int8_model, quantization)  # newer, but not quantizable
-    assert dynamic.newest_quantizable(tmp_path) == tmp_path / "train"
+    assert default_checkpoint(tmp_path)[0] == tmp_path / "train"
 
 
 @pytest.mark.parametrize("argv, message", [
