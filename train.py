@@ -31,7 +31,12 @@ def train(cfg: TrainConfig) -> EvalRecord:
     """Train (one process, or this rank of a torchrun job); returns the final validation record."""
     ctx = init_distributed(cfg.parallel, cfg.tp_size, choose_device(cfg.device), cfg.dist_timeout_s)
     try:
-        return Trainer(cfg, ctx).fit()
+        final = Trainer(cfg, ctx).fit()
+        if ctx.world_size > 1:
+            # No rank tears the group down while another still works (rank 0 writes the last records and the
+            # curves): a rank that destroyed it early intermittently ended the job with exit code 1.
+            dist.barrier()
+        return final
     except (UserError, SystemExit):
         raise
     except BaseException as e:
