@@ -36,3 +36,18 @@ def save_small_artifact(folder, **config_overrides) -> str:
 @pytest.fixture
 def small_artifact(tmp_path) -> str:
     return save_small_artifact(tmp_path / "artifact")
+
+
+def interrupt_training_at_batch(monkeypatch, n: int):
+    """Make the n-th training batch raise KeyboardInterrupt (as Ctrl-C would); returns a function that undoes it."""
+    from data.loader import WindowSampler
+    real_next, calls = WindowSampler.next_batch, {"n": 0}
+
+    def next_batch(self):
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise KeyboardInterrupt
+        return real_next(self)
+
+    monkeypatch.setattr(WindowSampler, "next_batch", next_batch)
+    return lambda: monkeypatch.setattr(WindowSampler, "next_batch", real_next)

@@ -42,21 +42,13 @@ def test_bf16_training_falls_and_tracks_fp32(tmp_path):
 
 def test_resume_on_cuda_continues_the_run(tmp_path, monkeypatch):
     import train
-    from data.loader import WindowSampler
+    from tests.conftest import interrupt_training_at_batch
     config = dict(**FAST, max_steps=10, eval_interval=5, precision="fp32")
     train.train(train.TrainConfig(**config, out_dir=str(tmp_path / "full")))
-    real_next, calls = WindowSampler.next_batch, {"n": 0}
-
-    def interrupt_on_step_8(self):
-        calls["n"] += 1
-        if calls["n"] == 8:
-            raise KeyboardInterrupt
-        return real_next(self)
-
-    monkeypatch.setattr(WindowSampler, "next_batch", interrupt_on_step_8)
+    undo = interrupt_training_at_batch(monkeypatch, 8)
     with pytest.raises(SystemExit):
         train.train(train.TrainConfig(**config, out_dir=str(tmp_path / "broken")))
-    monkeypatch.setattr(WindowSampler, "next_batch", real_next)
+    undo()
     train.train(train.TrainConfig(**config, out_dir=str(tmp_path / "broken"), resume=True))
     assert losses(tmp_path / "broken")[10] == pytest.approx(losses(tmp_path / "full")[10], rel=1e-4)
 

@@ -6,9 +6,9 @@ import torch
 import model.gpt
 import train
 from bench.plot_runs import main as plot_runs_main
-from data.loader import WindowSampler
 from model.artifact import STAGING_DIR, load_model, roll_forward, save_artifact
 from runtime.provenance import provenance
+from tests.conftest import interrupt_training_at_batch
 from train import TrainConfig, TrainingError
 
 # The final validation sweeps two batches, not the whole split, except where a test checks the sweep.
@@ -57,19 +57,10 @@ def test_resume_after_interrupt_equals_uninterrupted_run(tmp_path, monkeypatch):
     train.train(TrainConfig(**FAST, max_steps=10, eval_interval=5, out_dir=str(full)))
 
     broken = tmp_path / "broken"
-    real_next = WindowSampler.next_batch
-    calls = {"n": 0}
-
-    def interrupt_on_step_8(self):
-        calls["n"] += 1
-        if calls["n"] == 8:
-            raise KeyboardInterrupt
-        return real_next(self)
-
-    monkeypatch.setattr(WindowSampler, "next_batch", interrupt_on_step_8)
+    undo = interrupt_training_at_batch(monkeypatch, 8)
     with pytest.raises(SystemExit):
         train.train(TrainConfig(**FAST, max_steps=10, eval_interval=5, out_dir=str(broken)))
-    monkeypatch.setattr(WindowSampler, "next_batch", real_next)
+    undo()
     state = json.loads((broken / "training_state" / "state.json").read_text())
     assert state["step"] == 5
 
