@@ -15,6 +15,7 @@ import sys
 
 import torch.distributed as dist
 
+from model.folder import release_writer_lock
 from parallel import init_distributed
 from parallel.distributed import announce_failure, failed_rank, shutdown
 from runtime.cli import parse_config
@@ -50,6 +51,7 @@ def train(cfg: TrainConfig) -> EvalRecord:
         announce_failure(ctx)
         raise
     finally:
+        release_writer_lock(cfg.out_dir)  # held by rank 0 from the start (training/checkpoint.py)
         shutdown(ctx)
 
 

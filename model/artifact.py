@@ -1,22 +1,21 @@
 """The one artifact format: a folder with `config.json` and `model.safetensors`.
 
-Every tool reads and writes these folders through this module.  Writes go to a
-staging folder first and are moved into place only once complete (a journal
-that the next reader rolls forward), so a crash or Ctrl-C during a save leaves
-the previous checkpoint readable.
+Every tool reads and writes these folders through this module.  How a folder is
+changed safely (staged saves, one writer, readers that never see half a save)
+is model/folder.py; what is in it, and whether it is sound, is here.
 """
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Callable
 
 import torch
 from safetensors.torch import save_file
 
-from model.config import GPTConfig
+from model.config import ConfigError, GPTConfig
+from model.folder import (STAGING_DIR, acquire_writer_lock, previous_contents, reading, remove_files,
+                          write_folder_atomically)
 from model.gpt import GPT
 from model.hf import load_hf_gpt2
 from model.hub import resolve_checkpoint
@@ -25,45 +24,8 @@ from model.weights import ArtifactError, load_weights, read_safetensors
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-STAGING_DIR = ".staging"
 DEFAULT_OUT_ROOT = Path("out")
 ARTIFACT_KINDS = ("float", "pruned", "int8")
-
-
-def write_folder_atomically(folder: str | Path, writers: dict[str, Callable[[Path], None]]) -> None:
-    """Write each relative path with its writer, all or nothing from a reader's point of view."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    staging = folder / STAGING_DIR
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    for name, write in writers.items():
-        path = staging / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write(path)
-        with open(path, "rb") as f:
-            os.fsync(f.fileno())
-    journal = staging / "COMPLETE"
-    journal.write_text(json.dumps(sorted(writers)))
-    with open(journal, "rb") as f:
-        os.fsync(f.fileno())
-    roll_forward(folder)
-
-
-def roll_forward(folder: str | Path) -> None:
-    """Finish a save that completed staging but was interrupted while moving files; drop an incomplete one."""
-    staging = Path(folder) / STAGING_DIR
-    if not staging.exists():
-        return
-    journal = staging / "COMPLETE"
-    if journal.exists():
-        for name in json.loads(journal.read_text()):
-            src = staging / name
-            if src.exists():
-                dst = Path(folder) / name
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(src, dst)
-    shutil.rmtree(staging, ignore_errors=True)
 
 
 def model_state_for_saving(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -91,41 +53,92 @@ def save_artifact(folder, model: torch.nn.Module, config: GPTConfig, kind: str, 
 
 
 def read_config(folder: str | Path) -> dict:
+    """The folder's config.json as a dict (an artifact's or a Hugging Face folder's); one error line naming
+    the file when it is missing or is not a JSON object."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ArtifactError(f"checkpoint folder {folder} does not exist; train one with `python train.py` "
                             f"or pass --checkpoint DIR")
-    roll_forward(folder)
+    with reading(folder):
+        return _read_config(folder)
+
+
+def _read_config(folder: Path) -> dict:
     path = folder / CONFIG_FILE
     if not path.exists():
         raise ArtifactError(f"{folder} has no {CONFIG_FILE}: it is not a checkpoint folder")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ArtifactError(f"{path} is not valid JSON ({e}); the checkpoint is damaged") from e
+    if not isinstance(meta, dict):
+        kind = {"list": "list", "str": "string", "int": "number", "float": "number", "bool": "boolean"}.get(
+            type(meta).__name__, "null")
+        raise ArtifactError(f"{path} holds a JSON {kind}, not an object; the checkpoint is damaged")
+    return meta
+
+
+def model_config(meta: dict, path: Path) -> GPTConfig:
+    """The model section of an artifact's config.json, checked field by field."""
+    section = meta.get("model")
+    if not isinstance(section, dict):
+        raise ArtifactError(f"{path} has no \"model\" object describing the architecture; the checkpoint is damaged")
+    try:
+        return GPTConfig.from_dict(section)
+    except ConfigError as e:
+        raise ArtifactError(f"{path}: {e}; the checkpoint is damaged") from e
 
 
 def load_model(folder: str | Path, device: str | torch.device = "cpu") -> tuple[torch.nn.Module, dict]:
     """Any artifact folder (float, pruned, int8, or a Hugging Face GPT-2 folder or hub name) as a ready model in
-    eval mode."""
+    eval mode.  Config and weights are read as one save (model/folder.py) and checked against each other."""
     folder = resolve_checkpoint(folder)
-    meta = read_config(folder)
-    if "model_type" in meta:  # a Hugging Face folder
-        model = load_hf_gpt2(folder)
-        meta = {"artifact": "float", "model": model.config.to_dict(), "produced_by": {"tool": "huggingface"}}
-        return model.to(device).eval(), meta
-    kind = meta.get("artifact")
-    if kind not in ARTIFACT_KINDS:
-        raise ArtifactError(f"{folder / CONFIG_FILE} names artifact kind {kind!r}; expected one of {ARTIFACT_KINDS}")
-    config = GPTConfig.from_dict(meta["model"])
-    state = read_safetensors(folder / WEIGHTS_FILE)
+    if not folder.is_dir():
+        read_config(folder)  # the missing-folder message
+    with reading(folder):
+        meta = _read_config(folder)
+        if "model_type" in meta:  # a Hugging Face folder
+            model = load_hf_gpt2(folder)
+            meta = {"artifact": "float", "model": model.config.to_dict(), "produced_by": {"tool": "huggingface"}}
+            return model.to(device).eval(), meta
+        kind = meta.get("artifact")
+        if kind not in ARTIFACT_KINDS:
+            raise ArtifactError(f"{folder / CONFIG_FILE} names artifact kind {kind!r}; expected one of "
+                                f"{ARTIFACT_KINDS}")
+        config = model_config(meta, folder / CONFIG_FILE)
+        state = read_safetensors(folder / WEIGHTS_FILE)
+    source = f"{folder / WEIGHTS_FILE} (read against {folder / CONFIG_FILE})"
     if kind == "int8":
-        model = build_int8_model(config, state, meta)
+        model = build_int8_model(config, state, meta, source)
     else:
         with torch.device("meta"):
             model = GPT(config)
-        load_weights(model, state)
+        load_weights(model, state, source)
     return model.to(device).eval(), meta
+
+
+def claim_output_folder(folder: str | Path, tool: str, overwrite: bool) -> None:
+    """Make this process the folder's one writer, for `tool`'s artifact.  A folder holding another tool's
+    artifact (or something unreadable) is refused unless `overwrite`; then that artifact's files are removed
+    first, so one folder never mixes two kinds (int8 weights beside a training run's optimizer state)."""
+    folder = Path(folder)
+    acquire_writer_lock(folder)
+    if not (folder / CONFIG_FILE).exists():
+        return
+    try:
+        meta = _read_config(folder)
+        kind = str(meta.get("artifact"))
+        owner = "a Hugging Face model" if "model_type" in meta else \
+            f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind} artifact written by " \
+            f"{(meta.get('produced_by') or {}).get('tool')}"
+        if (meta.get("produced_by") or {}).get("tool") == tool or ("model_type" in meta and tool == "model.export"):
+            return
+    except ArtifactError as e:
+        owner = f"a damaged artifact ({e})"
+    if not overwrite:
+        raise ArtifactError(f"{folder} already holds {owner}; pass --overwrite to replace it, or choose another "
+                            f"output folder")
+    remove_files(folder, previous_contents(folder) or [CONFIG_FILE, WEIGHTS_FILE])
 
 
 def artifact_folders(root: str | Path = DEFAULT_OUT_ROOT, accept: Callable[[dict], bool] | None = None) -> list[Path]:

@@ -7,7 +7,8 @@ records the surviving width of each layer here (`mlp_hidden`, `n_head_per_layer`
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass
 
 from runtime.errors import UserError
 
@@ -38,11 +39,29 @@ class GPTConfig:
     n_head_per_layer: list[int] | None = None
 
     def __post_init__(self):
+        for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "vocab_pad_multiple"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ConfigError(f"{name}={value!r} must be a positive integer")
+        for name in ("dropout", "layer_norm_eps"):
+            value = getattr(self, name)
+            if type(value) not in (int, float) or not math.isfinite(value):
+                raise ConfigError(f"{name}={value!r} must be a finite number")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"dropout={self.dropout!r} must be in [0, 1)")
+        if self.layer_norm_eps <= 0:
+            raise ConfigError(f"layer_norm_eps={self.layer_norm_eps!r} must be positive")
+        if type(self.bias) is not bool:
+            raise ConfigError(f"bias={self.bias!r} must be true or false")
         if self.n_embd % self.n_head:
             raise ConfigError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         for name in ("mlp_hidden", "n_head_per_layer"):
             widths = getattr(self, name)
-            if widths is not None and len(widths) != self.n_layer:
+            if widths is None:
+                continue
+            if not isinstance(widths, list) or any(type(w) is not int or w < 1 for w in widths):
+                raise ConfigError(f"{name}={widths!r} must be a list of positive integers, one per layer")
+            if len(widths) != self.n_layer:
                 raise ConfigError(f"{name} has {len(widths)} entries but the model has {self.n_layer} layers")
 
     @property

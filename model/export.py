@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from model.artifact import ArtifactError, load_model
+from model.artifact import ArtifactError, claim_output_folder, load_model
 from model.hf import export_hf_gpt2
 from runtime.cli import parse_config
 from runtime.errors import UserError
@@ -23,6 +23,8 @@ class ExportConfig:
     checkpoint: str = field(default="out/demo/train", metadata={"help": "artifact folder to export (float or "
                                                                          "magnitude-pruned)"})
     out: str = field(default="out/hf", metadata={"help": "folder to write config.json and model.safetensors to"})
+    overwrite: bool = field(default=False, metadata={"help": "write into --out even though it holds one of this "
+                                                             "project's artifacts (whose files are removed first)"})
 
 
 def export(cfg: ExportConfig) -> Path:
@@ -37,6 +39,9 @@ def export(cfg: ExportConfig) -> Path:
         raise ArtifactError(f"{cfg.checkpoint} is row-pruned: its per-layer widths cannot be written as a "
                             f"Hugging Face GPT-2 config. Export the checkpoint it was pruned from, or a "
                             f"magnitude-pruned one")
+    if Path(cfg.out).resolve() == Path(cfg.checkpoint).resolve():
+        raise ArtifactError(f"--out {cfg.out} is the checkpoint being exported; choose another folder")
+    claim_output_folder(cfg.out, "model.export", cfg.overwrite)
     export_hf_gpt2(model, cfg.out)
     return Path(cfg.out)
 

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from model.config import GPTConfig
+from model.folder import write_folder_atomically
 from model.gpt import GPT
 from model.weights import ArtifactError, load_weights, read_safetensors
 
@@ -79,12 +80,13 @@ def export_hf_gpt2(model: GPT, folder: str | Path) -> None:
     c = model.config
     if c.mlp_hidden is not None or c.n_head_per_layer is not None:
         raise ValueError("a row-pruned model has per-layer widths that Hugging Face GPT-2 cannot represent")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(ours_to_hf(model.state_dict(), c), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    state = ours_to_hf(model.state_dict(), c)
     hf_config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": c.n_layer,
                  "n_head": c.n_head, "n_embd": c.n_embd, "n_positions": c.block_size, "n_ctx": c.block_size,
                  "vocab_size": c.vocab_size, "layer_norm_epsilon": c.layer_norm_eps,
                  "activation_function": "gelu_new", "bos_token_id": 50256, "eos_token_id": 50256,
                  "tie_word_embeddings": True}
-    (folder / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    write_folder_atomically(folder, {
+        "model.safetensors": lambda p: save_file(state, str(p), metadata={"format": "pt"}),
+        "config.json": lambda p: p.write_text(json.dumps(hf_config, indent=2) + "\n"),
+    })

@@ -189,26 +189,29 @@ def int8_state_for_saving(model: GPT) -> dict[str, torch.Tensor]:
     return state
 
 
-def _take(state: dict[str, torch.Tensor], key: str, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+def _take(state: dict[str, torch.Tensor], key: str, dtype: torch.dtype, shape: tuple, source: str) -> torch.Tensor:
     if key not in state:
-        raise ArtifactError(f"int8 weights are missing {key}")
+        raise ArtifactError(f"{source}: the int8 weights are missing {key}")
     tensor = state.pop(key)
     if tensor.dtype != dtype or tuple(tensor.shape) != tuple(shape):
-        raise ArtifactError(f"{key} is {tensor.dtype} {tuple(tensor.shape)}, expected {dtype} {tuple(shape)} "
-                    f"for this config")
+        raise ArtifactError(f"{source}: {key} is {tensor.dtype} {tuple(tensor.shape)}, expected {dtype} "
+                            f"{tuple(shape)} for this config")
     return tensor
 
 
-def build_int8_model(config: GPTConfig, state: dict[str, torch.Tensor], meta: dict) -> GPT:
-    """A GPT whose quantized layers (as listed in meta["quantization"]) are int8 modules, from stored tensors."""
+def build_int8_model(config: GPTConfig, state: dict[str, torch.Tensor], meta: dict, source: str = "weights") -> GPT:
+    """A GPT whose quantized layers (as listed in meta["quantization"]) are int8 modules, from stored tensors;
+    `source` names the weights in error messages."""
     quantization = meta.get("quantization")
-    if not isinstance(quantization, dict) or "layers" not in quantization:
+    if not isinstance(quantization, dict) or not isinstance(quantization.get("layers"), list):
         raise ArtifactError("config.json of this int8 artifact has no 'quantization' section listing the "
                             "quantized layers; re-create it with `python quantize/dynamic.py`")
     state = dict(state)
     with torch.device("meta"):
         model = GPT(config)
     for name in quantization["layers"]:
+        if not isinstance(name, str):
+            raise ArtifactError(f"config.json lists {name!r} as a quantized layer; expected layer names")
         try:
             linear = model.get_submodule(name)
         except AttributeError:
@@ -216,21 +219,21 @@ def build_int8_model(config: GPTConfig, state: dict[str, torch.Tensor], meta: di
         if not isinstance(linear, nn.Linear):
             raise ArtifactError(f"config.json lists {name!r} as quantized, but the model has no linear layer there")
         out_features, in_features = linear.weight.shape
-        weight = _take(state, f"{name}.weight", torch.int8, (out_features, in_features))
-        scale = _take(state, f"{name}.weight_scale", torch.float32, (out_features,))
+        weight = _take(state, f"{name}.weight", torch.int8, (out_features, in_features), source)
+        scale = _take(state, f"{name}.weight_scale", torch.float32, (out_features,), source)
         bias = None
         if linear.bias is not None:
-            bias = _take(state, f"{name}.bias", torch.float32, (out_features,))
+            bias = _take(state, f"{name}.bias", torch.float32, (out_features,), source)
         _replace(model, name, Int8Linear(weight, scale, bias))
     head = quantization.get("head")
     if head not in HEAD_FORMATS:
         raise ArtifactError(f"config.json names head format {head!r}; expected one of {HEAD_FORMATS}")
     if head == "int8":
         shape = tuple(model.transformer.wte.weight.shape)
-        weight = _take(state, f"{EMBEDDING_NAME}.weight", torch.int8, shape)
-        scale = _take(state, f"{EMBEDDING_NAME}.weight_scale", torch.float32, shape[:1])
+        weight = _take(state, f"{EMBEDDING_NAME}.weight", torch.int8, shape, source)
+        scale = _take(state, f"{EMBEDDING_NAME}.weight_scale", torch.float32, shape[:1], source)
         _tie_int8_head(model, weight, scale)
-    load_weights(model, state)
+    load_weights(model, state, source)
     if head == "fp16":
         model.lm_head = Fp16WeightLinear(model.transformer.wte.weight)
     return model

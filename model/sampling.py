@@ -21,7 +21,6 @@ import torch
 
 from runtime.errors import UserError
 
-
 # Below this temperature decoding is greedy, which is what the temperature means in the limit: already at
 # 1e-4, float32 gives no probability to a token more than 0.011 below the best logit (exp(-110) underflows).
 GREEDY_BELOW_TEMPERATURE = 1e-4

@@ -26,21 +26,26 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         raise ArtifactError(f"could not read {path}: {e}; the file is damaged, re-create it") from e
 
 
-def load_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+def load_weights(model: nn.Module, state: dict[str, torch.Tensor], source: str = "weights") -> None:
     """Fill the model's still-unmaterialised (meta) tensors from `state` and re-tie a float output head to
-    the embedding.  Refuses weights that do not match, and NaN or infinite values (naming the tensor)."""
+    the embedding.  Refuses weights that do not match in names or shapes, and NaN or infinite values, in one
+    line naming `source` and the tensor."""
     tied_head = isinstance(model.lm_head, nn.Linear)
-    expected = {k for k, v in model.state_dict().items() if v.is_meta}
+    expected = {k: v for k, v in model.state_dict().items() if v.is_meta}
     if tied_head:
-        expected.discard(HEAD_WEIGHT)
-    missing, unexpected = expected - set(state), set(state) - expected
+        expected.pop(HEAD_WEIGHT, None)
+    missing, unexpected = set(expected) - set(state), set(state) - set(expected)
     if missing or unexpected:
-        raise ArtifactError(f"weights do not match the config: missing {sorted(missing)[:5]}, "
+        raise ArtifactError(f"{source}: the weights do not match the config: missing {sorted(missing)[:5]}, "
                             f"unexpected {sorted(unexpected)[:5]}")
+    for name, tensor in state.items():
+        if tensor.shape != expected[name].shape:
+            raise ArtifactError(f"{source}: tensor {name} has shape {tuple(tensor.shape)} but the config implies "
+                                f"{tuple(expected[name].shape)}; the checkpoint is damaged")
     bad = next((k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()), None)
     if bad:
-        raise ArtifactError(f"tensor {bad} holds NaN or infinite values; the weights are unusable (train again "
-                            f"from an earlier checkpoint)")
+        raise ArtifactError(f"{source}: tensor {bad} holds NaN or infinite values; the weights are unusable "
+                            f"(train again from an earlier checkpoint)")
     model.load_state_dict(state, strict=False, assign=True)
     if tied_head:
         model.lm_head.weight = model.transformer.wte.weight

@@ -15,7 +15,6 @@ report (one curve each); the checkpoint there is the latest run's.
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import sys
@@ -26,26 +25,26 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from data.corpus import DATASET_NAMES, DatasetError
+from data.corpus import DATASET_NAMES
 from data.loader import WindowSampler, eval_batches
 from data.shards import load_split
-from data.tokenizer import TokenizerError
-from model.artifact import ArtifactError, artifact_writers, load_model, model_state_for_saving, write_folder_atomically
+from model.artifact import (artifact_writers, claim_output_folder, load_model, model_state_for_saving,
+                            write_folder_atomically)
 from model.evaluate import evaluate_loss
 from model.gpt import GPT
 from model.hub import resolve_checkpoint
 from prune.csr import csr_copy
 from prune.errors import PruneError
-from prune.finetune import FinetuneError, FinetuneSettings, finetune
+from prune.finetune import FinetuneSettings, finetune
 from prune.magnitude import magnitude_masks
 from prune.masks import MaskSet, block_linear_weights, count_nonzero, parse_param_groups, prunable_parameters
-from prune.report import ReportError, read_report, report_writers
+from prune.report import read_report, report_writers
 from prune.schedule import SCHEDULES, sparsity_schedule
 from prune.source import checkpoint_dataset
 from prune.speed import GENERATION_PROMPT_TOKENS, SpeedSettings, measure
-from prune.structured import StructureError, check_widths, select_units, shrink
+from prune.structured import check_widths, select_units, shrink
 from prune.wanda import input_feature_norms, wanda_masks
-from runtime.cli import add_dataclass_args, dataclass_from_args
+from runtime.cli import option, parse_config
 from runtime.device import choose_device, precision_policy
 from runtime.errors import UserError
 from runtime.provenance import provenance
@@ -58,71 +57,44 @@ DEFAULT_DATASET = "builtin"
 
 @dataclass
 class PruneConfig:
-    target: float | None = None
-    method: str = "magnitude"
-    checkpoint: str | None = None
-    rounds: int = 4
-    schedule: str = "cubic"
-    finetune_steps: int = 40
-    lr: float = 3e-4
-    weight_decay: float = 0.1
-    warmup_steps: int = 5
-    batch_size: int = 8
-    block_size: int | None = None
-    eval_batches: int = 10
-    calibration_batches: int = 4
-    prune_params: str = "linear"
-    dataset: str | None = None
-    out_dir: str = DEFAULT_OUT_DIR
-    device: str = "auto"
-    precision: str = "auto"
-    threads: int | None = None
-    seed: int = 1234
-    speed_batch: int = 4
-    speed_seq_len: int = 128
-    speed_repeats: int = 5
-    generation_tokens: int = 16
-    sparse_format_check: bool = True
-    dense_control: bool = False
-
-
-HELP = {
-    "target": "final sparsity, 0 < F < 1 (row: the share of each layer's heads and MLP units removed) [required]",
-    "method": "magnitude (global unstructured), row (structured: heads and MLP units), wanda (|w| x activation "
-              "norm); several, comma-separated (magnitude,row), run one after the other from the same checkpoint "
-              "into one report",
-    "checkpoint": "artifact folder to prune (default: the newest checkpoint written by train.py under out/)",
-    "rounds": "pruning rounds, each followed by fine-tuning and evaluation",
-    "schedule": "cubic (Zhu & Gupta) or geometric: the sparsity reached after each round",
-    "finetune_steps": "training steps after each round (0: prune only)",
-    "lr": "peak fine-tuning learning rate (cosine decay within each round)",
-    "warmup_steps": "linear warmup steps at the start of each round's fine-tune",
-    "batch_size": "fine-tuning, evaluation and calibration batch size",
-    "block_size": "fine-tuning and evaluation context (default: min(128, the model's))",
-    "eval_batches": "validation batches per evaluation (the same leading windows every time)",
-    "calibration_batches": "training batches whose activations wanda scores with",
-    "prune_params": "magnitude: comma-separated groups to prune among linear, bias, layernorm, embedding "
-                    "(wanda: linear only; row: ignored)",
-    "dataset": f"{', '.join(DATASET_NAMES)} or a local folder (default: the checkpoint's training dataset)",
-    "out_dir": "folder for the pruned checkpoint, prune_report.json and plots",
-    "device": "auto (CUDA if present, else CPU), cpu, cuda, cuda:1, ...",
-    "precision": "auto (fp32 on CPU, bf16/fp16 autocast on CUDA), fp32, bf16, fp16",
-    "threads": "CPU threads for torch (default: torch's choice); 1 gives steadier timings on a shared machine",
-    "speed_batch": "batch size of the timed forward passes",
-    "speed_seq_len": "sequence length of the timed forward passes",
-    "speed_repeats": "timed repeats (after one warm-up); medians are reported",
-    "generation_tokens": "new tokens per timed generation (batch 1, greedy, KV cache)",
-    "sparse_format_check": "magnitude/wanda: also time the model with its weights in sparse CSR format",
-    "dense_control": "also fine-tune the unpruned model for the run's total fine-tune steps, to separate the "
-                     "effect of pruning from that of the extra training",
-}
-
-
-def parse_args(argv=None) -> PruneConfig:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    add_dataclass_args(parser, PruneConfig, HELP, choices={"schedule": SCHEDULES})
-    return dataclass_from_args(PruneConfig, parser.parse_args(argv))
+    target: float | None = option(None, "final sparsity, 0 < F < 1 (row: the share of each layer's heads and MLP "
+                                        "units removed) [required]")
+    method: str = option("magnitude", "magnitude (global unstructured), row (structured: heads and MLP units), "
+                                      "wanda (|w| x activation norm); several, comma-separated (magnitude,row), "
+                                      "run one after the other from the same checkpoint into one report")
+    checkpoint: str | None = option(None, "artifact folder or hub name to prune (default: the train.py checkpoint "
+                                          "under out/ trained on the most tokens)")
+    rounds: int = option(4, "pruning rounds, each followed by fine-tuning and evaluation")
+    schedule: str = option("cubic", "cubic (Zhu & Gupta) or geometric: the sparsity reached after each round",
+                           choices=SCHEDULES)
+    finetune_steps: int = option(40, "training steps after each round (0: prune only)")
+    lr: float = option(3e-4, "peak fine-tuning learning rate (cosine decay within each round)")
+    weight_decay: float = option(0.1, "fine-tuning AdamW weight decay")
+    warmup_steps: int = option(5, "linear warmup steps at the start of each round's fine-tune")
+    batch_size: int = option(8, "fine-tuning, evaluation and calibration batch size")
+    block_size: int | None = option(None, "fine-tuning and evaluation context (default: min(128, the model's))")
+    eval_batches: int = option(10, "validation batches per evaluation (the same leading windows every time)")
+    calibration_batches: int = option(4, "training batches whose activations wanda scores with")
+    prune_params: str = option("linear", "magnitude: comma-separated groups to prune among linear, bias, "
+                                         "layernorm, embedding (wanda: linear only; row: ignored)")
+    dataset: str | None = option(None, f"{', '.join(DATASET_NAMES)} or a local folder (default: the checkpoint's "
+                                       f"training dataset)")
+    out_dir: str = option(DEFAULT_OUT_DIR, "folder for the pruned checkpoint, prune_report.json and plots")
+    overwrite: bool = option(False, "write into --out-dir even though it holds another tool's artifact (whose "
+                                    "files are removed first)")
+    device: str = option("auto", "auto (CUDA if present, else CPU), cpu, cuda, cuda:1, ...")
+    precision: str = option("auto", "auto (fp32 on CPU, bf16/fp16 autocast on CUDA), fp32, bf16, fp16")
+    threads: int | None = option(None, "CPU threads for torch (default: torch's choice); 1 gives steadier timings "
+                                       "on a shared machine")
+    seed: int = option(1234, "seed of the fine-tuning batches")
+    speed_batch: int = option(4, "batch size of the timed forward passes")
+    speed_seq_len: int = option(128, "sequence length of the timed forward passes")
+    speed_repeats: int = option(5, "timed repeats (after one warm-up); medians are reported")
+    generation_tokens: int = option(16, "new tokens per timed generation (batch 1, greedy, KV cache)")
+    sparse_format_check: bool = option(True, "magnitude/wanda: also time the model with its weights in sparse "
+                                             "CSR format")
+    dense_control: bool = option(False, "also fine-tune the unpruned model for the run's total fine-tune steps, "
+                                        "to separate the effect of pruning from that of the extra training")
 
 
 def methods(cfg: PruneConfig) -> list[str]:
@@ -254,6 +226,7 @@ def load_source(cfg: PruneConfig, device) -> tuple[GPT, Path, dict]:
         folder, found = default_checkpoint()
     if Path(cfg.out_dir).resolve() == folder.resolve():
         raise PruneError(f"--out-dir {cfg.out_dir} is the checkpoint being pruned; choose another folder")
+    claim_output_folder(cfg.out_dir, "prune/iterative.py", cfg.overwrite)
     model, meta = load_model(folder, device)
     if not isinstance(model, GPT) or meta["artifact"] == "int8":
         raise PruneError(f"{folder} holds a {meta['artifact']} model; pruning needs a floating-point checkpoint")
@@ -442,7 +415,7 @@ def run(cfg: PruneConfig) -> dict:
 
 
 def main(argv=None) -> None:
-    cfg = parse_args(argv)
+    cfg = parse_config(PruneConfig, __doc__, argv)
     try:
         for method in methods(cfg):  # each adds its curve to the same report in --out-dir
             run(dataclasses.replace(cfg, method=method))

@@ -24,29 +24,29 @@ and still measures on CPU.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from data.corpus import DATASET_NAMES, DatasetError
+from data.corpus import DATASET_NAMES
 from data.loader import eval_batches
 from data.shards import load_split
-from data.tokenizer import TokenizerError
-from model.artifact import (DEFAULT_OUT_ROOT, WEIGHTS_FILE, ArtifactError, artifact_writers, load_model, read_config,
-                            write_folder_atomically)
+from model.artifact import (DEFAULT_OUT_ROOT, WEIGHTS_FILE, ArtifactError, artifact_writers, claim_output_folder,
+                            load_model, read_config, write_folder_atomically)
 from model.hub import resolve_checkpoint
 from model.int8 import HEAD_FORMATS, default_head_format, int8_state_for_saving, quantize_model
 from quantize.measure import generation_speed, greedy_agreement, paired_validation, prompts_from
+from runtime.cli import option, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
 from runtime.provenance import provenance
 from training.checkpoint import default_checkpoint
 
-DEFAULT_OUT_DIR = DEFAULT_OUT_ROOT / "int8"
+DEFAULT_OUT_DIR = str(DEFAULT_OUT_ROOT / "int8")
 REPORT_FILE = "quant_report.json"
 BATCH_SIZES = (1, 12)
 
@@ -55,40 +55,37 @@ BATCH_SIZES = (1, 12)
 class QuantizeError(UserError, ValueError):
     """Settings this tool cannot work with; the message names the flag."""
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--checkpoint", type=Path,
-                        help="float or pruned artifact folder (default: the newest one under out/)")
-    parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR,
-                        help="folder for the int8 artifact and quant_report.json")
-    parser.add_argument("--dataset", default="builtin",
-                        help=f"validation text for the report: {', '.join(DATASET_NAMES)}, or a local folder")
-    parser.add_argument("--head", choices=("auto", *HEAD_FORMATS), default="auto",
-                        help="format of the tied embedding / output head: auto (fp16 on x86, where fbgemm has an "
-                             "fp16 GEMM, else fp32), fp32 (unchanged), fp16 (half-precision "
-                             "weight copy for the head matmul; floating point, faster), int8 (head and embedding "
-                             "quantized too: smallest and fastest, least accurate)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads for the measurements (default: PyTorch's choice); both models get the same")
-    parser.add_argument("--eval-batches", type=int, default=16, help="validation batches (the same leading windows)")
-    parser.add_argument("--eval-batch-size", type=int, default=4)
-    parser.add_argument("--eval-block-size", type=int, default=None,
-                        help="validation window length (default: the model's context)")
-    parser.add_argument("--prompt-tokens", type=int, default=32, help="length of each generation prompt")
-    parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens generated per prompt")
-    parser.add_argument("--repeats", type=int, default=5, help="timed generation runs per model and batch size")
-    return parser.parse_args(argv)
 
+@dataclass
+class QuantizeConfig:
+    checkpoint: str | None = option(None, "float or pruned artifact folder, or hub name (default: the train.py "
+                                          "checkpoint under out/ trained on the most tokens)")
+    out_dir: str = option(DEFAULT_OUT_DIR, "folder for the int8 artifact and quant_report.json")
+    overwrite: bool = option(False, "write into --out-dir even though it holds another tool's artifact (whose "
+                                    "files are removed first)")
+    dataset: str = option("builtin", f"validation text for the report: {', '.join(DATASET_NAMES)}, or a local "
+                                     f"folder")
+    head: str = option("auto", "format of the tied embedding / output head: auto (fp16 on x86, where fbgemm has an "
+                               "fp16 GEMM, else fp32), fp32 (unchanged), fp16 (half-precision weight copy for the "
+                               "head matmul; floating point, faster), int8 (head and embedding quantized too: "
+                               "smallest and fastest, least accurate)", choices=("auto", *HEAD_FORMATS))
+    threads: int | None = option(None, "CPU threads for the measurements (default: PyTorch's choice); both models "
+                                       "get the same")
+    eval_batches: int = option(16, "validation batches (the same leading windows)")
+    eval_batch_size: int = option(4, "sequences per validation batch")
+    eval_block_size: int | None = option(None, "validation window length (default: the model's context)")
+    prompt_tokens: int = option(32, "length of each generation prompt")
+    new_tokens: int = option(32, "greedy tokens generated per prompt")
+    repeats: int = option(5, "timed generation runs per model and batch size")
 
-def check(args) -> None:
-    if args.threads is not None and args.threads < 1:
-        raise QuantizeError(f"--threads must be at least 1, got {args.threads}")
-    for name in ("eval_batches", "eval_batch_size", "prompt_tokens", "new_tokens", "repeats"):
-        if getattr(args, name) < 1:
-            raise QuantizeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.eval_block_size is not None and args.eval_block_size < 1:
-        raise QuantizeError(f"--eval-block-size must be at least 1, got {args.eval_block_size}")
+    def __post_init__(self):
+        if self.threads is not None and self.threads < 1:
+            raise QuantizeError(f"--threads must be at least 1, got {self.threads}")
+        for name in ("eval_batches", "eval_batch_size", "prompt_tokens", "new_tokens", "repeats"):
+            if getattr(self, name) < 1:
+                raise QuantizeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.eval_block_size is not None and self.eval_block_size < 1:
+            raise QuantizeError(f"--eval-block-size must be at least 1, got {self.eval_block_size}")
 
 
 def refuse_int8_source(folder: Path) -> None:
@@ -126,12 +123,14 @@ def print_table(report: dict) -> None:
           f"{greedy['identical_rows']}/{greedy['rows']} rows identical")
 
 
-def quantize(args) -> dict:
-    source, why = (resolve_checkpoint(args.checkpoint), "--checkpoint") if args.checkpoint else default_checkpoint()
+def quantize(cfg: QuantizeConfig) -> dict:
+    source, why = (resolve_checkpoint(cfg.checkpoint), "--checkpoint") if cfg.checkpoint else default_checkpoint()
     print(f"model: {source} ({why})", file=sys.stderr)
-    if args.out_dir.resolve() == Path(source).resolve():
-        raise QuantizeError(f"--out-dir {args.out_dir} is the source checkpoint; choose another folder")
+    out_dir = Path(cfg.out_dir)
+    if out_dir.resolve() == Path(source).resolve():
+        raise QuantizeError(f"--out-dir {cfg.out_dir} is the source checkpoint; choose another folder")
     refuse_int8_source(source)
+    claim_output_folder(out_dir, "quantize/dynamic.py", cfg.overwrite)
     device = choose_device("auto")
     if device.type != "cpu":
         print(f"note: {device} found, but PyTorch's dynamic int8 kernels run on CPU only; quantizing and "
@@ -139,57 +138,57 @@ def quantize(args) -> dict:
     float_model, source_meta = load_model(source, "cpu")
     print(f"quantizing {source_meta['artifact']} model from {source}", file=sys.stderr)
     context = float_model.config.block_size
-    block = args.eval_block_size or context
+    block = cfg.eval_block_size or context
     if block > context:
         raise QuantizeError(f"--eval-block-size {block} exceeds the model's context of {context}")
-    if args.prompt_tokens + args.new_tokens > context:
-        raise QuantizeError(f"--prompt-tokens + --new-tokens = {args.prompt_tokens + args.new_tokens} exceeds "
+    if cfg.prompt_tokens + cfg.new_tokens > context:
+        raise QuantizeError(f"--prompt-tokens + --new-tokens = {cfg.prompt_tokens + cfg.new_tokens} exceeds "
                          f"the model's context of {context}")
-    tokens = load_split(args.dataset, "validation")  # before writing anything: a bad --dataset fails early
+    tokens = load_split(cfg.dataset, "validation")  # before writing anything: a bad --dataset fails early
     int8_model, _ = load_model(source, "cpu")
-    if args.head == "auto":
-        args.head = default_head_format()
-        print(f"head format: {args.head} (auto; pass --head to choose)", file=sys.stderr)
-    quantization = quantize_model(int8_model, head=args.head)
+    if cfg.head == "auto":
+        cfg.head = default_head_format()
+        print(f"head format: {cfg.head} (auto; pass --head to choose)", file=sys.stderr)
+    quantization = quantize_model(int8_model, head=cfg.head)
     writers = artifact_writers(int8_state_for_saving(int8_model), float_model.config, "int8",
                                provenance("quantize/dynamic.py", source), extra={"quantization": quantization})
-    write_folder_atomically(args.out_dir, writers)
+    write_folder_atomically(out_dir, writers)
     # Measure the artifact as every other tool will see it: reloaded from disk.
-    int8_model, _ = load_model(args.out_dir, "cpu")
-    print(f"wrote int8 artifact to {args.out_dir} ({len(quantization['layers'])} linear layers quantized, "
-          f"{args.head} head); measuring", file=sys.stderr)
+    int8_model, _ = load_model(out_dir, "cpu")
+    print(f"wrote int8 artifact to {out_dir} ({len(quantization['layers'])} linear layers quantized, "
+          f"{cfg.head} head); measuring", file=sys.stderr)
 
     validation = paired_validation(float_model, int8_model,
-                                   eval_batches(tokens, block, args.eval_batch_size, args.eval_batches),
-                                   total_batches=args.eval_batches)
-    prompts = prompts_from(tokens, max(BATCH_SIZES), args.prompt_tokens)
+                                   eval_batches(tokens, block, cfg.eval_batch_size, cfg.eval_batches),
+                                   total_batches=cfg.eval_batches)
+    prompts = prompts_from(tokens, max(BATCH_SIZES), cfg.prompt_tokens)
     generation, outputs = generation_speed({"float": float_model, "int8": int8_model}, prompts, BATCH_SIZES,
-                                           args.new_tokens, args.repeats)
+                                           cfg.new_tokens, cfg.repeats)
     return {
-        "source": str(source), "source_artifact": source_meta["artifact"], "artifact": str(args.out_dir),
-        "quantization": {"head": args.head, "layers": len(quantization["layers"]),
+        "source": str(source), "source_artifact": source_meta["artifact"], "artifact": str(out_dir),
+        "quantization": {"head": cfg.head, "layers": len(quantization["layers"]),
                          "scheme": quantization["scheme"]},
-        "dataset": args.dataset, "split": "validation", "eval_block_size": block,
+        "dataset": cfg.dataset, "split": "validation", "eval_block_size": block,
         "validation": validation, "generation": generation,
-        "greedy": greedy_agreement(outputs["float"], outputs["int8"], args.prompt_tokens),
-        "size_bytes": {"float": weights_size(Path(source)), "int8": weights_size(args.out_dir)},
+        "greedy": greedy_agreement(outputs["float"], outputs["int8"], cfg.prompt_tokens),
+        "size_bytes": {"float": weights_size(Path(source)), "int8": weights_size(out_dir)},
         "environment": {"device": "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__,
                         "quantized_engine": torch.backends.quantized.engine, "machine": platform.machine()},
     }
 
 
 def main(argv=None) -> None:
-    args = parse_args(argv)
     try:
-        check(args)
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
-        report = quantize(args)
+        cfg = parse_config(QuantizeConfig, __doc__, argv)
+        if cfg.threads is not None:
+            torch.set_num_threads(cfg.threads)
+        report = quantize(cfg)
     except UserError as e:
         sys.exit(f"error: {e}")
-    write_folder_atomically(args.out_dir, {REPORT_FILE: lambda p: p.write_text(json.dumps(report, indent=2) + "\n")})
+    out_dir = Path(cfg.out_dir)
+    write_folder_atomically(out_dir, {REPORT_FILE: lambda p: p.write_text(json.dumps(report, indent=2) + "\n")})
     print_table(report)
-    print(f"report: {args.out_dir / REPORT_FILE}", file=sys.stderr)
+    print(f"report: {out_dir / REPORT_FILE}", file=sys.stderr)
 
 
 if __name__ == "__main__":

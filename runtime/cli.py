@@ -7,14 +7,18 @@ import types
 import typing
 
 
-def add_dataclass_args(parser: argparse.ArgumentParser, cls, help_texts: dict[str, str] | None = None,
-                       choices: dict[str, tuple] | None = None) -> None:
+def option(default, help_text: str, **metadata):
+    """A config field whose help (and `choices`, or `positional=True`) the command line shows."""
+    return dataclasses.field(default=default, metadata={"help": help_text, **metadata})
+
+
+def add_dataclass_args(parser: argparse.ArgumentParser, cls) -> None:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
         kind = _base_type(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        help_text = (help_texts or {}).get(f.name, f.metadata.get("help", ""))
+        help_text = f.metadata.get("help", "")
         if default is not None:  # None means "not given", which the help text explains
             help_text = f"{help_text} (default: {default})".strip()
         if f.metadata.get("positional"):  # a list of operands, e.g. run folders
@@ -24,10 +28,10 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls, help_texts: dict[st
                                 help=help_text)
         elif typing.get_origin(kind) is list:  # --modes ddp fsdp
             parser.add_argument(flag, dest=f.name, nargs="+", type=typing.get_args(kind)[0], default=default,
-                                help=help_text, choices=(choices or {}).get(f.name, f.metadata.get("choices")))
+                                help=help_text, choices=f.metadata.get("choices"))
         else:
             parser.add_argument(flag, dest=f.name, type=kind, default=default, help=help_text,
-                                choices=(choices or {}).get(f.name, f.metadata.get("choices")))
+                                choices=f.metadata.get("choices"))
 
 
 def dataclass_from_args(cls, args: argparse.Namespace):
@@ -68,9 +72,12 @@ def _base_type(hint):
     return hint
 
 
-def parse_config(cls, description: str, argv=None):
+def parse_config(cls, doc: str, argv=None, epilog: str | None = None):
     """The command line as a `cls` instance: help and choices from the fields' metadata, checks in its
-    `__post_init__` (which raise a UserError that the caller's main prints)."""
-    parser = argparse.ArgumentParser(description=description.strip().split("\n\n")[0])
+    `__post_init__` (which raise a UserError that the caller's main prints).  `doc` is the script's
+    docstring: its first paragraph describes the command and the rest (its examples) follows the flags."""
+    summary, _, rest = doc.strip().partition("\n\n")
+    parser = argparse.ArgumentParser(description=summary, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n\n".join(part for part in (rest, epilog) if part) or None)
     add_dataclass_args(parser, cls)
     return dataclass_from_args(cls, parser.parse_args(argv))

@@ -1,12 +1,11 @@
 """Serve a checkpoint over HTTP.
 
-    python -m serve                                   # the newest artifact under out/, on 127.0.0.1:8000
+    python -m serve                                   # the most-trained train.py checkpoint under out/, on 127.0.0.1:8000
     python -m serve --checkpoint out/demo/train --port 8080 --max-batch-size 32
     GPT2_SERVE_API_KEY=secret python -m serve         # every generation request must send the key
 """
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import logging
 import resource
@@ -14,9 +13,7 @@ import sys
 
 import uvicorn
 
-from data.tokenizer import TokenizerError
-from model.artifact import ArtifactError
-from runtime.cli import add_dataclass_args, dataclass_from_args
+from runtime.cli import parse_config
 from runtime.errors import UserError
 from serve.app import create_app
 from serve.config import API_KEY_ENV, ServeConfig
@@ -32,25 +29,6 @@ ACCEPT_BACKLOG = 64
 # refuses, the next closes (measured: up to ~190 at once while 400 connections arrived together).
 ACCEPTED_NOT_YET_REFUSED = 4 * ACCEPT_BACKLOG
 
-HELP = {
-    "checkpoint": "artifact folder (float, pruned or int8); default: the newest under out/",
-    "served_model_name": "the model id /v1/models lists and /v1/completions expects (default: the artifact "
-                         "folder's name)",
-    "host": "interface to bind; anything but loopback exposes the server to the network",
-    "device": "auto, cpu, cuda or cuda:N",
-    "threads": "torch intra-op threads (0: torch's default); 1 suits small models on a busy CPU",
-    "max_batch_size": "sequences decoded together in one forward pass",
-    "max_queue": "requests that may wait for a batch slot before new ones get 503",
-    "request_timeout_s": "time limit per request, queueing included",
-    "max_body_bytes": "larger request bodies get 413",
-    "read_timeout_s": "seconds a client has to send a request's headers, and again its body; slower ones get 408",
-    "max_connections": "open connections at once; one more is answered 503 (keep it below the open-file limit)",
-    "retry_after_s": "the Retry-After header of a 503",
-    "max_completions": "the most completions (prompts x n) one /v1/completions request may ask for",
-    "graceful_shutdown_s": "how long Ctrl-C / SIGTERM waits for in-flight requests",
-}
-
-
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -61,12 +39,8 @@ def is_loopback(host: str) -> bool:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog=f"Set {API_KEY_ENV} to require an API key.")
-    add_dataclass_args(parser, ServeConfig, HELP)
-    args = parser.parse_args(argv)
     try:
-        config = dataclass_from_args(ServeConfig, args)
+        config = parse_config(ServeConfig, __doc__, argv, epilog=f"Set {API_KEY_ENV} to require an API key.")
         app = create_app(config)
     except UserError as e:
         sys.exit(f"error: {e}")

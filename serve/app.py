@@ -1,6 +1,6 @@
 """The FastAPI application: load the artifact, start the engine, mount the routes.
 
-    uvicorn --factory serve.app:create_app        # checkpoint from $GPT2_SERVE_CHECKPOINT, else the newest
+    uvicorn --factory serve.app:create_app        # checkpoint from $GPT2_SERVE_CHECKPOINT, else the most-trained under out/
     python -m serve --checkpoint out/demo/train    # the same, with every setting as a flag
 """
 from __future__ import annotations
@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import logging
 import os
-from pathlib import Path
 
 import torch
 from fastapi import FastAPI, Request

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runtime.cli import option
 from runtime.errors import UserError
 
 # The environment variable that, when set, holds the API key every generation request must present.
@@ -18,21 +19,26 @@ class ServeConfigError(UserError, ValueError):
 
 @dataclass
 class ServeConfig:
-    checkpoint: str | None = None  # artifact folder; None means the newest under out/
-    served_model_name: str | None = None  # the model id clients send; None means the artifact folder's name
-    host: str = "127.0.0.1"
-    port: int = 8000
-    device: str = "auto"
-    threads: int = 0  # torch intra-op threads for generation; 0 keeps torch's default (one per core)
-    max_batch_size: int = 16  # sequences decoded together in one forward pass
-    max_queue: int = 64  # requests waiting for a batch slot; one more is answered 503
-    request_timeout_s: float = 120.0  # from arrival to the last token, queueing included
-    max_body_bytes: int = 64 * 1024
-    read_timeout_s: float = 10.0  # a client's time to send a request's headers, and again its body; then 408
-    max_connections: int = 128  # open connections; one more is answered 503 and closed at once
-    retry_after_s: int = 1  # the Retry-After a 503 suggests
-    max_completions: int = 8  # the most sequences one /v1/completions request may ask for (n x prompts)
-    graceful_shutdown_s: float = 60.0  # how long shutdown waits for in-flight requests
+    checkpoint: str | None = option(None, "artifact folder (float, pruned or int8) or hub name; default: the "
+                                          "train.py checkpoint under out/ trained on the most tokens")
+    served_model_name: str | None = option(None, "the model id /v1/models lists and /v1/completions expects "
+                                                 "(default: the artifact folder's name)")
+    host: str = option("127.0.0.1", "interface to bind; anything but loopback exposes the server to the network")
+    port: int = option(8000, "TCP port (0: any free one)")
+    device: str = option("auto", "auto, cpu, cuda or cuda:N")
+    threads: int = option(0, "torch intra-op threads (0: torch's default); 1 suits small models on a busy CPU")
+    max_batch_size: int = option(16, "sequences decoded together in one forward pass")
+    max_queue: int = option(64, "requests that may wait for a batch slot before new ones get 503")
+    request_timeout_s: float = option(120.0, "time limit per request, from arrival to the last token, queueing "
+                                             "included")
+    max_body_bytes: int = option(64 * 1024, "larger request bodies get 413")
+    read_timeout_s: float = option(10.0, "seconds a client has to send a request's headers, and again its body; "
+                                         "slower ones get 408")
+    max_connections: int = option(128, "open connections at once; one more is answered 503 and closed (keep it "
+                                       "below the open-file limit)")
+    retry_after_s: int = option(1, "the Retry-After header of a 503")
+    max_completions: int = option(8, "the most completions (prompts x n) one /v1/completions request may ask for")
+    graceful_shutdown_s: float = option(60.0, "how long Ctrl-C / SIGTERM waits for in-flight requests")
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_completions", "retry_after_s", "max_connections"):

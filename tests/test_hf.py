@@ -5,8 +5,8 @@ import torch
 from safetensors.torch import load_file
 
 from model.artifact import load_model
-from model.hf import export_hf_gpt2, hf_to_ours, ours_to_hf
 from model.gpt import GPT
+from model.hf import export_hf_gpt2, hf_to_ours, ours_to_hf
 from tests.conftest import small_config
 
 

@@ -6,7 +6,7 @@ import torch
 import model.gpt
 import train
 from bench.plot_runs import main as plot_runs_main
-from model.artifact import STAGING_DIR, load_model, roll_forward, save_artifact
+from model.artifact import STAGING_DIR, load_model, save_artifact
 from runtime.provenance import provenance
 from tests.conftest import interrupt_training_at_batch
 from train import TrainConfig, TrainingError
@@ -102,17 +102,6 @@ def test_crash_during_save_keeps_previous_checkpoint(tmp_path, small_model):
     after = load_model(folder)[0].state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert not (folder / STAGING_DIR).exists()
-
-
-def test_interrupted_move_is_rolled_forward(tmp_path, small_model):
-    folder = tmp_path / "ckpt"
-    save_artifact(folder, small_model, small_model.config, "float", provenance("tests"))
-    staging = folder / STAGING_DIR
-    staging.mkdir()
-    (staging / "extra.txt").write_text("new")
-    (staging / "COMPLETE").write_text(json.dumps(["extra.txt"]))
-    roll_forward(folder)
-    assert (folder / "extra.txt").read_text() == "new" and not staging.exists()
 
 
 def test_checkpoint_round_trip_gives_identical_logits(small_model, small_artifact):

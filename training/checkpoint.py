@@ -16,11 +16,13 @@ import torch
 import torch.distributed as dist
 
 from data.loader import WindowSampler
-from model.artifact import (DEFAULT_OUT_ROOT, artifact_folders, artifact_writers, load_model, roll_forward,
+from model.artifact import (DEFAULT_OUT_ROOT, artifact_folders, artifact_writers, claim_output_folder, load_model,
                             write_folder_atomically)
 from model.config import GPTConfig
+from model.folder import acquire_writer_lock, previous_contents, remove_files
 from model.gpt import GPT
 from model.weights import ArtifactError
+from parallel.errors import ParallelError
 from parallel.state import full_model_state, full_optimizer_state, load_optimizer_state
 from runtime.provenance import provenance
 from training.config import TrainConfig, TrainingError
@@ -31,7 +33,7 @@ OPTIMIZER_FILE = f"{TRAINING_STATE}/optimizer.pt"
 # Settings that may differ when a run is resumed; everything else comes from the checkpoint.
 RESUMABLE_OVERRIDES = ("max_steps", "eval_interval", "eval_batches", "log_interval", "checkpoint_interval",
                        "device", "compile", "out_dir", "resume", "peak_flops", "parallel", "tp_size",
-                       "cpu_offload", "dist_timeout_s", "final_eval_batches", "tensorboard")
+                       "cpu_offload", "dist_timeout_s", "final_eval_batches", "tensorboard", "overwrite")
 
 
 def is_training_checkpoint(folder: str | Path) -> bool:
@@ -87,7 +89,6 @@ def default_checkpoint(root: str | Path = DEFAULT_OUT_ROOT) -> tuple[Path, str]:
 def resumed_config(cfg: TrainConfig, dp_size: int) -> TrainConfig:
     """The saved run's settings; the per-rank batch is re-derived so the global batch stays the same
     when the run resumes under another layout."""
-    roll_forward(cfg.out_dir)
     state = read_training_state(cfg.out_dir)
     if state is None:
         raise TrainingError(f"--resume: {cfg.out_dir} has no {STATE_FILE}; nothing to resume "
@@ -107,6 +108,21 @@ def resumed_config(cfg: TrainConfig, dp_size: int) -> TrainConfig:
 
 def first_non_finite(state: dict[str, torch.Tensor]) -> str | None:
     return next((name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+
+
+def claim_run_folder(cfg: TrainConfig) -> None:
+    """Make this process the one writer of --out-dir (model/folder.py) before anything in it is read, and
+    refuse a folder that holds another run or another tool's artifact unless --resume or --overwrite."""
+    out_dir = Path(cfg.out_dir)
+    if cfg.resume:
+        acquire_writer_lock(out_dir)  # resumed_config says when there is nothing to resume
+        return
+    claim_output_folder(out_dir, "train.py", cfg.overwrite)
+    if is_training_checkpoint(out_dir) and not cfg.overwrite:
+        raise TrainingError(f"{out_dir} already holds a training run; pass --resume to continue it, --overwrite "
+                            f"to replace it, or --out-dir to start a new one")
+    if cfg.overwrite:
+        remove_files(out_dir, previous_contents(out_dir))
 
 
 class Checkpointer:
@@ -161,19 +177,38 @@ class Checkpointer:
                 p.copy_(loaded.get_parameter(name))
 
     def restore(self, par, optimizer: torch.optim.Optimizer, sampler: WindowSampler) -> int:
-        """Optimizer, data position and RNG of the saved step; returns that step."""
+        """Optimizer, data position and RNG of the saved step; returns that step.  Damage to either file is
+        one error line naming the file."""
+        state_path, optimizer_path = self.out_dir / STATE_FILE, self.out_dir / OPTIMIZER_FILE
         state = read_training_state(self.out_dir)
-        optimizer_path = self.out_dir / OPTIMIZER_FILE
+        missing = [key for key in ("step", "sampler", "torch_rng") if key not in state]
+        if missing:
+            raise self.damaged(state_path, f"it has no {', '.join(missing)}")
+        if not optimizer_path.exists():
+            raise self.damaged(optimizer_path, "it is missing")
         try:
             saved = torch.load(optimizer_path, map_location="cpu", weights_only=True)
+        except Exception as e:  # torch.load raises many types for truncated or foreign files
+            raise self.damaged(optimizer_path, f"it cannot be read ({type(e).__name__}: "
+                                               f"{str(e).splitlines()[0][:160]})") from e
+        try:
             load_optimizer_state(par, optimizer, saved)
+        except (ParallelError, RuntimeError, KeyError, TypeError, ValueError, IndexError) as e:
+            raise self.damaged(optimizer_path, f"it does not fit this model's optimizer ({type(e).__name__}: "
+                                               f"{str(e).splitlines()[0][:160]})") from e
+        try:
             sampler.load_state_dict(state["sampler"])
             torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
-        except (OSError, RuntimeError, KeyError, TypeError, ValueError, EOFError) as e:
-            raise TrainingError(f"{self.out_dir}/{TRAINING_STATE} cannot be resumed: {type(e).__name__}: "
-                                f"{str(e).splitlines()[0][:200]} ({optimizer_path.name} or state.json is missing or "
-                                f"damaged); start a new run with another --out-dir") from e
+            step = int(state["step"])
+        except (RuntimeError, KeyError, TypeError, ValueError) as e:
+            raise self.damaged(state_path, f"its sampler, RNG or step cannot be used ({type(e).__name__}: "
+                                           f"{str(e).splitlines()[0][:160]})") from e
         if state.get("cuda_rng") and torch.cuda.is_available():
             torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda_rng"]])
-        self.last_saved_step = state["step"]
-        return state["step"]
+        self.last_saved_step = step
+        return step
+
+    @staticmethod
+    def damaged(path: Path, what: str) -> TrainingError:
+        return TrainingError(f"{path} cannot be resumed from: {what}; the checkpoint is damaged -- start a new run "
+                             f"with another --out-dir (or --overwrite)")

@@ -3,12 +3,13 @@ every checkpoint (`training_state/state.json`), so a resumed run continues with 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from data.corpus import DATASET_NAMES
 from model.config import PRESETS
 from parallel import MODES
 from parallel.lr_scaling import RULES as LR_SCALING_RULES
+from runtime.cli import option
 from runtime.errors import UserError
 
 DEFAULT_OUT_DIR = "out/train"
@@ -16,11 +17,6 @@ DEFAULT_OUT_DIR = "out/train"
 
 class TrainingError(UserError):
     """A problem with the arguments, the data or the run that the user can fix."""
-
-
-def option(default, help_text: str, **metadata):
-    """A config field whose help (and choices) the command line shows."""
-    return field(default=default, metadata={"help": help_text, **metadata})
 
 
 @dataclass
@@ -48,6 +44,8 @@ class TrainConfig:
     activation_checkpointing: bool = option(False, "recompute each block's activations in backward to save memory")
     out_dir: str = option(DEFAULT_OUT_DIR, "folder of the run: checkpoint, metrics.jsonl")
     resume: bool = option(False, "continue the run in --out-dir from its checkpoint")
+    overwrite: bool = option(False, "start a new run in --out-dir even though it holds a run or another tool's "
+                                    "artifact (whose files are removed first)")
     eval_interval: int = option(200, "validate (and checkpoint) every N steps; the final validation sweeps the "
                                      "whole split")
     eval_batches: int = option(20, "batches in the periodic validations (the same leading windows each time)")

@@ -133,10 +133,11 @@ class MetricsLog:
     every evaluation, and with `tensorboard` the same scalars as event files under `tb/`.  Rank 0 only;
     the other ranks get NullLog."""
 
-    def __init__(self, out_dir: Path, tensorboard: bool = False):
+    def __init__(self, out_dir: Path, tensorboard: bool = False, fresh: bool = True):
+        """`fresh`: a new run starts the file anew; a resumed one appends to it."""
         out_dir.mkdir(parents=True, exist_ok=True)
         self.out_dir = out_dir
-        self.file = open(out_dir / METRICS_FILE, "a")
+        self.file = open(out_dir / METRICS_FILE, "w" if fresh else "a")
         self.tensorboard = TensorBoardLog(out_dir / TENSORBOARD_DIR) if tensorboard else None
 
     def write(self, record: StepRecord | EvalRecord) -> None:

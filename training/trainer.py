@@ -20,7 +20,7 @@ from model.optim import build_optimizer, lr_at
 from parallel import CommsMeter, check_divisibility, parallelize, scaled_lr
 from parallel.state import local_state_bytes
 from runtime.device import is_out_of_memory, peak_memory_bytes, precision_policy
-from training.checkpoint import Checkpointer, is_training_checkpoint, resumed_config
+from training.checkpoint import Checkpointer, claim_run_folder, resumed_config
 from training.config import TrainConfig, TrainingError
 from training.metrics import (NO_CLOCK, EvalRecord, MetricsLog, NullLog, ParallelRecord, PhaseClock, StepRecord,
                               device_peak_flops, flops_per_token)
@@ -57,11 +57,10 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, ctx):
         self.ctx, self.device, self.out_dir = ctx, ctx.device, Path(cfg.out_dir)
+        if ctx.is_writer:
+            claim_run_folder(cfg)
         if cfg.resume:
             cfg = resumed_config(cfg, ctx.dp_size)
-        elif is_training_checkpoint(self.out_dir):
-            raise TrainingError(f"{self.out_dir} already holds a training run; pass --resume to continue it or "
-                                f"--out-dir to start a new one")
         self.cfg = cfg
         self.precision = precision_policy(self.device, cfg.precision)
         self.say = print if ctx.is_writer else (lambda *a, **k: None)
@@ -98,7 +97,7 @@ class Trainer:
         self.tokens_per_step = self.sampler.global_batch * cfg.grad_accum * self.block
         self.peak_flops = device_peak_flops(self.device, cfg.peak_flops)
         self.flops_per_token = flops_per_token(self.model_config, self.n_params, self.block)
-        self.metrics = MetricsLog(self.out_dir, cfg.tensorboard) if ctx.is_writer else NullLog()
+        self.metrics = MetricsLog(self.out_dir, cfg.tensorboard, fresh=not cfg.resume) if ctx.is_writer else NullLog()
         self.announce(model)
 
     def announce(self, model: GPT) -> None:

@@ -1,0 +1,352 @@
+"""Fault drills: what a reader, a kill -9, a poisoned request, slow clients and a dead rank cost.
+
+    python -m bench.experiments faults            # minutes on 2 CPU cores, loopback only
+
+Each drill runs the real tools in their own processes and counts trials, failures and work lost:
+- readers during saves: train.py saves every step while other processes load the checkpoint in a tight
+  loop (config, weights and training state read as one save); a failure is a read that errs or mixes two
+  saves, or a training run that does not finish.
+- kill -9 during saves: train.py, saving every step, is killed at a random moment, then resumed to the end;
+  a failure is a resume that errs or a final loss that differs from an uninterrupted run's.  Work lost:
+  the steps trained after the last checkpoint.
+- poison request: a request with temperature 7.3e-39 (its scaled logits overflow) is batched with greedy
+  ones; a failure is any greedy answer that differs from its answer alone, or a 500 or internal text.
+- slow clients: connections trickle headers one byte at a time while /health is probed; a failure is a
+  probe slower than 1 s, or a trickler still connected 3 s after the read deadline.
+- killed rank: one rank of a 2-rank DDP job is killed with SIGKILL; a failure is a job that does not end
+  within the collective timeout plus 60 s with an error.  Work lost: steps after the last checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import torch
+
+from bench.experiment import Experiment, ExperimentError, at_least
+from bench.record import plt
+from bench.report_page import Page
+from model.artifact import save_artifact
+from model.config import GPTConfig
+from model.gpt import GPT
+from runtime.provenance import provenance
+from runtime.timing import Environment, environment
+from serve.launch import LOOPBACK, running_server
+
+# A reader in its own process: load the checkpoint (config, weights, training state as one save) until
+# the stop file appears; print the number of reads and the first errors as JSON.
+READER = textwrap.dedent("""
+    import json, pathlib, sys
+    from model.artifact import load_model
+    from model.folder import reading
+    from model.weights import ArtifactError
+    folder, stop = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+    reads, errors = 0, []
+    while not stop.exists():
+        try:
+            with reading(folder):
+                model, meta = load_model(folder)
+                state = json.loads((folder / "training_state" / "state.json").read_text())
+            if state["step"] != meta["step"]:
+                errors.append(f"config.json of step {meta['step']} beside state.json of step {state['step']}")
+            reads += 1
+        except ArtifactError as e:  # before the first save there is nothing to read
+            if reads or "has no config.json" not in str(e) and "does not exist" not in str(e):
+                errors.append(str(e))
+        except Exception as e:
+            errors.append(f"{type(e).__name__}: {e}")
+    print(json.dumps({"reads": reads, "errors": errors[:5]}))
+""")
+
+TRAIN = [sys.executable, "train.py", "--model", "tiny", "--dataset", "builtin", "--device", "cpu", "--batch-size",
+         "4", "--block-size", "64", "--log-interval", "1", "--eval-interval", "1000", "--final-eval-batches", "2",
+         "--warmup-steps", "5", "--lr", "2e-3"]
+
+
+@dataclass
+class Settings:
+    reader_steps: int = field(default=12, metadata={"help": "steps of the run read during saves (one save a step)"})
+    readers: int = field(default=2, metadata={"help": "reader processes beside that run"})
+    kills: int = field(default=3, metadata={"help": "kill -9 drills"})
+    kill_steps: int = field(default=12, metadata={"help": "steps of each killed-and-resumed run"})
+    poison_batches: int = field(default=3, metadata={"help": "batches with a poison request"})
+    greedy_per_batch: int = field(default=3, metadata={"help": "greedy requests batched with each poison one"})
+    slow_clients: int = field(default=20, metadata={"help": "connections trickling their headers"})
+    read_timeout_s: float = field(default=2.0, metadata={"help": "the server's --read-timeout-s in that drill"})
+    rank_kills: int = field(default=1, metadata={"help": "2-rank DDP jobs whose second rank is killed"})
+    dist_timeout_s: float = field(default=20.0, metadata={"help": "those jobs' --dist-timeout-s"})
+    seed: int = field(default=0, metadata={"help": "seed of the kill moments"})
+
+    def __post_init__(self):
+        at_least(self, 1, "reader_steps", "readers", "kills", "poison_batches", "greedy_per_batch", "slow_clients",
+                 "rank_kills")
+        at_least(self, 8, "kill_steps")
+
+
+@dataclass
+class Drill:
+    name: str
+    trials: int
+    failures: int
+    work_lost: str  # in the drill's own unit, or "-" where nothing can be lost
+    seconds: float
+    notes: list[str]
+
+
+@dataclass
+class Faults:
+    drills: list[Drill]
+    environment: Environment
+
+
+def run_quietly(command: list[str], **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(command, capture_output=True, text=True, **kwargs)
+
+
+def last_error_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return next((line for line in reversed(lines) if line.startswith("error:")), lines[-1] if lines else "")[:200]
+
+
+def logged_losses(folder: Path) -> dict[int, float]:
+    path = folder / "metrics.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+
+def saved_step(folder: Path) -> int:
+    path = folder / "training_state" / "state.json"
+    return json.loads(path.read_text())["step"] if path.exists() else 0
+
+
+def readers_during_saves(s: Settings, work: Path) -> Drill:
+    out, stop = work / "readers", work / "readers.stop"
+    started = time.perf_counter()
+    readers = [subprocess.Popen([sys.executable, "-c", READER, str(out), str(stop)], stdout=subprocess.PIPE,
+                                text=True) for _ in range(s.readers)]
+    training = run_quietly([*TRAIN, "--max-steps", str(s.reader_steps), "--checkpoint-interval", "1",
+                            "--out-dir", str(out)])
+    stop.touch()
+    reports = [json.loads(r.communicate(timeout=120)[0]) for r in readers]
+    errors = [e for r in reports for e in r["errors"]]
+    notes = errors[:3]
+    if training.returncode:
+        notes.append(f"training failed: {last_error_line(training.stderr)}")
+    lost = s.reader_steps - saved_step(out)
+    return Drill("readers during saves", sum(r["reads"] for r in reports), len(errors) + (training.returncode != 0),
+                 f"{lost} steps", time.perf_counter() - started, notes)
+
+
+def kill_during_saves(s: Settings, work: Path) -> Drill:
+    started, rng = time.perf_counter(), random.Random(s.seed)
+    reference = work / "kill-reference"
+    run_quietly([*TRAIN, "--max-steps", str(s.kill_steps), "--checkpoint-interval", "1000", "--out-dir",
+                 str(reference)], check=True)
+    expected = logged_losses(reference)[s.kill_steps]
+    failures, lost, notes = 0, [], []
+    for trial in range(s.kills):
+        out = work / f"kill-{trial}"
+        process = subprocess.Popen([*TRAIN, "--max-steps", str(s.kill_steps), "--checkpoint-interval", "1",
+                                    "--out-dir", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while saved_step(out) < 2 and process.poll() is None:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0, 1.5))  # a step and a save take about half a second here
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        trained = max(logged_losses(out), default=0)
+        resumed = run_quietly([*TRAIN, "--max-steps", str(s.kill_steps), "--checkpoint-interval", "1",
+                               "--out-dir", str(out), "--resume"])
+        resumed_at = next((int(w) for line in resumed.stdout.splitlines() if line.startswith("resumed")
+                           for w in line.split()[-1:] if w.isdigit()), None)
+        got = logged_losses(out).get(s.kill_steps)
+        if resumed.returncode or got is None or abs(got - expected) > 1e-6 * abs(expected):
+            failures += 1
+            notes.append(f"trial {trial}: resume exit {resumed.returncode}, loss {got} vs {expected}: "
+                         f"{last_error_line(resumed.stderr)}")
+        if resumed_at is not None:
+            lost.append(max(0, trained - resumed_at))
+    return Drill("kill -9 during saves, then resume", s.kills, failures,
+                 f"{sum(lost)} steps in all (at most {max(lost, default=0)} per kill)",
+                 time.perf_counter() - started, notes)
+
+
+def small_artifact(folder: Path) -> Path:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=128))
+    save_artifact(folder, model, model.config, "float", provenance("bench/experiments/faults.py"))
+    return folder
+
+
+def poison_request(s: Settings, work: Path) -> Drill:
+    started = time.perf_counter()
+    failures, notes = 0, []
+    greedy = [{"prompt": f"drill {i}", "max_new_tokens": 24, "temperature": 0} for i in range(s.greedy_per_batch)]
+    poisons = [{"prompt": "poison", "max_new_tokens": 24, "temperature": 7.3e-39},
+               {"prompt": "poison", "max_new_tokens": 24, "top_p": 1e-300, "temperature": 1.0},
+               {"prompt": "poison", "max_new_tokens": 24, "temperature": 5e-324}]
+    with running_server(small_artifact(work / "serve-model"), work / "poison-server.log") as server:
+        post = lambda body: httpx.post(f"{server.url}/generate", json=body, timeout=60)
+        alone = [post(body).json()["text"] for body in greedy]
+        for trial in range(s.poison_batches):
+            poison = poisons[trial % len(poisons)]
+            with ThreadPoolExecutor(len(greedy) + 1) as pool:
+                replies = list(pool.map(post, [poison, *greedy]))
+            together = [r.json().get("text") if r.status_code == 200 else None for r in replies[1:]]
+            leaked = replies[0].status_code >= 500 or any(w in replies[0].text for w in ("Traceback", "KeyError"))
+            if together != alone or leaked:
+                failures += 1
+                notes.append(f"trial {trial}: poison answered {replies[0].status_code} {replies[0].text[:120]}; "
+                             f"greedy rows equal to alone: {together == alone}")
+    return Drill("poison request in a greedy batch", s.poison_batches, failures, "-",
+                 time.perf_counter() - started, notes)
+
+
+def slow_clients(s: Settings, work: Path) -> Drill:
+    started = time.perf_counter()
+    probes, slow_probes, notes = 0, 0, []
+    args = ["--read-timeout-s", str(s.read_timeout_s), "--max-connections", str(s.slow_clients + 16)]
+    with running_server(small_artifact(work / "serve-model"), work / "slow-server.log", args) as server:
+        tricklers = [socket.create_connection((LOOPBACK, server.port), timeout=5) for _ in range(s.slow_clients)]
+        open_ones = set(range(len(tricklers)))
+        for t in tricklers:
+            t.setblocking(False)
+            t.sendall(b"POST /generate HTTP/1.1\r\n")
+        deadline = time.monotonic() + s.read_timeout_s + 3
+        while open_ones and time.monotonic() < deadline:
+            for i in list(open_ones):
+                try:
+                    if tricklers[i].recv(4096) == b"":
+                        open_ones.discard(i)
+                        continue
+                    open_ones.discard(i)  # answered (408): stop sending
+                except BlockingIOError:
+                    try:
+                        tricklers[i].sendall(b"x")
+                    except OSError:
+                        open_ones.discard(i)
+                except OSError:
+                    open_ones.discard(i)
+            sent = time.monotonic()
+            try:
+                ok = httpx.get(f"{server.url}/health", timeout=5).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            probes += 1
+            slow_probes += (not ok) or time.monotonic() - sent > 1.0
+            time.sleep(0.25)
+        for t in tricklers:
+            t.close()
+    if open_ones:
+        notes.append(f"{len(open_ones)} slow clients still connected {s.read_timeout_s + 3:g} s after connecting")
+    if slow_probes:
+        notes.append(f"{slow_probes} of {probes} /health probes failed or took over 1 s")
+    return Drill(f"{s.slow_clients} slow clients vs /health", probes, slow_probes + len(open_ones), "-",
+                 time.perf_counter() - started, notes)
+
+
+def worker_pids(parent: int) -> dict[int, int]:
+    """LOCAL_RANK -> pid of torchrun's worker processes (read from /proc)."""
+    workers = {}
+    for task in Path(f"/proc/{parent}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            rank = next((int(v.split(b"=")[1]) for v in env if v.startswith(b"LOCAL_RANK=")), None)
+            if rank is not None:
+                workers[rank] = int(child)
+    return workers
+
+
+def killed_rank(s: Settings, work: Path) -> Drill:
+    if not Path("/proc/self/task").exists():
+        raise ExperimentError("the killed-rank drill finds torchrun's workers through /proc (Linux)")
+    started = time.perf_counter()
+    failures, lost, notes = 0, [], []
+    for trial in range(s.rank_kills):
+        out = work / f"rank-{trial}"
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                   *TRAIN[1:], "--parallel", "ddp", "--max-steps", "500", "--checkpoint-interval", "5",
+                   "--dist-timeout-s", str(s.dist_timeout_s), "--out-dir", str(out)]
+        job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+        while saved_step(out) < 5 and job.poll() is None:
+            time.sleep(0.05)
+        victim = worker_pids(job.pid).get(1)
+        if victim is None:
+            job.kill()
+            raise ExperimentError(f"torchrun's rank 1 was not found: {job.stderr.read()[-300:]}")
+        killed_at = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        try:
+            _, stderr = job.communicate(timeout=s.dist_timeout_s + 60)
+            ended_s = time.monotonic() - killed_at
+        except subprocess.TimeoutExpired:
+            job.kill()
+            stderr, ended_s = job.communicate()[1], None
+        trained = max(logged_losses(out), default=0)
+        lost.append(max(0, trained - saved_step(out)))
+        if ended_s is None or job.returncode == 0:
+            failures += 1
+            notes.append(f"trial {trial}: the job {'did not end' if ended_s is None else 'exited 0'}")
+        else:
+            notes.append(f"trial {trial}: ended {ended_s:.1f} s after the kill, exit {job.returncode}: "
+                         f"{last_error_line(stderr)}")
+    return Drill("one rank of 2 killed (DDP, gloo)", s.rank_kills, failures,
+                 f"{sum(lost)} steps in all", time.perf_counter() - started, notes)
+
+
+DRILLS = (readers_during_saves, kill_during_saves, poison_request, slow_clients, killed_rank)
+
+
+def measure(settings: Settings, work_dir: Path) -> Faults:
+    import shutil
+    shutil.rmtree(work_dir, ignore_errors=True)
+    work_dir.mkdir(parents=True)
+    drills = []
+    for drill in DRILLS:
+        result = drill(settings, work_dir)
+        print(f"{result.name:40} {result.trials:6} trials {result.failures:4} failures   work lost "
+              f"{result.work_lost:>12}   {result.seconds:6.1f} s")
+        drills.append(result)
+    return Faults(drills, environment(torch.device("cpu")))
+
+
+def plot(result: Faults):
+    fig, ax = plt.subplots(figsize=(8, 3))
+    names = [d.name for d in result.drills]
+    ax.barh(names, [d.trials for d in result.drills], color="tab:green", label="trials")
+    ax.barh(names, [d.failures for d in result.drills], color="tab:red", label="failures")
+    ax.set_xscale("symlog")
+    ax.invert_yaxis()
+    ax.legend()
+    ax.set_title("fault drills")
+    return fig
+
+
+def section(res: Faults, page: Page) -> None:
+    page.table(["drill", "trials", "failures", "work lost", "seconds"],
+               [[d.name, str(d.trials), str(d.failures), d.work_lost, f"{d.seconds:.0f}"] for d in res.drills])
+    notes = [f"- {d.name}: {note}" for d in res.drills for note in d.notes]
+    if notes:
+        page.add("\n".join(notes) + "\n")
+
+
+EXPERIMENT = Experiment(
+    name="faults", title="Fault drills", about=__doc__, settings=Settings,
+    quick=Settings(), full=Settings(reader_steps=40, readers=3, kills=10, kill_steps=20, poison_batches=10,
+                                    slow_clients=100, rank_kills=3),
+    result=Faults, measure=measure, plot=plot, section=section)

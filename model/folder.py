@@ -1,0 +1,232 @@
+"""How an artifact folder is changed without a reader ever seeing half of a save.
+
+A save is written to `.staging/` first, closed with a journal (`.staging/COMPLETE`, the list of files), and
+only then moved into place.  Two advisory locks (flock: the kernel drops them when the process dies, so a
+kill -9 never leaves a stale one) decide who may touch the folder:
+
+- `.writer` is held exclusively by the one process that writes the folder, for as long as it runs
+  (train.py for its whole run).  The file names that process, so a second writer is refused with its name.
+  Only the writer, or a reader that takes this lock because the writer is gone, finishes an interrupted
+  save or discards an incomplete one.
+- `.swap` is held shared by readers while they read, and exclusively by the writer for the moment it moves
+  a staged save into place: a reader sees the previous save or the next one, never a mix.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from runtime.errors import UserError
+
+STAGING_DIR = ".staging"
+JOURNAL = "COMPLETE"
+WRITER_LOCK = ".writer"
+SWAP_LOCK = ".swap"
+# What the last save wrote, so that --overwrite removes exactly one artifact's files.
+CONTENTS_FILE = ".contents"
+
+_held_writer_locks: dict[Path, int] = {}  # folder -> file descriptor holding its writer lock in this process
+
+
+class FolderBusy(UserError):
+    """Another process is writing the folder."""
+
+
+class FolderError(UserError, OSError):
+    """A folder that cannot be written, or an interrupted save nobody can finish."""
+
+
+def _key(folder: str | Path) -> Path:
+    return Path(folder).resolve()
+
+
+def holds_writer_lock(folder: str | Path) -> bool:
+    return _key(folder) in _held_writer_locks
+
+
+def acquire_writer_lock(folder: str | Path) -> None:
+    """Make this process the folder's one writer until `release_writer_lock` or exit; re-entrant.  Finishes
+    or discards a save that an earlier writer left behind."""
+    key = _key(folder)
+    if key in _held_writer_locks:
+        return
+    try:
+        key.mkdir(parents=True, exist_ok=True)
+        fd = os.open(key / WRITER_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise FolderError(f"cannot write to {folder}: {e.strerror or e}; choose another output folder") from e
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _describe_holder(fd)
+        os.close(fd)
+        raise FolderBusy(f"{folder} is being written by {holder}; wait for it to finish, stop it, or choose "
+                         f"another output folder") from None
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(["python", *sys.argv])[:300],
+          "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(me).encode(), 0)
+    (key / SWAP_LOCK).touch()
+    _held_writer_locks[key] = fd
+    _finish_interrupted_save(key)
+
+
+def release_writer_lock(folder: str | Path) -> None:
+    fd = _held_writer_locks.pop(_key(folder), None)
+    if fd is not None:
+        os.close(fd)  # closing the descriptor drops the lock
+
+
+def _describe_holder(fd: int) -> str:
+    try:
+        holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        return f"process {holder['pid']} on {holder['host']} (`{holder['command']}`, since {holder['since']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process"
+
+
+@contextmanager
+def _swap_lock(folder: Path, mode: int) -> Iterator[None]:
+    path = folder / SWAP_LOCK
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:  # never written under this protocol: nobody to wait for
+        yield
+        return
+    try:
+        fcntl.flock(fd, mode)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def reading(folder: str | Path) -> Iterator[None]:
+    """Hold while reading a folder's files: they stay one save's files throughout.  Never changes the
+    folder, except to finish a save whose writer is gone (only possible with the writer lock)."""
+    folder = Path(folder)
+    staging = folder / STAGING_DIR
+    if staging.exists() and not holds_writer_lock(folder) and (staging / JOURNAL).exists():
+        _finish_as_stand_in_writer(folder)
+    with _swap_lock(folder, fcntl.LOCK_SH):
+        yield
+
+
+def _finish_as_stand_in_writer(folder: Path) -> None:
+    """A completed save was interrupted while being moved into place, so the folder may mix two saves: take
+    the writer lock (the writer is gone, or it would hold it) and finish the move."""
+    try:
+        acquire_writer_lock(folder)
+    except FolderBusy:
+        return  # a live writer: it is still staging (the journal is its last step) and will move it itself
+    except FolderError as e:
+        raise FolderError(f"{folder} holds a save that was interrupted while being moved into place, and this "
+                          f"process cannot finish it ({e}); open it once with any tool that can write there") from e
+    release_writer_lock(folder)
+
+
+def _finish_interrupted_save(folder: Path) -> None:
+    """With the writer lock held: move a journalled save into place, or discard a save without a journal."""
+    staging = folder / STAGING_DIR
+    if not staging.exists():
+        return
+    try:
+        names = json.loads((staging / JOURNAL).read_text())
+    except (OSError, ValueError):  # no journal, or one cut short: the save never completed
+        names = None
+    if isinstance(names, list):
+        _move_into_place(folder, [str(n) for n in names])
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _move_into_place(folder: Path, names: list[str]) -> None:
+    staging = folder / STAGING_DIR
+    with _swap_lock(folder, fcntl.LOCK_EX):
+        for name in names:
+            src = staging / name
+            if src.exists():
+                dst = folder / name
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(src, dst)
+        _write_durably(folder / CONTENTS_FILE, json.dumps(sorted(set(previous_contents(folder)) | set(names))))
+        _fsync_dir(folder)
+
+
+def _write_durably(path: Path, text: str) -> None:
+    """Write, fsync and rename into place, so the file is either the old one or the whole new one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_folder_atomically(folder: str | Path, writers: dict[str, Callable[[Path], None]]) -> None:
+    """Write each relative path with its writer, all or nothing from a reader's point of view.  Takes the
+    writer lock for the duration unless this process already holds it."""
+    folder = Path(folder)
+    held_before = holds_writer_lock(folder)
+    acquire_writer_lock(folder)
+    staging = folder / STAGING_DIR
+    try:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        try:
+            for name, write in writers.items():
+                path = staging / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write(path)
+                with open(path, "rb") as f:
+                    os.fsync(f.fileno())
+            _write_durably(staging / JOURNAL, json.dumps(sorted(writers)))
+        except BaseException:  # Ctrl-C or a failing writer: the save never happened
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        _move_into_place(folder, sorted(writers))
+        shutil.rmtree(staging, ignore_errors=True)
+    finally:
+        if not held_before:
+            release_writer_lock(folder)
+
+
+def previous_contents(folder: str | Path) -> list[str]:
+    """The files the folder's last save wrote (empty when it records none)."""
+    try:
+        names = json.loads((Path(folder) / CONTENTS_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    return [str(n) for n in names] if isinstance(names, list) else []
+
+
+def remove_files(folder: str | Path, names: list[str]) -> None:
+    """With the writer lock held: delete these files (and directories they leave empty)."""
+    folder = Path(folder)
+    with _swap_lock(folder, fcntl.LOCK_EX):
+        for name in names:
+            path = folder / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+            parent = path.parent
+            while parent != folder and parent.is_dir() and not any(parent.iterdir()):
+                parent.rmdir()
+                parent = parent.parent
+        (folder / CONTENTS_FILE).unlink(missing_ok=True)

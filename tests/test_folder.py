@@ -1,0 +1,175 @@
+"""The artifact folder protocol (model/folder.py): one writer, readers that change nothing, saves that are
+all or nothing even while other processes read."""
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import train
+from model.artifact import STAGING_DIR, load_model, read_config, save_artifact
+from model.folder import (FolderBusy, acquire_writer_lock, holds_writer_lock, release_writer_lock,
+                          write_folder_atomically)
+from quantize.dynamic import main as quantize_main
+from runtime.provenance import provenance
+from tests.conftest import interrupt_training_at_batch, save_small_artifact
+from tests.test_train import FAST, losses
+from train import TrainConfig
+
+HOLD_LOCK = textwrap.dedent("""
+    import sys, time
+    from model.folder import acquire_writer_lock
+    acquire_writer_lock(sys.argv[1])
+    print("locked", flush=True)
+    time.sleep(120)
+""")
+
+
+@pytest.fixture
+def other_writer():
+    """Start another process that holds a folder's writer lock; yields a function taking the folder."""
+    processes = []
+
+    def hold(folder):
+        process = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(folder)], stdout=subprocess.PIPE, text=True)
+        assert process.stdout.readline().strip() == "locked"
+        processes.append(process)
+        return process
+
+    yield hold
+    for process in processes:
+        process.kill()
+        process.wait()
+
+
+def staged_save(folder, journal: bool) -> None:
+    """What a writer leaves while staging: a file in .staging/, with or without the journal."""
+    staging = folder / STAGING_DIR
+    staging.mkdir()
+    (staging / "extra.txt").write_text("new")
+    if journal:
+        (staging / "COMPLETE").write_text(json.dumps(["extra.txt"]))
+
+
+@pytest.mark.parametrize("journal", [False, True])
+def test_a_reader_never_touches_a_live_writers_staging(tmp_path, small_model, other_writer, journal):
+    folder = tmp_path / "ckpt"
+    save_artifact(folder, small_model, small_model.config, "float", provenance("tests"))
+    other_writer(folder)
+    staged_save(folder, journal)
+    read_config(folder)
+    load_model(folder)
+    assert (folder / STAGING_DIR / "extra.txt").read_text() == "new"
+    assert not (folder / "extra.txt").exists()
+
+
+def test_a_reader_finishes_a_save_whose_writer_is_gone(tmp_path, small_model):
+    folder = tmp_path / "ckpt"
+    save_artifact(folder, small_model, small_model.config, "float", provenance("tests"))
+    staged_save(folder, journal=True)
+    read_config(folder)
+    assert (folder / "extra.txt").read_text() == "new" and not (folder / STAGING_DIR).exists()
+    assert not holds_writer_lock(folder)  # it stood in for the writer only while finishing
+
+
+def test_an_incomplete_or_cut_journal_is_discarded_by_the_next_writer(tmp_path, small_model):
+    folder = tmp_path / "ckpt"
+    save_artifact(folder, small_model, small_model.config, "float", provenance("tests"))
+    staged_save(folder, journal=True)
+    (folder / STAGING_DIR / "COMPLETE").write_text("")  # killed while writing the journal
+    assert read_config(folder)["artifact"] == "float"  # readers are not blocked by it
+    save_artifact(folder, small_model, small_model.config, "float", provenance("tests"))
+    assert not (folder / STAGING_DIR).exists() and not (folder / "extra.txt").exists()
+
+
+def test_a_second_writer_is_refused_with_the_first_ones_name(tmp_path, other_writer):
+    folder = tmp_path / "run"
+    first = other_writer(folder)
+    with pytest.raises(FolderBusy, match=rf"{folder} is being written by process {first.pid} on .*\(`python -c "):
+        acquire_writer_lock(folder)
+    result = subprocess.run([sys.executable, "train.py", *FAST_FLAGS, "--max-steps", "1", "--out-dir", str(folder)],
+                            capture_output=True, text=True)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {folder} is being written by process {first.pid}")
+
+
+def test_the_writer_lock_dies_with_its_process(tmp_path, other_writer):
+    folder = tmp_path / "run"
+    holder = other_writer(folder)
+    holder.kill()
+    holder.wait()
+    acquire_writer_lock(folder)  # kill -9 leaves no stale lock
+    release_writer_lock(folder)
+
+
+FAST_FLAGS = ["--model", "tiny", "--dataset", "builtin", "--device", "cpu", "--batch-size", "4", "--block-size", "64"]
+
+READ_IN_A_LOOP = textwrap.dedent("""
+    import json, pathlib, sys, time
+    from model.artifact import load_model
+    from model.folder import reading
+    from model.weights import ArtifactError
+    folder, stop = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+    reads, errors = 0, []
+    while not stop.exists():
+        try:
+            with reading(folder):
+                model, meta = load_model(folder)
+                state = json.loads((folder / "training_state" / "state.json").read_text())
+            if state["step"] != meta["step"]:
+                errors.append(f"config.json of step {meta['step']} beside state.json of step {state['step']}")
+            reads += 1
+        except ArtifactError as e:
+            if reads or "has no config.json" not in str(e) and "does not exist" not in str(e):
+                errors.append(str(e))
+        except Exception as e:
+            errors.append(f"{type(e).__name__}: {e}")
+    print(json.dumps({"reads": reads, "errors": errors[:5]}))
+""")
+
+
+def test_training_that_saves_every_step_is_undisturbed_by_a_reader_in_a_tight_loop(tmp_path, monkeypatch):
+    out, stop = tmp_path / "run", tmp_path / "stop"
+    reader = subprocess.Popen([sys.executable, "-c", READ_IN_A_LOOP, str(out), str(stop)], stdout=subprocess.PIPE,
+                              text=True)
+    undo = interrupt_training_at_batch(monkeypatch, 7)  # Ctrl-C after 6 saves
+    try:
+        with pytest.raises(SystemExit):
+            train.train(TrainConfig(**FAST, max_steps=8, eval_interval=100, checkpoint_interval=1, out_dir=str(out)))
+    finally:
+        undo()
+        stop.touch()
+        report = json.loads(reader.communicate(timeout=60)[0])
+    assert report["errors"] == [] and report["reads"] >= 2
+    assert json.loads((out / "training_state" / "state.json").read_text())["step"] == 6
+    assert not (out / STAGING_DIR).exists()
+    # Resuming what the reader read equals an uninterrupted run.
+    train.train(TrainConfig(**FAST, max_steps=8, eval_interval=100, checkpoint_interval=1, out_dir=str(out),
+                            resume=True))
+    full = tmp_path / "full"
+    train.train(TrainConfig(**FAST, max_steps=8, eval_interval=100, checkpoint_interval=100, out_dir=str(full)))
+    assert losses(out)[8] == pytest.approx(losses(full)[8], rel=1e-6, abs=0)
+    resumed, uninterrupted = load_model(out)[0], load_model(full)[0]
+    assert all(torch.equal(a, b) for a, b in zip(resumed.state_dict().values(), uninterrupted.state_dict().values()))
+
+
+def test_a_tool_refuses_another_tools_artifact_unless_told_to_overwrite(tmp_path, small_model, capsys):
+    run = tmp_path / "run"
+    save_artifact(run, small_model, small_model.config, "float", provenance("train.py"))
+    write_folder_atomically(run, {"training_state/state.json": lambda p: p.write_text("{}")})
+    source = save_small_artifact(tmp_path / "source")
+    quantize = ["--checkpoint", source, "--out-dir", str(run), "--eval-batches", "1", "--repeats", "1",
+                "--new-tokens", "1", "--prompt-tokens", "4"]
+    with pytest.raises(SystemExit, match=rf"error: {run} already holds a float artifact written by train.py; pass "
+                                         r"--overwrite"):
+        quantize_main(quantize)
+    assert read_config(run)["artifact"] == "float" and (run / "training_state/state.json").exists()
+
+    quantize_main([*quantize, "--overwrite"])
+    assert read_config(run)["artifact"] == "int8" and not (run / "training_state").exists()
+    assert {p.name for p in run.iterdir() if not p.name.startswith(".")} == {"config.json", "model.safetensors",
+                                                                             "quant_report.json"}
+    with pytest.raises(SystemExit, match=r"already holds an int8 artifact written by quantize/dynamic.py"):
+        train.main([*FAST_FLAGS, "--max-steps", "1", "--out-dir", str(run)])
