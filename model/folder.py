@@ -9,7 +9,10 @@ kill -9 never leaves a stale one) decide who may touch the folder:
   Only the writer, or a reader that takes this lock because the writer is gone, finishes an interrupted
   save or discards an incomplete one.
 - `.swap` is held shared by readers while they read, and exclusively by the writer for the moment it moves
-  a staged save into place: a reader sees the previous save or the next one, never a mix.
+  a staged save into place: a reader sees the previous save or the next one, never a mix.  flock grants
+  new shared locks while an exclusive one waits, so readers in a tight loop could keep the writer out
+  for ever; a turnstile (`.gate`, which the writer holds while it waits and each reader passes through
+  before it reads) lets the writer in after the reads already under way.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import os
 import shutil
 import socket
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,10 +34,14 @@ STAGING_DIR = ".staging"
 JOURNAL = "COMPLETE"
 WRITER_LOCK = ".writer"
 SWAP_LOCK = ".swap"
+GATE_LOCK = ".gate"
 # What the last save wrote, so that --overwrite removes exactly one artifact's files.
 CONTENTS_FILE = ".contents"
 
 _held_writer_locks: dict[Path, int] = {}  # folder -> file descriptor holding its writer lock in this process
+# Folders this thread is reading: a nested read (a tool that reads the config, then loads the model) must not
+# queue behind a waiting writer at the gate while its outer read keeps that writer waiting.
+_reading_now = threading.local()
 
 
 class FolderBusy(UserError):
@@ -75,6 +83,7 @@ def acquire_writer_lock(folder: str | Path) -> None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(me).encode(), 0)
     (key / SWAP_LOCK).touch()
+    (key / GATE_LOCK).touch()
     _held_writer_locks[key] = fd
     _finish_interrupted_save(key)
 
@@ -94,11 +103,10 @@ def _describe_holder(fd: int) -> str:
 
 
 @contextmanager
-def _swap_lock(folder: Path, mode: int) -> Iterator[None]:
-    path = folder / SWAP_LOCK
+def _lock(path: Path, mode: int) -> Iterator[None]:
     try:
         fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:  # never written under this protocol: nobody to wait for
+    except FileNotFoundError:  # the folder was never written under this protocol: nobody to wait for
         yield
         return
     try:
@@ -109,15 +117,36 @@ def _swap_lock(folder: Path, mode: int) -> Iterator[None]:
 
 
 @contextmanager
+def _swap_lock(folder: Path, mode: int) -> Iterator[None]:
+    """Shared for readers, exclusive for the writer; see the module's docstring for the gate."""
+    if mode == fcntl.LOCK_EX:
+        with _lock(folder / GATE_LOCK, fcntl.LOCK_EX), _lock(folder / SWAP_LOCK, fcntl.LOCK_EX):
+            yield
+        return
+    with _lock(folder / GATE_LOCK, fcntl.LOCK_EX):
+        pass  # wait here while a writer waits
+    with _lock(folder / SWAP_LOCK, fcntl.LOCK_SH):
+        yield
+
+
+@contextmanager
 def reading(folder: str | Path) -> Iterator[None]:
     """Hold while reading a folder's files: they stay one save's files throughout.  Never changes the
     folder, except to finish a save whose writer is gone (only possible with the writer lock)."""
     folder = Path(folder)
+    key, held = _key(folder), _reading_now.__dict__.setdefault("folders", set())
+    if key in held:
+        yield
+        return
     staging = folder / STAGING_DIR
     if staging.exists() and not holds_writer_lock(folder) and (staging / JOURNAL).exists():
         _finish_as_stand_in_writer(folder)
     with _swap_lock(folder, fcntl.LOCK_SH):
-        yield
+        held.add(key)
+        try:
+            yield
+        finally:
+            held.discard(key)
 
 
 def _finish_as_stand_in_writer(folder: Path) -> None:

@@ -6,8 +6,9 @@ import os
 import pytest
 import torch
 
-# Two cores, several processes in some tests: keep each process to a fair share.
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Two cores, several processes in some tests (and one pytest-xdist worker per core): keep each process to a
+# fair share.
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))))
 
 from model.artifact import save_artifact  # noqa: E402
 from model.config import GPTConfig  # noqa: E402

@@ -4,13 +4,14 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
 
 import train
 from model.artifact import STAGING_DIR, load_model, read_config, save_artifact
-from model.folder import (FolderBusy, acquire_writer_lock, holds_writer_lock, release_writer_lock,
+from model.folder import (FolderBusy, acquire_writer_lock, holds_writer_lock, reading, release_writer_lock,
                           write_folder_atomically)
 from quantize.dynamic import main as quantize_main
 from runtime.provenance import provenance
@@ -173,3 +174,24 @@ def test_a_tool_refuses_another_tools_artifact_unless_told_to_overwrite(tmp_path
                                                                              "quant_report.json"}
     with pytest.raises(SystemExit, match=r"already holds an int8 artifact written by quantize/dynamic.py"):
         train.main([*FAST_FLAGS, "--max-steps", "1", "--out-dir", str(run)])
+
+
+def test_a_nested_read_does_not_wait_behind_a_waiting_writer(tmp_path, small_model):
+    """A writer queued at the gate waits for the outer read; the inner read of the same thread goes ahead
+    instead of queueing behind it (which would deadlock both)."""
+    folder = tmp_path / "ckpt"
+    save_artifact(folder, small_model, small_model.config, "float", provenance("tests"))
+    writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys
+        from model.artifact import load_model, save_artifact
+        model, meta = load_model(sys.argv[1])
+        save_artifact(sys.argv[1], model, model.config, "float", meta["produced_by"])
+    """), str(folder)])
+    with reading(folder):
+        deadline = time.monotonic() + 60
+        while not (folder / STAGING_DIR / "COMPLETE").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # the writer has staged its save and waits at the gate to move it in
+        assert writer.poll() is None and (folder / STAGING_DIR / "COMPLETE").exists()
+        load_model(folder)
+    assert writer.wait(timeout=60) == 0

@@ -6,7 +6,8 @@ Each drill runs the real tools in their own processes and counts trials, failure
 - readers during saves: train.py saves every step while other processes load the checkpoint in a tight
   loop (config, weights and training state read as one save); a failure is a read that errs or mixes two
   saves, or a training run that does not finish.
-- kill -9 during saves: train.py, saving every step, is killed at a random moment, then resumed to the end;
+- kill -9 during saves: train.py, saving every step, is killed at a random moment up to 0.1 s after a save
+  begins, then resumed to the end;
   a failure is a resume that errs or a final loss that differs from an uninterrupted run's.  Work lost:
   the steps trained after the last checkpoint.
 - poison request: a request with temperature 7.3e-39 (its scaled logits overflow) is batched with greedy
@@ -21,12 +22,12 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from bench.record import plt
 from bench.report_page import Page
 from model.artifact import save_artifact
 from model.config import GPTConfig
+from model.folder import STAGING_DIR
 from model.gpt import GPT
 from runtime.provenance import provenance
 from runtime.timing import Environment, environment
@@ -116,8 +118,14 @@ def run_quietly(command: list[str], **kwargs) -> subprocess.CompletedProcess:
 
 
 def last_error_line(text: str) -> str:
-    lines = [line for line in text.splitlines() if line.strip()]
-    return next((line for line in reversed(lines) if line.startswith("error:")), lines[-1] if lines else "")[:200]
+    """The line that says what went wrong: the tool's own `error:` line, else torchrun's exit summary."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return next((line for marker in ("error:", "exitcode", "Signal") for line in reversed(lines) if marker in line),
+                lines[-1] if lines else "")[:200]
+
+
+def steps(n: int) -> str:
+    return f"{n} step{'' if n == 1 else 's'}"
 
 
 def logged_losses(folder: Path) -> dict[int, float]:
@@ -146,7 +154,7 @@ def readers_during_saves(s: Settings, work: Path) -> Drill:
         notes.append(f"training failed: {last_error_line(training.stderr)}")
     lost = s.reader_steps - saved_step(out)
     return Drill("readers during saves", sum(r["reads"] for r in reports), len(errors) + (training.returncode != 0),
-                 f"{lost} steps", time.perf_counter() - started, notes)
+                 steps(lost), time.perf_counter() - started, notes)
 
 
 def kill_during_saves(s: Settings, work: Path) -> Drill:
@@ -155,16 +163,19 @@ def kill_during_saves(s: Settings, work: Path) -> Drill:
     run_quietly([*TRAIN, "--max-steps", str(s.kill_steps), "--checkpoint-interval", "1000", "--out-dir",
                  str(reference)], check=True)
     expected = logged_losses(reference)[s.kill_steps]
-    failures, lost, notes = 0, [], []
+    failures, lost, notes, inside_a_save = 0, [], [], 0
     for trial in range(s.kills):
         out = work / f"kill-{trial}"
         process = subprocess.Popen([*TRAIN, "--max-steps", str(s.kill_steps), "--checkpoint-interval", "1",
                                     "--out-dir", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         while saved_step(out) < 2 and process.poll() is None:
             time.sleep(0.02)
-        time.sleep(rng.uniform(0, 1.5))  # a step and a save take about half a second here
+        while not (out / STAGING_DIR).exists() and process.poll() is None:  # the next save begins
+            time.sleep(0.002)
+        time.sleep(rng.uniform(0, 0.1))  # staging and moving a save of the tiny model takes about 0.1 s here
         process.send_signal(signal.SIGKILL)
         process.wait()
+        inside_a_save += (out / STAGING_DIR).exists()
         trained = max(logged_losses(out), default=0)
         resumed = run_quietly([*TRAIN, "--max-steps", str(s.kill_steps), "--checkpoint-interval", "1",
                                "--out-dir", str(out), "--resume"])
@@ -177,8 +188,9 @@ def kill_during_saves(s: Settings, work: Path) -> Drill:
                          f"{last_error_line(resumed.stderr)}")
         if resumed_at is not None:
             lost.append(max(0, trained - resumed_at))
+    notes.append(f"{inside_a_save} of {s.kills} kills landed while a save was being staged or moved")
     return Drill("kill -9 during saves, then resume", s.kills, failures,
-                 f"{sum(lost)} steps in all (at most {max(lost, default=0)} per kill)",
+                 f"{steps(sum(lost))} in all (at most {max(lost, default=0)} per kill)",
                  time.perf_counter() - started, notes)
 
 
@@ -306,14 +318,13 @@ def killed_rank(s: Settings, work: Path) -> Drill:
             notes.append(f"trial {trial}: ended {ended_s:.1f} s after the kill, exit {job.returncode}: "
                          f"{last_error_line(stderr)}")
     return Drill("one rank of 2 killed (DDP, gloo)", s.rank_kills, failures,
-                 f"{sum(lost)} steps in all", time.perf_counter() - started, notes)
+                 f"{steps(sum(lost))} in all", time.perf_counter() - started, notes)
 
 
 DRILLS = (readers_during_saves, kill_during_saves, poison_request, slow_clients, killed_rank)
 
 
 def measure(settings: Settings, work_dir: Path) -> Faults:
-    import shutil
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
     drills = []
