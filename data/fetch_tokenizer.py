@@ -5,15 +5,16 @@ Usage: python -m data.fetch_tokenizer [--dest PATH]
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import subprocess
 import sys
 import tarfile
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from data.tokenizer import DEFAULT_RANKS_FILE, GPT2_RANKS_SHA256
+from runtime.cli import option, parse_config
 
 SDIST = "openai-whisper==20250625"
 MEMBER_SUFFIX = "whisper/assets/gpt2.tiktoken"
@@ -47,10 +48,13 @@ def fetch(dest: Path) -> Path:
     return dest
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dest", type=Path, default=DEFAULT_RANKS_FILE)
-    fetch(parser.parse_args().dest)
+@dataclass
+class FetchConfig:
+    dest: Path = option(DEFAULT_RANKS_FILE, "where to write the verified ranks file")
+
+
+def main(argv=None):
+    fetch(parse_config(FetchConfig, __doc__, argv).dest)
 
 
 if __name__ == "__main__":

@@ -4,25 +4,28 @@
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from runtime.cli import option, parse_config
 from serve.launch import running_server
 
 
+@dataclass
+class DemoConfig:
+    checkpoint: Path = option(Path("out/demo/train"), "artifact folder to serve")
+    prompt: str = option("The module", "the one prompt sent")
+    max_new_tokens: int = option(40, "tokens generated for it")
+    seed: int = option(1, "sampling seed (temperature 0.8, top-k 200)")
+
+
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--checkpoint", type=Path, required=True, help="artifact folder to serve")
-    parser.add_argument("--prompt", default="The module")
-    parser.add_argument("--max-new-tokens", type=int, default=40)
-    parser.add_argument("--seed", type=int, default=1)
-    args = parser.parse_args(argv)
+    args = parse_config(DemoConfig, __doc__, argv)
     if not args.checkpoint.is_dir():
         sys.exit(f"error: checkpoint folder {args.checkpoint} does not exist; train one first (`make demo` does)")
     request = {"prompt": args.prompt, "max_new_tokens": args.max_new_tokens, "temperature": 0.8, "top_k": 200,
