@@ -24,7 +24,7 @@ from tqdm import tqdm
 from data.tokenizer import decode, encode
 from model.artifact import load_model
 from model.config import EOT_TOKEN
-from model.generate import generate
+from model.generate import DECODE_MODES, generate
 from model.hub import resolve_checkpoint
 from model.sampling import SamplingParams
 from runtime.cli import parse_config
@@ -41,8 +41,9 @@ class SampleError(UserError, ValueError):
 
 @dataclass
 class SampleConfig:
-    checkpoint: str | None = field(default=None, metadata={"help": "artifact folder (default: the newest under "
-                                                                    "out/)"})
+    checkpoint: str | None = field(default=None, metadata={"help": "artifact folder or hub name (default: the "
+                                                                    "train.py checkpoint under out/ trained on the "
+                                                                    "most tokens)"})
     prompt: str | None = field(default=None, metadata={"help": "prompt text (default: standard input when it is "
                                                                 "not a terminal)"})
     prompt_file: str | None = field(default=None, metadata={"help": "read one prompt from this file"})
@@ -59,6 +60,10 @@ class SampleConfig:
                                                                  "holding this probability"})
     seed: int = field(default=1337, metadata={"help": "random seed (sample i uses seed + i)"})
     device: str = field(default="auto", metadata={"help": "auto, cpu, cuda, ..."})
+    decode: str = field(default="dynamic", metadata={
+        "help": "how cached decode steps run: dynamic (the keys grow; fastest on the CPU), static (fixed shapes), "
+                "cuda-graph (static, each step replayed as one captured CUDA graph: fewer kernel launches at small "
+                "batch on a GPU); the tokens are the same", "choices": DECODE_MODES})
 
     def __post_init__(self):
         if sum(x is not None for x in (self.prompt, self.prompt_file, self.prompts_file)) > 1:
@@ -101,7 +106,7 @@ def sample_one(cfg: SampleConfig, model, device) -> None:
     prompt_ids = encode(read_prompt(cfg)) or [EOT_TOKEN]
     params = cfg.sampling()
     start = time.perf_counter()
-    out = generate(model, torch.tensor([prompt_ids] * cfg.num_samples, device=device), params)
+    out = generate(model, torch.tensor([prompt_ids] * cfg.num_samples, device=device), params, decode=cfg.decode)
     elapsed = time.perf_counter() - start
     new_tokens = 0
     for i, row in enumerate(out.tolist()):
@@ -148,7 +153,8 @@ def sample_many(cfg: SampleConfig, model, device) -> None:
                 params = batch[0][2]
                 start = time.perf_counter()
                 try:
-                    out = generate(model, torch.tensor([ids for _, ids, _ in batch], device=device), params)
+                    out = generate(model, torch.tensor([ids for _, ids, _ in batch], device=device), params,
+                                   decode=cfg.decode)
                 except UserError as e:  # e.g. a prompt too long for the context: these lines alone fail
                     results += [{"line": number, "error": str(e)} for number, _, _ in batch]
                     bar.update(len(batch))
@@ -174,6 +180,9 @@ def main(argv=None) -> None:
         folder, why = (resolve_checkpoint(cfg.checkpoint), "--checkpoint") if cfg.checkpoint else default_checkpoint()
         print(f"model: {folder} ({why})", file=sys.stderr)
         device = choose_device(cfg.device)
+        if cfg.decode == "cuda-graph" and device.type != "cuda":
+            raise SampleError(f"--decode cuda-graph needs a CUDA device, and this run is on {device}; use "
+                              f"--decode dynamic")
         model, meta = load_model(folder, device)
         print(f"loaded {meta['artifact']} model from {folder}", file=sys.stderr)
         (sample_many if cfg.prompts_file else sample_one)(cfg, model, device)

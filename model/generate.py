@@ -4,18 +4,25 @@ from __future__ import annotations
 import torch
 
 from model.config import EOT_TOKEN
-from model.gpt import GPT, ContextOverflow, KVCache
+from model.decode_graph import CudaGraphDecoder
+from model.gpt import GPT, ContextOverflow, KVCache, StaticKVCache
 from model.sampling import SamplingParams, row_generators, sample_rows
+
+# dynamic: the cache's keys grow with the sequence (fastest eagerly, and on the CPU); static: fixed shapes,
+# attention over every slot with a mask (what a graph needs); cuda-graph: static, each decode step replayed
+# as one captured CUDA graph (model/decode_graph.py).
+DECODE_MODES = ("dynamic", "static", "cuda-graph")
 
 
 @torch.inference_mode()
 def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: bool = True,
-             on_token=None) -> torch.Tensor:
+             on_token=None, decode: str = "dynamic") -> torch.Tensor:
     """Extend the prompts `idx` (B, T) by up to `params.max_new_tokens` tokens.
 
     Rows that emit end-of-text stop growing (later positions are filled with
     end-of-text); generation ends early when every row has stopped.  `on_token`
     is called with each new column of tokens, for streaming and timing.
+    `decode` picks how the cached steps run (DECODE_MODES); the tokens are the same.
     """
     model.eval()
     B, T = idx.shape
@@ -23,15 +30,27 @@ def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: b
     if T + params.max_new_tokens > block_size:
         raise ContextOverflow(f"prompt of {T} tokens + {params.max_new_tokens} new tokens exceeds the "
                          f"model's context of {block_size}")
+    if decode not in DECODE_MODES:
+        raise ValueError(f"decode {decode!r} is not one of {DECODE_MODES}")
+    if decode == "cuda-graph" and idx.device.type != "cuda":
+        raise ValueError(f"decode 'cuda-graph' needs a CUDA device; the model is on {idx.device}")
     generators = row_generators(params.seed, B, idx.device)
     dtype = next(model.parameters()).dtype
     dtype = dtype if dtype.is_floating_point else torch.float32
-    cache = KVCache(model.config, B, T + params.max_new_tokens, idx.device, dtype) if use_cache else None
+    cache, step = None, None
+    if use_cache:
+        cache_type = KVCache if decode == "dynamic" else StaticKVCache
+        cache = cache_type(model.config, B, T + params.max_new_tokens, idx.device, dtype)
+        if decode == "cuda-graph":
+            step = CudaGraphDecoder(model, cache)
     done = torch.zeros(B, dtype=torch.bool, device=idx.device)
     out = idx
     step_input = idx
-    for _ in range(params.max_new_tokens):
-        logits, _ = model(step_input if use_cache else out, cache=cache, last_only=True)
+    for i in range(params.max_new_tokens):
+        if step is not None and i > 0:
+            logits = step(step_input)
+        else:
+            logits, _ = model(step_input if use_cache else out, cache=cache, last_only=True)
         token = torch.tensor(sample_rows(logits[:, -1], [params] * B, generators), device=idx.device)
         token = torch.where(done, torch.full_like(token, EOT_TOKEN), token)
         out = torch.cat([out, token[:, None]], dim=1)

@@ -56,6 +56,41 @@ class KVCache:
         self.v[layer][:, :, self.length:end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
+    def attention_inputs(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Positions and mask for the next T tokens when the cache decides them (StaticKVCache); None here."""
+        return None
+
+    def advance(self, T: int) -> None:
+        self.length += T
+
+
+class StaticKVCache(KVCache):
+    """A KV cache whose every tensor shape stays the same from step to step, so that a decode step can be
+    captured once as a CUDA graph and replayed (model/decode_graph.py).  The write position is a device
+    tensor that the step itself advances, and attention reads all `max_len` slots through a mask that
+    hides the unfilled ones."""
+
+    def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device, dtype=torch.float32):
+        super().__init__(config, batch_size, max_len, device, dtype)
+        self.position = torch.zeros((), dtype=torch.long, device=device)
+        self.slots = torch.arange(max_len, device=device)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        index = self.position + torch.arange(k.size(2), device=k.device)
+        self.k[layer].index_copy_(2, index, k)
+        self.v[layer].index_copy_(2, index, v)
+        return self.k[layer], self.v[layer]
+
+    def attention_inputs(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.length + T > self.max_len:
+            raise ContextOverflow(f"KV cache holds {self.max_len} positions; {self.length + T} requested")
+        positions = self.position + torch.arange(T, device=device)
+        return positions, (self.slots[None, :] <= positions[:, None])[None, None]  # (1, 1, T, max_len)
+
+    def advance(self, T: int) -> None:
+        super().advance(T)
+        self.position.add_(T)  # on the device: a captured step advances it at every replay
+
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, n_head: int):
@@ -179,19 +214,24 @@ class GPT(nn.Module):
         """The final LayerNorm's output, which the output head turns into logits (see `forward`)."""
         B, T = idx.shape
         start = cache.length if cache is not None else 0
-        if positions is None:
-            if start + T > self.config.block_size:
-                raise ContextOverflow(f"sequence of {start + T} tokens exceeds block_size={self.config.block_size}")
-            positions = torch.arange(start, start + T, device=idx.device)
+        static = cache.attention_inputs(T, idx.device) if cache is not None else None
+        if static is not None:
+            positions, mask = static
+        else:
+            if positions is None:
+                if start + T > self.config.block_size:
+                    raise ContextOverflow(f"sequence of {start + T} tokens exceeds block_size="
+                                          f"{self.config.block_size}")
+                positions = torch.arange(start, start + T, device=idx.device)
+            mask = self._attention_mask(B, T, start, key_mask, idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(positions))
-        mask = self._attention_mask(B, T, start, key_mask, idx.device)
         for block in self.transformer.h:
             if self.gradient_checkpointing and self.training:
                 x = torch.utils.checkpoint.checkpoint(block, x, cache, mask, use_reentrant=False)
             else:
                 x = block(x, cache, mask)
         if cache is not None:
-            cache.length += T
+            cache.advance(T)
         x = self.transformer.ln_f(x)
         return x[:, -1:] if last_only else x
 

@@ -62,6 +62,25 @@ def test_kv_cache_greedy_equals_uncached_greedy(small_model):
     uncached = generate(small_model, prompt, params, use_cache=False)
     assert torch.equal(cached, uncached)
     assert cached.shape == (3, 25)
+    # The fixed-shape cache a CUDA graph replays (every slot attended through a mask) gives the same tokens,
+    # and the same logits within float rounding.
+    assert torch.equal(generate(small_model, prompt, params, decode="static"), cached)
+
+
+def test_static_cache_step_equals_dynamic_step_and_advances_on_the_device(small_model):
+    from model.gpt import KVCache, StaticKVCache
+    prompt, token = torch.randint(0, 50257, (2, 6)), torch.randint(0, 50257, (2, 1))
+    logits = {}
+    for cache_type in (KVCache, StaticKVCache):
+        cache = cache_type(small_model.config, 2, 16, "cpu")
+        with torch.no_grad():
+            small_model(prompt, cache=cache)
+            logits[cache_type] = small_model(token, cache=cache, last_only=True)[0]
+        assert cache.length == 7
+    torch.testing.assert_close(logits[StaticKVCache], logits[KVCache], rtol=1e-5, atol=1e-5)
+    assert int(cache.position) == 7
+    with pytest.raises(ValueError, match="'cuda-graph' needs a CUDA device"):
+        generate(small_model, prompt, SamplingParams(max_new_tokens=2, temperature=0), decode="cuda-graph")
 
 
 def test_seeded_sampling_is_reproducible(small_model):

@@ -7,7 +7,8 @@
 Both sides decode greedily with a KV cache from identical weights; repeats are interleaved (the order
 alternates) so that machine noise hits both alike, and the speed-up is the median of per-repeat ratios.
 The tokens generated are checked to be identical.  Without transformers installed, our generate() is
-measured alone.
+measured alone.  On a CUDA device our decoding is also timed with its decode steps replayed as one captured
+CUDA graph (`decode="cuda-graph"`, model/decode_graph.py), in the same interleaved repeats.
 """
 from __future__ import annotations
 
@@ -52,6 +53,10 @@ class GenerationRow:
     hf_tokens_per_s: Spread | None = None  # None: transformers is not installed
     speedup: float | None = None  # ours over transformers
     identical_tokens: bool | None = None
+    # On CUDA: decode steps replayed as one captured CUDA graph (model/decode_graph.py); None elsewhere.
+    graph_tokens_per_s: Spread | None = None
+    graph_speedup: float | None = None  # over our eager decoding
+    graph_identical_tokens: bool | None = None
 
 
 @dataclass
@@ -97,15 +102,23 @@ def measure(settings: Settings, work_dir: Path) -> GenerateSpeed:
                                        pad_token_id=EOT, use_cache=True)
 
         calls = {"ours": lambda: generate(ours, prompt, params), **({"theirs": run_theirs} if theirs else {})}
+        if device.type == "cuda":
+            calls["graph"] = lambda: generate(ours, prompt, params, decode="cuda-graph")
         seconds = time_interleaved(calls, settings.repeats, warmup=1, device=device, alternate=True)
         new = batch * settings.new_tokens
         row = GenerationRow(batch, Spread.of([new / t for t in seconds["ours"]]))
+        if "graph" in calls:
+            row.graph_tokens_per_s = Spread.of([new / t for t in seconds["graph"]])
+            row.graph_speedup = paired_ratio(seconds["ours"], seconds["graph"])
+            row.graph_identical_tokens = bool(torch.equal(calls["graph"](), generate(ours, prompt, params)))
         if theirs:
             row.hf_tokens_per_s = Spread.of([new / t for t in seconds["theirs"]])
             row.speedup = paired_ratio(seconds["theirs"], seconds["ours"])
             row.identical_tokens = bool(torch.equal(generate(ours, prompt, params), run_theirs()))
         rows.append(row)
         print(f"batch {batch:>2}: ours {row.ours_tokens_per_s.median:7.1f} new tokens/s"
+              + (f", with a CUDA graph {row.graph_tokens_per_s.median:7.1f} (tokens identical: "
+                 f"{row.graph_identical_tokens})" if row.graph_tokens_per_s else "")
               + (f", transformers {row.hf_tokens_per_s.median:7.1f}, speedup {row.speedup:.2f}x, identical "
                  f"tokens: {row.identical_tokens}" if theirs else ""))
     version = sys.modules["transformers"].__version__ if theirs else None
@@ -138,6 +151,15 @@ def section(res: GenerateSpeed, page: Page) -> None:
                  "n/a" if r.speedup is None else f"{r.speedup:.2f}x",
                  "n/a" if r.identical_tokens is None else "yes" if r.identical_tokens else "**no**"]
                 for r in res.results])
+    graphed = [r for r in res.results if r.graph_tokens_per_s is not None]
+    if graphed:
+        page.add("Decode steps replayed as one captured CUDA graph (`sample.py --decode cuda-graph`), against our "
+                 "eager decoding in the same run:\n")
+        page.table(["batch", "CUDA graph new tokens/s", "over eager", "tokens identical to eager"],
+                   [[r.batch, spread(r.graph_tokens_per_s), f"{r.graph_speedup:.2f}x",
+                     "yes" if r.graph_identical_tokens else "**no**"] for r in graphed])
+    else:
+        page.add("The CUDA-graph decoding (`--decode cuda-graph`) is measured only on a CUDA device.\n")
 
 
 EXPERIMENT = Experiment(
