@@ -1,0 +1,78 @@
+"""Time a new user's two commands, `make test` then `make demo`, on a fresh clone of the current commit.
+
+    python bench/make_timings.py                  # about 11 minutes on 2 CPU cores; writes bench/results/make_timings.json
+
+The clone starts without `.venv`, so `make test` includes creating it and installing the pins (from the local
+wheel cache where there is one); `make demo` then runs with that `.venv`, as for a user who ran the README's
+commands in order.  The README quotes these figures.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bench.record import RESULTS_DIR, write_result
+from runtime.cli import option, parse_config
+from runtime.errors import UserError
+from runtime.timing import Environment, environment
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class TimingsConfig:
+    targets: str = option("test,demo", "make targets (comma-separated), timed one after the other in one clone")
+    results_dir: Path = option(RESULTS_DIR, "where make_timings.json goes")
+
+
+@dataclass
+class TargetTiming:
+    target: str
+    wall_s: float
+    exit_code: int
+    last_line: str  # pytest's summary, or the demo's last line
+
+
+@dataclass
+class MakeTimings:
+    commit: str
+    timings: list[TargetTiming]
+    environment: Environment
+
+
+def time_targets(cfg: TimingsConfig) -> MakeTimings:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    timings = []
+    with tempfile.TemporaryDirectory() as tmp:
+        clone = Path(tmp) / "clone"
+        subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+        for target in cfg.targets.split(","):
+            started = time.perf_counter()
+            run = subprocess.run(["make", target], cwd=clone, capture_output=True, text=True)
+            seconds = time.perf_counter() - started
+            lines = [line for line in (run.stdout + run.stderr).splitlines() if line.strip()]
+            summary = next((line for line in reversed(lines) if " passed" in line), lines[-1] if lines else "")
+            timings.append(TargetTiming(target, seconds, run.returncode, summary.strip()[:200]))
+            print(f"make {target}: {seconds / 60:.0f} min {seconds % 60:02.0f} s, exit {run.returncode}: {summary}")
+            if run.returncode:
+                raise UserError(f"make {target} failed on a fresh clone of {commit}:\n" + "\n".join(lines[-20:]))
+    return MakeTimings(commit, timings, environment(torch.device("cpu")))
+
+
+def main(argv=None) -> None:
+    try:
+        cfg = parse_config(TimingsConfig, __doc__, argv)
+        write_result(cfg.results_dir, "make_timings", time_targets(cfg))
+    except UserError as e:
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()
