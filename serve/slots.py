@@ -42,9 +42,13 @@ class SlotCache:
         view.length = self.length
         return view
 
-    def key_mask(self) -> torch.Tensor:
-        """(rows, length + 1): the keys each row may attend in the next one-token step, its own included."""
+    def key_mask(self) -> torch.Tensor | None:
+        """(rows, length + 1): the keys each row may attend in the next one-token step, its own included; None
+        when every row began at column 0 and so may attend every key (one client alone, or clients that
+        arrived together), which spares the step the ~10 small kernels of building a mask."""
         self.valid[: self.rows, self.length] = True
+        if not any(self.start[: self.rows]):
+            return None
         return self.valid[: self.rows, : self.length + 1]
 
     def advance(self) -> None:
