@@ -1,15 +1,15 @@
 """Fault drills: what a reader, a kill -9, a poisoned request, slow clients and a dead rank cost.
 
-    python -m bench.experiments faults            # minutes on 2 CPU cores, loopback only
+    python -m bench.experiments faults            # quick: 2 minutes on 2 CPU cores, loopback only
+    python -m bench.experiments faults --kills 10 --rank-kills 3 --slow-clients 100   # more trials
 
 Each drill runs the real tools in their own processes and counts trials, failures and work lost:
 - readers during saves: train.py saves every step while other processes load the checkpoint in a tight
   loop (config, weights and training state read as one save); a failure is a read that errs or mixes two
   saves, or a training run that does not finish.
 - kill -9 during saves: train.py, saving every step, is killed at a random moment up to 0.1 s after a save
-  begins, then resumed to the end;
-  a failure is a resume that errs or a final loss that differs from an uninterrupted run's.  Work lost:
-  the steps trained after the last checkpoint.
+  begins, then resumed to the end; a failure is a resume that errs or a final loss that differs from an
+  uninterrupted run's.  Work lost: the steps trained after the last checkpoint.
 - poison request: a request with temperature 7.3e-39 (its scaled logits overflow) is batched with greedy
   ones; a failure is any greedy answer that differs from its answer alone, or a 500 or internal text.
 - slow clients: connections trickle headers one byte at a time while /health is probed; a failure is a
