@@ -107,6 +107,8 @@ def _lock(path: Path, mode: int) -> Iterator[None]:
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:  # the folder was never written under this protocol: nobody to wait for
+        fd = None
+    if fd is None:
         yield
         return
     try:

@@ -96,6 +96,31 @@ class PruneConfig:
     dense_control: bool = option(False, "also fine-tune the unpruned model for the run's total fine-tune steps, "
                                         "to separate the effect of pruning from that of the extra training")
 
+    def __post_init__(self):
+        methods(self)  # names the unknown method
+        if self.target is None:
+            raise PruneError("--target is required: the final sparsity, e.g. --target 0.8")
+        if not 0 < self.target < 1:
+            raise PruneError(f"--target must be between 0 and 1 (exclusive), got {self.target}; e.g. --target "
+                             f"0.8 prunes 80%")
+        for name in ("rounds", "batch_size", "eval_batches", "calibration_batches", "speed_batch", "speed_seq_len",
+                     "speed_repeats", "generation_tokens"):
+            if getattr(self, name) < 1:
+                raise PruneError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        for name in ("finetune_steps", "warmup_steps"):
+            if getattr(self, name) < 0:
+                raise PruneError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.threads is not None and self.threads < 1:
+            raise PruneError(f"--threads must be at least 1, got {self.threads}")
+        if self.block_size is not None and self.block_size < 1:
+            raise PruneError(f"--block-size must be positive, got {self.block_size}")
+        if not self.lr > 0:
+            raise PruneError(f"--lr must be positive, got {self.lr}")
+        groups = parse_param_groups(self.prune_params)
+        if "wanda" in methods(self) and groups != ("linear",):
+            raise PruneError("wanda scores weights by the activations entering them, so it prunes linear weights "
+                             "only; use --prune-params linear")
+
 
 def methods(cfg: PruneConfig) -> list[str]:
     names = [m.strip() for m in cfg.method.split(",") if m.strip()]
@@ -103,31 +128,6 @@ def methods(cfg: PruneConfig) -> list[str]:
     if unknown or not names:
         raise PruneError(f"--method {cfg.method!r}: choose from {', '.join(METHODS)} (several: comma-separated)")
     return names
-
-
-def validate(cfg: PruneConfig) -> None:
-    if cfg.target is None:
-        raise PruneError("--target is required: the final sparsity, e.g. --target 0.8")
-    if not 0 < cfg.target < 1:
-        raise PruneError(f"--target must be between 0 and 1 (exclusive), got {cfg.target}; e.g. --target 0.8 "
-                         f"prunes 80%")
-    for name in ("rounds", "batch_size", "eval_batches", "calibration_batches", "speed_batch", "speed_seq_len",
-                 "speed_repeats", "generation_tokens"):
-        if getattr(cfg, name) < 1:
-            raise PruneError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
-    for name in ("finetune_steps", "warmup_steps"):
-        if getattr(cfg, name) < 0:
-            raise PruneError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
-    if cfg.threads is not None and cfg.threads < 1:
-        raise PruneError(f"--threads must be at least 1, got {cfg.threads}")
-    if cfg.block_size is not None and cfg.block_size < 1:
-        raise PruneError(f"--block-size must be positive, got {cfg.block_size}")
-    if not cfg.lr > 0:
-        raise PruneError(f"--lr must be positive, got {cfg.lr}")
-    groups = parse_param_groups(cfg.prune_params)
-    if cfg.method == "wanda" and groups != ("linear",):
-        raise PruneError("wanda scores weights by the activations entering them, so it prunes linear weights only; "
-                         "use --prune-params linear")
 
 
 def validate_against_model(cfg: PruneConfig, model: GPT) -> int:
@@ -355,7 +355,6 @@ def round_summary(row: dict, rounds: int) -> str:
 
 
 def run(cfg: PruneConfig) -> dict:
-    validate(cfg)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     device = choose_device(cfg.device)
@@ -415,8 +414,8 @@ def run(cfg: PruneConfig) -> dict:
 
 
 def main(argv=None) -> None:
-    cfg = parse_config(PruneConfig, __doc__, argv)
     try:
+        cfg = parse_config(PruneConfig, __doc__, argv)
         for method in methods(cfg):  # each adds its curve to the same report in --out-dir
             run(dataclasses.replace(cfg, method=method))
     except KeyboardInterrupt:  # during loading or the dense baseline; interrupts inside rounds are handled there
