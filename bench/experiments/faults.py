@@ -14,8 +14,9 @@ Each drill runs the real tools in their own processes and counts trials, failure
   ones; a failure is any greedy answer that differs from its answer alone, or a 500 or internal text.
 - slow clients: connections trickle headers one byte at a time while /health is probed; a failure is a
   probe slower than 1 s, or a trickler still connected 3 s after the read deadline.
-- killed rank: one rank of a 2-rank DDP job is killed with SIGKILL; a failure is a job that does not end
-  within the collective timeout plus 60 s with an error.  Work lost: steps after the last checkpoint.
+- killed rank: one rank of a 2-rank DDP job (a checkpoint every 5 steps) is killed with SIGKILL at a random
+  moment after its first checkpoint; a failure is a job that does not end within the collective timeout plus
+  60 s with an error.  Work lost: steps after the last checkpoint.
 """
 from __future__ import annotations
 
@@ -286,7 +287,7 @@ def worker_pids(parent: int) -> dict[int, int]:
 def killed_rank(s: Settings, work: Path) -> Drill:
     if not Path("/proc/self/task").exists():
         raise ExperimentError("the killed-rank drill finds torchrun's workers through /proc (Linux)")
-    started = time.perf_counter()
+    started, rng = time.perf_counter(), random.Random(s.seed)
     failures, lost, notes = 0, [], []
     for trial in range(s.rank_kills):
         out = work / f"rank-{trial}"
@@ -297,6 +298,7 @@ def killed_rank(s: Settings, work: Path) -> Drill:
                                env={**os.environ, "OMP_NUM_THREADS": "1"})
         while saved_step(out) < 5 and job.poll() is None:
             time.sleep(0.05)
+        time.sleep(rng.uniform(0.2, 2.0))  # somewhere in the next checkpoint interval (5 steps)
         victim = worker_pids(job.pid).get(1)
         if victim is None:
             job.kill()
