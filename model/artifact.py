@@ -55,12 +55,17 @@ def save_artifact(folder, model: torch.nn.Module, config: GPTConfig, kind: str, 
 def read_config(folder: str | Path) -> dict:
     """The folder's config.json as a dict (an artifact's or a Hugging Face folder's); one error line naming
     the file when it is missing or is not a JSON object."""
+    folder = _existing(folder)
+    with reading(folder):
+        return _read_config(folder)
+
+
+def _existing(folder: str | Path) -> Path:
     folder = Path(folder)
     if not folder.is_dir():
         raise ArtifactError(f"checkpoint folder {folder} does not exist; train one with `python train.py` "
                             f"or pass --checkpoint DIR")
-    with reading(folder):
-        return _read_config(folder)
+    return folder
 
 
 def _read_config(folder: Path) -> dict:
@@ -92,9 +97,7 @@ def model_config(meta: dict, path: Path) -> GPTConfig:
 def load_model(folder: str | Path, device: str | torch.device = "cpu") -> tuple[torch.nn.Module, dict]:
     """Any artifact folder (float, pruned, int8, or a Hugging Face GPT-2 folder or hub name) as a ready model in
     eval mode.  Config and weights are read as one save (model/folder.py) and checked against each other."""
-    folder = resolve_checkpoint(folder)
-    if not folder.is_dir():
-        read_config(folder)  # the missing-folder message
+    folder = _existing(resolve_checkpoint(folder))
     with reading(folder):
         meta = _read_config(folder)
         if "model_type" in meta:  # a Hugging Face folder

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import train
+from bench.experiments.faults import READER
 from model.artifact import STAGING_DIR, load_model, read_config, save_artifact
 from model.folder import (FolderBusy, acquire_writer_lock, holds_writer_lock, reading, release_writer_lock,
                           write_folder_atomically)
@@ -107,33 +108,11 @@ def test_the_writer_lock_dies_with_its_process(tmp_path, other_writer):
 
 FAST_FLAGS = ["--model", "tiny", "--dataset", "builtin", "--device", "cpu", "--batch-size", "4", "--block-size", "64"]
 
-READ_IN_A_LOOP = textwrap.dedent("""
-    import json, pathlib, sys, time
-    from model.artifact import load_model
-    from model.folder import reading
-    from model.weights import ArtifactError
-    folder, stop = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-    reads, errors = 0, []
-    while not stop.exists():
-        try:
-            with reading(folder):
-                model, meta = load_model(folder)
-                state = json.loads((folder / "training_state" / "state.json").read_text())
-            if state["step"] != meta["step"]:
-                errors.append(f"config.json of step {meta['step']} beside state.json of step {state['step']}")
-            reads += 1
-        except ArtifactError as e:
-            if reads or "has no config.json" not in str(e) and "does not exist" not in str(e):
-                errors.append(str(e))
-        except Exception as e:
-            errors.append(f"{type(e).__name__}: {e}")
-    print(json.dumps({"reads": reads, "errors": errors[:5]}))
-""")
 
 
 def test_training_that_saves_every_step_is_undisturbed_by_a_reader_in_a_tight_loop(tmp_path, monkeypatch):
     out, stop = tmp_path / "run", tmp_path / "stop"
-    reader = subprocess.Popen([sys.executable, "-c", READ_IN_A_LOOP, str(out), str(stop)], stdout=subprocess.PIPE,
+    reader = subprocess.Popen([sys.executable, "-c", READER, str(out), str(stop)], stdout=subprocess.PIPE,
                               text=True)
     undo = interrupt_training_at_batch(monkeypatch, 7)  # Ctrl-C after 6 saves
     try:
