@@ -21,6 +21,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 from urllib.parse import urlparse
 
 import httpx
@@ -119,7 +120,8 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict, timeout_s
 
 
 async def run_level(url: str, concurrency: int, requests: int, max_new_tokens: int, time_limit_s: float,
-                    request_timeout_s: float) -> LevelResult:
+                    request_timeout_s: float, body: Callable[[int, int], dict] = request_body) -> LevelResult:
+    """`body(i, max_new_tokens)` is request i's JSON body (default: this load test's sampled requests)."""
     gate = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     result = LevelResult(concurrency, requests, wall_s=0.0)
@@ -131,8 +133,7 @@ async def run_level(url: str, concurrency: int, requests: int, max_new_tokens: i
             if time.perf_counter() - start > time_limit_s:
                 result.not_started += 1
             else:
-                result.outcomes.append(await one_request(client, url, request_body(i, max_new_tokens),
-                                                         request_timeout_s))
+                result.outcomes.append(await one_request(client, url, body(i, max_new_tokens), request_timeout_s))
             progress.update()
 
     async with httpx.AsyncClient(limits=limits, timeout=request_timeout_s) as client:

@@ -39,7 +39,7 @@ async def generate(body: GenerateRequest, request: Request):
     prompt_ids = state.encode_within_context(body.prompt, body.max_new_tokens, "prompt", "max_new_tokens")
     state.check_top_k(body.top_k)
     params = SamplingParams(max_new_tokens=body.max_new_tokens, temperature=body.temperature, top_k=body.top_k,
-                            top_p=body.top_p, seed=body.seed)
+                            top_p=body.top_p, seed=body.seed, stop_at_eot=not body.ignore_eos)
     submission = Submission(state.engine, [(prompt_ids, params, body.stop_strings)], state.config.retry_after_s)
     submission.submit()
     if not body.stream:

@@ -33,6 +33,8 @@ class GenerateRequest(StrictBody):
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
     stop: StopString | list[StopString] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
     stream: bool = False
+    ignore_eos: bool = Field(False, description="keep generating past end-of-text: exactly max_new_tokens tokens "
+                                                 "(for benchmarks, as vLLM's option of that name)")
 
     @property
     def stop_strings(self) -> list[str]:

@@ -70,6 +70,7 @@ def results(tmp_path_factory):
         "--device", "cpu")
     run("generate_speed", "--model", "tiny", "--prompt-tokens", "4", "--new-tokens", "2", "--batch-sizes", "1", "2",
         "--repeats", "1", "--device", "cpu")
+    run("serve_speed", "--model", "tiny", "--new-tokens", "3", "--clients", "2", "--repeats", "1", "--device", "cpu")
     run("prune_speed", "--preset", "tiny", "--seq-len", "8", "--generation-tokens", "2", "--repeats", "1",
         "--csr-sparsities", "0.9", "--device", "cpu")
     return out
@@ -198,6 +199,12 @@ def test_speed_comparisons_time_each_side_in_the_same_run(results):
         assert row.ours_tokens_per_s.median > 0
         # Greedy decoding of the same weights: transformers must produce exactly our tokens.
         assert row.identical_tokens is (True if HAS_TRANSFORMERS else None)
+    served = results["serve_speed"]
+    assert [level.clients for level in served.levels] == [1, 2] and served.levels[0].over_one_client is None
+    assert served.one_client_over_generate > 0 and served.levels[1].over_one_client > 0
+    for level in served.levels:
+        assert level.tokens_per_s.n == 1 and level.latency_ms.p50 <= level.latency_ms.p95 <= level.latency_ms.p99
+        assert 0 < level.first_token_ms.p50 <= level.latency_ms.p50
     pruned = results["prune_speed"]
     assert pruned.parameters["row_pruned"] < pruned.parameters["dense"]
     assert pruned.row.generation.speedup > 0 and [r.sparsity for r in pruned.csr] == [0.9]
@@ -208,7 +215,8 @@ def test_report_holds_every_table_and_plot(results, tmp_path):
     text = out.read_text()
     assert text.count("Not run") == len(NOT_RUN)  # the experiments this fixture did not run, and the report says so
     for heading in ("Scorecard", "2. Data loading", "3. Phase profile", "4. Precision", "5. Communication",
-                    "6. Tensor parallel", "7. Compression", "8. Training step", "9. Generation", "10. Pruned"):
+                    "6. Tensor parallel", "7. Compression", "8. Training step", "9. Generation", "10. Serving",
+                    "11. Pruned"):
         assert heading in text
     for experiment in (e for e in EXPERIMENTS if e.name not in NOT_RUN):
         image = f"{experiment.name}.png"

@@ -8,6 +8,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
+from model.config import EOT_TOKEN
 from model.gpt import GPT
 from runtime.provenance import provenance
 from serve.app import create_app
@@ -303,3 +304,13 @@ def test_vanishing_temperature_or_top_p_decodes_greedily(client, checkpoint, set
     assert client.post("/generate", json=body).json()["text"] == greedy
     openai_body = {"model": Path(checkpoint).name, "prompt": "The", "max_tokens": 8, "seed": 1, **settings}
     assert client.post("/v1/completions", json=openai_body).json()["choices"][0]["text"] == greedy
+
+
+def test_ignore_eos_generates_exactly_max_new_tokens(checkpoint, monkeypatch):
+    """A model that always says end-of-text: the reply stops at it, unless the request sets ignore_eos."""
+    monkeypatch.setattr("serve.engine.sample_rows", lambda logits, params, generators: [EOT_TOKEN] * len(params))
+    with make_client(checkpoint) as client:
+        stopped = client.post("/generate", json={"prompt": "hi", "max_new_tokens": 5}).json()
+        assert (stopped["tokens"], stopped["finish_reason"]) == (1, "eos")
+        kept = client.post("/generate", json={"prompt": "hi", "max_new_tokens": 5, "ignore_eos": True}).json()
+        assert (kept["tokens"], kept["finish_reason"]) == (5, "length")

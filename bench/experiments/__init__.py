@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from bench.experiment import Experiment, SettingsError
 from bench.experiments import (batch_sweep, comm_strategies, compression, data_loading, faults, generate_speed,
-                               phase_profile, precision_memory, prune_speed, tp_vs_fsdp, train_speed)
+                               phase_profile, precision_memory, prune_speed, serve_speed, tp_vs_fsdp,
+                               train_speed)
 
 EXPERIMENTS: tuple[Experiment, ...] = (
     batch_sweep.EXPERIMENT,
@@ -20,6 +21,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     compression.EXPERIMENT,
     train_speed.EXPERIMENT,
     generate_speed.EXPERIMENT,
+    serve_speed.EXPERIMENT,
     prune_speed.EXPERIMENT,
     faults.EXPERIMENT,
 )
