@@ -10,8 +10,9 @@ streaming `/generate` requests for the same prompt and token count (greedy, `ign
 makes exactly --new-tokens tokens) from a client on loopback: one client alone, then each --clients level
 sending that many requests at once (the prompts differ in length, as real clients' do).  The three are
 timed in interleaved rounds (`generate()`, one client, each level), so load on the machine hits them alike;
-ratios are medians of per-round ratios.  Throughput is new tokens over the wall time of the round; latency
-and time to first token are the client's own, over every request of every round.
+ratios are medians of per-round ratios.  Throughput is new tokens over the round's wall time (for the
+clients, from the first request sent to the last stream closed); latency and time to first token are the
+client's own, over every request of every round.
 """
 from __future__ import annotations
 
@@ -134,17 +135,19 @@ def measure(settings: Settings, work_dir: Path) -> ServeSpeed:
         calls = {"generate": lambda: generate(model, idx, params), **{n: clients(server.url, n) for n in levels}}
         seconds = time_interleaved(calls, settings.repeats, warmup=1, device=device, progress="serve_speed rounds")
     timed = {n: runs[1:] for n, runs in levels.items()}  # the first round warmed up
+    # The clients' own clock: from the first request sent to the last stream closed.
+    wall = {n: [run.wall_s for run in runs] for n, runs in timed.items()}
     generate_speed = Spread.of([settings.new_tokens / s for s in seconds["generate"]])
     result_levels = []
     for n, runs in timed.items():
         outcomes = [o for run in runs for o in run.outcomes]
         result_levels.append(Level(
-            n, Spread.of([n * settings.new_tokens / s for s in seconds[n]]),
+            n, Spread.of([n * settings.new_tokens / s for s in wall[n]]),
             Percentiles.of([1000 * o.latency_s for o in outcomes]),
             Percentiles.of([1000 * o.ttft_s for o in outcomes]),
-            None if n == 1 else paired_ratio(seconds[1], [s / n for s in seconds[n]])))
+            None if n == 1 else paired_ratio(wall[1], [s / n for s in wall[n]])))
     result = ServeSpeed(settings.model, prompt, len(prompt_ids), settings.new_tokens, generate_speed, result_levels,
-                        paired_ratio(seconds["generate"], seconds[1]), environment(device))
+                        paired_ratio(seconds["generate"], wall[1]), environment(device))
     print(f"generate(): {generate_speed.median:.1f} new tokens/s; one streaming client "
           f"{result_levels[0].tokens_per_s.median:.1f} ({result.one_client_over_generate:.2f}x generate())"
           + "".join(f"; {lv.clients} clients {lv.tokens_per_s.median:.1f} ({lv.over_one_client:.2f}x one)"
