@@ -214,3 +214,15 @@ def test_undefined_sampling_settings_are_refused(settings, message):
     from model.sampling import SamplingError
     with pytest.raises(SamplingError, match=message):
         SamplingParams(**settings)
+
+
+def test_each_row_draws_the_token_whose_interval_holds_its_own_uniform():
+    """The batched draw is inverse-CDF sampling per row, each row with one uniform from its own generator."""
+    from model.sampling import row_generators, sample_rows
+    torch.manual_seed(0)
+    logits = torch.randn(5, 300) * 4
+    tokens = sample_rows(logits, [SamplingParams(temperature=1.0)] * 5, row_generators(7, 5, "cpu"))
+    for row, generator in enumerate(row_generators(7, 5, "cpu")):
+        u = torch.rand((), dtype=torch.float64, generator=generator)
+        cdf = (logits[row] - logits[row].max()).softmax(-1).double().cumsum(-1)
+        assert tokens[row] == int(torch.searchsorted(cdf, u * cdf[-1], right=True))

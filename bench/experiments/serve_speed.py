@@ -4,11 +4,12 @@
                                                              # 1 client and 12 clients
     python -m bench.experiments serve_speed --model tiny --new-tokens 64 --clients 4 8 16
 
-This process builds the model, saves it as an artifact, and times `generate()` on it (batch 1, greedy, KV
-cache, prefill included).  It then starts `python -m serve` on that artifact, on the same device, and times
-streaming `/generate` requests for the same prompt and token count (greedy, `ignore_eos`, so every request
-makes exactly --new-tokens tokens) from a client on loopback: one client alone, then each --clients level
-sending that many requests at once (the prompts differ in length, as real clients' do).  The three are
+This process builds the model, saves it as an artifact, and times `generate()` on it (batch 1, KV cache,
+prefill included, sampling as the load test's requests do: temperature 0.8, top-k 200, a seed).  It then
+starts `python -m serve` on that artifact, on the same device, and times the load test's streaming
+`/generate` requests, the first with the same prompt, settings and seed, all with `ignore_eos` so that each
+makes exactly --new-tokens tokens, from a client on loopback: one client alone, then each --clients level
+sending that many requests at once (the prompts differ in length, as real clients' do).  They are
 timed in interleaved rounds (`generate()`, one client, each level), so load on the machine hits them alike;
 ratios are medians of per-round ratios.  Throughput is new tokens over the round's wall time (for the
 clients, from the first request sent to the last stream closed); latency and time to first token are the
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from bench.experiment import Experiment, ExperimentError, SettingsError, at_least
+from bench import loadtest
 from bench.loadtest import PROMPTS, LevelResult, run_level
 from bench.record import plt
 from bench.report_page import Page, spread
@@ -88,10 +90,10 @@ class ServeSpeed:
     environment: Environment
 
 
-def greedy_body(i: int, max_new_tokens: int) -> dict:
-    """Request i: greedy, exactly `max_new_tokens` tokens, streamed; request 0 has the timed prompt."""
-    return {"prompt": PROMPTS[i % len(PROMPTS)], "max_new_tokens": max_new_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True}
+def request_body(i: int, max_new_tokens: int) -> dict:
+    """Request i of the load test (its prompt, temperature 0.8, top-k 200, seed i), streamed, and going on past
+    end-of-text so that it makes exactly `max_new_tokens` tokens; request 0 is what generate() is timed on."""
+    return {**loadtest.request_body(i, max_new_tokens), "ignore_eos": True}
 
 
 def checked(level: LevelResult, new_tokens: int) -> LevelResult:
@@ -118,7 +120,9 @@ def measure(settings: Settings, work_dir: Path) -> ServeSpeed:
     save_artifact(artifact, model, model.config, "float", provenance("bench/experiments/serve_speed.py"))
 
     idx = torch.tensor([prompt_ids], device=device)
-    params = SamplingParams(max_new_tokens=settings.new_tokens, temperature=0, stop_at_eot=False)
+    first = request_body(0, settings.new_tokens)
+    params = SamplingParams(max_new_tokens=settings.new_tokens, temperature=first["temperature"],
+                            top_k=first["top_k"], seed=first["seed"], stop_at_eot=False)
     levels: dict[int, list[LevelResult]] = {n: [] for n in [1, *settings.clients]}
     server_args = ["--device", str(device), "--max-batch-size", str(max(16, *settings.clients)),
                    "--max-connections", str(max(128, 2 * max(settings.clients))),
@@ -127,7 +131,7 @@ def measure(settings: Settings, work_dir: Path) -> ServeSpeed:
     def clients(url: str, n: int):
         def call():
             levels[n].append(checked(asyncio.run(run_level(url, n, n, settings.new_tokens, REQUEST_TIMEOUT_S,
-                                                           REQUEST_TIMEOUT_S, body=greedy_body)),
+                                                           REQUEST_TIMEOUT_S, body=request_body)),
                                      settings.new_tokens))
         return call
 
@@ -165,13 +169,13 @@ def plot(result: ServeSpeed):
            capsize=6, color=["tab:grey", *["tab:blue"] * len(result.levels)])
     ax.set_ylabel("new tokens / s (min-max)")
     ax.grid(alpha=0.3, axis="y")
-    ax.set_title(f"{result.model}: {result.new_tokens} new tokens per request, greedy, streamed")
+    ax.set_title(f"{result.model}: {result.new_tokens} new tokens per request, sampled, streamed")
     return fig
 
 
 def section(res: ServeSpeed, page: Page) -> None:
     page.add(f"`{res.model}` with random weights, prompt \"{res.prompt}\" ({res.prompt_tokens} tokens), "
-             f"{res.new_tokens} new tokens per request, greedy; `generate()` in the benchmark's process against "
+             f"{res.new_tokens} new tokens per request, sampled (temperature 0.8, top-k 200); `generate()` in the benchmark's process against "
              f"streaming `/generate` requests to `python -m serve` on the same artifact and device, timed in "
              f"interleaved rounds.\n")
     rows = [["`generate()`, batch 1", spread(res.generate_tokens_per_s), "", "", ""]]
