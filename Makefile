@@ -41,10 +41,12 @@ test: setup
 	$(PY) -m pytest -n auto --dist loadfile
 
 # The scorecard evaluates on WikiText-103 validation when the shared copy is here (the hub is not
-# reachable offline); otherwise on the built-in corpus, and bench/REPORT.md says so.
+# reachable offline); otherwise on the built-in corpus, and bench/REPORT.md says so.  NANOGPT=path/to/nanoGPT
+# has train_speed time nanoGPT's model and loop beside ours.  On a CUDA machine this is the GPU profile.
 WIKITEXT := ../shared/data/wikitext-103-raw
 bench: setup
-	$(PY) bench/run_all.py --quick --leaderboard-dataset $(if $(wildcard $(WIKITEXT)/wiki.valid.raw),$(WIKITEXT),builtin)
+	$(PY) bench/run_all.py --quick --leaderboard-dataset $(if $(wildcard $(WIKITEXT)/wiki.valid.raw),$(WIKITEXT),builtin) \
+		$(if $(NANOGPT),--nanogpt $(NANOGPT))
 
 clean:
 	rm -rf out .cache .pytest_cache

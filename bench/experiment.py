@@ -1,6 +1,6 @@
 """What a benchmark experiment is.  Each module in bench/experiments/ defines one `Experiment`: its name,
 its settings (a dataclass: help in field metadata, checks in `__post_init__`) with a quick and a full
-instance, a measurement returning a typed result, a plot of that result and its section of the report.
+instance (and a GPU one for the experiments `make bench` runs on a CUDA machine), a measurement returning a typed result, a plot of that result and its section of the report.
 The registry (bench/experiments/__init__.py) lists them; `python -m bench.experiments`, bench/run_all.py
 and bench/report.py loop over it, and nothing else lists them.
 """
@@ -54,6 +54,9 @@ class Experiment(Generic[S, R]):
     measure: Callable[[S, Path], R]  # (settings, scratch folder) -> result
     plot: Callable[[R], object]  # result -> a matplotlib figure
     section: Callable[[R, Page], None]  # the report's text and tables for the result (the plot follows them)
+    # `make bench` on a CUDA machine: the GPU-sized settings of the experiments that compare us with a peer
+    # there (into results/gpu/, the report's GPU section); None: not part of the GPU run.
+    gpu: S | None = None
 
     @property
     def source(self) -> str:

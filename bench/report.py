@@ -1,5 +1,6 @@
 """Write bench/REPORT.md from the results in bench/results: the scorecards, a section for every experiment
-in the registry (its tables and its plot), the machine, the conditions and the date.
+in the registry (its tables and its plot), the GPU section (bench/results/gpu/, from `make bench` on a CUDA
+machine), the machine, the conditions and the date.
 
     python bench/report.py                       # after bench/run_all.py (or any single experiment)
     python bench/report.py --results-dir DIR --out DIR/REPORT.md
@@ -14,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.experiments import EXPERIMENTS
-from bench.record import RESULTS_DIR, read_result
+from bench.record import RESULTS_DIR, gpu_results, read_result
 from bench.report_page import Page, mib, num
 from runtime.cli import parse_config
 from runtime.errors import UserError
@@ -41,10 +42,10 @@ def header(page: Page, environments: list[tuple[str, dict]], run: dict | None) -
                  f"`{env['device_type']}`, torch {env['torch']}, Python {env['python']}, commit "
                  f"`{env['git_commit']}`.\n")
         if env["device_type"] == "cpu":
-            page.add("**These are CPU figures, not GPU figures.** Every number below was measured on the CPU named "
-                     "above, with models sized for it; on a GPU the absolute speeds, the ratios between settings "
-                     "(mixed precision, data loading, communication) and the memory limits all differ. Run "
-                     "`make bench` there to get its own report.\n")
+            page.add("**These are CPU figures, not GPU figures.** Every number above the GPU section was measured "
+                     "on the CPU named above, with models sized for it; on a GPU the absolute speeds, the ratios "
+                     "between settings (mixed precision, data loading, communication) and the memory limits all "
+                     "differ. `make bench` on a CUDA machine writes the GPU section.\n")
     if run:
         page.add(f"Settings: {run['mode']}. {run.get('note', '')}\n")
 
@@ -98,6 +99,34 @@ def experiment_sections(page: Page, results_dir: Path, results: dict) -> None:
             page.image(experiment.figure(results_dir))
 
 
+def gpu_section(page: Page, gpu_dir: Path) -> None:
+    """The GPU profile's results (bench/run_all.py on a CUDA machine), with the machine they came from."""
+    page.add("## GPU\n")
+    compared = [e for e in EXPERIMENTS if e.gpu is not None]
+    results = {e.name: e.read(gpu_dir) for e in compared}
+    measured = [r for r in results.values() if r is not None]
+    if not measured:
+        page.add(f"*Not measured: `{gpu_dir.parent.name}/{gpu_dir.name}/` holds no results. `make bench` on a CUDA "
+                 f"machine (`python bench/run_all.py --nanogpt PATH`) measures "
+                 f"{'; '.join(e.title for e in compared)} at GPU sizes and writes this section.*\n")
+        return
+    env = measured[0].environment
+    run = read_result(gpu_dir, "run_all")
+    page.add(f"**Machine:** {env.device}, torch {env.torch}, Python {env.python}, host CPU {env.cpu} "
+             f"({env.cpu_count} logical cores), commit `{env.git_commit}`"
+             + (f"; from `{run['command']}` ({run['total_s'] / 60:.1f} minutes, started {run['started']}).\n"
+                if run else ".\n"))
+    for experiment in compared:
+        page.add(f"### {experiment.title} (`{experiment.source}`, GPU settings)\n")
+        result = results[experiment.name]
+        if result is None:
+            page.add(f"*Not run: `{gpu_dir.name}/{experiment.name}.json` is missing.*\n")
+            continue
+        experiment.section(result, page)
+        if experiment.figure(gpu_dir).exists():
+            page.image(experiment.figure(gpu_dir))
+
+
 def conditions(page: Page, environments: list[tuple[str, dict]]) -> None:
     page.add("## Conditions\n")
     busy = [(name, env) for name, env in environments if env["load_average_1m"] > (env["cpu_count"] or 1) + 0.5]
@@ -135,6 +164,7 @@ def write_report(results_dir: Path, out: Path) -> Path:
     header(page, environments, run)
     scorecards(page, list(cards.values()), run)
     experiment_sections(page, results_dir, results)
+    gpu_section(page, gpu_results(results_dir))
     conditions(page, environments)
     if run:
         reproduce(page, run)

@@ -4,6 +4,12 @@ registry, the int8 scorecard -- and write bench/REPORT.md.  `make bench` runs `-
     python bench/run_all.py --quick --leaderboard-dataset /path/to/wikitext-103-raw   # under 20 min on 2 CPU cores
     python bench/run_all.py                                                           # more steps and repeats
     python bench/run_all.py --quick --only batch_sweep data_loading                   # rerun some stages
+    python bench/run_all.py --nanogpt /path/to/nanoGPT                  # train_speed measures nanoGPT beside us
+
+On a CUDA machine (or with --profile gpu) it runs the GPU profile instead: the experiments that compare us
+with a peer at GPU sizes (each one's `gpu` settings: training against nanoGPT in its bench.py configuration,
+generation against transformers with and without a CUDA graph, serving against generate()) into
+bench/results/gpu/, which the report shows as its GPU section beside the CPU figures already there.
 
 The scorecard is taken on a checkpoint this script trains itself (tiny preset, built-in corpus, into
 out/bench/train), so the report does not depend on whatever else is in out/; experiments with a
@@ -21,10 +27,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from bench.experiment import WORK_ROOT, Workspace
 from bench.experiments import EXPERIMENTS, find
 from bench.leaderboard import LeaderboardConfig
-from bench.record import RESULTS_DIR, read_result, write_result
+from bench.record import RESULTS_DIR, gpu_results, read_result, write_result
 from bench.report import REPORT, write_report
 from bench.runner import ROOT, run_train
 from runtime.cli import non_default_flags, parse_config
@@ -44,8 +52,14 @@ class RunAllConfig:
                 "report says it is not WikiText-103"})
     only: list[str] | None = field(default=None, metadata={
         "help": "run only these stages (the report uses the results already there)", "choices": STAGES})
-    results_dir: Path = field(default=RESULTS_DIR, metadata={"help": "folder for every NAME.json and plot"})
+    results_dir: Path = field(default=RESULTS_DIR, metadata={
+        "help": "folder for every NAME.json and plot (the GPU profile's go to its gpu/ subfolder)"})
     report: Path = field(default=REPORT, metadata={"help": "the Markdown report to write"})
+    profile: str = field(default="auto", metadata={
+        "help": "cpu: the whole benchmark (--quick sizes it for 2 CPU cores); gpu: the peer comparisons at GPU "
+                "sizes (--quick does not apply); auto: gpu where CUDA is available", "choices": ("auto", "cpu", "gpu")})
+    nanogpt: str | None = field(default=None, metadata={
+        "help": "a karpathy/nanoGPT checkout: train_speed times its model.py and loop beside ours"})
 
 
 def text_note(dataset: str) -> str:
@@ -64,18 +78,39 @@ def scorecard_command(cfg: RunAllConfig, size: str, checkpoint: Path, name: str)
     return [sys.executable, str(ROOT / "bench" / "leaderboard.py"), *non_default_flags(settings)]
 
 
+def with_run_inputs(cfg: RunAllConfig, settings):
+    """An experiment's settings with what this run provides: its checkpoint, a nanoGPT checkout."""
+    names = {f.name for f in dataclasses.fields(settings)}
+    if "checkpoint" in names:
+        settings = dataclasses.replace(settings, checkpoint=str(CHECKPOINT))
+    if "nanogpt" in names and cfg.nanogpt:
+        settings = dataclasses.replace(settings, nanogpt=cfg.nanogpt)
+    return settings
+
+
 def stage_commands(cfg: RunAllConfig, size: str) -> dict[str, list[str]]:
     """Every stage after training, in order: the scorecard, the experiments, the int8 scorecard."""
     workspace = Workspace(cfg.results_dir)
     commands = {"leaderboard": scorecard_command(cfg, size, CHECKPOINT, "leaderboard")}
     for experiment in EXPERIMENTS:
-        settings = getattr(experiment, size)
-        if any(f.name == "checkpoint" for f in dataclasses.fields(settings)):
-            settings = dataclasses.replace(settings, checkpoint=str(CHECKPOINT))
-        commands[experiment.name] = experiment.command(settings, workspace)
+        commands[experiment.name] = experiment.command(with_run_inputs(cfg, getattr(experiment, size)), workspace)
     int8 = find("compression").work_dir(workspace) / "int8"
     commands["leaderboard_int8"] = scorecard_command(cfg, size, int8, "leaderboard_int8")
     return commands
+
+
+def gpu_stage_commands(cfg: RunAllConfig) -> dict[str, list[str]]:
+    """The GPU profile: each experiment that has GPU settings, into the GPU results folder."""
+    workspace = Workspace(gpu_results(cfg.results_dir))
+    return {e.name: e.command(with_run_inputs(cfg, e.gpu), workspace) for e in EXPERIMENTS if e.gpu is not None}
+
+
+def uses_gpu_profile(cfg: RunAllConfig) -> bool:
+    if cfg.profile == "auto":
+        return torch.cuda.is_available()
+    if cfg.profile == "gpu" and not torch.cuda.is_available():
+        raise UserError("--profile gpu needs a CUDA device and torch sees none; run --profile cpu here")
+    return cfg.profile == "gpu"
 
 
 def train(steps: int) -> dict:
@@ -100,31 +135,40 @@ def run_stage(name: str, command: list[str]) -> dict:
 def main(argv=None) -> None:
     try:
         cfg = parse_config(RunAllConfig, __doc__, argv)
+        gpu = uses_gpu_profile(cfg)
+        size = "quick" if cfg.quick else "full"
+        commands = gpu_stage_commands(cfg) if gpu else stage_commands(cfg, size)  # checks every stage's settings
     except UserError as e:
         sys.exit(f"error: {e}")
-    size = "quick" if cfg.quick else "full"
     wanted = set(cfg.only or STAGES)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    record = [train(TRAIN_STEPS[size])] if "train" in wanted else []
-    record += [run_stage(name, command) for name, command in stage_commands(cfg, size).items() if name in wanted]
+    results_dir = gpu_results(cfg.results_dir) if gpu else cfg.results_dir
+    record = [train(TRAIN_STEPS[size])] if "train" in wanted and not gpu else []
+    record += [run_stage(name, command) for name, command in commands.items() if name in wanted]
     failed = [stage["name"] for stage in record if not stage["ok"]]
 
-    previous = read_result(cfg.results_dir, "run_all") if cfg.only else None
+    previous = read_result(results_dir, "run_all") if cfg.only else None
     if previous:  # a partial rerun: keep the full run's record, with these stages replaced
         rerun = {stage["name"] for stage in record}
         record = [s for s in previous["stages"] if s["name"] not in rerun] + record
         failed = sorted(set(previous["failed"]) - rerun | set(failed))
         started = f"{previous['started']}; re-ran {', '.join(sorted(rerun))} at {started}"
-    write_result(cfg.results_dir, "run_all", {
-        "command": previous["command"] if previous else
-        " ".join(["python bench/run_all.py", *(sys.argv[1:] if argv is None else argv)]),
-        "mode": "--quick (sized for 2 CPU cores, under 20 minutes)" if cfg.quick else "full",
-        "started": started, "total_s": sum(stage["seconds"] for stage in record), "stages": record, "failed": failed,
-        "checkpoint": str(CHECKPOINT), "leaderboard_dataset": cfg.leaderboard_dataset,
-        "leaderboard_text_note": text_note(cfg.leaderboard_dataset),
-        "note": f"The scorecard's checkpoint is trained here: tiny preset, {TRAIN_STEPS[size]} steps on the "
-                f"built-in corpus (Python documentation), so its WikiText loss is that of a model that never saw "
-                f"Wikipedia." + (f" Failed stages: {', '.join(failed)}." if failed else "")})
+    command = previous["command"] if previous else \
+        " ".join(["python bench/run_all.py", *(sys.argv[1:] if argv is None else argv)])
+    failures = f" Failed stages: {', '.join(failed)}." if failed else ""
+    summary = {"command": command, "started": started, "total_s": sum(stage["seconds"] for stage in record),
+               "stages": record, "failed": failed}
+    if gpu:
+        summary |= {"mode": "GPU profile", "note": "Each experiment at its GPU settings." + failures}
+    else:
+        summary |= {
+            "mode": "--quick (sized for 2 CPU cores, under 20 minutes)" if cfg.quick else "full",
+            "checkpoint": str(CHECKPOINT), "leaderboard_dataset": cfg.leaderboard_dataset,
+            "leaderboard_text_note": text_note(cfg.leaderboard_dataset),
+            "note": f"The scorecard's checkpoint is trained here: tiny preset, {TRAIN_STEPS[size]} steps on the "
+                    f"built-in corpus (Python documentation), so its WikiText loss is that of a model that never saw "
+                    f"Wikipedia." + failures}
+    write_result(results_dir, "run_all", summary)
     write_report(cfg.results_dir, cfg.report)
     if failed:
         sys.exit(f"error: stage(s) failed: {', '.join(failed)} (see above); the report marks what is missing")

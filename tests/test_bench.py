@@ -7,20 +7,23 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from bench import leaderboard, report
+from bench import leaderboard, report, run_all
 from bench.experiment import Workspace
 from bench.experiments import EXPERIMENTS
 from bench.experiments.__main__ import main as run_experiment
 from bench.experiments.__main__ import parser as experiments_parser
+from bench.run_all import RunAllConfig
 from bench.record import RESULTS_DIR
 from model.gpt import GPT
 from runtime.cli import dataclass_from_args, to_flags
 from runtime.device import is_out_of_memory
+from runtime.errors import UserError
 
 FIVE_KEYS = ("loss", "inference_latency_1", "inference_latency_12", "training_throughput_4", "training_throughput_12")
 TEXT = ("The quick brown fox jumps over the lazy dog while the committee debates the budget for the new "
@@ -244,6 +247,46 @@ def test_each_experiment_declares_quick_and_full_settings_its_command_line_repro
         assert command[1:4] == ["-m", "bench.experiments", experiment.name]
         assert dataclass_from_args(experiment.settings, experiments_parser().parse_args(command[3:])) == settings
     assert experiment.quick != experiment.full
+    if experiment.gpu is not None:
+        command = experiment.command(experiment.gpu, workspace)
+        assert dataclass_from_args(experiment.settings, experiments_parser().parse_args(command[3:])) == experiment.gpu
+
+
+def test_the_gpu_profile_runs_the_peer_comparisons_into_their_own_folder(tmp_path):
+    nanogpt = tmp_path / "nanoGPT"
+    nanogpt.mkdir()
+    (nanogpt / "model.py").write_text("")
+    cfg = RunAllConfig(results_dir=tmp_path, nanogpt=str(nanogpt))
+    commands = run_all.gpu_stage_commands(cfg)
+    assert list(commands) == ["train_speed", "generate_speed", "serve_speed"]
+    for command in commands.values():
+        assert command[command.index("--results-dir") + 1] == str(tmp_path / "gpu")
+    train = commands["train_speed"]
+    assert train[train.index("--nanogpt") + 1] == str(nanogpt) and "--compile" in train
+    assert train[train.index("--batch-size") + 1] == "12" and train[train.index("--block-size") + 1] == "1024"
+    assert run_all.uses_gpu_profile(RunAllConfig(profile="cpu")) is False
+    if not torch.cuda.is_available():
+        assert run_all.uses_gpu_profile(RunAllConfig()) is False
+        with pytest.raises(UserError, match="--profile gpu needs a CUDA device"):
+            run_all.uses_gpu_profile(RunAllConfig(profile="gpu"))
+
+
+def test_the_report_has_a_gpu_section_from_the_gpu_results(results, tmp_path):
+    results_dir = tmp_path / "results"
+    shutil.copytree(results["dir"], results_dir)
+    text = report.write_report(results_dir, tmp_path / "REPORT.md").read_text()
+    assert "## GPU\n" in text and "*Not measured: `results/gpu/` holds no results." in text
+    gpu = results_dir / "gpu"
+    gpu.mkdir()
+    for name in ("train_speed", "generate_speed"):  # as a GPU run would leave them; serve_speed did not run
+        shutil.copy(results_dir / f"{name}.json", gpu)
+        shutil.copy(results_dir / f"{name}.png", gpu)
+    text = report.write_report(results_dir, tmp_path / "REPORT.md").read_text()
+    gpu_part = text[text.index("## GPU\n"):text.index("## Conditions")]
+    assert "**Machine:**" in gpu_part and "Not measured" not in gpu_part
+    assert "### Training step against nanoGPT (`bench/experiments/train_speed.py`, GPU settings)" in gpu_part
+    assert "![train_speed.png](results/gpu/train_speed.png)" in gpu_part
+    assert "*Not run: `gpu/serve_speed.json` is missing.*" in gpu_part
 
 
 def test_the_report_renders_a_section_for_each_experiment_from_the_committed_results(tmp_path):

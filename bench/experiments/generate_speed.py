@@ -165,4 +165,5 @@ def section(res: GenerateSpeed, page: Page) -> None:
 EXPERIMENT = Experiment(
     name="generate_speed", title="Generation against transformers", about=__doc__, settings=Settings,
     quick=Settings(new_tokens=32, repeats=3), full=Settings(),
-    result=GenerateSpeed, measure=measure, plot=plot, section=section)
+    result=GenerateSpeed, measure=measure, plot=plot, section=section,
+    gpu=Settings(new_tokens=256, repeats=5))

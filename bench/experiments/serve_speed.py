@@ -196,4 +196,5 @@ def section(res: ServeSpeed, page: Page) -> None:
 EXPERIMENT = Experiment(
     name="serve_speed", title="Serving against generate()", about=__doc__, settings=Settings,
     quick=Settings(new_tokens=64, repeats=2), full=Settings(),
-    result=ServeSpeed, measure=measure, plot=plot, section=section)
+    result=ServeSpeed, measure=measure, plot=plot, section=section,
+    gpu=Settings(clients=[12, 32], repeats=5))

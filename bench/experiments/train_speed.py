@@ -151,4 +151,6 @@ def section(res: TrainSpeed, page: Page) -> None:
 EXPERIMENT = Experiment(
     name="train_speed", title="Training step against nanoGPT", about=__doc__, settings=Settings,
     quick=Settings(steps=1, repeats=3), full=Settings(),
-    result=TrainSpeed, measure=measure, plot=plot, section=section)
+    result=TrainSpeed, measure=measure, plot=plot, section=section,
+    # nanoGPT's bench.py configuration: GPT-2 124M, batch 12 x 1024, bf16 autocast, torch.compile.
+    gpu=Settings(model="gpt2", batch_size=12, block_size=1024, steps=10, repeats=5, compile=True))
