@@ -69,7 +69,7 @@ def results(tmp_path_factory):
     run("compression", "--checkpoint", str(root / "artifact"), "--methods", "magnitude", "--rounds", "1",
         "--finetune-steps", "1", "--batch-size", "2", "--block-size", "16", "--eval-batches", "1", "--speed-repeats",
         "1", "--new-tokens", "4", "--speed-seq-len", "16")
-    run("train_speed", "--model", "tiny", "--batch-size", "2", "--block-size", "16", "--steps", "1", "--repeats", "1",
+    run("train_speed", "--shapes", "tiny:2x16", "tiny:1x8", "--steps", "1", "--repeats", "1",
         "--device", "cpu")
     run("generate_speed", "--model", "tiny", "--prompt-tokens", "4", "--new-tokens", "2", "--batch-sizes", "1", "2",
         "--repeats", "1", "--device", "cpu")
@@ -143,6 +143,10 @@ def test_experiment_settings_are_checked_with_a_one_line_error():
         run_experiment(["batch_sweep", "--steps", "0"])
     with pytest.raises(SystemExit, match="--world-sizes must be at least 1"):
         run_experiment(["comm_strategies", "--world-sizes", "2", "0"])
+    with pytest.raises(SystemExit, match=r"--shapes 'gpt2:1024' is not PRESET:BATCHxBLOCK \(e.g. gpt2:1x1024\)"):
+        run_experiment(["train_speed", "--shapes", "gpt2:1024"])
+    with pytest.raises(SystemExit, match="no preset 'gpt3'"):
+        run_experiment(["train_speed", "--shapes", "gpt3:1x8"])
 
 
 def test_data_loading_measures_each_worker_count(results):
@@ -195,7 +199,10 @@ def test_compression_gathers_prune_and_quantize_reports(results):
 
 def test_speed_comparisons_time_each_side_in_the_same_run(results):
     train = results["train_speed"]
-    assert list(train.tokens_per_s) == ["ours"] and train.tokens_per_s["ours"].n == 1  # no nanoGPT checkout given
+    assert [(shape.batch_size, shape.block_size) for shape in train.shapes] == [(2, 16), (1, 8)]
+    for shape in train.shapes:  # no nanoGPT checkout given
+        assert list(shape.tokens_per_s) == ["ours"] and shape.tokens_per_s["ours"].n == 1
+        assert shape.ratio_ours_over_nanogpt is None
     generation = results["generate_speed"]
     assert [r.batch for r in generation.results] == [1, 2]
     for row in generation.results:
@@ -263,7 +270,7 @@ def test_the_gpu_profile_runs_the_peer_comparisons_into_their_own_folder(tmp_pat
         assert command[command.index("--results-dir") + 1] == str(tmp_path / "gpu")
     train = commands["train_speed"]
     assert train[train.index("--nanogpt") + 1] == str(nanogpt) and "--compile" in train
-    assert train[train.index("--batch-size") + 1] == "12" and train[train.index("--block-size") + 1] == "1024"
+    assert train[train.index("--shapes") + 1] == "gpt2:12x1024"
     assert run_all.uses_gpu_profile(RunAllConfig(profile="cpu")) is False
     if not torch.cuda.is_available():
         assert run_all.uses_gpu_profile(RunAllConfig()) is False
