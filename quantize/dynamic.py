@@ -40,10 +40,11 @@ from model.artifact import (DEFAULT_OUT_ROOT, WEIGHTS_FILE, ArtifactError, artif
 from model.hub import resolve_checkpoint
 from model.int8 import HEAD_FORMATS, default_head_format, int8_state_for_saving, quantize_model
 from quantize.measure import generation_speed, greedy_agreement, paired_validation, prompts_from
-from runtime.cli import option, parse_config
+from runtime.cli import non_default_flags, option, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
-from runtime.provenance import provenance
+from runtime.provenance import git_commit, provenance
+from runtime.timing import cpu_model
 from training.checkpoint import default_checkpoint
 
 DEFAULT_OUT_DIR = str(DEFAULT_OUT_ROOT / "int8")
@@ -173,7 +174,9 @@ def quantize(cfg: QuantizeConfig) -> dict:
         "greedy": greedy_agreement(outputs["float"], outputs["int8"], cfg.prompt_tokens),
         "size_bytes": {"float": weights_size(Path(source)), "int8": weights_size(out_dir)},
         "environment": {"device": "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__,
-                        "quantized_engine": torch.backends.quantized.engine, "machine": platform.machine()},
+                        "quantized_engine": torch.backends.quantized.engine, "machine": platform.machine(),
+                        "cpu": cpu_model(), "git_commit": git_commit()},
+        "command": " ".join(["python quantize/dynamic.py", *non_default_flags(cfg)]),
     }
 
 
