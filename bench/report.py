@@ -87,16 +87,21 @@ def scorecards(page: Page, cards: list[dict], run: dict | None) -> None:
         page.add(f"**Evaluation text:** {run['leaderboard_text_note']}\n")
 
 
+def experiment_section(page: Page, heading: str, experiment, result, results_dir: Path) -> None:
+    """One experiment's heading, then its tables and plot, or a line saying its result is missing."""
+    page.add(heading)
+    if result is None:
+        page.add(f"*Not run: `{results_dir.name}/{experiment.name}.json` is missing.*\n")
+        return
+    experiment.section(result, page)
+    if experiment.figure(results_dir).exists():
+        page.image(experiment.figure(results_dir))
+
+
 def experiment_sections(page: Page, results_dir: Path, results: dict) -> None:
     for number, experiment in enumerate(EXPERIMENTS, 1):
-        page.add(f"## {number}. {experiment.title} (`{experiment.source}`)\n")
-        result = results[experiment.name]
-        if result is None:
-            page.add(f"*Not run: `{results_dir.name}/{experiment.name}.json` is missing.*\n")
-            continue
-        experiment.section(result, page)
-        if experiment.figure(results_dir).exists():
-            page.image(experiment.figure(results_dir))
+        experiment_section(page, f"## {number}. {experiment.title} (`{experiment.source}`)\n", experiment,
+                           results[experiment.name], results_dir)
 
 
 def gpu_section(page: Page, gpu_dir: Path) -> None:
@@ -117,14 +122,8 @@ def gpu_section(page: Page, gpu_dir: Path) -> None:
              + (f"; from `{run['command']}` ({run['total_s'] / 60:.1f} minutes, started {run['started']}).\n"
                 if run else ".\n"))
     for experiment in compared:
-        page.add(f"### {experiment.title} (`{experiment.source}`, GPU settings)\n")
-        result = results[experiment.name]
-        if result is None:
-            page.add(f"*Not run: `{gpu_dir.name}/{experiment.name}.json` is missing.*\n")
-            continue
-        experiment.section(result, page)
-        if experiment.figure(gpu_dir).exists():
-            page.image(experiment.figure(gpu_dir))
+        experiment_section(page, f"### {experiment.title} (`{experiment.source}`, GPU settings)\n", experiment,
+                           results[experiment.name], gpu_dir)
 
 
 def conditions(page: Page, environments: list[tuple[str, dict]]) -> None:
