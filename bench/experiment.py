@@ -1,6 +1,7 @@
 """What a benchmark experiment is.  Each module in bench/experiments/ defines one `Experiment`: its name,
 its settings (a dataclass: help in field metadata, checks in `__post_init__`) with a quick and a full
-instance (and a GPU one for the experiments `make bench` runs on a CUDA machine), a measurement returning a typed result, a plot of that result and its section of the report.
+instance (and a GPU one for the experiments `make bench` runs on a CUDA machine), a measurement returning a
+typed result, a plot of that result and its section of the report.
 The registry (bench/experiments/__init__.py) lists them; `python -m bench.experiments`, bench/run_all.py
 and bench/report.py loop over it, and nothing else lists them.
 """

@@ -13,12 +13,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 from bench.typed_json import from_json, to_json  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+T = TypeVar("T")
 
 
 def gpu_results(results_dir: Path) -> Path:
     """Where the GPU run of `make bench` puts its results, beside the CPU run's: the report has a section each."""
     return results_dir / "gpu"
-T = TypeVar("T")
 
 
 def write_result(results_dir: Path, name: str, result: Any) -> Path:

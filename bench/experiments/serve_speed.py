@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from bench.experiment import Experiment, ExperimentError, SettingsError, at_least
-from bench import loadtest
 from bench.loadtest import PROMPTS, LevelResult, run_level
+from bench.loadtest import request_body as load_test_body
 from bench.record import plt
 from bench.report_page import Page, spread
 from data.tokenizer import encode
@@ -93,7 +93,7 @@ class ServeSpeed:
 def request_body(i: int, max_new_tokens: int) -> dict:
     """Request i of the load test (its prompt, temperature 0.8, top-k 200, seed i), streamed, and going on past
     end-of-text so that it makes exactly `max_new_tokens` tokens; request 0 is what generate() is timed on."""
-    return {**loadtest.request_body(i, max_new_tokens), "ignore_eos": True}
+    return {**load_test_body(i, max_new_tokens), "ignore_eos": True}
 
 
 def checked(level: LevelResult, new_tokens: int) -> LevelResult:
