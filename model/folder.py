@@ -16,6 +16,7 @@ kill -9 never leaves a stale one) decide who may touch the folder:
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -38,6 +39,11 @@ GATE_LOCK = ".gate"
 # What the last save wrote, so that --overwrite removes exactly one artifact's files.
 CONTENTS_FILE = ".contents"
 
+# Files are saved readable as the user's umask allows, like any other file they write (a shared group may read).
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+FILE_MODE = 0o666 & ~_UMASK
+
 _held_writer_locks: dict[Path, int] = {}  # folder -> file descriptor holding its writer lock in this process
 # Folders this thread is reading: a nested read (a tool that reads the config, then loads the model) must not
 # queue behind a waiting writer at the gate while its outer read keeps that writer waiting.
@@ -52,8 +58,20 @@ class FolderError(UserError, OSError):
     """A folder that cannot be written, or an interrupted save nobody can finish."""
 
 
+class DiskFull(FolderError):
+    """A save ran out of disk space (ENOSPC); the folder keeps its previous save."""
+
+
+class UntrustedName(FolderError):
+    """`.contents` or a save's journal names a place outside the folder."""
+
+
 def _key(folder: str | Path) -> Path:
-    return Path(folder).resolve()
+    try:
+        return Path(folder).resolve()
+    except (RuntimeError, OSError) as e:  # a symlink loop (RuntimeError before Python 3.13)
+        raise FolderError(f"{folder} cannot be used as a folder: {e}; remove the link or choose another "
+                          f"folder") from e
 
 
 def holds_writer_lock(folder: str | Path) -> bool:
@@ -85,7 +103,11 @@ def acquire_writer_lock(folder: str | Path) -> None:
     (key / SWAP_LOCK).touch()
     (key / GATE_LOCK).touch()
     _held_writer_locks[key] = fd
-    _finish_interrupted_save(key)
+    try:
+        _finish_interrupted_save(key)
+    except BaseException:  # a journal that cannot be trusted: refuse the folder, keep nothing locked
+        release_writer_lock(folder)
+        raise
 
 
 def release_writer_lock(folder: str | Path) -> None:
@@ -158,6 +180,8 @@ def _finish_as_stand_in_writer(folder: Path) -> None:
         acquire_writer_lock(folder)
     except FolderBusy:
         return  # a live writer: it is still staging (the journal is its last step) and will move it itself
+    except UntrustedName:
+        raise
     except FolderError as e:
         raise FolderError(f"{folder} holds a save that was interrupted while being moved into place, and this "
                           f"process cannot finish it ({e}); open it once with any tool that can write there") from e
@@ -174,12 +198,35 @@ def _finish_interrupted_save(folder: Path) -> None:
     except (OSError, ValueError):  # no journal, or one cut short: the save never completed
         names = None
     if isinstance(names, list):
-        _move_into_place(folder, [str(n) for n in names])
+        checked_names(names, staging, staging / JOURNAL)  # where each file is taken from,
+        _move_into_place(folder, checked_names(names, folder, staging / JOURNAL))  # and where it goes
     shutil.rmtree(staging, ignore_errors=True)
+
+
+def checked_names(names: list, folder: Path, source: Path) -> list[str]:
+    """`names`, read from the file `source`, if each is a relative path to a place inside `folder` (none
+    absolute, none with `..`, none leading out through a symlink); else a FolderError naming the entry.  A
+    copied, hand-edited or hostile `.contents` or journal must never make a tool move or delete a file
+    outside the folder it was asked to write."""
+    inside = folder.resolve()
+    for name in names:
+        escapes = (not isinstance(name, str) or not name or "\0" in name or Path(name).is_absolute()
+                   or ".." in Path(name).parts)
+        if not escapes:
+            try:
+                escapes = not (folder / name).resolve().is_relative_to(inside)
+            except (OSError, RuntimeError):  # a symlink loop
+                escapes = True
+        if escapes:
+            raise UntrustedName(f"{source} lists {name!r}, which is not a file inside {folder}; nothing was moved "
+                              f"or deleted. The file was changed by hand or copied from elsewhere: remove the "
+                              f"entry (or the file) and run again")
+    return list(names)
 
 
 def _move_into_place(folder: Path, names: list[str]) -> None:
     staging = folder / STAGING_DIR
+    previous = previous_contents(folder)  # checked before anything moves
     with _swap_lock(folder, fcntl.LOCK_EX):
         for name in names:
             src = staging / name
@@ -187,7 +234,7 @@ def _move_into_place(folder: Path, names: list[str]) -> None:
                 dst = folder / name
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(src, dst)
-        _write_durably(folder / CONTENTS_FILE, json.dumps(sorted(set(previous_contents(folder)) | set(names))))
+        _write_durably(folder / CONTENTS_FILE, json.dumps(sorted(set(previous) | set(names))))
         _fsync_dir(folder)
 
 
@@ -224,11 +271,15 @@ def write_folder_atomically(folder: str | Path, writers: dict[str, Callable[[Pat
                 path = staging / name
                 path.parent.mkdir(parents=True, exist_ok=True)
                 write(path)
+                os.chmod(path, FILE_MODE)  # some writers create private (0600) temp files
                 with open(path, "rb") as f:
                     os.fsync(f.fileno())
             _write_durably(staging / JOURNAL, json.dumps(sorted(writers)))
-        except BaseException:  # Ctrl-C or a failing writer: the save never happened
+        except BaseException as e:  # Ctrl-C or a failing writer: the save never happened
             shutil.rmtree(staging, ignore_errors=True)
+            if _is_disk_full(e):
+                raise DiskFull(f"the disk holding {folder} is full (ENOSPC); this save was discarded and the "
+                               f"folder keeps its previous save. Free some space and run again") from None
             raise
         _move_into_place(folder, sorted(writers))
         shutil.rmtree(staging, ignore_errors=True)
@@ -237,18 +288,31 @@ def write_folder_atomically(folder: str | Path, writers: dict[str, Callable[[Pat
             release_writer_lock(folder)
 
 
+def _is_disk_full(error: BaseException | None) -> bool:
+    """ENOSPC anywhere in the error's chain: a Python write raises OSError, safetensors (Rust) only says it in
+    its message, and torch.save's C++ writer reports the OSError of the file object it was given as context."""
+    while error is not None:
+        if (isinstance(error, OSError) and error.errno == errno.ENOSPC) or "os error 28" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def previous_contents(folder: str | Path) -> list[str]:
-    """The files the folder's last save wrote (empty when it records none)."""
+    """The files the folder's last save wrote (empty when it records none); a FolderError if `.contents`
+    names a place outside the folder."""
+    folder = Path(folder)
     try:
-        names = json.loads((Path(folder) / CONTENTS_FILE).read_text())
+        names = json.loads((folder / CONTENTS_FILE).read_text())
     except (OSError, ValueError):
         return []
-    return [str(n) for n in names] if isinstance(names, list) else []
+    return checked_names(names, folder, folder / CONTENTS_FILE) if isinstance(names, list) else []
 
 
 def remove_files(folder: str | Path, names: list[str]) -> None:
     """With the writer lock held: delete these files (and directories they leave empty)."""
     folder = Path(folder)
+    checked_names(names, folder, folder / CONTENTS_FILE)
     with _swap_lock(folder, fcntl.LOCK_EX):
         for name in names:
             path = folder / name

@@ -99,6 +99,10 @@ def refuse_int8_source(folder: Path) -> None:
                             f"error. {hint}")
 
 
+def json_writer(report: dict):
+    return lambda path: path.write_text(json.dumps(report, indent=2) + "\n")
+
+
 def weights_size(folder: Path) -> int:
     return (folder / WEIGHTS_FILE).stat().st_size
 
@@ -153,7 +157,13 @@ def quantize(cfg: QuantizeConfig) -> dict:
     quantization = quantize_model(int8_model, head=cfg.head)
     writers = artifact_writers(int8_state_for_saving(int8_model), float_model.config, "int8",
                                provenance("quantize/dynamic.py", source), extra={"quantization": quantization})
-    write_folder_atomically(out_dir, writers)
+    # The weights replace an earlier run's in this folder together with a report that says they are not
+    # measured yet, so a run stopped while measuring never leaves the earlier run's report beside them.
+    unmeasured = {"source": str(source), "artifact": str(out_dir), "measured": False,
+                  "quantization": {"head": cfg.head, "layers": len(quantization["layers"]),
+                                   "scheme": quantization["scheme"]},
+                  "note": "quantize/dynamic.py stopped before measuring this artifact; run it again to measure"}
+    write_folder_atomically(out_dir, {**writers, REPORT_FILE: json_writer(unmeasured)})
     # Measure the artifact as every other tool will see it: reloaded from disk.
     int8_model, _ = load_model(out_dir, "cpu")
     print(f"wrote int8 artifact to {out_dir} ({len(quantization['layers'])} linear layers quantized, "
@@ -172,6 +182,7 @@ def quantize(cfg: QuantizeConfig) -> dict:
         "dataset": cfg.dataset, "split": "validation", "eval_block_size": block,
         "validation": validation, "generation": generation,
         "greedy": greedy_agreement(outputs["float"], outputs["int8"], cfg.prompt_tokens),
+        "measured": True,
         "size_bytes": {"float": weights_size(Path(source)), "int8": weights_size(out_dir)},
         "environment": {"device": "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__,
                         "quantized_engine": torch.backends.quantized.engine, "machine": platform.machine(),
@@ -189,7 +200,7 @@ def main(argv=None) -> None:
     except UserError as e:
         sys.exit(f"error: {e}")
     out_dir = Path(cfg.out_dir)
-    write_folder_atomically(out_dir, {REPORT_FILE: lambda p: p.write_text(json.dumps(report, indent=2) + "\n")})
+    write_folder_atomically(out_dir, {REPORT_FILE: json_writer(report)})
     print_table(report)
     print(f"report: {out_dir / REPORT_FILE}", file=sys.stderr)
 

@@ -12,8 +12,8 @@ import torch
 import train
 from bench.experiments.faults import READER
 from model.artifact import STAGING_DIR, load_model, read_config, save_artifact
-from model.folder import (FolderBusy, acquire_writer_lock, holds_writer_lock, reading, release_writer_lock,
-                          write_folder_atomically)
+from model.folder import (FILE_MODE, DiskFull, FolderBusy, acquire_writer_lock, holds_writer_lock, reading,
+                          release_writer_lock, write_folder_atomically)
 from quantize.dynamic import main as quantize_main
 from runtime.provenance import provenance
 from tests.conftest import interrupt_training_at_batch, save_small_artifact
@@ -174,3 +174,94 @@ def test_a_nested_read_does_not_wait_behind_a_waiting_writer(tmp_path, small_mod
         assert writer.poll() is None and (folder / STAGING_DIR / "COMPLETE").exists()
         load_model(folder)
     assert writer.wait(timeout=60) == 0
+
+
+def hostile_folder(tmp_path, small_model, entry: str):
+    """A victim folder beside an artifact whose `.contents` lists `entry`."""
+    victim = tmp_path / "victim"
+    victim.mkdir(exist_ok=True)
+    (victim / "precious.txt").write_text("keep me")
+    folder = tmp_path / "ck"
+    save_artifact(folder, small_model, small_model.config, "float", provenance("train.py"))
+    (folder / ".contents").write_text(json.dumps(["config.json", entry]))
+    return folder, victim
+
+
+def escaping_entries(tmp_path) -> list[str]:
+    (tmp_path / "ck_link_target").mkdir(exist_ok=True)
+    return ["../victim", str(tmp_path / "victim"), "inner/../../victim", "link/precious.txt"]
+
+
+@pytest.mark.parametrize("kind", ["dotdot", "absolute", "hidden dotdot", "symlink"])
+def test_contents_naming_a_place_outside_the_folder_deletes_nothing(tmp_path, small_model, kind):
+    entry = dict(zip(["dotdot", "absolute", "hidden dotdot", "symlink"], escaping_entries(tmp_path)))[kind]
+    folder, victim = hostile_folder(tmp_path, small_model, entry)
+    (folder / "link").symlink_to(victim)
+    source = save_small_artifact(tmp_path / "source")
+    with pytest.raises(SystemExit) as exit_info:
+        quantize_main(["--checkpoint", source, "--out-dir", str(folder), "--overwrite", "--eval-batches", "1",
+                       "--repeats", "1", "--new-tokens", "1", "--prompt-tokens", "4"])
+    message = str(exit_info.value.code)
+    assert message.startswith(f"error: {folder / '.contents'} lists {entry!r}, which is not a file inside")
+    assert (victim / "precious.txt").read_text() == "keep me"
+    assert read_config(folder)["artifact"] == "float"  # the folder itself is untouched too
+
+
+@pytest.mark.parametrize("kind", ["dotdot", "absolute", "hidden dotdot", "symlink"])
+def test_a_journal_naming_a_place_outside_the_folder_moves_nothing(tmp_path, small_model, kind):
+    entry = dict(zip(["dotdot", "absolute", "hidden dotdot", "symlink"], escaping_entries(tmp_path)))[kind]
+    folder, victim = hostile_folder(tmp_path, small_model, "config.json")
+    (folder / "link").symlink_to(victim)
+    staging = folder / STAGING_DIR
+    staging.mkdir()
+    (staging / "link").symlink_to(victim)
+    (tmp_path / "moved.txt").write_text("stay")
+    (staging / "COMPLETE").write_text(json.dumps(["config.json", entry, "../../moved.txt"]))
+    with pytest.raises(SystemExit) as exit_info:  # a mere reader finishes interrupted saves
+        import sample
+        sample.main(["--checkpoint", str(folder), "--prompt", "x", "--max-new-tokens", "1"])
+    assert f"{staging / 'COMPLETE'} lists {entry!r}" in str(exit_info.value.code)
+    assert (victim / "precious.txt").read_text() == "keep me" and (tmp_path / "moved.txt").read_text() == "stay"
+    assert json.loads((folder / ".contents").read_text()) == ["config.json", "config.json"]
+    assert not holds_writer_lock(folder)
+
+
+def test_a_full_disk_during_a_save_is_one_error_and_keeps_the_previous_save(tmp_path, small_model):
+    folder = tmp_path / "ck"
+    save_artifact(folder, small_model, small_model.config, "float", provenance("tests"))
+
+    def write_to_full_disk(path):  # what torch.save does when the disk fills: /dev/full always answers ENOSPC
+        with open("/dev/full", "wb") as f:
+            torch.save({"w": torch.zeros(100_000)}, f)
+
+    with pytest.raises(DiskFull, match=rf"the disk holding {folder} is full \(ENOSPC\); this save was discarded"):
+        write_folder_atomically(folder, {"config.json": lambda p: p.write_text("{}"), "opt.pt": write_to_full_disk})
+    assert read_config(folder)["artifact"] == "float" and not (folder / STAGING_DIR).exists()
+
+
+def test_training_on_a_full_disk_names_the_last_good_checkpoint(tmp_path, monkeypatch, capsys):
+    from training import checkpoint
+    real_save, saves = checkpoint.save_through_python, []
+
+    def fill_the_disk_on_the_second_save(obj, path):
+        saves.append(path)
+        real_save(obj, "/dev/full" if len(saves) == 2 else path)
+
+    monkeypatch.setattr(checkpoint, "save_through_python", fill_the_disk_on_the_second_save)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([*FAST_FLAGS, "--max-steps", "4", "--checkpoint-interval", "2", "--eval-interval", "100",
+                    "--final-eval-batches", "1", "--log-interval", "100", "--out-dir", str(out)])
+    assert exit_info.value.code == (f"error: step 4: the disk holding {out} is full (ENOSPC); this save was "
+                                    f"discarded and the folder keeps its previous save. Free some space and run "
+                                    f"again. Last good: the checkpoint of step 2 in {out}, which is intact")
+    assert json.loads((out / "training_state" / "state.json").read_text())["step"] == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_saved_files_are_readable_as_the_umask_allows(tmp_path, small_model):
+    folder = tmp_path / "ck"
+    save_artifact(folder, small_model, small_model.config, "float", provenance("tests"))
+    for name in ("model.safetensors", "config.json"):
+        assert (folder / name).stat().st_mode & 0o777 == FILE_MODE
+    assert FILE_MODE & 0o044  # group and others may read under the usual umask 022

@@ -260,3 +260,20 @@ def test_bad_input_gets_a_clear_error(workspace, monkeypatch, argv, message):
     with pytest.raises(SystemExit, match=message):
         dynamic.main(["--checkpoint", str(workspace / "float"), "--out-dir", str(workspace / "bad"),
                       "--dataset", str(workspace / "corpus"), *argv])
+
+
+def test_a_run_stopped_while_measuring_leaves_no_report_of_another_run(workspace, monkeypatch):
+    monkeypatch.setenv("GPT2_DATA_CACHE", str(workspace / "cache"))
+    out = workspace / "int8_stopped"
+    run_cli(workspace, out, "--head", "fp32")
+    assert json.loads((out / dynamic.REPORT_FILE).read_text())["quantization"]["head"] == "fp32"
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dynamic, "paired_validation", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_cli(workspace, out, "--head", "int8")
+    report = json.loads((out / dynamic.REPORT_FILE).read_text())
+    assert json.loads((out / CONFIG_FILE).read_text())["quantization"]["head"] == "int8"
+    assert report["quantization"]["head"] == "int8" and report["measured"] is False

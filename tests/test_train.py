@@ -52,7 +52,7 @@ def test_loss_falls_and_metrics_are_logged(tmp_path):
     assert [e.step for e in events.Scalars("validation/loss")] == [20, 40]
 
 
-def test_resume_after_interrupt_equals_uninterrupted_run(tmp_path, monkeypatch):
+def test_resume_after_interrupt_equals_uninterrupted_run(tmp_path, monkeypatch, capsys):
     full = tmp_path / "full"
     train.train(TrainConfig(**FAST, max_steps=10, eval_interval=5, out_dir=str(full)))
 
@@ -63,11 +63,17 @@ def test_resume_after_interrupt_equals_uninterrupted_run(tmp_path, monkeypatch):
     undo()
     state = json.loads((broken / "training_state" / "state.json").read_text())
     assert state["step"] == 5
+    captured = capsys.readouterr()
+    assert "step 7/10:" in captured.out and "interrupted after step 7; the checkpoint of step 5" in captured.err
 
     train.train(TrainConfig(**FAST, max_steps=10, eval_interval=5, out_dir=str(broken), resume=True))
     expected, resumed = losses(full), losses(broken)
     for step in range(6, 11):
         assert resumed[step] == pytest.approx(expected[step], rel=1e-6, abs=0)
+    # Steps 6 and 7 of the interrupted run are gone from the records: each step is logged once, in order.
+    logged = [json.loads(line)["step"] for line in (broken / "metrics.jsonl").read_text().splitlines()
+              if "loss" in json.loads(line)]
+    assert logged == list(range(1, 11))
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
@@ -128,6 +134,35 @@ def test_unknown_preset_is_an_argument_error(capsys):
     with pytest.raises(SystemExit):
         train.main(["--model", "gpt5"])
     assert "invalid choice: 'gpt5'" in capsys.readouterr().err
+
+
+def test_a_run_cannot_write_over_the_checkpoint_it_starts_from(tmp_path, small_artifact):
+    init = tmp_path / "init"
+    (init).symlink_to(small_artifact)
+    for out_dir in (small_artifact, small_artifact + "/", f"{tmp_path}/./artifact", str(init)):
+        with pytest.raises(SystemExit) as exit_info:
+            train.main(["--init-from", small_artifact, "--out-dir", out_dir, "--overwrite", "--max-steps", "1"])
+        assert str(exit_info.value.code).startswith(f"error: --init-from {small_artifact} and --out-dir {out_dir} "
+                                                    f"are the same folder")
+    assert load_model(small_artifact)[1]["produced_by"]["tool"] == "tests"  # nothing was removed
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--seed", "-1", "--seed must be a whole number from 0 to 2**63 - 1, got -1"),
+    ("--out-dir", "", "--out-dir must name a folder"),
+])
+def test_bad_seed_and_empty_out_dir_are_refused(flag, value, message):
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([flag, value, "--max-steps", "1"])
+    assert str(exit_info.value.code).startswith(f"error: {message}")
+
+
+def test_an_out_dir_that_is_a_symlink_loop_is_one_error(tmp_path):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--out-dir", str(loop), "--max-steps", "1"])
+    assert str(exit_info.value.code).startswith(f"error: {loop} cannot be used as a folder")
 
 
 def test_existing_run_is_not_overwritten_without_resume(tmp_path):

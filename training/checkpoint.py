@@ -19,7 +19,7 @@ from data.loader import WindowSampler
 from model.artifact import (DEFAULT_OUT_ROOT, artifact_folders, artifact_writers, claim_output_folder, load_model,
                             write_folder_atomically)
 from model.config import GPTConfig
-from model.folder import acquire_writer_lock, previous_contents, remove_files
+from model.folder import DiskFull, acquire_writer_lock, previous_contents, remove_files
 from model.gpt import GPT
 from model.weights import ArtifactError
 from parallel.errors import ParallelError
@@ -106,6 +106,13 @@ def resumed_config(cfg: TrainConfig, dp_size: int) -> TrainConfig:
                                batch_size=global_batch // dp_size)
 
 
+def save_through_python(obj, path: Path) -> None:
+    """torch.save into a file object Python writes, so a full disk is an OSError with its errno (saved to a
+    path name, torch's C++ writer reports only `unexpected pos`)."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+
+
 def first_non_finite(state: dict[str, torch.Tensor]) -> str | None:
     return next((name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
 
@@ -157,9 +164,12 @@ class Checkpointer:
             }
             writers = artifact_writers(model_state, model_config, "float", provenance("train.py", self.cfg.init_from),
                                        extra={"step": step})
-            writers[OPTIMIZER_FILE] = lambda p: torch.save(optimizer_state, p)
+            writers[OPTIMIZER_FILE] = lambda p: save_through_python(optimizer_state, p)
             writers[STATE_FILE] = lambda p: p.write_text(json.dumps(state))
-            write_folder_atomically(self.out_dir, writers)
+            try:
+                write_folder_atomically(self.out_dir, writers)
+            except DiskFull as e:
+                raise TrainingError(f"step {step}: {e}. Last good: {self.describe_last_good()}") from e
         if ctx.world_size > 1:
             dist.barrier()  # nobody reads the folder before it is complete
         self.last_saved_step = step

@@ -3,6 +3,7 @@ every checkpoint (`training_state/state.json`), so a resumed run continues with 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from data.corpus import DATASET_NAMES
@@ -88,6 +89,13 @@ class TrainConfig:
         self._require("weight_decay", math.isfinite(self.weight_decay) and self.weight_decay >= 0,
                       "must be a finite number >= 0")
         self._require("dropout", 0 <= self.dropout < 1, "must be in [0, 1)")
+        self._require("seed", 0 <= self.seed < 2**63, "must be a whole number from 0 to 2**63 - 1")
+        self._require("out_dir", self.out_dir.strip() != "", "must name a folder (an empty name would train into "
+                                                             "the current directory)")
+        if self.init_from and same_folder(self.init_from, self.out_dir):
+            # --overwrite would empty the folder before --init-from reads it.
+            raise TrainingError(f"--init-from {self.init_from} and --out-dir {self.out_dir} are the same folder; "
+                                f"write the new run to another --out-dir")
         for name, choices in (("model", PRESETS), ("parallel", MODES), ("scale_lr", LR_SCALING_RULES),
                               ("precision", ("auto", "fp32", "bf16", "fp16"))):
             self._require(name, getattr(self, name) in choices, f"must be one of {', '.join(choices)}")
@@ -99,3 +107,8 @@ class TrainConfig:
     @property
     def checkpoint_every(self) -> int:
         return self.checkpoint_interval or self.eval_interval
+
+
+def same_folder(a: str, b: str) -> bool:
+    """Whether two paths name one folder, however spelt (symlinks, `./`, a trailing slash)."""
+    return os.path.realpath(a) == os.path.realpath(b)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
@@ -133,11 +134,14 @@ class MetricsLog:
     every evaluation, and with `tensorboard` the same scalars as event files under `tb/`.  Rank 0 only;
     the other ranks get NullLog."""
 
-    def __init__(self, out_dir: Path, tensorboard: bool = False, fresh: bool = True):
-        """`fresh`: a new run starts the file anew; a resumed one appends to it."""
+    def __init__(self, out_dir: Path, tensorboard: bool = False, resumed_at: int | None = None):
+        """A new run starts the file anew; one resumed at a step keeps the records up to that step and
+        appends to them."""
         out_dir.mkdir(parents=True, exist_ok=True)
         self.out_dir = out_dir
-        self.file = open(out_dir / METRICS_FILE, "w" if fresh else "a")
+        if resumed_at is not None:
+            keep_records_up_to(out_dir / METRICS_FILE, resumed_at)
+        self.file = open(out_dir / METRICS_FILE, "w" if resumed_at is None else "a")
         self.tensorboard = TensorBoardLog(out_dir / TENSORBOARD_DIR) if tensorboard else None
 
     def write(self, record: StepRecord | EvalRecord) -> None:
@@ -147,6 +151,24 @@ class MetricsLog:
             self.tensorboard.write(record)
         if isinstance(record, EvalRecord):
             plot_runs([self.out_dir], self.out_dir / CURVES_FILE)
+
+
+def keep_records_up_to(path: Path, step: int) -> None:
+    """Drop the records a killed run wrote after its last checkpoint (the resumed run writes those steps
+    again) and a last line cut short, so the file counts steps once, in order."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+            if record["step"] <= step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
 
 
 class TensorBoardLog:

@@ -97,7 +97,8 @@ class Trainer:
         self.tokens_per_step = self.sampler.global_batch * cfg.grad_accum * self.block
         self.peak_flops = device_peak_flops(self.device, cfg.peak_flops)
         self.flops_per_token = flops_per_token(self.model_config, self.n_params, self.block)
-        self.metrics = MetricsLog(self.out_dir, cfg.tensorboard, fresh=not cfg.resume) if ctx.is_writer else NullLog()
+        self.metrics = MetricsLog(self.out_dir, cfg.tensorboard,
+                                                                 self.start_step if cfg.resume else None) if ctx.is_writer else NullLog()
         self.announce(model)
 
     def announce(self, model: GPT) -> None:
@@ -115,7 +116,7 @@ class Trainer:
         """Train to --max-steps, checkpointing and validating on the way; returns the final validation."""
         cfg = self.cfg
         window_start, window_steps, excluded = time.perf_counter(), 0, 0.0
-        step = self.start_step
+        completed = self.start_step  # steps whose update is applied: the count the console and records use
         try:
             for step in range(self.start_step, cfg.max_steps):
                 done = step + 1
@@ -124,6 +125,7 @@ class Trainer:
                 lr = lr_at(step, self.max_lr, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
                 started = time.perf_counter()
                 result = self.step(self.sampler.next_batch, lr, clock)
+                completed = done
                 window_steps += 1
                 if logged:
                     clock.seconds["other"] = max(0.0, time.perf_counter() - started - sum(clock.seconds.values()))
@@ -137,7 +139,7 @@ class Trainer:
                     self.save_checkpoint(done)
                 excluded += time.perf_counter() - t0
         except KeyboardInterrupt:
-            print(f"\ninterrupted at step {step}; {self.checkpointer.describe_last_good()} "
+            print(f"\ninterrupted after step {completed}; {self.checkpointer.describe_last_good()} "
                   f"(continue with --resume)", file=sys.stderr)
             raise SystemExit(130)
         except NonFiniteStep as e:

@@ -17,6 +17,11 @@ Each drill runs the real tools in their own processes and counts trials, failure
 - killed rank: one rank of a 2-rank DDP job (a checkpoint every 5 steps) is killed with SIGKILL at a random
   moment after its first checkpoint; a failure is a job that does not end within the collective timeout plus
   60 s with an error.  Work lost: steps after the last checkpoint.
+- disk full during a save: train.py on a tmpfs with room for one checkpoint, not two (needs root to mount);
+  a failure is anything but one `error:` line naming ENOSPC and the last good checkpoint, which must load.
+- hostile .contents or journal: a folder whose `.contents` (given to quantize --overwrite) or save journal
+  (given to sample.py, a reader) names a place outside it; a failure is a file outside moved or deleted,
+  or anything but one `error:` line naming the entry.
 """
 from __future__ import annotations
 
@@ -40,7 +45,7 @@ import torch
 from bench.experiment import Experiment, ExperimentError, at_least
 from bench.record import plt
 from bench.report_page import Page
-from model.artifact import save_artifact
+from model.artifact import load_model, save_artifact
 from model.config import GPTConfig
 from model.folder import STAGING_DIR
 from model.gpt import GPT
@@ -90,6 +95,7 @@ class Settings:
     read_timeout_s: float = field(default=2.0, metadata={"help": "the server's --read-timeout-s in that drill"})
     rank_kills: int = field(default=1, metadata={"help": "2-rank DDP jobs whose second rank is killed"})
     dist_timeout_s: float = field(default=20.0, metadata={"help": "those jobs' --dist-timeout-s"})
+    disk_full_runs: int = field(default=1, metadata={"help": "training runs that fill a small tmpfs"})
     seed: int = field(default=0, metadata={"help": "seed of the kill moments"})
 
     def __post_init__(self):
@@ -325,7 +331,76 @@ def killed_rank(s: Settings, work: Path) -> Drill:
                  f"{steps(sum(lost))} in all", time.perf_counter() - started, notes)
 
 
-DRILLS = (readers_during_saves, kill_during_saves, poison_request, slow_clients, killed_rank)
+def disk_full_during_a_save(s: Settings, work: Path) -> Drill:
+    """train.py on a tmpfs that holds one checkpoint but not a second: the run must stop with one error line
+    naming ENOSPC and the last good checkpoint, which must still load.  Mounting needs root (Linux)."""
+    started = time.perf_counter()
+    disk = work / "full-disk"
+    disk.mkdir()
+    # The tiny model's checkpoint is ~87 MB (weights and Adam moments); staging a second needs twice that.
+    mounted = run_quietly(["mount", "-t", "tmpfs", "-o", "size=150m", "tmpfs", str(disk)])
+    if mounted.returncode:
+        return Drill("disk full during a save", 0, 0, "-", time.perf_counter() - started,
+                     [f"not run: mounting a small tmpfs failed ({last_error_line(mounted.stderr)}); needs root"])
+    failures, notes = 0, []
+    try:
+        for trial in range(s.disk_full_runs):
+            out = disk / f"run-{trial}"
+            run = run_quietly([*TRAIN, "--max-steps", "4", "--checkpoint-interval", "2", "--out-dir", str(out)])
+            error = next((line for line in run.stderr.splitlines() if line.startswith("error:")), "no error line")
+            try:
+                intact = saved_step(out) == 2 and load_model(out)[1]["step"] == 2
+            except Exception as e:
+                intact, error = False, f"{error}; the checkpoint does not load: {e}"
+            ok = (run.returncode == 1 and "Traceback" not in run.stderr and "(ENOSPC)" in error
+                  and "checkpoint of step 2" in error and intact)
+            failures += not ok
+            notes.append(f"trial {trial}: exit {run.returncode}, {'intact' if intact else 'NOT intact'}: {error}")
+            shutil.rmtree(out, ignore_errors=True)
+    finally:
+        run_quietly(["umount", str(disk)])
+    return Drill("disk full during a save", s.disk_full_runs, failures, "-", time.perf_counter() - started,
+                 notes[:2])
+
+
+def hostile_contents(s: Settings, work: Path) -> Drill:
+    """Folders whose `.contents` or save journal name places outside them (`..`, absolute, through a
+    symlink), given to a writer (quantize --overwrite) and a reader (sample.py): a failure is anything moved
+    or deleted outside the folder, or an answer other than one `error:` line naming the entry."""
+    started = time.perf_counter()
+    source = small_artifact(work / "serve-model")
+    failures, trials, notes = 0, 0, []
+    for which, entry in enumerate(("../victim", str(work / "hostile" / "victim"), "link/precious.txt")):
+        for tool in ("quantize --overwrite", "sample.py"):
+            root = work / "hostile"
+            shutil.rmtree(root, ignore_errors=True)
+            (root / "victim").mkdir(parents=True)
+            (root / "victim" / "precious.txt").write_text("keep")
+            folder = root / "ck"
+            shutil.copytree(source, folder, ignore=shutil.ignore_patterns(".*"))
+            (folder / "link").symlink_to(root / "victim")
+            if tool == "sample.py":
+                (folder / STAGING_DIR).mkdir()
+                (folder / STAGING_DIR / "COMPLETE").write_text(json.dumps(["config.json", entry]))
+                command = [sys.executable, "sample.py", "--checkpoint", str(folder), "--prompt", "x",
+                           "--max-new-tokens", "1"]
+            else:
+                (folder / ".contents").write_text(json.dumps(["config.json", entry]))
+                command = [sys.executable, "quantize/dynamic.py", "--checkpoint", str(source), "--out-dir",
+                           str(folder), "--overwrite", "--eval-batches", "1", "--repeats", "1", "--new-tokens", "1"]
+            run = run_quietly(command)
+            error = last_error_line(run.stderr)
+            ok = (run.returncode == 1 and (root / "victim" / "precious.txt").exists()
+                  and f"lists {entry!r}, which is not a file inside" in error and "Traceback" not in run.stderr)
+            trials += 1
+            failures += not ok
+            if not ok or which == 0:
+                notes.append(f"{tool}, entry {entry!r}: exit {run.returncode}: {error}")
+    return Drill("hostile .contents or journal", trials, failures, "-", time.perf_counter() - started, notes)
+
+
+DRILLS = (readers_during_saves, kill_during_saves, poison_request, slow_clients, killed_rank,
+          disk_full_during_a_save, hostile_contents)
 
 
 def measure(settings: Settings, work_dir: Path) -> Faults:
