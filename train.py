@@ -18,7 +18,7 @@ import torch.distributed as dist
 from model.folder import release_writer_lock
 from parallel import init_distributed
 from parallel.distributed import announce_failure, failed_rank, shutdown
-from runtime.cli import parse_config
+from runtime.cli import given_fields, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
 from training.config import TrainConfig, TrainingError
@@ -28,11 +28,12 @@ from training.trainer import Trainer
 __all__ = ["TrainConfig", "TrainingError", "train", "main"]
 
 
-def train(cfg: TrainConfig) -> EvalRecord:
-    """Train (one process, or this rank of a torchrun job); returns the final validation record."""
+def train(cfg: TrainConfig, given: set[str] | None = None) -> EvalRecord:
+    """Train (one process, or this rank of a torchrun job); returns the final validation record.  `given`:
+    the settings the command line named, which a resumed run takes over its saved ones."""
     ctx = init_distributed(cfg.parallel, cfg.tp_size, choose_device(cfg.device), cfg.dist_timeout_s)
     try:
-        final = Trainer(cfg, ctx).fit()
+        final = Trainer(cfg, ctx, given).fit()
         if ctx.world_size > 1:
             # No rank tears the group down while another still works (rank 0 writes the last records and the
             # curves): a rank that destroyed it early intermittently ended the job with exit code 1.
@@ -57,7 +58,7 @@ def train(cfg: TrainConfig) -> EvalRecord:
 
 def main(argv=None) -> None:
     try:
-        train(parse_config(TrainConfig, __doc__, argv))
+        train(parse_config(TrainConfig, __doc__, argv), given_fields(TrainConfig, argv))
     except UserError as e:
         sys.exit(f"error: {e}")
 

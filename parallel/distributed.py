@@ -69,6 +69,7 @@ def init_distributed(mode: str, tp_size: int, device: torch.device, timeout_s: f
         if not launched_by_torchrun():
             raise ParallelError(f"--parallel {mode} needs one process per rank; launch with "
                                 f"`torchrun --nproc_per_node=N train.py --parallel {mode}`")
+        check_restartable_launch(os.environ)
         if device.type == "cuda" and device.index is None:
             check_ranks_fit_devices(int(os.environ.get("LOCAL_WORLD_SIZE", 1)), torch.cuda.device_count())
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -90,6 +91,16 @@ def init_distributed(mode: str, tp_size: int, device: torch.device, timeout_s: f
     return DistContext(mode, rank, world, device, mesh, dp_rank=mesh["dp"].get_local_rank(),
                        dp_size=world // tp_size, tp_rank=mesh["tp"].get_local_rank(), tp_size=tp_size,
                        owns_process_group=owns)
+
+
+def check_restartable_launch(env) -> None:
+    """torchrun --max-restarts shares its rendezvous store with the workers by default, and the restarted
+    workers then read the dead ones' addresses from it and fail to connect (pytorch/pytorch#135712; seen
+    with gloo on torch 2.13).  Refuse at the first launch rather than at the first restart, hours later."""
+    if int(env.get("TORCHELASTIC_MAX_RESTARTS", 0)) > 0 and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        raise ParallelError("torchrun --max-restarts cannot restart these workers while its rendezvous store is "
+                            "shared with them (pytorch/pytorch#135712); launch with "
+                            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun ... (and --resume auto)")
 
 
 def check_ranks_fit_devices(local_ranks: int, gpus: int) -> None:

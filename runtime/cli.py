@@ -8,16 +8,19 @@ import typing
 
 
 def option(default, help_text: str, **metadata):
-    """A config field whose help (and `choices`, or `positional=True`) the command line shows."""
+    """A config field whose help (and `choices`, `positional=True`, or `bare=VALUE`: the flag alone means
+    VALUE, as `--resume` means `--resume yes`) the command line shows."""
     return dataclasses.field(default=default, metadata={"help": help_text, **metadata})
 
 
-def add_dataclass_args(parser: argparse.ArgumentParser, cls) -> None:
+def add_dataclass_args(parser: argparse.ArgumentParser, cls, defaults: bool = True) -> None:
+    """One flag per field; with `defaults=False` a flag not given leaves no attribute (see `given_fields`)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
         kind = _base_type(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default = default if defaults else argparse.SUPPRESS
         help_text = f.metadata.get("help", "")
         if default is not None:  # None means "not given", which the help text explains
             help_text = f"{help_text} (default: {default})".strip()
@@ -29,6 +32,9 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls) -> None:
         elif typing.get_origin(kind) is list:  # --modes ddp fsdp
             parser.add_argument(flag, dest=f.name, nargs="+", type=typing.get_args(kind)[0], default=default,
                                 help=help_text, choices=f.metadata.get("choices"))
+        elif "bare" in f.metadata:
+            parser.add_argument(flag, dest=f.name, type=kind, default=default, help=help_text, nargs="?",
+                                const=f.metadata["bare"], choices=f.metadata.get("choices"))
         else:
             parser.add_argument(flag, dest=f.name, type=kind, default=default, help=help_text,
                                 choices=f.metadata.get("choices"))
@@ -72,12 +78,23 @@ def _base_type(hint):
     return hint
 
 
-def parse_config(cls, doc: str, argv=None, epilog: str | None = None):
-    """The command line as a `cls` instance: help and choices from the fields' metadata, checks in its
-    `__post_init__` (which raise a UserError that the caller's main prints).  `doc` is the script's
-    docstring: its first paragraph describes the command and the rest (its examples) follows the flags."""
+def _parser(cls, doc: str, epilog: str | None) -> argparse.ArgumentParser:
     summary, _, rest = doc.strip().partition("\n\n")
     parser = argparse.ArgumentParser(description=summary, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n\n".join(part for part in (rest, epilog) if part) or None)
     add_dataclass_args(parser, cls)
-    return dataclass_from_args(cls, parser.parse_args(argv))
+    return parser
+
+
+def parse_config(cls, doc: str, argv=None, epilog: str | None = None):
+    """The command line as a `cls` instance: help and choices from the fields' metadata, checks in its
+    `__post_init__` (which raise a UserError that the caller's main prints).  `doc` is the script's
+    docstring: its first paragraph describes the command and the rest (its examples) follows the flags."""
+    return dataclass_from_args(cls, _parser(cls, doc, epilog).parse_args(argv))
+
+
+def given_fields(cls, argv=None) -> set[str]:
+    """The fields the command line names, whatever their value: a default argparse filled in is not given."""
+    parser = argparse.ArgumentParser()
+    add_dataclass_args(parser, cls, defaults=False)
+    return set(vars(parser.parse_args(argv)))

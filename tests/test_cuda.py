@@ -49,7 +49,7 @@ def test_resume_on_cuda_continues_the_run(tmp_path, monkeypatch):
     with pytest.raises(SystemExit):
         train.train(train.TrainConfig(**config, out_dir=str(tmp_path / "broken")))
     undo()
-    train.train(train.TrainConfig(**config, out_dir=str(tmp_path / "broken"), resume=True))
+    train.train(train.TrainConfig(**config, out_dir=str(tmp_path / "broken"), resume="yes"))
     assert losses(tmp_path / "broken")[10] == pytest.approx(losses(tmp_path / "full")[10], rel=1e-4)
 
 

@@ -127,7 +127,7 @@ def test_training_that_saves_every_step_is_undisturbed_by_a_reader_in_a_tight_lo
     assert not (out / STAGING_DIR).exists()
     # Resuming what the reader read equals an uninterrupted run.
     train.train(TrainConfig(**FAST, max_steps=8, eval_interval=100, checkpoint_interval=1, out_dir=str(out),
-                            resume=True))
+                            resume="yes"))
     full = tmp_path / "full"
     train.train(TrainConfig(**FAST, max_steps=8, eval_interval=100, checkpoint_interval=100, out_dir=str(full)))
     assert losses(out)[8] == pytest.approx(losses(full)[8], rel=1e-6, abs=0)

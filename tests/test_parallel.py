@@ -91,7 +91,7 @@ def _run_layouts(rank, world, root: Path, result):
         dist.barrier()
         # Evaluating right before a checkpoint under FSDP once left the root's parameters gathered, and
         # the save then missed the optimizer's (sharded) ones.
-        train(_train_config(root / "tp_then_fsdp", parallel="fsdp", resume=True, eval_interval=2,
+        train(_train_config(root / "tp_then_fsdp", parallel="fsdp", resume="yes", eval_interval=2,
                             checkpoint_interval=2))
         _dtensor_comparison(rank, world, root, result)  # two-rank checks share this job's start-up
         _inference_parity(rank, world, root, result)

@@ -66,7 +66,7 @@ def test_resume_after_interrupt_equals_uninterrupted_run(tmp_path, monkeypatch, 
     captured = capsys.readouterr()
     assert "step 7/10:" in captured.out and "interrupted after step 7; the checkpoint of step 5" in captured.err
 
-    train.train(TrainConfig(**FAST, max_steps=10, eval_interval=5, out_dir=str(broken), resume=True))
+    train.train(TrainConfig(**FAST, max_steps=10, eval_interval=5, out_dir=str(broken), resume="yes"))
     expected, resumed = losses(full), losses(broken)
     for step in range(6, 11):
         assert resumed[step] == pytest.approx(expected[step], rel=1e-6, abs=0)

@@ -30,11 +30,6 @@ from training.config import TrainConfig, TrainingError
 TRAINING_STATE = "training_state"
 STATE_FILE = f"{TRAINING_STATE}/state.json"
 OPTIMIZER_FILE = f"{TRAINING_STATE}/optimizer.pt"
-# Settings that may differ when a run is resumed; everything else comes from the checkpoint.
-RESUMABLE_OVERRIDES = ("max_steps", "eval_interval", "eval_batches", "log_interval", "checkpoint_interval",
-                       "device", "compile", "out_dir", "resume", "peak_flops", "parallel", "tp_size",
-                       "cpu_offload", "dist_timeout_s", "final_eval_batches", "tensorboard", "overwrite")
-
 
 def is_training_checkpoint(folder: str | Path) -> bool:
     return (Path(folder) / TRAINING_STATE).exists()
@@ -86,26 +81,6 @@ def default_checkpoint(root: str | Path = DEFAULT_OUT_ROOT) -> tuple[Path, str]:
                   f"--checkpoint DIR picks another")
 
 
-def resumed_config(cfg: TrainConfig, dp_size: int) -> TrainConfig:
-    """The saved run's settings; the per-rank batch is re-derived so the global batch stays the same
-    when the run resumes under another layout."""
-    state = read_training_state(cfg.out_dir)
-    if state is None:
-        raise TrainingError(f"--resume: {cfg.out_dir} has no {STATE_FILE}; nothing to resume "
-                            f"(drop --resume to start a new run)")
-    try:
-        saved = TrainConfig(**state["train_config"])
-    except (KeyError, TypeError) as e:
-        raise TrainingError(f"{Path(cfg.out_dir) / STATE_FILE}: its train_config cannot be read ({e}); the "
-                            f"checkpoint is damaged") from e
-    global_batch = state.get("global_batch", saved.batch_size)
-    if global_batch % dp_size:
-        raise TrainingError(f"the run was trained with a global batch of {global_batch} sequences, which "
-                            f"{dp_size} data-parallel ranks cannot share evenly; resume on a divisor of {global_batch}")
-    return dataclasses.replace(saved, **{k: getattr(cfg, k) for k in RESUMABLE_OVERRIDES},
-                               batch_size=global_batch // dp_size)
-
-
 def save_through_python(obj, path: Path) -> None:
     """torch.save into a file object Python writes, so a full disk is an OSError with its errno (saved to a
     path name, torch's C++ writer reports only `unexpected pos`)."""
@@ -117,19 +92,24 @@ def first_non_finite(state: dict[str, torch.Tensor]) -> str | None:
     return next((name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
 
 
-def claim_run_folder(cfg: TrainConfig) -> None:
+def claim_run_folder(cfg: TrainConfig) -> bool:
     """Make this process the one writer of --out-dir (model/folder.py) before anything in it is read, and
-    refuse a folder that holds another run or another tool's artifact unless --resume or --overwrite."""
+    refuse a folder that holds another run or another tool's artifact unless --resume or --overwrite.
+    Returns whether the run resumes: always with --resume, with --resume auto when the folder holds a run."""
     out_dir = Path(cfg.out_dir)
-    if cfg.resume:
-        acquire_writer_lock(out_dir)  # resumed_config says when there is nothing to resume
-        return
+    if cfg.resume == "yes" or (cfg.resume == "auto" and is_training_checkpoint(out_dir)):
+        acquire_writer_lock(out_dir)
+        if read_training_state(out_dir) is None:
+            raise TrainingError(f"--resume: {cfg.out_dir} has no {STATE_FILE}; nothing to resume (use --resume "
+                                f"auto to start a new run there, or drop --resume)")
+        return True
     claim_output_folder(out_dir, "train.py", cfg.overwrite)
     if is_training_checkpoint(out_dir) and not cfg.overwrite:
         raise TrainingError(f"{out_dir} already holds a training run; pass --resume to continue it, --overwrite "
                             f"to replace it, or --out-dir to start a new one")
     if cfg.overwrite:
         remove_files(out_dir, previous_contents(out_dir))
+    return False
 
 
 class Checkpointer:

@@ -14,6 +14,7 @@ from runtime.cli import option
 from runtime.errors import UserError
 
 DEFAULT_OUT_DIR = "out/train"
+RESUME_MODES = ("no", "yes", "auto")
 
 
 class TrainingError(UserError):
@@ -44,7 +45,10 @@ class TrainConfig:
     compile: bool = option(False, "torch.compile the model")
     activation_checkpointing: bool = option(False, "recompute each block's activations in backward to save memory")
     out_dir: str = option(DEFAULT_OUT_DIR, "folder of the run: checkpoint, metrics.jsonl")
-    resume: bool = option(False, "continue the run in --out-dir from its checkpoint")
+    resume: str = option("no", "continue the run in --out-dir from its checkpoint: `--resume` (or yes) requires "
+                               "one; auto continues this run if the folder holds it and starts fresh in an empty "
+                               "folder (for torchrun --max-restarts and requeued jobs)",
+                         choices=RESUME_MODES, bare="yes")
     overwrite: bool = option(False, "start a new run in --out-dir even though it holds a run or another tool's "
                                     "artifact (whose files are removed first)")
     eval_interval: int = option(200, "validate (and checkpoint) every N steps; the final validation sweeps the "
@@ -92,12 +96,15 @@ class TrainConfig:
         self._require("seed", 0 <= self.seed < 2**63, "must be a whole number from 0 to 2**63 - 1")
         self._require("out_dir", self.out_dir.strip() != "", "must name a folder (an empty name would train into "
                                                              "the current directory)")
+        if self.resume != "no" and self.overwrite:  # under a restarting launcher, each restart would wipe the run
+            raise TrainingError(f"--resume {self.resume} continues the run in --out-dir and --overwrite replaces it; "
+                                f"give one of them")
         if self.init_from and same_folder(self.init_from, self.out_dir):
             # --overwrite would empty the folder before --init-from reads it.
             raise TrainingError(f"--init-from {self.init_from} and --out-dir {self.out_dir} are the same folder; "
                                 f"write the new run to another --out-dir")
         for name, choices in (("model", PRESETS), ("parallel", MODES), ("scale_lr", LR_SCALING_RULES),
-                              ("precision", ("auto", "fp32", "bf16", "fp16"))):
+                              ("precision", ("auto", "fp32", "bf16", "fp16")), ("resume", RESUME_MODES)):
             self._require(name, getattr(self, name) in choices, f"must be one of {', '.join(choices)}")
 
     def _require(self, name: str, ok: bool, what: str) -> None:

@@ -20,11 +20,13 @@ from model.optim import build_optimizer, lr_at
 from parallel import CommsMeter, check_divisibility, parallelize, scaled_lr
 from parallel.state import local_state_bytes
 from runtime.device import is_out_of_memory, peak_memory_bytes, precision_policy
-from training.checkpoint import Checkpointer, claim_run_folder, resumed_config
+from training.checkpoint import STATE_FILE, Checkpointer, claim_run_folder, read_training_state
 from training.config import TrainConfig, TrainingError
 from training.metrics import (NO_CLOCK, EvalRecord, MetricsLog, NullLog, ParallelRecord, PhaseClock, StepRecord,
                               device_peak_flops, flops_per_token)
+from training.resume import given_by_default, resumed_config
 from training.step import NonFiniteStep, TrainStep
+from training.stop_signals import StopRequested, StopSignals
 
 
 def build_model(cfg: TrainConfig) -> GPT:
@@ -55,20 +57,29 @@ class Trainer:
     """One run, built from its config: the model parallelised, the data, the optimizer, the step, the
     checkpointer and the metrics log; `fit` trains it."""
 
-    def __init__(self, cfg: TrainConfig, ctx):
+    def __init__(self, cfg: TrainConfig, ctx, given: set[str] | None = None):
+        """`given`: the settings the command line named (a resumed run keeps its own for the rest); by
+        default those that differ from the defaults."""
         self.ctx, self.device, self.out_dir = ctx, ctx.device, Path(cfg.out_dir)
-        if ctx.is_writer:
-            claim_run_folder(cfg)
-        if cfg.resume:
-            cfg = resumed_config(cfg, ctx.dp_size)
+        self.say = print if ctx.is_writer else (lambda *a, **k: None)
+        resuming = claim_run_folder(cfg) if ctx.is_writer else False
+        if ctx.world_size > 1:  # rank 0 decides, so every rank resumes or none does
+            decision = [resuming]
+            dist.broadcast_object_list(decision, src=0)
+            resuming = decision[0]
+        if resuming:
+            state_path = self.out_dir / STATE_FILE
+            cfg, changes = resumed_config(cfg, given_by_default(cfg) if given is None else given,
+                                          read_training_state(self.out_dir), state_path, ctx.dp_size)
+            if changes:
+                self.say(f"resume: {'; '.join(changes)}")
         self.cfg = cfg
         self.precision = precision_policy(self.device, cfg.precision)
-        self.say = print if ctx.is_writer else (lambda *a, **k: None)
         model = build_model(cfg)
         self.model_config, self.block = model.config, training_block(cfg, model.config)
         check_divisibility(self.model_config, ctx, cfg.batch_size)
         self.checkpointer = Checkpointer(self.out_dir, cfg)
-        if cfg.resume:
+        if resuming:
             self.checkpointer.restore_weights(model)  # full weights first; every layout slices them the same way
         model.to(self.device)
         model.gradient_checkpointing = cfg.activation_checkpointing
@@ -86,8 +97,8 @@ class Trainer:
         self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, device_type=self.device.type)
         self.max_lr = scaled_lr(cfg.lr, self.sampler.global_batch, cfg.reference_batch or cfg.batch_size,
                                 cfg.scale_lr)
-        self.start_step = self.checkpointer.restore(self.par, self.optimizer, self.sampler) if cfg.resume else 0
-        if cfg.resume:
+        self.start_step = self.checkpointer.restore(self.par, self.optimizer, self.sampler) if resuming else 0
+        if resuming:
             self.say(f"resumed {self.out_dir} at step {self.start_step}")
         module = torch.compile(self.par.module) if cfg.compile else self.par.module
         self.eval_module = self.par.eval_module if self.par.is_distributed else module
@@ -97,8 +108,8 @@ class Trainer:
         self.tokens_per_step = self.sampler.global_batch * cfg.grad_accum * self.block
         self.peak_flops = device_peak_flops(self.device, cfg.peak_flops)
         self.flops_per_token = flops_per_token(self.model_config, self.n_params, self.block)
-        self.metrics = MetricsLog(self.out_dir, cfg.tensorboard,
-                                                                 self.start_step if cfg.resume else None) if ctx.is_writer else NullLog()
+        self.metrics = (MetricsLog(self.out_dir, cfg.tensorboard, self.start_step if resuming else None)
+                        if ctx.is_writer else NullLog())
         self.announce(model)
 
     def announce(self, model: GPT) -> None:
@@ -115,31 +126,18 @@ class Trainer:
     def fit(self) -> EvalRecord:
         """Train to --max-steps, checkpointing and validating on the way; returns the final validation."""
         cfg = self.cfg
-        window_start, window_steps, excluded = time.perf_counter(), 0, 0.0
-        completed = self.start_step  # steps whose update is applied: the count the console and records use
+        self.completed = self.start_step  # steps whose update is applied: the count the console and records use
         try:
-            for step in range(self.start_step, cfg.max_steps):
-                done = step + 1
-                logged = done % cfg.log_interval == 0 or done == cfg.max_steps
-                clock = PhaseClock(self.device) if logged else NO_CLOCK  # synchronising costs GPU throughput
-                lr = lr_at(step, self.max_lr, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
-                started = time.perf_counter()
-                result = self.step(self.sampler.next_batch, lr, clock)
-                completed = done
-                window_steps += 1
-                if logged:
-                    clock.seconds["other"] = max(0.0, time.perf_counter() - started - sum(clock.seconds.values()))
-                    self.log_step(done, lr, result, clock,
-                                  time.perf_counter() - window_start - excluded, window_steps)
-                    window_start, window_steps, excluded = time.perf_counter(), 0, 0.0
-                t0 = time.perf_counter()  # evaluation and checkpointing are kept out of tokens/s
-                if done % cfg.eval_interval == 0 and done != cfg.max_steps:
-                    self.evaluate(done, cfg.eval_batches)
-                if done % cfg.checkpoint_every == 0 or done == cfg.max_steps:
-                    self.save_checkpoint(done)
-                excluded += time.perf_counter() - t0
+            with StopSignals() as stop_signals:
+                self.train_steps(stop_signals)
+        except StopRequested as e:
+            if self.checkpointer.last_saved_step != self.completed:
+                self.save_checkpoint(self.completed)
+            print(f"stopped by {e} after step {self.completed}; {self.checkpointer.describe_last_good()} "
+                  f"(continue with --resume auto); exit status {e.exit_status}", file=sys.stderr)
+            raise SystemExit(e.exit_status)
         except KeyboardInterrupt:
-            print(f"\ninterrupted after step {completed}; {self.checkpointer.describe_last_good()} "
+            print(f"\ninterrupted after step {self.completed}; {self.checkpointer.describe_last_good()} "
                   f"(continue with --resume)", file=sys.stderr)
             raise SystemExit(130)
         except NonFiniteStep as e:
@@ -153,6 +151,32 @@ class Trainer:
                                 f"lower --batch-size (and raise --grad-accum to keep the batch) or use "
                                 f"--activation-checkpointing") from e
         return self.evaluate(cfg.max_steps, cfg.final_eval_batches)
+
+    def train_steps(self, stop_signals: StopSignals) -> None:
+        """The steps from the start (or the resumed) step to --max-steps; after each, a stop signal on any
+        rank stops every rank (training/stop_signals.py)."""
+        cfg = self.cfg
+        window_start, window_steps, excluded = time.perf_counter(), 0, 0.0
+        for step in range(self.start_step, cfg.max_steps):
+            done = step + 1
+            logged = done % cfg.log_interval == 0 or done == cfg.max_steps
+            clock = PhaseClock(self.device) if logged else NO_CLOCK  # synchronising costs GPU throughput
+            lr = lr_at(step, self.max_lr, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
+            started = time.perf_counter()
+            result = self.step(self.sampler.next_batch, lr, clock)
+            self.completed = done
+            window_steps += 1
+            if logged:
+                clock.seconds["other"] = max(0.0, time.perf_counter() - started - sum(clock.seconds.values()))
+                self.log_step(done, lr, result, clock, time.perf_counter() - window_start - excluded, window_steps)
+                window_start, window_steps, excluded = time.perf_counter(), 0, 0.0
+            t0 = time.perf_counter()  # evaluation and checkpointing are kept out of tokens/s
+            if done % cfg.eval_interval == 0 and done != cfg.max_steps:
+                self.evaluate(done, cfg.eval_batches)
+            if done % cfg.checkpoint_every == 0 or done == cfg.max_steps:
+                self.save_checkpoint(done)
+            stop_signals.check(self.ctx)
+            excluded += time.perf_counter() - t0
 
     def save_checkpoint(self, step: int) -> None:
         """Only weights that still give a finite loss are saved: a finite but exploded update (a huge

@@ -1,0 +1,80 @@
+"""How a run continues: which of its settings come from the checkpoint and which from the command line.
+
+A resumed run is the saved run.  Its settings come from `training_state/state.json`, except:
+- the launch (device, parallel layout, compile, output folder, ...): always this command line's, because
+  a run may move to another machine or layout;
+- the settings a run may change on the way (more steps, other intervals): this command line's where it
+  gives them, each change said in one line;
+- everything else (model, data, seed, batch, learning rate and schedule) is fixed: a given flag with
+  another value is refused by name, since the result would be neither run.
+
+`--resume auto` is the form for launchers that restart a job with the same command line (torchrun
+--max-restarts, a requeued scheduler job): it continues the folder's run if the command line describes
+that run (defaults included), starts fresh in an empty folder, and refuses a folder holding another run.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from training.config import TrainConfig, TrainingError
+
+# Settings of the launch, not of the run.
+LAUNCH_SETTINGS = ("device", "compile", "activation_checkpointing", "out_dir", "resume", "overwrite", "parallel",
+                   "tp_size", "cpu_offload", "dist_timeout_s", "peak_flops", "tensorboard")
+# Settings of the run that may change when it is resumed.
+CHANGEABLE_SETTINGS = ("max_steps", "eval_interval", "eval_batches", "log_interval", "checkpoint_interval",
+                       "final_eval_batches")
+FIXED_SETTINGS = tuple(f.name for f in dataclasses.fields(TrainConfig)
+                       if f.name not in LAUNCH_SETTINGS + CHANGEABLE_SETTINGS)
+
+
+def given_by_default(cfg: TrainConfig) -> set[str]:
+    """For a config built in code: the settings that differ from the defaults count as given."""
+    defaults = TrainConfig()
+    return {f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != getattr(defaults, f.name)}
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def resumed_config(cfg: TrainConfig, given: set[str], state: dict, state_path: Path,
+                   dp_size: int) -> tuple[TrainConfig, list[str]]:
+    """The saved run's config under this launch, with the changes `given` asks for; and one phrase per
+    change.  The per-rank batch is re-derived so the global batch stays the same under another layout."""
+    saved_fields = state.get("train_config")
+    if not isinstance(saved_fields, dict):
+        raise TrainingError(f"{state_path} has no train_config; the checkpoint is damaged")
+    try:
+        saved = TrainConfig(**{**saved_fields, **{name: getattr(cfg, name) for name in LAUNCH_SETTINGS}})
+    except TypeError as e:  # a setting this version does not know (or lacks)
+        raise TrainingError(f"{state_path}: its train_config cannot be read ({e}); the checkpoint is damaged "
+                            f"or was written by another version of train.py") from e
+    except TrainingError as e:
+        raise TrainingError(f"{state_path}: {e}; the checkpoint is damaged") from e
+    # Under --resume auto the command line describes the run to continue, defaults and all.
+    compared = set(FIXED_SETTINGS) if cfg.resume == "auto" else given & set(FIXED_SETTINGS)
+    different = [name for name in FIXED_SETTINGS if name in compared and getattr(cfg, name) != getattr(saved, name)]
+    if different:
+        asked = ", ".join(f"{flag(n)} {getattr(cfg, n)}" for n in different)
+        was = ", ".join(f"{flag(n)} {getattr(saved, n)}" for n in different)
+        raise TrainingError(f"{cfg.out_dir} holds a run trained with {was}; a resumed run cannot change that "
+                            f"({asked} asked). Drop {'the flag' if len(different) == 1 else 'those flags'} to "
+                            f"continue the run, or start a new one with another --out-dir")
+    step, global_batch = state.get("step"), state.get("global_batch", saved.batch_size)
+    if not isinstance(step, int) or not isinstance(global_batch, int) or step < 0 or global_batch < 1:
+        raise TrainingError(f"{state_path}: its step ({step!r}) or global batch ({global_batch!r}) is not a "
+                            f"count; the checkpoint is damaged")
+    changes = {name: getattr(cfg, name) for name in CHANGEABLE_SETTINGS
+               if name in given and getattr(cfg, name) != getattr(saved, name)}
+    if changes.get("max_steps", saved.max_steps) < step:
+        raise TrainingError(f"--max-steps {changes['max_steps']} is below step {step}, where {cfg.out_dir} "
+                            f"was saved; give at least {step} (the run was set to {saved.max_steps})")
+    if global_batch % dp_size:
+        raise TrainingError(f"the run was trained with a global batch of {global_batch} sequences, which "
+                            f"{dp_size} data-parallel ranks cannot share evenly; resume on a divisor of {global_batch}")
+    said = [f"{flag(name)} {value} (was {getattr(saved, name)})" for name, value in changes.items()]
+    if "max_steps" in changes:
+        said[0] += f", so the learning-rate schedule now ends at step {changes['max_steps']}"
+    return dataclasses.replace(saved, **changes, batch_size=global_batch // dp_size), said
