@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -314,3 +315,11 @@ def test_ignore_eos_generates_exactly_max_new_tokens(checkpoint, monkeypatch):
         assert (stopped["tokens"], stopped["finish_reason"]) == (1, "eos")
         kept = client.post("/generate", json={"prompt": "hi", "max_new_tokens": 5, "ignore_eos": True}).json()
         assert (kept["tokens"], kept["finish_reason"]) == (5, "length")
+
+
+def test_a_path_cannot_forge_a_request_log_line(client, caplog):
+    caplog.set_level(logging.INFO, logger="serve.requests")
+    client.get("/x%0A2026-01-01 12:00:00 INFO serve.requests: 10.0.0.1 POST /generate 200 1.0ms 5B")
+    [line] = [r.getMessage() for r in caplog.records if r.name == "serve.requests"]
+    assert "\n" not in line and " /x\\x0a2026-01-01\\x2012:00:00" in line and line.endswith("B")
+    assert line.split(" ")[3] == "404"  # client, method, path, status: the path is one field
