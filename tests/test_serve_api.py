@@ -13,7 +13,7 @@ from model.config import EOT_TOKEN
 from model.gpt import GPT
 from runtime.provenance import provenance
 from serve.app import create_app
-from serve.config import API_KEY_ENV, ServeConfig
+from serve.config import API_KEY_ENV, ServeConfig, ServeConfigError
 from serve.state import ServerState
 from tests.conftest import save_small_artifact, small_config
 
@@ -323,3 +323,10 @@ def test_a_path_cannot_forge_a_request_log_line(client, caplog):
     [line] = [r.getMessage() for r in caplog.records if r.name == "serve.requests"]
     assert "\n" not in line and " /x\\x0a2026-01-01\\x2012:00:00" in line and line.endswith("B")
     assert line.split(" ")[3] == "404"  # client, method, path, status: the path is one field
+
+
+@pytest.mark.parametrize("key", ["clé", "s3cret ", "tab\tkey"])
+def test_an_api_key_no_header_can_carry_is_refused_at_startup(checkpoint, monkeypatch, key):
+    monkeypatch.setenv(API_KEY_ENV, key)
+    with pytest.raises(ServeConfigError, match=f"{API_KEY_ENV} must be printable ASCII"):
+        create_app(ServeConfig(checkpoint=checkpoint, device="cpu"))
