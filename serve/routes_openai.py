@@ -76,9 +76,17 @@ def completion_choice(result: DoneEvent, index: int, echoed: str) -> CompletionC
 
 def completion_jobs(body: CompletionRequest, state: ServerState) -> list:
     count = len(body.prompts) * body.n
+    asked = f"n: {len(body.prompts)} prompt(s) x n={body.n} asks for {count} completions"
     if count > state.config.max_completions:
-        raise APIError(422, f"n: {len(body.prompts)} prompt(s) x n={body.n} asks for {count} completions; this "
-                            f"server allows at most {state.config.max_completions} per request", param="n")
+        raise APIError(422, f"{asked}; this server allows at most {state.config.max_completions} per request",
+                       param="n")
+    # A request is queued whole or refused (Submission.submit): one larger than the batch and the queue
+    # together would get a 503 "busy, retry" forever, even on an idle server.
+    capacity = state.config.max_batch_size + state.config.max_queue
+    if count > capacity:
+        raise APIError(422, f"{asked}; this server holds at most {capacity} at once (--max-batch-size "
+                            f"{state.config.max_batch_size} + --max-queue {state.config.max_queue}), so it could "
+                            f"never accept them: ask for fewer", param="n")
     jobs = []
     for p, prompt in enumerate(body.prompts):
         field = "prompt" if isinstance(body.prompt, str) else f"prompt[{p}]"

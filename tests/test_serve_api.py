@@ -330,3 +330,13 @@ def test_an_api_key_no_header_can_carry_is_refused_at_startup(checkpoint, monkey
     monkeypatch.setenv(API_KEY_ENV, key)
     with pytest.raises(ServeConfigError, match=f"{API_KEY_ENV} must be printable ASCII"):
         create_app(ServeConfig(checkpoint=checkpoint, device="cpu"))
+
+
+def test_more_completions_than_the_server_can_ever_hold_is_a_422_naming_n(checkpoint):
+    with make_client(checkpoint, max_batch_size=4, max_queue=2) as client:
+        body = {"model": Path(checkpoint).name, "prompt": "hi", "max_tokens": 1}
+        reply = client.post("/v1/completions", json={**body, "n": 7})
+        assert reply.status_code == 422 and "retry-after" not in reply.headers
+        error = reply.json()["error"]
+        assert error["param"] == "n" and "holds at most 6 at once (--max-batch-size 4 + --max-queue 2)" in error["message"]
+        assert len(client.post("/v1/completions", json={**body, "n": 6}).json()["choices"]) == 6
