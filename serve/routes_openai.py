@@ -17,6 +17,7 @@ from data.tokenizer import decode
 from model.sampling import SamplingParams
 from serve.engine import DoneEvent, ErrorEvent, TokenEvent
 from serve.errors import APIError, error_body
+from serve.prompts import Prompt, completion_prompts
 from serve.routes_generate import SSE_HEADERS
 from serve.schemas import (Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionUsage,
                            ModelCard, ModelList)
@@ -41,7 +42,9 @@ async def create_completion(body: CompletionRequest, request: Request):
     if body.model != state.model_id:
         raise APIError(404, f"model {body.model!r} is not served here; this server serves {state.model_id!r} "
                             f"(see GET /v1/models)", param="model", code="model_not_found")
-    jobs = completion_jobs(body, state)
+    check_count(body, state)
+    prompts = completion_prompts(body, state)
+    jobs = completion_jobs(body, prompts)
     submission = Submission(state.engine, jobs, state.config.retry_after_s, body.logprobs, body.echo)
     submission.submit()
     completion_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
@@ -50,8 +53,8 @@ async def create_completion(body: CompletionRequest, request: Request):
         chunks = stream(submission, completion_id, created, state.model_id, include_usage, body.n)
         return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS)
     results = await submission.results(request)
-    prompts = [prompt for prompt in body.prompts for _ in range(body.n)]  # choice order
-    choices = [completion_choice(r, i, prompts[i] if body.echo else "") for i, r in enumerate(results)]
+    texts = [prompt.text for prompt in prompts for _ in range(body.n)]  # choice order
+    choices = [completion_choice(r, i, texts[i] if body.echo else "") for i, r in enumerate(results)]
     return Completion(id=completion_id, choices=choices, created=created, model=state.model_id, usage=usage(results, body.n))
 
 
@@ -74,7 +77,7 @@ def completion_choice(result: DoneEvent, index: int, echoed: str) -> CompletionC
                             finish_reason=FINISH_REASONS[result.finish_reason])
 
 
-def completion_jobs(body: CompletionRequest, state: ServerState) -> list:
+def check_count(body: CompletionRequest, state: ServerState) -> None:
     count = len(body.prompts) * body.n
     asked = f"n: {len(body.prompts)} prompt(s) x n={body.n} asks for {count} completions"
     if count > state.config.max_completions:
@@ -87,16 +90,17 @@ def completion_jobs(body: CompletionRequest, state: ServerState) -> list:
         raise APIError(422, f"{asked}; this server holds at most {capacity} at once (--max-batch-size "
                             f"{state.config.max_batch_size} + --max-queue {state.config.max_queue}), so it could "
                             f"never accept them: ask for fewer", param="n")
+
+
+def completion_jobs(body: CompletionRequest, prompts: list[Prompt]) -> list:
     jobs = []
-    for p, prompt in enumerate(body.prompts):
-        field = "prompt" if isinstance(body.prompt, str) else f"prompt[{p}]"
-        ids = state.encode_within_context(prompt, body.max_tokens, field, "max_tokens")
+    for p, prompt in enumerate(prompts):
         for j in range(body.n):
             index = p * body.n + j
             seed = None if body.seed is None else (body.seed + index) % 2**63
             params = SamplingParams(max_new_tokens=body.max_tokens, temperature=body.temperature,
                                     top_p=body.top_p, seed=seed)
-            jobs.append((ids, params, body.stop_strings))
+            jobs.append((prompt.ids, params, body.stop_strings))
     return jobs
 
 

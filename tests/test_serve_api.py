@@ -145,6 +145,10 @@ def test_openai_request_checks(client, checkpoint):
     for body, status, param in [({**base, "model": "gpt-4"}, 404, "model"), ({**base, "n": 9}, 422, "n"),
                                 ({**base, "presence_penalty": 0.5}, 422, "presence_penalty"),
                                 ({**base, "prompt": ["ok", "word " * 70]}, 422, "prompt[1]"),
+                                ({**base, "prompt": [[1, 2], [3, 50257]]}, 422, "prompt[1][1]"),
+                                ({**base, "prompt": [5, -1]}, 422, "prompt[1]"),
+                                ({**base, "prompt": [[1], [2] * 70]}, 422, "prompt[1]"),
+                                ({**base, "prompt": [1.5]}, 422, "prompt"),
                                 ({**base, "temperature": 3}, 422, "temperature")]:
         response = client.post("/v1/completions", json=body)
         assert response.status_code == status, body
@@ -340,3 +344,30 @@ def test_more_completions_than_the_server_can_ever_hold_is_a_422_naming_n(checkp
         error = reply.json()["error"]
         assert error["param"] == "n" and "holds at most 6 at once (--max-batch-size 4 + --max-queue 2)" in error["message"]
         assert len(client.post("/v1/completions", json={**body, "n": 6}).json()["choices"]) == 6
+
+
+def test_token_id_prompts_work_as_the_text_they_encode(client, checkpoint):
+    """OpenAI's prompt forms: a list of token ids is one prompt, a list of such lists a batch."""
+    from data.tokenizer import encode
+    text, other = "The quick brown fox", "Hello"
+    base = {"model": Path(checkpoint).name, "max_tokens": 3, "temperature": 0, "echo": True, "logprobs": 1}
+    by_text = client.post("/v1/completions", json={**base, "prompt": text}).json()
+    by_ids = client.post("/v1/completions", json={**base, "prompt": encode(text)}).json()
+    assert by_ids["choices"] == by_text["choices"] and by_ids["usage"] == by_text["usage"]
+    batch = client.post("/v1/completions", json={**base, "prompt": [encode(text), encode(other)], "n": 2}).json()
+    assert [c["text"] for c in batch["choices"]][:2] == [by_text["choices"][0]["text"]] * 2
+    assert batch["choices"][2]["text"].startswith(other) and batch["choices"][2]["logprobs"]["tokens"][0] == other
+    assert batch["usage"]["prompt_tokens"] == len(encode(text)) + len(encode(other))
+
+
+def test_the_harness_loglikelihood_request_scores_the_continuation(client, checkpoint):
+    """lm-evaluation-harness 0.4's local-completions: context + continuation as token ids, echo, logprobs 1,
+    max_tokens 1, and the continuation's log-likelihood is token_logprobs[len(context):-1]."""
+    from data.tokenizer import encode
+    context, continuation = encode("The capital of France is"), encode(" Paris, a city")
+    body = {"model": Path(checkpoint).name, "prompt": [context + continuation], "echo": True, "logprobs": 1,
+            "temperature": 0}
+    harness = client.post("/v1/completions", json={**body, "max_tokens": 1}).json()["choices"][0]["logprobs"]
+    scored = client.post("/v1/completions", json={**body, "max_tokens": 0}).json()["choices"][0]["logprobs"]
+    assert len(harness["token_logprobs"]) == len(context + continuation) + 1
+    assert harness["token_logprobs"][len(context):-1] == pytest.approx(scored["token_logprobs"][len(context):])

@@ -163,7 +163,7 @@ BAD_VALUES = {
         "stop": [True, 1, "", [""], ["a"] * 5, [1], {}, "x" * 200], "stream": [None, 1, "yes", []],
     },
     "/v1/completions": {
-        "model": [None, 1, [], "x"], "prompt": [None, 1, "", [], [1], [""], {"a": 1}],
+        "model": [None, 1, [], "x"], "prompt": [None, 1, "", [], [-1], [50257], [[]], [1.5], [[1], "x"], [""], {"a": 1}],
         "max_tokens": [0, -1, True, 10**40, 1000, None], "n": [0, -1, 100, True, 1.5], "temperature": [-1, 3, "x", True],
         "top_p": [0, 2, None, "x"], "stream": [None, "yes", 1], "echo": ["x", 2], "logprobs": [6, -1, "x"],
         "stop": ["", [""], 1, ["a"] * 5], "seed": [-1, 2**64, "x"], "suffix": ["tail", 1],
