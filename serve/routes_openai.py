@@ -48,13 +48,13 @@ async def create_completion(body: CompletionRequest, request: Request):
     submission = Submission(state.engine, jobs, state.config.retry_after_s, body.logprobs, body.echo)
     submission.submit()
     completion_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    echoes = [prompt.text if body.echo else "" for prompt in prompts for _ in range(body.n)]  # choice order
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        chunks = stream(submission, completion_id, created, state.model_id, include_usage, body.n)
+        chunks = stream(submission, completion_id, created, state.model_id, include_usage, body.n, echoes)
         return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS)
     results = await submission.results(request)
-    texts = [prompt.text for prompt in prompts for _ in range(body.n)]  # choice order
-    choices = [completion_choice(r, i, texts[i] if body.echo else "") for i, r in enumerate(results)]
+    choices = [completion_choice(r, i, echoes[i]) for i, r in enumerate(results)]
     return Completion(id=completion_id, choices=choices, created=created, model=state.model_id, usage=usage(results, body.n))
 
 
@@ -112,13 +112,17 @@ def usage(results: list[DoneEvent], n: int) -> CompletionUsage:
 
 
 async def stream(submission: Submission, completion_id: str, created: int, model_id: str, include_usage: bool,
-                 n: int):
+                 n: int, echoes: list[str]):
+    """Server-sent chunks: each choice's echoed prompt first (as OpenAI streams it), then its text as it comes."""
     def chunk(choices: list[CompletionChoice], usage_body: CompletionUsage | None = None) -> str:
         body = Completion(id=completion_id, choices=choices, created=created, model=model_id, usage=usage_body)
         return f"data: {json.dumps(body.model_dump(exclude_none=True) | {'choices': [c.model_dump() for c in choices]})}\n\n"
 
     results: dict[int, DoneEvent] = {}
     try:
+        if any(echoes):
+            yield "".join(chunk([CompletionChoice(text=text, index=i, finish_reason=None)])
+                          for i, text in enumerate(echoes))
         async for batch in submission.event_batches():
             out = []
             for index, event in batch:

@@ -371,3 +371,19 @@ def test_the_harness_loglikelihood_request_scores_the_continuation(client, check
     scored = client.post("/v1/completions", json={**body, "max_tokens": 0}).json()["choices"][0]["logprobs"]
     assert len(harness["token_logprobs"]) == len(context + continuation) + 1
     assert harness["token_logprobs"][len(context):-1] == pytest.approx(scored["token_logprobs"][len(context):])
+
+
+@pytest.mark.parametrize("max_tokens", [0, 4])
+def test_a_stream_with_echo_sends_the_prompt_first(client, checkpoint, max_tokens):
+    body = {"model": Path(checkpoint).name, "prompt": ["Hello there", "The"], "n": 2, "max_tokens": max_tokens,
+            "echo": True, "temperature": 0}
+    expected = [c["text"] for c in client.post("/v1/completions", json=body).json()["choices"]]
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
+        chunks = [json.loads(line.removeprefix("data: ")) for line in response.iter_lines()
+                  if line.startswith("data: {")]
+    texts = ["", "", "", ""]
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            texts[choice["index"]] += choice["text"]
+    assert texts == expected and expected[0].startswith("Hello there") and expected[2].startswith("The")
+    assert [c["choices"][0]["text"] for c in chunks[:4]] == ["Hello there", "Hello there", "The", "The"]
