@@ -13,14 +13,14 @@ import uuid
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from data.tokenizer import decode
 from model.sampling import SamplingParams
 from serve.engine import DoneEvent, ErrorEvent, TokenEvent
 from serve.errors import APIError, error_body
+from serve.logprobs import completion_logprobs
 from serve.prompts import Prompt, completion_prompts
 from serve.routes_generate import SSE_HEADERS
-from serve.schemas import (Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionUsage,
-                           ModelCard, ModelList)
+from serve.schemas import (Completion, CompletionChoice, CompletionRequest, CompletionUsage, ModelCard,
+                           ModelList)
 from serve.state import ServerState, require_api_key, server_state
 from serve.submission import Submission, error_for
 
@@ -48,32 +48,21 @@ async def create_completion(body: CompletionRequest, request: Request):
     submission = Submission(state.engine, jobs, state.config.retry_after_s, body.logprobs, body.echo)
     submission.submit()
     completion_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-    echoes = [prompt.text if body.echo else "" for prompt in prompts for _ in range(body.n)]  # choice order
+    prompt_texts = [prompt.text for prompt in prompts for _ in range(body.n)]  # choice order
+    echoes = [text if body.echo else "" for text in prompt_texts]
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         chunks = stream(submission, completion_id, created, state.model_id, include_usage, body.n, echoes)
         return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS)
     results = await submission.results(request)
-    choices = [completion_choice(r, i, echoes[i]) for i, r in enumerate(results)]
+    choices = [completion_choice(r, i, prompt_texts[i], body.echo) for i, r in enumerate(results)]
     return Completion(id=completion_id, choices=choices, created=created, model=state.model_id, usage=usage(results, body.n))
 
 
-def completion_choice(result: DoneEvent, index: int, echoed: str) -> CompletionChoice:
-    """The choice's text (after the echoed prompt, if any) and, when asked for, its log-probabilities with
-    each token's text and its character offset in that text."""
-    logprobs = None
-    if result.logprobs is not None:
-        pieces = [decode([entry.token]) for entry in result.logprobs]
-        offsets, at = [], 0
-        for piece in pieces:
-            offsets.append(at)
-            at += len(piece)
-        logprobs = CompletionLogprobs(
-            tokens=pieces, token_logprobs=[entry.logprob for entry in result.logprobs],
-            top_logprobs=[None if entry.logprob is None else {decode([t]): lp for t, lp in entry.top}
-                          for entry in result.logprobs],
-            text_offset=offsets)
-    return CompletionChoice(text=echoed + result.text, index=index, logprobs=logprobs,
+def completion_choice(result: DoneEvent, index: int, prompt_text: str, echo: bool) -> CompletionChoice:
+    """The choice's text (after the prompt, with echo) and, when asked for, its log-probabilities."""
+    logprobs = None if result.logprobs is None else completion_logprobs(result, prompt_text, echo)
+    return CompletionChoice(text=(prompt_text if echo else "") + result.text, index=index, logprobs=logprobs,
                             finish_reason=FINISH_REASONS[result.finish_reason])
 
 

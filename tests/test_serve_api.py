@@ -387,3 +387,55 @@ def test_a_stream_with_echo_sends_the_prompt_first(client, checkpoint, max_token
             texts[choice["index"]] += choice["text"]
     assert texts == expected and expected[0].startswith("Hello there") and expected[2].startswith("The")
     assert [c["choices"][0]["text"] for c in chunks[:4]] == ["Hello there", "Hello there", "The", "The"]
+
+
+def assert_offsets_index_the_text(text: str, logprobs: dict) -> None:
+    """Every token shown as text is found at its offset; one shown as bytes points into the text."""
+    assert logprobs["text_offset"] == sorted(logprobs["text_offset"])
+    for token, offset in zip(logprobs["tokens"], logprobs["text_offset"]):
+        assert token.startswith("bytes:") and offset < len(text) or text[offset:offset + len(token)] == token
+
+
+def test_logprobs_of_split_characters_follow_openai(client, checkpoint):
+    """Tokens that end inside a character are shown as their bytes, the one that finishes it as the whole
+    character; offsets count characters of the returned text."""
+    text = "x😀é漢字y"
+    body = {"model": Path(checkpoint).name, "prompt": text, "max_tokens": 0, "echo": True, "logprobs": 2}
+    choice = client.post("/v1/completions", json=body).json()["choices"][0]
+    logprobs = choice["logprobs"]
+    assert choice["text"] == text
+    assert_offsets_index_the_text(text, logprobs)
+    assert "".join(t for t in logprobs["tokens"] if not t.startswith("bytes:")) == text
+    assert "bytes:\\xf0\\x9f\\x98" in logprobs["tokens"] and "😀" in logprobs["tokens"]
+    assert not any("\ufffd" in t for t in logprobs["tokens"])
+
+
+def test_generated_tokens_offsets_start_after_the_prompt_without_echo(client, checkpoint):
+    """As OpenAI's completions do: offsets index prompt + completion, echoed or not."""
+    prompt = "Hello"
+    body = {"model": Path(checkpoint).name, "prompt": prompt, "max_tokens": 4, "temperature": 0, "logprobs": 0}
+    choice = client.post("/v1/completions", json=body).json()["choices"][0]
+    assert choice["logprobs"]["text_offset"][0] == len(prompt)
+    assert_offsets_index_the_text(prompt + choice["text"], choice["logprobs"])
+
+
+def test_logprobs_leave_out_tokens_cut_by_a_stop_string(client, checkpoint):
+    body = {"model": Path(checkpoint).name, "prompt": "Hello", "max_tokens": 4, "temperature": 0, "logprobs": 0}
+    first = client.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]["tokens"][0]
+    assert not first.startswith("bytes:")
+    choice = client.post("/v1/completions", json={**body, "stop": [first]}).json()["choices"][0]
+    assert (choice["text"], choice["finish_reason"], choice["logprobs"]["tokens"]) == ("", "stop", [])
+    echoed = client.post("/v1/completions", json={**body, "stop": [first], "echo": True}).json()["choices"][0]
+    assert echoed["text"] == "Hello" and echoed["logprobs"]["tokens"] == ["Hello"]
+
+
+def test_a_generated_end_of_text_is_scored(checkpoint, monkeypatch):
+    """The harness drops the last entry of an echo + max_tokens 1 reply: it must be the generated token even when
+    that token is end-of-text, which the text leaves out."""
+    monkeypatch.setattr("serve.engine.sample_rows", lambda logits, params, generators: [EOT_TOKEN] * len(params))
+    with make_client(checkpoint) as client:
+        body = {"model": Path(checkpoint).name, "prompt": "Hello there", "max_tokens": 1, "echo": True, "logprobs": 1}
+        choice = client.post("/v1/completions", json=body).json()["choices"][0]
+    assert choice["text"] == "Hello there" and choice["finish_reason"] == "stop"
+    assert choice["logprobs"]["tokens"] == ["Hello", " there", "<|endoftext|>"]
+    assert choice["logprobs"]["text_offset"] == [0, 5, 11] and choice["logprobs"]["token_logprobs"][-1] < 0
