@@ -22,7 +22,7 @@ from model.hub import resolve_checkpoint
 from runtime.device import choose_device
 from serve import routes_generate, routes_openai
 from serve.body_limit import BodySizeLimit
-from serve.config import API_KEY_ENV, CHECKPOINT_ENV, ServeConfig
+from serve.config import CHECKPOINT_ENV, ServeConfig, api_key_from_environment
 from serve.engine import Engine
 from serve.errors import install_error_handlers
 from serve.metrics import ServerMetrics
@@ -39,6 +39,7 @@ T = TypeVar("T")
 def create_app(config: ServeConfig | None = None) -> FastAPI:
     """Load the model now (a bad checkpoint fails before the server binds); the engine starts with the app."""
     config = config or ServeConfig(checkpoint=os.environ.get(CHECKPOINT_ENV))
+    api_key = api_key_from_environment()
     if not logging.getLogger().handlers:
         # Uvicorn configures only its own loggers; the per-request lines need a handler too.
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -59,7 +60,7 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     state = ServerState(config=config, engine=engine, metrics=metrics, checkpoint=folder,
                         artifact_kind=meta["artifact"], model_id=config.served_model_name or folder.resolve().name,
                         created=int((folder / CONFIG_FILE).stat().st_mtime), device=device,
-                        api_key=os.environ.get(API_KEY_ENV) or None)
+                        api_key=api_key)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -1,6 +1,7 @@
 """The server's settings: one typed dataclass, filled from the command line by `python -m serve`."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from runtime.cli import option
@@ -15,6 +16,21 @@ CHECKPOINT_ENV = "GPT2_SERVE_CHECKPOINT"
 
 class ServeConfigError(UserError, ValueError):
     """A server setting out of range; the message names it."""
+
+
+def api_key_from_environment() -> str | None:
+    """The key every generation request must present, or None when the variable is unset or empty.
+
+    Refused at startup unless it is printable ASCII with no space at either end: HTTP headers
+    carry ASCII (Starlette reads them as latin-1) and the server strips the presented key, so any
+    other key could never match and every request would get 401."""
+    key = os.environ.get(API_KEY_ENV) or None
+    if key is not None and (key != key.strip() or not all(" " <= c <= "~" for c in key)):
+        raise ServeConfigError(f"{API_KEY_ENV} must be printable ASCII with no space at either end (HTTP headers "
+                               f"cannot carry anything else, so no request could present it); choose a key of "
+                               f"letters, digits and punctuation, e.g. python -c 'import secrets; "
+                               f"print(secrets.token_urlsafe(32))'")
+    return key
 
 
 @dataclass

@@ -300,10 +300,12 @@ class Engine:
             seq.first_token_at = now
         seq.generated += 1
         self.metrics.tokens.inc()
+        # End-of-text is scored too, as OpenAI lists it: a harness that drops the last entry (the generated
+        # token) would otherwise drop a prompt token's.
+        seq.record_logprobs(logits, [token])
         if token == EOT_TOKEN and seq.params.stop_at_eot:
             self._finish(seq, "eos", now)
             return
-        seq.record_logprobs(logits, [token])
         delta = seq.text.add(token)
         seq.request.on_event(TokenEvent(token, delta))
         if seq.text.stopped:

@@ -11,6 +11,13 @@ from serve.metrics import ServerMetrics
 log = logging.getLogger("serve.requests")
 
 
+def loggable(path: str) -> str:
+    """The path as one field of one line: the server percent-decodes it, so `%0A` would end the line and let a
+    client write a forged line of its own; control characters, spaces and backslashes become \\xNN escapes."""
+    return "".join(c if c.isprintable() and c not in " \\" else f"\\x{ord(c):02x}" if ord(c) < 256
+                   else f"\\u{ord(c):04x}" for c in path)
+
+
 class RequestLog:
     """ASGI middleware.  Paths outside `known_paths` are counted as "other", so that random
     URLs cannot grow the metrics without bound."""
@@ -43,6 +50,6 @@ class RequestLog:
             status = status or 500
             path = scope["path"]
             client = scope.get("client") or ("-", 0)
-            log.info("%s %s %s %d %.1fms %dB", client[0], scope["method"], path, status,
+            log.info("%s %s %s %d %.1fms %dB", client[0], scope["method"], loggable(path), status,
                      1000 * (time.perf_counter() - start), body_bytes)
             self.metrics.requests.inc(path=path if path in self.known_paths else "other", status=str(status))

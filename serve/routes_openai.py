@@ -13,13 +13,14 @@ import uuid
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from data.tokenizer import decode
 from model.sampling import SamplingParams
 from serve.engine import DoneEvent, ErrorEvent, TokenEvent
 from serve.errors import APIError, error_body
+from serve.logprobs import completion_logprobs
+from serve.prompts import Prompt, completion_prompts
 from serve.routes_generate import SSE_HEADERS
-from serve.schemas import (Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionUsage,
-                           ModelCard, ModelList)
+from serve.schemas import (Completion, CompletionChoice, CompletionRequest, CompletionUsage, ModelCard,
+                           ModelList)
 from serve.state import ServerState, require_api_key, server_state
 from serve.submission import Submission, error_for
 
@@ -41,54 +42,54 @@ async def create_completion(body: CompletionRequest, request: Request):
     if body.model != state.model_id:
         raise APIError(404, f"model {body.model!r} is not served here; this server serves {state.model_id!r} "
                             f"(see GET /v1/models)", param="model", code="model_not_found")
-    jobs = completion_jobs(body, state)
+    check_count(body, state)
+    prompts = completion_prompts(body, state)
+    jobs = completion_jobs(body, prompts)
     submission = Submission(state.engine, jobs, state.config.retry_after_s, body.logprobs, body.echo)
     submission.submit()
     completion_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    prompt_texts = [prompt.text for prompt in prompts for _ in range(body.n)]  # choice order
+    echoes = [text if body.echo else "" for text in prompt_texts]
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        chunks = stream(submission, completion_id, created, state.model_id, include_usage, body.n)
+        chunks = stream(submission, completion_id, created, state.model_id, include_usage, body.n, echoes)
         return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS)
     results = await submission.results(request)
-    prompts = [prompt for prompt in body.prompts for _ in range(body.n)]  # choice order
-    choices = [completion_choice(r, i, prompts[i] if body.echo else "") for i, r in enumerate(results)]
+    choices = [completion_choice(r, i, prompt_texts[i], body.echo) for i, r in enumerate(results)]
     return Completion(id=completion_id, choices=choices, created=created, model=state.model_id, usage=usage(results, body.n))
 
 
-def completion_choice(result: DoneEvent, index: int, echoed: str) -> CompletionChoice:
-    """The choice's text (after the echoed prompt, if any) and, when asked for, its log-probabilities with
-    each token's text and its character offset in that text."""
-    logprobs = None
-    if result.logprobs is not None:
-        pieces = [decode([entry.token]) for entry in result.logprobs]
-        offsets, at = [], 0
-        for piece in pieces:
-            offsets.append(at)
-            at += len(piece)
-        logprobs = CompletionLogprobs(
-            tokens=pieces, token_logprobs=[entry.logprob for entry in result.logprobs],
-            top_logprobs=[None if entry.logprob is None else {decode([t]): lp for t, lp in entry.top}
-                          for entry in result.logprobs],
-            text_offset=offsets)
-    return CompletionChoice(text=echoed + result.text, index=index, logprobs=logprobs,
+def completion_choice(result: DoneEvent, index: int, prompt_text: str, echo: bool) -> CompletionChoice:
+    """The choice's text (after the prompt, with echo) and, when asked for, its log-probabilities."""
+    logprobs = None if result.logprobs is None else completion_logprobs(result, prompt_text, echo)
+    return CompletionChoice(text=(prompt_text if echo else "") + result.text, index=index, logprobs=logprobs,
                             finish_reason=FINISH_REASONS[result.finish_reason])
 
 
-def completion_jobs(body: CompletionRequest, state: ServerState) -> list:
+def check_count(body: CompletionRequest, state: ServerState) -> None:
     count = len(body.prompts) * body.n
+    asked = f"n: {len(body.prompts)} prompt(s) x n={body.n} asks for {count} completions"
     if count > state.config.max_completions:
-        raise APIError(422, f"n: {len(body.prompts)} prompt(s) x n={body.n} asks for {count} completions; this "
-                            f"server allows at most {state.config.max_completions} per request", param="n")
+        raise APIError(422, f"{asked}; this server allows at most {state.config.max_completions} per request",
+                       param="n")
+    # A request is queued whole or refused (Submission.submit): one larger than the batch and the queue
+    # together would get a 503 "busy, retry" forever, even on an idle server.
+    capacity = state.config.max_batch_size + state.config.max_queue
+    if count > capacity:
+        raise APIError(422, f"{asked}; this server holds at most {capacity} at once (--max-batch-size "
+                            f"{state.config.max_batch_size} + --max-queue {state.config.max_queue}), so it could "
+                            f"never accept them: ask for fewer", param="n")
+
+
+def completion_jobs(body: CompletionRequest, prompts: list[Prompt]) -> list:
     jobs = []
-    for p, prompt in enumerate(body.prompts):
-        field = "prompt" if isinstance(body.prompt, str) else f"prompt[{p}]"
-        ids = state.encode_within_context(prompt, body.max_tokens, field, "max_tokens")
+    for p, prompt in enumerate(prompts):
         for j in range(body.n):
             index = p * body.n + j
             seed = None if body.seed is None else (body.seed + index) % 2**63
             params = SamplingParams(max_new_tokens=body.max_tokens, temperature=body.temperature,
                                     top_p=body.top_p, seed=seed)
-            jobs.append((ids, params, body.stop_strings))
+            jobs.append((prompt.ids, params, body.stop_strings))
     return jobs
 
 
@@ -100,13 +101,17 @@ def usage(results: list[DoneEvent], n: int) -> CompletionUsage:
 
 
 async def stream(submission: Submission, completion_id: str, created: int, model_id: str, include_usage: bool,
-                 n: int):
+                 n: int, echoes: list[str]):
+    """Server-sent chunks: each choice's echoed prompt first (as OpenAI streams it), then its text as it comes."""
     def chunk(choices: list[CompletionChoice], usage_body: CompletionUsage | None = None) -> str:
         body = Completion(id=completion_id, choices=choices, created=created, model=model_id, usage=usage_body)
         return f"data: {json.dumps(body.model_dump(exclude_none=True) | {'choices': [c.model_dump() for c in choices]})}\n\n"
 
     results: dict[int, DoneEvent] = {}
     try:
+        if any(echoes):
+            yield "".join(chunk([CompletionChoice(text=text, index=i, finish_reason=None)])
+                          for i, text in enumerate(echoes))
         async for batch in submission.event_batches():
             out = []
             for index, event in batch:

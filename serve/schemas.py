@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MAX_SEED = 2**63 - 1
 MAX_STOP_STRINGS = 4
 StopString = Annotated[str, Field(min_length=1, max_length=100)]
 Probability = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+PromptText = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[list[int], Field(min_length=1)]  # checked against the vocabulary in the route
 
 
 class StrictBody(BaseModel):
@@ -64,8 +66,9 @@ class StreamOptions(StrictBody):
 
 class CompletionRequest(StrictBody):
     model: str
-    prompt: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]],
-                                                            Field(min_length=1)]
+    prompt: PromptText | Annotated[list[PromptText], Field(min_length=1)] | TokenIds | \
+        Annotated[list[TokenIds], Field(min_length=1)] = Field(
+            description="a text, a list of texts, token ids (one tokenized prompt) or a list of token-id lists")
     best_of: int | None = Field(None, ge=1)
     echo: bool = False
     frequency_penalty: float = Field(0.0, allow_inf_nan=False)
@@ -83,6 +86,19 @@ class CompletionRequest(StrictBody):
     temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False, description="0 (or below 1e-4) means greedy")
     top_p: Probability = 1.0
     user: str | None = None
+
+    @field_validator("prompt", mode="wrap")
+    @classmethod
+    def _prompt_form(cls, value, handler):
+        # A value of no accepted form fails every alternative of the union: say what the forms are, rather
+        # than why it is not the first one.  A value of the right form but breaking a bound keeps its error.
+        try:
+            return handler(value)
+        except ValidationError as e:
+            if all(error["type"].endswith("_type") for error in e.errors()):
+                raise ValueError("must be a text, a list of texts, a list of token ids (integers) or a list of "
+                                 "such lists") from None
+            raise
 
     @field_validator("frequency_penalty", "presence_penalty")
     @classmethod
@@ -121,8 +137,13 @@ class CompletionRequest(StrictBody):
         return self
 
     @property
-    def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt, as text or as token ids."""
+        return [self.prompt] if self.single_prompt else list(self.prompt)
+
+    @property
+    def single_prompt(self) -> bool:
+        return isinstance(self.prompt, str) or isinstance(self.prompt[0], int)
 
     @property
     def stop_strings(self) -> list[str]:

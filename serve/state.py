@@ -38,12 +38,15 @@ class ServerState:
     def encode_within_context(self, prompt: str, max_new: int, prompt_field: str, max_new_field: str) -> list[int]:
         """The prompt's tokens, or a 422 that gives the numbers when prompt + new tokens overflow the context."""
         ids = encode(prompt)
+        self.check_context(ids, max_new, prompt_field, max_new_field)
+        return ids
+
+    def check_context(self, ids: list[int], max_new: int, prompt_field: str, max_new_field: str) -> None:
         if len(ids) + max_new > self.block_size:
             param = prompt_field if len(ids) >= self.block_size else max_new_field
             raise APIError(422, f"{prompt_field} is {len(ids)} token(s) and {max_new_field} is {max_new}: "
                                 f"{len(ids) + max_new} exceeds the model's context of {self.block_size} tokens; "
                                 f"shorten the prompt or lower {max_new_field}", param=param, code="context_length_exceeded")
-        return ids
 
     def check_top_k(self, top_k: int | None) -> None:
         if top_k is not None and top_k > self.vocab_size:

@@ -70,6 +70,12 @@ class Submission:
         watching = asyncio.ensure_future(wait_for_disconnect(client))
         try:
             await asyncio.wait({collecting, watching}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # Uvicorn cancels the requests still running at the graceful-shutdown deadline, and answers a
+            # plain-text 500 for any that has not started its response: answer for them, in the JSON shape.
+            raise APIError(503, "the server shut down before this request finished; retry it (on another "
+                                "instance, if this one does not come back)", code="shutting_down",
+                           headers={"Retry-After": str(self.retry_after_s)}) from None
         finally:
             watching.cancel()
             collecting.cancel()

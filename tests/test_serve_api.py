@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from model.config import EOT_TOKEN
 from model.gpt import GPT
 from runtime.provenance import provenance
 from serve.app import create_app
-from serve.config import API_KEY_ENV, ServeConfig
+from serve.config import API_KEY_ENV, ServeConfig, ServeConfigError
 from serve.state import ServerState
 from tests.conftest import save_small_artifact, small_config
 
@@ -144,6 +145,10 @@ def test_openai_request_checks(client, checkpoint):
     for body, status, param in [({**base, "model": "gpt-4"}, 404, "model"), ({**base, "n": 9}, 422, "n"),
                                 ({**base, "presence_penalty": 0.5}, 422, "presence_penalty"),
                                 ({**base, "prompt": ["ok", "word " * 70]}, 422, "prompt[1]"),
+                                ({**base, "prompt": [[1, 2], [3, 50257]]}, 422, "prompt[1][1]"),
+                                ({**base, "prompt": [5, -1]}, 422, "prompt[1]"),
+                                ({**base, "prompt": [[1], [2] * 70]}, 422, "prompt[1]"),
+                                ({**base, "prompt": [1.5]}, 422, "prompt"),
                                 ({**base, "temperature": 3}, 422, "temperature")]:
         response = client.post("/v1/completions", json=body)
         assert response.status_code == status, body
@@ -314,3 +319,123 @@ def test_ignore_eos_generates_exactly_max_new_tokens(checkpoint, monkeypatch):
         assert (stopped["tokens"], stopped["finish_reason"]) == (1, "eos")
         kept = client.post("/generate", json={"prompt": "hi", "max_new_tokens": 5, "ignore_eos": True}).json()
         assert (kept["tokens"], kept["finish_reason"]) == (5, "length")
+
+
+def test_a_path_cannot_forge_a_request_log_line(client, caplog):
+    caplog.set_level(logging.INFO, logger="serve.requests")
+    client.get("/x%0A2026-01-01 12:00:00 INFO serve.requests: 10.0.0.1 POST /generate 200 1.0ms 5B")
+    [line] = [r.getMessage() for r in caplog.records if r.name == "serve.requests"]
+    assert "\n" not in line and " /x\\x0a2026-01-01\\x2012:00:00" in line and line.endswith("B")
+    assert line.split(" ")[3] == "404"  # client, method, path, status: the path is one field
+
+
+@pytest.mark.parametrize("key", ["clé", "s3cret ", "tab\tkey"])
+def test_an_api_key_no_header_can_carry_is_refused_at_startup(checkpoint, monkeypatch, key):
+    monkeypatch.setenv(API_KEY_ENV, key)
+    with pytest.raises(ServeConfigError, match=f"{API_KEY_ENV} must be printable ASCII"):
+        create_app(ServeConfig(checkpoint=checkpoint, device="cpu"))
+
+
+def test_more_completions_than_the_server_can_ever_hold_is_a_422_naming_n(checkpoint):
+    with make_client(checkpoint, max_batch_size=4, max_queue=2) as client:
+        body = {"model": Path(checkpoint).name, "prompt": "hi", "max_tokens": 1}
+        reply = client.post("/v1/completions", json={**body, "n": 7})
+        assert reply.status_code == 422 and "retry-after" not in reply.headers
+        error = reply.json()["error"]
+        assert error["param"] == "n" and "holds at most 6 at once (--max-batch-size 4 + --max-queue 2)" in error["message"]
+        assert len(client.post("/v1/completions", json={**body, "n": 6}).json()["choices"]) == 6
+
+
+def test_token_id_prompts_work_as_the_text_they_encode(client, checkpoint):
+    """OpenAI's prompt forms: a list of token ids is one prompt, a list of such lists a batch."""
+    from data.tokenizer import encode
+    text, other = "The quick brown fox", "Hello"
+    base = {"model": Path(checkpoint).name, "max_tokens": 3, "temperature": 0, "echo": True, "logprobs": 1}
+    by_text = client.post("/v1/completions", json={**base, "prompt": text}).json()
+    by_ids = client.post("/v1/completions", json={**base, "prompt": encode(text)}).json()
+    assert by_ids["choices"] == by_text["choices"] and by_ids["usage"] == by_text["usage"]
+    batch = client.post("/v1/completions", json={**base, "prompt": [encode(text), encode(other)], "n": 2}).json()
+    assert [c["text"] for c in batch["choices"]][:2] == [by_text["choices"][0]["text"]] * 2
+    assert batch["choices"][2]["text"].startswith(other) and batch["choices"][2]["logprobs"]["tokens"][0] == other
+    assert batch["usage"]["prompt_tokens"] == len(encode(text)) + len(encode(other))
+
+
+def test_the_harness_loglikelihood_request_scores_the_continuation(client, checkpoint):
+    """lm-evaluation-harness 0.4's local-completions: context + continuation as token ids, echo, logprobs 1,
+    max_tokens 1, and the continuation's log-likelihood is token_logprobs[len(context):-1]."""
+    from data.tokenizer import encode
+    context, continuation = encode("The capital of France is"), encode(" Paris, a city")
+    body = {"model": Path(checkpoint).name, "prompt": [context + continuation], "echo": True, "logprobs": 1,
+            "temperature": 0}
+    harness = client.post("/v1/completions", json={**body, "max_tokens": 1}).json()["choices"][0]["logprobs"]
+    scored = client.post("/v1/completions", json={**body, "max_tokens": 0}).json()["choices"][0]["logprobs"]
+    assert len(harness["token_logprobs"]) == len(context + continuation) + 1
+    assert harness["token_logprobs"][len(context):-1] == pytest.approx(scored["token_logprobs"][len(context):])
+
+
+@pytest.mark.parametrize("max_tokens", [0, 4])
+def test_a_stream_with_echo_sends_the_prompt_first(client, checkpoint, max_tokens):
+    body = {"model": Path(checkpoint).name, "prompt": ["Hello there", "The"], "n": 2, "max_tokens": max_tokens,
+            "echo": True, "temperature": 0}
+    expected = [c["text"] for c in client.post("/v1/completions", json=body).json()["choices"]]
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
+        chunks = [json.loads(line.removeprefix("data: ")) for line in response.iter_lines()
+                  if line.startswith("data: {")]
+    texts = ["", "", "", ""]
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            texts[choice["index"]] += choice["text"]
+    assert texts == expected and expected[0].startswith("Hello there") and expected[2].startswith("The")
+    assert [c["choices"][0]["text"] for c in chunks[:4]] == ["Hello there", "Hello there", "The", "The"]
+
+
+def assert_offsets_index_the_text(text: str, logprobs: dict) -> None:
+    """Every token shown as text is found at its offset; one shown as bytes points into the text."""
+    assert logprobs["text_offset"] == sorted(logprobs["text_offset"])
+    for token, offset in zip(logprobs["tokens"], logprobs["text_offset"]):
+        assert token.startswith("bytes:") and offset < len(text) or text[offset:offset + len(token)] == token
+
+
+def test_logprobs_of_split_characters_follow_openai(client, checkpoint):
+    """Tokens that end inside a character are shown as their bytes, the one that finishes it as the whole
+    character; offsets count characters of the returned text."""
+    text = "x😀é漢字y"
+    body = {"model": Path(checkpoint).name, "prompt": text, "max_tokens": 0, "echo": True, "logprobs": 2}
+    choice = client.post("/v1/completions", json=body).json()["choices"][0]
+    logprobs = choice["logprobs"]
+    assert choice["text"] == text
+    assert_offsets_index_the_text(text, logprobs)
+    assert "".join(t for t in logprobs["tokens"] if not t.startswith("bytes:")) == text
+    assert "bytes:\\xf0\\x9f\\x98" in logprobs["tokens"] and "😀" in logprobs["tokens"]
+    assert not any("\ufffd" in t for t in logprobs["tokens"])
+
+
+def test_generated_tokens_offsets_start_after_the_prompt_without_echo(client, checkpoint):
+    """As OpenAI's completions do: offsets index prompt + completion, echoed or not."""
+    prompt = "Hello"
+    body = {"model": Path(checkpoint).name, "prompt": prompt, "max_tokens": 4, "temperature": 0, "logprobs": 0}
+    choice = client.post("/v1/completions", json=body).json()["choices"][0]
+    assert choice["logprobs"]["text_offset"][0] == len(prompt)
+    assert_offsets_index_the_text(prompt + choice["text"], choice["logprobs"])
+
+
+def test_logprobs_leave_out_tokens_cut_by_a_stop_string(client, checkpoint):
+    body = {"model": Path(checkpoint).name, "prompt": "Hello", "max_tokens": 4, "temperature": 0, "logprobs": 0}
+    first = client.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]["tokens"][0]
+    assert not first.startswith("bytes:")
+    choice = client.post("/v1/completions", json={**body, "stop": [first]}).json()["choices"][0]
+    assert (choice["text"], choice["finish_reason"], choice["logprobs"]["tokens"]) == ("", "stop", [])
+    echoed = client.post("/v1/completions", json={**body, "stop": [first], "echo": True}).json()["choices"][0]
+    assert echoed["text"] == "Hello" and echoed["logprobs"]["tokens"] == ["Hello"]
+
+
+def test_a_generated_end_of_text_is_scored(checkpoint, monkeypatch):
+    """The harness drops the last entry of an echo + max_tokens 1 reply: it must be the generated token even when
+    that token is end-of-text, which the text leaves out."""
+    monkeypatch.setattr("serve.engine.sample_rows", lambda logits, params, generators: [EOT_TOKEN] * len(params))
+    with make_client(checkpoint) as client:
+        body = {"model": Path(checkpoint).name, "prompt": "Hello there", "max_tokens": 1, "echo": True, "logprobs": 1}
+        choice = client.post("/v1/completions", json=body).json()["choices"][0]
+    assert choice["text"] == "Hello there" and choice["finish_reason"] == "stop"
+    assert choice["logprobs"]["tokens"] == ["Hello", " there", "<|endoftext|>"]
+    assert choice["logprobs"]["text_offset"] == [0, 5, 11] and choice["logprobs"]["token_logprobs"][-1] < 0

@@ -163,7 +163,7 @@ BAD_VALUES = {
         "stop": [True, 1, "", [""], ["a"] * 5, [1], {}, "x" * 200], "stream": [None, 1, "yes", []],
     },
     "/v1/completions": {
-        "model": [None, 1, [], "x"], "prompt": [None, 1, "", [], [1], [""], {"a": 1}],
+        "model": [None, 1, [], "x"], "prompt": [None, 1, "", [], [-1], [50257], [[]], [1.5], [[1], "x"], [""], {"a": 1}],
         "max_tokens": [0, -1, True, 10**40, 1000, None], "n": [0, -1, 100, True, 1.5], "temperature": [-1, 3, "x", True],
         "top_p": [0, 2, None, "x"], "stream": [None, "yes", 1], "echo": ["x", 2], "logprobs": [6, -1, "x"],
         "stop": ["", [""], 1, ["a"] * 5], "seed": [-1, 2**64, "x"], "suffix": ["tail", 1],
@@ -307,3 +307,21 @@ def test_shutdown_lets_the_request_in_flight_finish(small_server):
     response = result["response"]
     assert response.status_code == 200 and response.json()["tokens"] == 200
     assert "Application shutdown complete" in small_server.log()
+
+
+def test_requests_past_the_shutdown_deadline_get_a_json_503(checkpoint, tmp_path):
+    """At --graceful-shutdown-s uvicorn cancels what still runs or waits; those requests are answered 503 in
+    the JSON error shape (uvicorn's own answer is a plain-text 500)."""
+    body = {"prompt": "hi", "max_new_tokens": 250, "temperature": 0}
+    with running_server(checkpoint, tmp_path / "server.log", ["--device", "cpu", "--threads", "1", "--max-batch-size",
+                                                              "1", "--max-queue", "4", "--graceful-shutdown-s", "0.2"]) as server:
+        with ThreadPoolExecutor(4) as pool:
+            replies = [pool.submit(httpx.post, f"{server.url}/generate", json=body, timeout=60) for _ in range(4)]
+            assert wait_until(lambda: httpx.get(f"{server.url}/health").json()["queue_depth"] >= 2)
+            server.stop()
+            responses = [reply.result() for reply in replies]
+    assert {r.status_code for r in responses} <= {200, 503} and any(r.status_code == 503 for r in responses)
+    for r in responses:
+        if r.status_code == 503:
+            assert "shut down before this request finished" in r.json()["error"]["message"]
+            assert r.headers["retry-after"] == "1"
