@@ -207,6 +207,8 @@ def training_figures(args: LeaderboardConfig, source: Path, block: int, workdir:
         figures[batch] = {"tokens_per_s": window_summary(windows, "tokens_per_s"),
                           "peak_memory_bytes": last.get("peak_memory_bytes"),
                           "peak_memory_bytes_per_rank": last.get("peak_memory_bytes_per_rank"),
+                          "topology": {key: last.get(key, default) for key, default in
+                                       (("nodes", 1), ("processes_per_node", 1), ("backend", None))},
                           "command": " ".join(run.command)}
     return figures
 
@@ -304,6 +306,7 @@ def scorecard(args: LeaderboardConfig) -> dict:
                      "threads_per_rank": args.threads or "torch default",
                      "per_rank_peak_memory_bytes": {b: training[b]["peak_memory_bytes_per_rank"]
                                                     for b in TRAINING_BATCHES},
+                     "topology": training[TRAINING_BATCHES[0]]["topology"],
                      "commands": {b: training[b]["command"] for b in TRAINING_BATCHES},
                      "architecture_only": meta["artifact"] == "int8"},
         "environment": {**asdict(environment(device)), "world_size": world},

@@ -34,6 +34,14 @@ class DistContext:
     tp_rank: int = 0
     tp_size: int = 1
     owns_process_group: bool = False
+    nodes: int = 1  # torchrun agents (--nnodes) in the job
+    procs_per_node: int = 1
+    backend: str | None = None  # gloo, nccl; None in one process
+
+    @property
+    def topology(self) -> dict:
+        """What a run's figures were measured on, for its records."""
+        return {"nodes": self.nodes, "processes_per_node": self.procs_per_node, "backend": self.backend}
 
     @property
     def is_writer(self) -> bool:
@@ -88,9 +96,11 @@ def init_distributed(mode: str, tp_size: int, device: torch.device, timeout_s: f
     if mode in STRATEGIES and not STRATEGIES[mode].composes_with_tensor_parallel and tp_size != 1:
         raise ParallelError(f"--parallel {mode} is data-parallel only; drop --tp-size or use ddp/fsdp for 2D")
     mesh = init_device_mesh(device.type, (world // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
+    procs_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     return DistContext(mode, rank, world, device, mesh, dp_rank=mesh["dp"].get_local_rank(),
                        dp_size=world // tp_size, tp_rank=mesh["tp"].get_local_rank(), tp_size=tp_size,
-                       owns_process_group=owns)
+                       owns_process_group=owns, nodes=int(os.environ.get("GROUP_WORLD_SIZE", world // procs_per_node)),
+                       procs_per_node=procs_per_node, backend=str(dist.get_backend()))
 
 
 def check_restartable_launch(env) -> None:

@@ -92,6 +92,9 @@ class ParallelRecord:
     world_size: int
     dp_size: int
     tp_size: int
+    nodes: int
+    processes_per_node: int
+    backend: str | None
 
 
 @dataclass

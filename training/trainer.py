@@ -119,7 +119,8 @@ class Trainer:
                  f"device {self.device}, precision {self.precision.autocast_dtype or torch.float32}, "
                  f"{len(self.train_tokens):,} training tokens, {self.tokens_per_step:,} tokens per step")
         if self.par.is_distributed:
-            self.say(f"parallel {cfg.parallel}: {ctx.world_size} ranks, dp {ctx.dp_size} x tp {ctx.tp_size}, "
+            self.say(f"parallel {cfg.parallel}: {ctx.world_size} ranks ({ctx.nodes} node{'s' if ctx.nodes > 1 else ''}"
+                     f" x {ctx.procs_per_node}, {ctx.backend}), dp {ctx.dp_size} x tp {ctx.tp_size}, "
                      f"global batch {self.sampler.global_batch} ({cfg.batch_size} per dp rank), "
                      f"peak lr {self.max_lr:.2e}")
 
@@ -243,7 +244,7 @@ class Trainer:
             comm_sent_bytes_theory=theory["sent_bytes"],
             bandwidth_bytes_per_s=sent / snap["comm_s"] if snap["comm_s"] else None,
             peak_memory_bytes_per_rank=peaks, state_bytes_this_rank=local_state_bytes(self.model, self.optimizer),
-            world_size=ctx.world_size, dp_size=ctx.dp_size, tp_size=ctx.tp_size)
+            world_size=ctx.world_size, dp_size=ctx.dp_size, tp_size=ctx.tp_size, **ctx.topology)
 
 
 # A step's phases (evaluation is timed in its own records).

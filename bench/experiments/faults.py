@@ -17,6 +17,9 @@ Each drill runs the real tools in their own processes and counts trials, failure
 - killed rank: one rank of a 2-rank DDP job (a checkpoint every 5 steps) is killed with SIGKILL at a random
   moment after its first checkpoint; a failure is a job that does not end within the collective timeout plus
   60 s with an error.  Work lost: steps after the last checkpoint.
+- rank killed under --max-restarts: the same kill under `torchrun --max-restarts=1` with `--resume auto`; a
+  failure is a job that does not exit 0 or ends with another loss than an uninterrupted run.  Work lost:
+  the steps trained again after the restart.
 - disk full during a save: train.py on a tmpfs with room for one checkpoint, not two (needs root to mount);
   a failure is anything but one `error:` line naming ENOSPC and the last good checkpoint, which must load.
 - hostile .contents or journal: a folder whose `.contents` (given to quantize --overwrite) or save journal
@@ -93,7 +96,8 @@ class Settings:
     greedy_per_batch: int = field(default=3, metadata={"help": "greedy requests batched with each poison one"})
     slow_clients: int = field(default=20, metadata={"help": "connections trickling their headers"})
     read_timeout_s: float = field(default=2.0, metadata={"help": "the server's --read-timeout-s in that drill"})
-    rank_kills: int = field(default=1, metadata={"help": "2-rank DDP jobs whose second rank is killed"})
+    rank_kills: int = field(default=1, metadata={"help": "2-rank DDP jobs whose second rank is killed (each drill: "
+                                                          "job ends, job restarts)"})
     dist_timeout_s: float = field(default=20.0, metadata={"help": "those jobs' --dist-timeout-s"})
     disk_full_runs: int = field(default=1, metadata={"help": "training runs that fill a small tmpfs"})
     seed: int = field(default=0, metadata={"help": "seed of the kill moments"})
@@ -331,6 +335,53 @@ def killed_rank(s: Settings, work: Path) -> Drill:
                  f"{steps(sum(lost))} in all", time.perf_counter() - started, notes)
 
 
+def restarted_rank(s: Settings, work: Path) -> Drill:
+    """As `killed_rank`, under `torchrun --max-restarts=1` with `--resume auto`: torchrun restarts both ranks,
+    which continue from the last checkpoint.  A failure is a job that does not exit 0 or whose final loss
+    differs from an uninterrupted run's."""
+    started, rng = time.perf_counter(), random.Random(s.seed + 1)
+    steps_in_run = 30
+
+    def job(out: Path, *launcher: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                                 *launcher, *TRAIN[1:], "--parallel", "ddp", "--max-steps", str(steps_in_run),
+                                 "--checkpoint-interval", "5", "--resume", "auto", "--out-dir", str(out)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+    reference = work / "restart-reference"
+    if job(reference).wait() != 0:
+        raise ExperimentError("the uninterrupted 2-rank run of the restart drill failed")
+    expected = logged_losses(reference)[steps_in_run]
+    failures, lost, notes = 0, [], []
+    for trial in range(s.rank_kills):
+        out = work / f"restart-{trial}"
+        running = job(out, "--max-restarts=1")
+        while saved_step(out) < 5 and running.poll() is None:
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.2, 2.0))  # somewhere in the next checkpoint interval
+        trained = max(logged_losses(out), default=0)
+        victim = worker_pids(running.pid).get(1)
+        if victim is None:
+            running.kill()
+            raise ExperimentError(f"torchrun's rank 1 was not found: {running.communicate()[1][-300:]}")
+        os.kill(victim, signal.SIGKILL)
+        stdout, stderr = running.communicate(timeout=300)
+        resumed_at = next((int(line.split()[-1]) for line in stdout.splitlines() if line.startswith("resumed")), None)
+        got = logged_losses(out).get(steps_in_run)
+        if resumed_at is not None:
+            lost.append(max(0, trained - resumed_at))
+        if running.returncode or resumed_at is None or got != expected:
+            failures += 1
+            notes.append(f"trial {trial}: exit {running.returncode}, resumed at {resumed_at}, final loss {got} vs "
+                         f"{expected}: {last_error_line(stderr)}")
+        else:
+            notes.append(f"trial {trial}: killed near step {trained}, restarted from step {resumed_at}, final loss "
+                         f"equal to the uninterrupted run's")
+    return Drill("rank killed under --max-restarts: recovered", s.rank_kills, failures,
+                 f"{steps(sum(lost))} in all (at most {max(lost, default=0)} per kill)", time.perf_counter() - started,
+                 notes)
+
+
 def disk_full_during_a_save(s: Settings, work: Path) -> Drill:
     """train.py on a tmpfs that holds one checkpoint but not a second: the run must stop with one error line
     naming ENOSPC and the last good checkpoint, which must still load.  Mounting needs root (Linux)."""
@@ -399,7 +450,7 @@ def hostile_contents(s: Settings, work: Path) -> Drill:
     return Drill("hostile .contents or journal", trials, failures, "-", time.perf_counter() - started, notes)
 
 
-DRILLS = (readers_during_saves, kill_during_saves, poison_request, slow_clients, killed_rank,
+DRILLS = (readers_during_saves, kill_during_saves, poison_request, slow_clients, killed_rank, restarted_rank,
           disk_full_during_a_save, hostile_contents)
 
 
