@@ -98,3 +98,27 @@ def test_resume_auto_starts_fresh_continues_and_refuses_another_run(interrupted_
                               f"0.002, --warmup-steps 2; a resumed run cannot change that")
     assert error_of([*RUN, "--resume", "auto", "--overwrite", "--out-dir", str(other)], capsys).startswith(
         "error: --resume auto continues the run in --out-dir and --overwrite replaces it")
+
+
+def test_sigusr1_in_one_process_saves_the_step_and_exits_138(tmp_path, monkeypatch, capsys):
+    """Slurm's early warning reaching train.py: the step in progress finishes and is saved."""
+    import os
+    import signal
+
+    from data.loader import WindowSampler
+    real_next, calls = WindowSampler.next_batch, {"n": 0}
+
+    def warned_at_third_batch(self):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return real_next(self)
+
+    monkeypatch.setattr(WindowSampler, "next_batch", warned_at_third_batch)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([*RUN, "--max-steps", "8", "--checkpoint-interval", "100", "--out-dir", str(out)])
+    assert exit_info.value.code == 138
+    assert json.loads((out / "training_state" / "state.json").read_text())["step"] == 3
+    assert "stopped by SIGUSR1 after step 3" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the handler is the run's only

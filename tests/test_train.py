@@ -50,6 +50,9 @@ def test_loss_falls_and_metrics_are_logged(tmp_path):
     train_loss = {e.step: e.value for e in events.Scalars("train/loss")}
     assert train_loss[40] == pytest.approx(curve[40], rel=1e-6)
     assert [e.step for e in events.Scalars("validation/loss")] == [20, 40]
+    tags = set(events.Tags()["scalars"])
+    assert {"memory/peak_bytes", "memory/rank_0_peak_bytes", "phase/forward_s", "phase/backward_s",
+            "phase/optimizer_s", "validation/seconds"} <= tags
 
 
 def test_resume_after_interrupt_equals_uninterrupted_run(tmp_path, monkeypatch, capsys):

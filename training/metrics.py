@@ -175,10 +175,13 @@ def keep_records_up_to(path: Path, step: int) -> None:
 
 
 class TensorBoardLog:
-    """The scalars of each record as TensorBoard events, against the step."""
+    """The scalars of each record as TensorBoard events, against the step: training, validation, memory,
+    the phases of a step and, in a distributed run, communication."""
     SCALARS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm",
                "tokens_per_s": "train/tokens_per_s", "mfu": "train/mfu", "val_loss": "validation/loss",
-               "val_ppl": "validation/perplexity"}
+               "val_ppl": "validation/perplexity", "eval_s": "validation/seconds",
+               "peak_memory_bytes": "memory/peak_bytes", "comm_share": "parallel/comm_share",
+               "exposed_comm_s": "parallel/exposed_comm_s", "bandwidth_bytes_per_s": "parallel/bandwidth_bytes_per_s"}
 
     def __init__(self, folder: Path):
         try:
@@ -189,8 +192,12 @@ class TensorBoardLog:
         self.writer = SummaryWriter(str(folder))
 
     def write(self, record: StepRecord | EvalRecord) -> None:
-        for key, tag in self.SCALARS.items():
-            value = getattr(record, key, None)
+        flat = record.to_json()
+        scalars = {tag: flat.get(key) for key, tag in self.SCALARS.items()}
+        scalars.update({f"phase/{phase}_s": seconds for phase, seconds in (flat.get("phase_s") or {}).items()})
+        scalars.update({f"memory/rank_{rank}_peak_bytes": peak
+                        for rank, peak in enumerate(flat.get("peak_memory_bytes_per_rank") or [])})
+        for tag, value in scalars.items():
             if value is not None:
                 self.writer.add_scalar(tag, value, record.step)
         self.writer.flush()
