@@ -101,15 +101,18 @@ def measure(settings: Settings, work_dir: Path) -> CommStrategies:
 
 def plot(result: CommStrategies):
     ok = [r for r in result.rows if not r.error]
-    fig, (bars, speed) = plt.subplots(1, 2, figsize=(11, 4))
-    labels = [f"{r.mode}\n{r.world_size}" for r in ok]
+    fig, (bars, speed) = plt.subplots(1, 2, figsize=(12, max(4.0, 0.3 * len(ok) + 1.2)),
+                                      gridspec_kw={"width_ratios": [1.2, 1]})
+    # Horizontal bars: a label per row, however many modes and world sizes there are.
+    labels = [f"{r.mode}, {r.world_size} rank{'s' if r.world_size > 1 else ''}" for r in ok]
     compute = [r.compute_s.median * 1e3 for r in ok]
     comm = [r.exposed_comm_s.median * 1e3 for r in ok]
-    bars.bar(labels, compute, label="compute (and waiting)")
-    bars.bar(labels, comm, bottom=compute, label="exposed communication")
-    bars.set_ylabel("ms per iteration")
-    bars.tick_params(axis="x", labelsize=7)
-    bars.legend(fontsize=8)
+    bars.barh(labels, compute, label="compute (and waiting)")
+    bars.barh(labels, comm, left=compute, label="exposed communication")
+    bars.invert_yaxis()
+    bars.set_xlabel("ms per iteration")
+    bars.tick_params(axis="y", labelsize=8)
+    bars.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 1), ncol=2, frameon=False)
     for mode in dict.fromkeys(s.mode for s in result.strong_scaling):
         points = [(s.world_size, s.speedup) for s in result.strong_scaling if s.mode == mode]
         speed.plot(*zip(*points), marker="o", label=mode)

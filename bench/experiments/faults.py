@@ -467,8 +467,8 @@ def measure(settings: Settings, work_dir: Path) -> Faults:
 
 
 def plot(result: Faults):
-    fig, ax = plt.subplots(figsize=(8, 3))
     names = [d.name for d in result.drills]
+    fig, ax = plt.subplots(figsize=(8, 0.4 * len(names) + 1.2))
     ax.barh(names, [d.trials for d in result.drills], color="tab:green", label="trials")
     ax.barh(names, [d.failures for d in result.drills], color="tab:red", label="failures")
     ax.set_xscale("symlog")

@@ -121,10 +121,16 @@ def measure(settings: Settings, work_dir: Path) -> PhaseProfile:
 
 
 def plot(result: PhaseProfile):
-    shares = {k: v for k, v in result.phase_s.items() if v > 0}
-    fig, ax = plt.subplots(figsize=(5.5, 4))
-    ax.pie(list(shares.values()), labels=[f"{k} {v / result.total_s:.0%}" for k, v in shares.items()],
-           startangle=90, counterclock=False)
+    # Bars, not a pie: phases of a fraction of a percent would print their labels on top of each other.
+    phases = sorted(result.phase_s.items(), key=lambda kv: kv[1], reverse=True)
+    fig, ax = plt.subplots(figsize=(6.5, 0.45 * len(phases) + 1.3))
+    ax.barh([name for name, _ in phases], [seconds for _, seconds in phases], color="tab:blue")
+    for row, (_, seconds) in enumerate(phases):
+        ax.annotate(f" {seconds / result.total_s:.1%}", (seconds, row), va="center", fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds in the run")
+    ax.margins(x=0.15)
+    ax.grid(alpha=0.3, axis="x")
     ax.set_title(f"{result.model}: {result.steps} steps of batch {result.batch_size} x "
                  f"{result.block_size}, eval every {result.eval_interval}")
     return fig

@@ -144,14 +144,15 @@ def measure(settings: Settings, work_dir: Path) -> PrecisionMemory:
 
 def plot(result: PrecisionMemory):
     rows = [r for r in result.rows if r.losses]
-    fig, (curves, times, memory) = plt.subplots(1, 3, figsize=(12, 3.6))
+    fig, (curves, times, memory) = plt.subplots(1, 3, figsize=(12, 4.2))
     for r in rows:
         curves.plot(range(1, len(r.losses) + 1), r.losses, label=r.setting,
                     linestyle="--" if r.activation_checkpointing else "-")
     curves.set_xlabel("step")
     curves.set_ylabel("training loss")
-    curves.legend(fontsize=7)
-    labels = [r.setting.replace(" + activation checkpointing", "\n+ ckpt") for r in rows]
+    curves.legend(fontsize=7, loc="upper right", bbox_to_anchor=(1, -0.2), ncol=2, frameon=False)
+    labels = [r.setting.replace(" autocast", "\nautocast").replace(" + activation checkpointing", "\n+ ckpt")
+              for r in rows]
     times.bar(labels, [r.step_s or 0 for r in rows], color="tab:blue")
     times.set_ylabel("seconds per step (median)")
     memory.bar(labels, [(r.peak_memory_bytes or 0) / 2**20 for r in rows], color="tab:orange")
