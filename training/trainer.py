@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 from data.loader import WindowSampler, eval_batches
 from data.shards import load_split
@@ -199,6 +200,11 @@ class Trainer:
         windows = None if max_batches is None else max_batches * self.ctx.dp_size
         with self.meter.paused():
             batches = eval_batches(self.val_tokens, self.block, self.cfg.batch_size, windows)
+            if max_batches is None and self.ctx.is_writer:  # the whole split can take minutes: show it
+                windows_in_split = -(-(len(self.val_tokens) - 1) // self.block)
+                batches = tqdm(batches, total=-(-windows_in_split // self.cfg.batch_size), unit="batch",
+                               desc=f"validation, whole split ({len(self.val_tokens):,} tokens)", leave=False,
+                               file=sys.stderr)
             result = evaluate_loss(self.eval_module, batches, self.device, self.precision.autocast)
             self.par.strategy.after_evaluation()
         record = EvalRecord(step, step * self.tokens_per_step, **result, eval_full_split=max_batches is None,
