@@ -49,6 +49,24 @@ def split_articles(text: str) -> Iterator[str]:
         yield "".join(article)
 
 
+def read_text_file(path: Path) -> str:
+    """A dataset text file (WikiText's `wiki.*.raw`, a leaderboard --eval-text), checked to be a readable
+    UTF-8 file; newlines as text mode reads them, so its tokens match those of earlier versions."""
+    if not path.is_file():
+        raise DatasetError(f"{path} is not a file; it should hold the split's text (UTF-8)")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise DatasetError(f"{path} cannot be read ({e.strerror}); check its permissions") from e
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DatasetError(f"{path} is not UTF-8: byte 0x{data[e.start]:02x} at offset {e.start} (line {line}); "
+                           f"WikiText's raw files are UTF-8, so re-extract it (or convert it, e.g. with iconv)") from e
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 # --- the built-in corpus ----------------------------------------------------------------------
 
 def _stdlib_root() -> Path:
@@ -100,6 +118,20 @@ def _local_parquet_files(folder: Path, split: str) -> list[Path]:
     return sorted(p for p in folder.rglob(f"{split}-*.parquet"))
 
 
+def _parquet_lines(path: Path) -> list[str]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    try:
+        column = pq.read_table(path, columns=["text"]).column("text")
+    except (pa.ArrowException, OSError) as e:  # not parquet, damaged, or without a "text" column
+        raise DatasetError(f"{path} is not a readable parquet file with a \"text\" column "
+                           f"({str(e).splitlines()[0]}); replace it with the hub's file") from e
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        raise DatasetError(f"{path}: the \"text\" column holds {column.type}, not strings; replace it with the "
+                           f"hub's file")
+    return [line or "" for line in column.to_pylist()]  # a null row is an empty line
+
+
 def local_corpus(folder: str | Path) -> Corpus:
     folder = Path(folder).resolve()
     if not folder.is_dir():
@@ -114,15 +146,13 @@ def local_corpus(folder: str | Path) -> Corpus:
     def documents(split: str) -> Iterator[str]:
         raw = folder / RAW_FILES[split]
         if raw.exists():
-            yield from split_articles(raw.read_text(encoding="utf-8"))
+            yield from split_articles(read_text_file(raw))
             return
         parquet = _local_parquet_files(folder, split)
         if not parquet:
             raise DatasetError(f"{folder} has no {split} split: expected {RAW_FILES[split]} or "
                                f"{split}-*.parquet")
-        import pyarrow.parquet as pq
-        text = "".join(line for p in parquet for line in pq.read_table(p, columns=["text"]).column("text").to_pylist())
-        yield from split_articles(text)
+        yield from split_articles("".join(line for p in parquet for line in _parquet_lines(p)))
 
     return Corpus(name=f"local:{folder}", fingerprint=f"local-{folder.name}-{stamp.hexdigest()[:12]}",
                   documents=documents)

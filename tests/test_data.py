@@ -69,6 +69,32 @@ def test_damaged_token_file_is_reported(tmp_path):
         read_tokens(path)
 
 
+def test_bad_dataset_files_are_named_errors(tmp_path):
+    write_raw_folder(tmp_path / "wt", {"train": ["Alpha"]})
+    (tmp_path / "wt" / "wiki.valid.raw").write_bytes(b" = Gamma = \n caf\xe9 \n")
+    (tmp_path / "wt" / "wiki.test.raw").mkdir()
+    with pytest.raises(DatasetError, match=r"wiki.valid.raw is not UTF-8: byte 0xe9 at offset 16 \(line 2\)"):
+        load_split(str(tmp_path / "wt"), "validation")
+    with pytest.raises(DatasetError, match=r"wiki.test.raw is not a file"):
+        load_split(str(tmp_path / "wt"), "test")
+    from bench.leaderboard import text_file_corpus  # --eval-text reads through the same check
+    with pytest.raises(DatasetError, match=r"wiki.valid.raw is not UTF-8"):
+        text_file_corpus(tmp_path / "wt" / "wiki.valid.raw")
+
+
+def test_bad_parquet_files_are_named_errors(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "validation-00000-of-00001.parquet").write_bytes(b"not parquet")
+    with pytest.raises(DatasetError, match=r"validation-00000-of-00001.parquet is not a readable parquet file"):
+        load_split(str(tmp_path / "junk"), "validation")
+    (tmp_path / "ints").mkdir()
+    pq.write_table(pa.table({"text": [1, 2]}), tmp_path / "ints" / "validation-00000-of-00001.parquet")
+    with pytest.raises(DatasetError, match=r"the \"text\" column holds int64, not strings"):
+        load_split(str(tmp_path / "ints"), "validation")
+
+
 def test_unknown_dataset_names_alternatives():
     with pytest.raises(DatasetError, match="neither a known name.*wikitext-103.*builtin"):
         get_corpus("/no/such/folder")
