@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from data.hub_access import hub_access
 from runtime.errors import UserError
 
 SPLITS = ("train", "validation", "test")
@@ -163,12 +164,15 @@ def hub_corpus(name: str) -> Corpus:
 
     def documents(split: str) -> Iterator[str]:
         import datasets
+        access, offline_because = hub_access()
+        where = f"its cache (offline: {offline_because})" if offline_because else "the Hugging Face hub or its cache"
         try:
-            ds = datasets.load_dataset(HUB_REPO, config, split=split)
+            with access:
+                ds = datasets.load_dataset(HUB_REPO, config, split=split)
         except Exception as e:  # the hub and cache raise many types (ConnectionError, FileNotFoundError, ...)
             raise DatasetError(
-                f"could not load {name} ({HUB_REPO}/{config}, split {split}) from the Hugging Face hub or its "
-                f"cache: {type(e).__name__}: {e}\nAlternatives: pass --dataset PATH to a local folder holding "
+                f"could not load {name} ({HUB_REPO}/{config}, split {split}) from {where}: "
+                f"{type(e).__name__}: {e}\nAlternatives: pass --dataset PATH to a local folder holding "
                 f"wiki.train.raw / wiki.valid.raw / wiki.test.raw (or the hub's parquet files), or "
                 f"--dataset builtin for the built-in Python-documentation corpus.") from e
         yield from split_articles("".join(ds["text"]))

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from data import shards
+from data import corpus, hub_access, shards
 from data.corpus import DatasetError, builtin_corpus, get_corpus, split_articles
 from data.loader import WindowSampler, eval_batches
 from data.shards import load_split, read_tokens, write_tokens
@@ -102,9 +102,46 @@ def test_unknown_dataset_names_alternatives():
 
 def test_unreachable_hub_error_names_alternatives(monkeypatch):
     import datasets
+    monkeypatch.setattr(hub_access, "hub_reachable", lambda: True)  # the hub answers, then the load fails
     monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: (_ for _ in ()).throw(ConnectionError("offline")))
     with pytest.raises(DatasetError, match="local folder.*--dataset builtin"):
         list(get_corpus("wikitext-103").documents("validation"))
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Every attempt to open a connection (or resolve a name) is recorded and refused."""
+    import socket
+    attempts = []
+
+    def refuse(*args, **kwargs):
+        attempts.append(args)
+        raise OSError("network disabled by the test")
+
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(corpus, "HUB_REPO", "no-such-org/not-in-any-cache")
+    return attempts
+
+
+def test_offline_variable_reads_the_cache_without_touching_the_network(monkeypatch, no_network):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(DatasetError, match=r"(?s)from its cache \(offline: HF_HUB_OFFLINE or HF_DATASETS_OFFLINE "
+                                           r"is set\).*--dataset PATH.*--dataset builtin"):
+        list(get_corpus("wikitext-2").documents("validation"))
+    assert no_network == []
+
+
+def test_an_unreachable_hub_is_asked_once_then_only_the_cache_is_read(monkeypatch, no_network):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    import datasets.config
+    from huggingface_hub import constants
+    modes = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
+    with pytest.raises(DatasetError, match=r"(?s)from its cache \(offline: .* did not answer\).*--dataset builtin"):
+        list(get_corpus("wikitext-2").documents("validation"))
+    assert len(no_network) == 1  # the probe; the load itself made no request
+    assert (datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE) == modes  # restored afterwards
 
 
 def test_builtin_corpus_is_named_for_what_it_is():
