@@ -7,11 +7,13 @@
 A prompts file holds one JSON object per line: {"prompt": "...", and optionally "max_new_tokens",
 "temperature", "top_k", "top_p", "seed"}; missing settings come from the flags.  Prompts with the same
 length and settings are generated together, `--batch-size` at a time, with the KV cache; each output
-line has the prompt's line number, text, tokens, finish reason and latency.  A malformed line is
-reported with its number and the others still run.
+line has the prompt's line number, text, tokens, finish reason and latency, and is written as soon as its
+batch finishes (so lines come in the order they finish, and a crash keeps what was done).  A malformed line
+(bad JSON, not UTF-8, a setting of the wrong type) is reported with its number and the others still run.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -33,6 +35,10 @@ from runtime.errors import UserError
 from training.checkpoint import default_checkpoint
 
 PROMPT_SETTINGS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
+INTEGER_SETTINGS = ("max_new_tokens", "top_k", "seed")
+OPTIONAL_SETTINGS = ("top_k", "top_p", "seed")  # null: no top-k, no nucleus, an unseeded draw
+# torch's generators take seeds in [-2**63, 2**64); row i of a batch draws from seed + i.
+SEED_LIMIT = 2**63
 
 
 class SampleError(UserError, ValueError):
@@ -68,6 +74,8 @@ class SampleConfig:
     def __post_init__(self):
         if sum(x is not None for x in (self.prompt, self.prompt_file, self.prompts_file)) > 1:
             raise SampleError("give one of --prompt, --prompt-file and --prompts-file")
+        if self.output is not None and self.prompts_file is None:
+            raise SampleError("--output writes the results of --prompts-file; give one, or drop --output")
         for name in ("num_samples", "max_new_tokens", "batch_size"):
             if getattr(self, name) < 1:
                 raise SampleError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
@@ -81,16 +89,37 @@ class SampleConfig:
             raise SampleError(f"--{str(e).replace('_', '-')}") from e
 
     def sampling(self, **overrides) -> SamplingParams:
-        return SamplingParams(**{**{k: getattr(self, k) for k in PROMPT_SETTINGS}, **overrides})
+        settings = {**{k: getattr(self, k) for k in PROMPT_SETTINGS}, **overrides}
+        if settings["seed"] is not None and not -SEED_LIMIT <= settings["seed"] < SEED_LIMIT:
+            raise SampleError(f"seed must be in [-2**63, 2**63), got {settings['seed']}")
+        return SamplingParams(**settings)
+
+
+def decode_text(data: bytes, source: str) -> str:
+    """UTF-8 text with newlines as text mode reads them, or an error naming where the first bad byte is."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise SampleError(f"{source} is not UTF-8: byte 0x{data[e.start]:02x} at offset {e.start} (line {line}); "
+                          f"save it as UTF-8") from e
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def read_bytes(path: str, flag: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise SampleError(f"{flag} {path} cannot be read: {e.strerror}") from e
 
 
 def read_prompt(cfg: SampleConfig) -> str:
     if cfg.prompt is not None:
         return cfg.prompt
     if cfg.prompt_file is not None:
-        return Path(cfg.prompt_file).read_text()
+        return decode_text(read_bytes(cfg.prompt_file, "--prompt-file"), cfg.prompt_file)
     if not sys.stdin.isatty():
-        return sys.stdin.read()
+        return decode_text(sys.stdin.buffer.read(), "standard input")
     return "\n"
 
 
@@ -118,34 +147,80 @@ def sample_one(cfg: SampleConfig, model, device) -> None:
           f"(batch {cfg.num_samples})", file=sys.stderr)
 
 
+def line_settings(entry: dict) -> dict:
+    """The line's settings, each checked to be what its flag takes: JSON also allows "7", 2.5, 1e30 and NaN."""
+    settings = {k: entry[k] for k in PROMPT_SETTINGS if k in entry}
+    for key, value in settings.items():
+        if value is None and key in OPTIONAL_SETTINGS:
+            continue
+        kinds = (int,) if key in INTEGER_SETTINGS else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds):  # bool is an int to Python, not to the user
+            wanted = "an integer" if key in INTEGER_SETTINGS else "a number"
+            raise SampleError(f"{key} must be {wanted}{' or null' if key in OPTIONAL_SETTINGS else ''}, "
+                              f"got {json.dumps(value)}")
+    return settings
+
+
+def read_prompt_line(cfg: SampleConfig, raw: bytes) -> tuple[list[int], SamplingParams]:
+    try:
+        entry = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise SampleError(f"not UTF-8: byte 0x{raw[e.start]:02x} at column {e.start + 1}; save the file as "
+                          f"UTF-8") from e
+    if not isinstance(entry, dict) or not isinstance(entry.get("prompt"), str):
+        raise SampleError('expected an object with a "prompt" string')
+    unknown = set(entry) - {"prompt", *PROMPT_SETTINGS}
+    if unknown:
+        raise SampleError(f"unknown keys {sorted(unknown)}; known: prompt, {', '.join(PROMPT_SETTINGS)}")
+    return encode(entry["prompt"]) or [EOT_TOKEN], cfg.sampling(**line_settings(entry))
+
+
 def read_prompts(cfg: SampleConfig) -> tuple[list[tuple[int, list[int], SamplingParams]], list[dict]]:
-    """(line number, prompt tokens, settings) of every good line, and an error record for every bad one."""
+    """(line number, prompt tokens, settings) of every good line, and an error record for every bad one.
+
+    The file is split into lines as bytes, so a byte that is not UTF-8 costs only its line, and line numbers
+    are an editor's (str.splitlines would also split at U+2028 and other separators inside a JSON string)."""
     jobs, errors = [], []
-    for number, line in enumerate(Path(cfg.prompts_file).read_text().splitlines(), start=1):
-        if not line.strip():
+    for number, raw in enumerate(read_bytes(cfg.prompts_file, "--prompts-file").splitlines(), start=1):
+        if not raw.strip():
             continue
         try:
-            entry = json.loads(line)
-            if not isinstance(entry, dict) or not isinstance(entry.get("prompt"), str):
-                raise SampleError('expected an object with a "prompt" string')
-            unknown = set(entry) - {"prompt", *PROMPT_SETTINGS}
-            if unknown:
-                raise SampleError(f"unknown keys {sorted(unknown)}; known: prompt, {', '.join(PROMPT_SETTINGS)}")
-            params = cfg.sampling(**{k: entry[k] for k in PROMPT_SETTINGS if k in entry})
-            jobs.append((number, encode(entry["prompt"]) or [EOT_TOKEN], params))
-        except (json.JSONDecodeError, UserError, TypeError) as e:
+            jobs.append((number, *read_prompt_line(cfg, raw)))
+        except (json.JSONDecodeError, UserError) as e:
             errors.append({"line": number, "error": str(e)})
             print(f"{cfg.prompts_file}:{number}: skipped: {e}", file=sys.stderr)
     return jobs, errors
 
 
-def sample_many(cfg: SampleConfig, model, device) -> None:
+@contextlib.contextmanager
+def open_output(cfg: SampleConfig):
+    """Where results go, opened before any work, so that a path that cannot be written fails at once."""
+    if cfg.output is None:
+        yield sys.stdout
+        return
+    try:
+        Path(cfg.output).parent.mkdir(parents=True, exist_ok=True)
+        out = open(cfg.output, "w", encoding="utf-8")
+    except OSError as e:
+        raise SampleError(f"--output {cfg.output} cannot be written ({e.strerror}); name a file in a folder "
+                          f"you can write to") from e
+    with out:
+        yield out
+
+
+def sample_many(cfg: SampleConfig, model, device, out) -> None:
+    def write(result: dict) -> None:  # at once: a later crash keeps every line already done
+        out.write(json.dumps(result) + "\n")
+        out.flush()
+
     jobs, errors = read_prompts(cfg)
+    for error in errors:
+        write(error)
     groups: dict[tuple, list] = {}  # same length and settings: one batch shape, one call to generate
     for job in jobs:
         number, ids, params = job
         groups.setdefault((len(ids), tuple(getattr(params, k) for k in PROMPT_SETTINGS)), []).append(job)
-    results = list(errors)
+    failed = len(errors)
     with tqdm(total=len(jobs), desc="prompts", unit="prompt", file=sys.stderr) as bar:
         for group in groups.values():
             for first in range(0, len(group), cfg.batch_size):
@@ -153,39 +228,40 @@ def sample_many(cfg: SampleConfig, model, device) -> None:
                 params = batch[0][2]
                 start = time.perf_counter()
                 try:
-                    out = generate(model, torch.tensor([ids for _, ids, _ in batch], device=device), params,
+                    rows = generate(model, torch.tensor([ids for _, ids, _ in batch], device=device), params,
                                    decode=cfg.decode)
                 except UserError as e:  # e.g. a prompt too long for the context: these lines alone fail
-                    results += [{"line": number, "error": str(e)} for number, _, _ in batch]
+                    for number, _, _ in batch:
+                        write({"line": number, "error": str(e)})
+                    failed += len(batch)
                     bar.update(len(batch))
                     continue
                 latency = time.perf_counter() - start
-                for (number, ids, _), row in zip(batch, out.tolist()):
+                for (number, ids, _), row in zip(batch, rows.tolist()):
                     tokens, reason = completion(ids, row, params)
-                    results.append({"line": number, "text": decode(tokens), "tokens": tokens,
-                                    "finish_reason": reason, "latency_s": round(latency, 4)})
+                    write({"line": number, "text": decode(tokens), "tokens": tokens, "finish_reason": reason,
+                           "latency_s": round(latency, 4)})
                 bar.update(len(batch))
-    lines = [json.dumps(r) for r in sorted(results, key=lambda r: r["line"])]
     if cfg.output:
-        Path(cfg.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.output).write_text("".join(line + "\n" for line in lines))
-        print(f"wrote {len(lines)} results ({len(errors)} malformed lines) to {cfg.output}", file=sys.stderr)
-    else:
-        print("\n".join(lines))
+        print(f"wrote {len(jobs) + len(errors)} results ({failed} errors) to {cfg.output}", file=sys.stderr)
 
 
 def main(argv=None) -> None:
     try:
         cfg = parse_config(SampleConfig, __doc__, argv)
-        folder, why = (resolve_checkpoint(cfg.checkpoint), "--checkpoint") if cfg.checkpoint else default_checkpoint()
-        print(f"model: {folder} ({why})", file=sys.stderr)
-        device = choose_device(cfg.device)
-        if cfg.decode == "cuda-graph" and device.type != "cuda":
-            raise SampleError(f"--decode cuda-graph needs a CUDA device, and this run is on {device}; use "
-                              f"--decode dynamic")
-        model, meta = load_model(folder, device)
-        print(f"loaded {meta['artifact']} model from {folder}", file=sys.stderr)
-        (sample_many if cfg.prompts_file else sample_one)(cfg, model, device)
+        with open_output(cfg) as out:
+            folder, why = (resolve_checkpoint(cfg.checkpoint), "--checkpoint") if cfg.checkpoint else default_checkpoint()
+            print(f"model: {folder} ({why})", file=sys.stderr)
+            device = choose_device(cfg.device)
+            if cfg.decode == "cuda-graph" and device.type != "cuda":
+                raise SampleError(f"--decode cuda-graph needs a CUDA device, and this run is on {device}; use "
+                                  f"--decode dynamic")
+            model, meta = load_model(folder, device)
+            print(f"loaded {meta['artifact']} model from {folder}", file=sys.stderr)
+            if cfg.prompts_file:
+                sample_many(cfg, model, device, out)
+            else:
+                sample_one(cfg, model, device)
     except UserError as e:
         sys.exit(f"error: {e}")
 

@@ -28,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 from bench.runner import run_train, window_summary
-from data.corpus import DATASET_NAMES, Corpus
+from data.corpus import DATASET_NAMES, Corpus, read_text_file
 from data.loader import eval_batches
 from data.shards import load_split
 from model.artifact import load_model, save_artifact
@@ -122,7 +122,7 @@ def text_file_corpus(path: Path) -> Corpus:
     """A local text file as a corpus whose validation split is the whole file."""
     if not path.is_file():
         raise LeaderboardError(f"--eval-text {path} is not a file")
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = read_text_file(path)
     if not text.strip():
         raise LeaderboardError(f"--eval-text {path} holds no text")
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]

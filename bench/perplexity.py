@@ -4,8 +4,9 @@
     python bench/perplexity.py --checkpoint /path/to/gpt2 --dataset ../shared/data/wikitext-103-raw --split test
 
 Non-overlapping windows restart the context every `context` tokens; the sliding window advances by
-`--stride` (default 512) and scores each token once with up to a full context before it, which lowers
-the perplexity.  Every token of the split after the first is scored exactly once in both.  The split is
+`--stride` (default half the context: 512 for GPT-2) and scores each token once with up to a full context
+before it, which lowers the perplexity.  A stride not below the context would repeat the non-overlapping
+protocol, so the sliding one is then skipped, with a line saying so.  Every token of the split after the first is scored exactly once in both.  The split is
 the raw text, documents joined with end-of-text, as train.py sees it (see README: the GPT-2 paper's
 figures were taken on detokenized text).
 """
@@ -44,8 +45,8 @@ class PerplexityConfig:
     split: str = field(default="validation", metadata={"help": "which split", "choices": ("validation", "test")})
     context: int | None = field(default=None, metadata={"help": "tokens of context per window (default: the "
                                                                    "model's block size)"})
-    stride: int = field(default=512, metadata={"help": "sliding-window step; each window scores this many new "
-                                                        "tokens (capped at the context)"})
+    stride: int | None = field(default=None, metadata={"help": "sliding-window step; each window scores this "
+                                                                  "many new tokens (default: half the context)"})
     batch_size: int = field(default=8, metadata={"help": "windows per forward pass"})
     max_tokens: int | None = field(default=None, metadata={"help": "score only the split's first N tokens "
                                                                       "(default: all)"})
@@ -54,7 +55,7 @@ class PerplexityConfig:
 
     def __post_init__(self):
         for name in ("stride", "batch_size"):
-            if getattr(self, name) <= 0:
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise PerplexityError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         for name in ("context", "max_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 2:
@@ -111,11 +112,16 @@ def run(cfg: PerplexityConfig) -> dict:
         tokens = tokens[:cfg.max_tokens]
     n_bytes = len(get_tokenizer().decode_bytes(tokens[1:].tolist()))  # the scored text, in UTF-8 bytes
     protocols = [measure(model, tokens, context, context, cfg.batch_size, device, n_bytes)]
-    if min(cfg.stride, context) < context:
-        protocols.append(measure(model, tokens, context, cfg.stride, cfg.batch_size, device, n_bytes))
+    stride = cfg.stride or context // 2
+    skipped = {}
+    if stride < context:
+        protocols.append(measure(model, tokens, context, stride, cfg.batch_size, device, n_bytes))
+    else:
+        skipped["sliding"] = (f"--stride {stride} is not below the context of {context}, so its windows would be "
+                              f"the non-overlapping ones; give a smaller --stride (or none: half the context)")
     return {"checkpoint": str(cfg.checkpoint), "artifact": meta.get("artifact"), "dataset": cfg.dataset,
             "split": cfg.split, "tokens": len(tokens), "bytes": n_bytes, "bytes_per_token": n_bytes / (len(tokens) - 1),
-            "protocols": [asdict(p) for p in protocols]}
+            "protocols": [asdict(p) for p in protocols], "skipped": skipped}
 
 
 def main(argv=None) -> None:
@@ -130,6 +136,8 @@ def main(argv=None) -> None:
         print(f"  {p['protocol']:>15} (context {p['context']}, stride {p['stride']}): loss {p['loss']:.4f}, "
               f"perplexity {p['perplexity']:.2f}, {p['bits_per_byte']:.4f} bits/byte, {p['scored_tokens']:,} tokens "
               f"scored, {p['seconds']:.1f} s")
+    for protocol, why in result["skipped"].items():
+        print(f"  {protocol:>15} skipped: {why}")
     if cfg.out:
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.out).write_text(json.dumps(result, indent=2) + "\n")

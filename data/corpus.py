@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from data.hub_access import hub_access
 from runtime.errors import UserError
 
 SPLITS = ("train", "validation", "test")
@@ -47,6 +48,24 @@ def split_articles(text: str) -> Iterator[str]:
         article.append(line)
     if any(l.strip() for l in article):
         yield "".join(article)
+
+
+def read_text_file(path: Path) -> str:
+    """A dataset text file (WikiText's `wiki.*.raw`, a leaderboard --eval-text), checked to be a readable
+    UTF-8 file; newlines as text mode reads them, so its tokens match those of earlier versions."""
+    if not path.is_file():
+        raise DatasetError(f"{path} is not a file; it should hold the split's text (UTF-8)")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise DatasetError(f"{path} cannot be read ({e.strerror}); check its permissions") from e
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DatasetError(f"{path} is not UTF-8: byte 0x{data[e.start]:02x} at offset {e.start} (line {line}); "
+                           f"WikiText's raw files are UTF-8, so re-extract it (or convert it, e.g. with iconv)") from e
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 # --- the built-in corpus ----------------------------------------------------------------------
@@ -100,6 +119,20 @@ def _local_parquet_files(folder: Path, split: str) -> list[Path]:
     return sorted(p for p in folder.rglob(f"{split}-*.parquet"))
 
 
+def _parquet_lines(path: Path) -> list[str]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    try:
+        column = pq.read_table(path, columns=["text"]).column("text")
+    except (pa.ArrowException, OSError) as e:  # not parquet, damaged, or without a "text" column
+        raise DatasetError(f"{path} is not a readable parquet file with a \"text\" column "
+                           f"({str(e).splitlines()[0]}); replace it with the hub's file") from e
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        raise DatasetError(f"{path}: the \"text\" column holds {column.type}, not strings; replace it with the "
+                           f"hub's file")
+    return [line or "" for line in column.to_pylist()]  # a null row is an empty line
+
+
 def local_corpus(folder: str | Path) -> Corpus:
     folder = Path(folder).resolve()
     if not folder.is_dir():
@@ -114,15 +147,13 @@ def local_corpus(folder: str | Path) -> Corpus:
     def documents(split: str) -> Iterator[str]:
         raw = folder / RAW_FILES[split]
         if raw.exists():
-            yield from split_articles(raw.read_text(encoding="utf-8"))
+            yield from split_articles(read_text_file(raw))
             return
         parquet = _local_parquet_files(folder, split)
         if not parquet:
             raise DatasetError(f"{folder} has no {split} split: expected {RAW_FILES[split]} or "
                                f"{split}-*.parquet")
-        import pyarrow.parquet as pq
-        text = "".join(line for p in parquet for line in pq.read_table(p, columns=["text"]).column("text").to_pylist())
-        yield from split_articles(text)
+        yield from split_articles("".join(line for p in parquet for line in _parquet_lines(p)))
 
     return Corpus(name=f"local:{folder}", fingerprint=f"local-{folder.name}-{stamp.hexdigest()[:12]}",
                   documents=documents)
@@ -133,12 +164,15 @@ def hub_corpus(name: str) -> Corpus:
 
     def documents(split: str) -> Iterator[str]:
         import datasets
+        access, offline_because = hub_access()
+        where = f"its cache (offline: {offline_because})" if offline_because else "the Hugging Face hub or its cache"
         try:
-            ds = datasets.load_dataset(HUB_REPO, config, split=split)
+            with access:
+                ds = datasets.load_dataset(HUB_REPO, config, split=split)
         except Exception as e:  # the hub and cache raise many types (ConnectionError, FileNotFoundError, ...)
             raise DatasetError(
-                f"could not load {name} ({HUB_REPO}/{config}, split {split}) from the Hugging Face hub or its "
-                f"cache: {type(e).__name__}: {e}\nAlternatives: pass --dataset PATH to a local folder holding "
+                f"could not load {name} ({HUB_REPO}/{config}, split {split}) from {where}: "
+                f"{type(e).__name__}: {e}\nAlternatives: pass --dataset PATH to a local folder holding "
                 f"wiki.train.raw / wiki.valid.raw / wiki.test.raw (or the hub's parquet files), or "
                 f"--dataset builtin for the built-in Python-documentation corpus.") from e
         yield from split_articles("".join(ds["text"]))

@@ -1,7 +1,9 @@
 """Fetch GPT-2's BPE ranks offline-friendly: from the openai-whisper source distribution on PyPI.
 
-That sdist ships `whisper/assets/gpt2.tiktoken`, byte-identical to tiktoken's r50k_base file.
-Usage: python -m data.fetch_tokenizer [--dest PATH]
+That sdist ships `whisper/assets/gpt2.tiktoken`, byte-identical to tiktoken's r50k_base file.  Unless
+--no-tiktoken-cache, tiktoken's own cache is filled from it too (data/tiktoken_cache.py), so that
+tiktoken.get_encoding("gpt2") and ("r50k_base") work offline in any program.
+Usage: python -m data.fetch_tokenizer [--dest PATH] [--no-tiktoken-cache]
 """
 from __future__ import annotations
 
@@ -13,8 +15,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from data.tokenizer import DEFAULT_RANKS_FILE, GPT2_RANKS_SHA256
+from data.tiktoken_cache import cache_dir, default_cache_dir, fill_cache
+from data.tokenizer import DEFAULT_RANKS_FILE, GPT2_RANKS_SHA256, TokenizerError
 from runtime.cli import option, parse_config
+from runtime.errors import UserError
 
 SDIST = "openai-whisper==20250625"
 MEMBER_SUFFIX = "whisper/assets/gpt2.tiktoken"
@@ -30,16 +34,17 @@ def fetch(dest: Path) -> Path:
         result = subprocess.run(cmd, capture_output=True, text=True)
         archives = list(Path(tmp).glob("*.tar.gz"))
         if result.returncode != 0 or not archives:
-            sys.exit(f"could not download {SDIST} from PyPI:\n{result.stderr.strip()}\n"
-                     f"Alternatively set GPT2_TIKTOKEN_FILE to a copy of GPT-2's r50k_base.tiktoken.")
+            raise TokenizerError(f"could not download {SDIST} from PyPI:\n{result.stderr.strip()}\n"
+                                 f"Alternatively set GPT2_TIKTOKEN_FILE to a copy of GPT-2's r50k_base.tiktoken.")
         with tarfile.open(archives[0]) as tar:
             member = next((m for m in tar.getmembers() if m.name.endswith(MEMBER_SUFFIX)), None)
             if member is None:
-                sys.exit(f"{archives[0].name} has no {MEMBER_SUFFIX}")
+                raise TokenizerError(f"{archives[0].name} has no {MEMBER_SUFFIX}")
             data = tar.extractfile(member).read()
     digest = hashlib.sha256(data).hexdigest()
     if digest != GPT2_RANKS_SHA256:
-        sys.exit(f"the ranks file in {SDIST} has SHA-256 {digest}, expected {GPT2_RANKS_SHA256}; refusing it")
+        raise TokenizerError(f"the ranks file in {SDIST} has SHA-256 {digest}, expected {GPT2_RANKS_SHA256}; "
+                             f"refusing it")
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp_dest = dest.with_suffix(".tmp")
     tmp_dest.write_bytes(data)
@@ -48,13 +53,34 @@ def fetch(dest: Path) -> Path:
     return dest
 
 
+def fill_tiktoken_cache(ranks_file: Path) -> None:
+    folder = cache_dir()
+    if folder is None:
+        print("tiktoken cache: not filled, TIKTOKEN_CACHE_DIR is empty, which turns tiktoken's cache off")
+        return
+    fill_cache(ranks_file, folder)
+    print(f"tiktoken cache: wrote the files of tiktoken's gpt2 and r50k_base encodings to {folder} (SHA-256 "
+          f"verified)")
+    if folder == default_cache_dir():
+        print("tiktoken cache: that is a temporary folder; set TIKTOKEN_CACHE_DIR (here and where tiktoken runs) "
+              "to keep them")
+
+
 @dataclass
 class FetchConfig:
     dest: Path = option(DEFAULT_RANKS_FILE, "where to write the verified ranks file")
+    tiktoken_cache: bool = option(True, "also fill tiktoken's own cache ($TIKTOKEN_CACHE_DIR, else "
+                                        "$DATA_GYM_CACHE_DIR, else <tempdir>/data-gym-cache)")
 
 
 def main(argv=None):
-    fetch(parse_config(FetchConfig, __doc__, argv).dest)
+    try:
+        cfg = parse_config(FetchConfig, __doc__, argv)
+        fetch(cfg.dest)
+        if cfg.tiktoken_cache:
+            fill_tiktoken_cache(cfg.dest)
+    except UserError as e:
+        sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":

@@ -38,17 +38,28 @@ def ranks_file() -> Path | None:
     return DEFAULT_RANKS_FILE if DEFAULT_RANKS_FILE.exists() else None
 
 
-def encoding_from_file(path: str | Path) -> tiktoken.Encoding:
+def read_ranks_file(path: str | Path) -> bytes:
+    """The file's bytes, refused unless they are GPT-2's ranks file."""
     data = Path(path).read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     if digest != GPT2_RANKS_SHA256:
         raise TokenizerError(f"{path} is not GPT-2's ranks file (SHA-256 {digest}, expected "
                              f"{GPT2_RANKS_SHA256}); delete it and {FIX_HINT}")
+    return data
+
+
+def parse_ranks(data: bytes) -> dict[bytes, int]:
+    """Token bytes -> rank, from a ranks file's lines `<base64 token> <rank>`."""
     ranks = {}
     for line in data.splitlines():
         if line:
             token, rank = line.split()
             ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+def encoding_from_file(path: str | Path) -> tiktoken.Encoding:
+    ranks = parse_ranks(read_ranks_file(path))
     return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
                              special_tokens={"<|endoftext|>": EOT_TOKEN}, explicit_n_vocab=GPT2_VOCAB_SIZE)
 

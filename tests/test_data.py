@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from data import shards
+from data import corpus, hub_access, shards
 from data.corpus import DatasetError, builtin_corpus, get_corpus, split_articles
 from data.loader import WindowSampler, eval_batches
 from data.shards import load_split, read_tokens, write_tokens
@@ -69,6 +69,32 @@ def test_damaged_token_file_is_reported(tmp_path):
         read_tokens(path)
 
 
+def test_bad_dataset_files_are_named_errors(tmp_path):
+    write_raw_folder(tmp_path / "wt", {"train": ["Alpha"]})
+    (tmp_path / "wt" / "wiki.valid.raw").write_bytes(b" = Gamma = \n caf\xe9 \n")
+    (tmp_path / "wt" / "wiki.test.raw").mkdir()
+    with pytest.raises(DatasetError, match=r"wiki.valid.raw is not UTF-8: byte 0xe9 at offset 16 \(line 2\)"):
+        load_split(str(tmp_path / "wt"), "validation")
+    with pytest.raises(DatasetError, match=r"wiki.test.raw is not a file"):
+        load_split(str(tmp_path / "wt"), "test")
+    from bench.leaderboard import text_file_corpus  # --eval-text reads through the same check
+    with pytest.raises(DatasetError, match=r"wiki.valid.raw is not UTF-8"):
+        text_file_corpus(tmp_path / "wt" / "wiki.valid.raw")
+
+
+def test_bad_parquet_files_are_named_errors(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "validation-00000-of-00001.parquet").write_bytes(b"not parquet")
+    with pytest.raises(DatasetError, match=r"validation-00000-of-00001.parquet is not a readable parquet file"):
+        load_split(str(tmp_path / "junk"), "validation")
+    (tmp_path / "ints").mkdir()
+    pq.write_table(pa.table({"text": [1, 2]}), tmp_path / "ints" / "validation-00000-of-00001.parquet")
+    with pytest.raises(DatasetError, match=r"the \"text\" column holds int64, not strings"):
+        load_split(str(tmp_path / "ints"), "validation")
+
+
 def test_unknown_dataset_names_alternatives():
     with pytest.raises(DatasetError, match="neither a known name.*wikitext-103.*builtin"):
         get_corpus("/no/such/folder")
@@ -76,9 +102,46 @@ def test_unknown_dataset_names_alternatives():
 
 def test_unreachable_hub_error_names_alternatives(monkeypatch):
     import datasets
+    monkeypatch.setattr(hub_access, "hub_reachable", lambda: True)  # the hub answers, then the load fails
     monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: (_ for _ in ()).throw(ConnectionError("offline")))
     with pytest.raises(DatasetError, match="local folder.*--dataset builtin"):
         list(get_corpus("wikitext-103").documents("validation"))
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Every attempt to open a connection (or resolve a name) is recorded and refused."""
+    import socket
+    attempts = []
+
+    def refuse(*args, **kwargs):
+        attempts.append(args)
+        raise OSError("network disabled by the test")
+
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(corpus, "HUB_REPO", "no-such-org/not-in-any-cache")
+    return attempts
+
+
+def test_offline_variable_reads_the_cache_without_touching_the_network(monkeypatch, no_network):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(DatasetError, match=r"(?s)from its cache \(offline: HF_HUB_OFFLINE or HF_DATASETS_OFFLINE "
+                                           r"is set\).*--dataset PATH.*--dataset builtin"):
+        list(get_corpus("wikitext-2").documents("validation"))
+    assert no_network == []
+
+
+def test_an_unreachable_hub_is_asked_once_then_only_the_cache_is_read(monkeypatch, no_network):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    import datasets.config
+    from huggingface_hub import constants
+    modes = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
+    with pytest.raises(DatasetError, match=r"(?s)from its cache \(offline: .* did not answer\).*--dataset builtin"):
+        list(get_corpus("wikitext-2").documents("validation"))
+    assert len(no_network) == 1  # the probe; the load itself made no request
+    assert (datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE) == modes  # restored afterwards
 
 
 def test_builtin_corpus_is_named_for_what_it_is():

@@ -53,8 +53,16 @@ def test_a_hub_name_loads_from_the_cache_in_every_tool(offline_hub, small_model,
 
 
 def test_an_uncached_name_offline_says_how_to_get_the_files(offline_hub):
-    with pytest.raises(ArtifactError, match=r"gpt2-medium: the files of openai-community/gpt2-medium .* snapshot_download"):
+    with pytest.raises(ArtifactError, match=r"gpt2-medium: the files of openai-community/gpt2-medium \(nor under "
+                                            r"gpt2-medium\) .* snapshot_download"):
         resolve_checkpoint("gpt2-medium")
+
+
+def test_a_bare_gpt2_name_is_found_where_from_pretrained_cached_it(offline_hub, small_model, tmp_path):
+    legacy = write_hub_cache(offline_hub, "gpt2", small_model)  # models--gpt2, as from_pretrained("gpt2") keeps it
+    assert resolve_checkpoint("gpt2") == legacy
+    canonical = write_hub_cache(offline_hub, "openai-community/gpt2", small_model)
+    assert resolve_checkpoint("gpt2") == canonical  # the canonical name first
 
 
 def test_a_local_folder_wins_over_a_hub_name(tmp_path, monkeypatch):

@@ -61,3 +61,20 @@ def test_matches_transformers_when_installed(tmp_path, small_model):
         hf_loss = hf(ids, labels=ids).loss.item()
     nll, count = score(small_model, tokens, 64, 64, 4, torch.device("cpu"), "test")
     assert nll / count == pytest.approx(hf_loss, rel=1e-5)
+
+
+def test_a_dataset_file_that_is_not_utf8_is_one_error_line(small_artifact, tmp_path):
+    (tmp_path / "wt").mkdir()
+    (tmp_path / "wt" / "wiki.valid.raw").write_bytes(b"\xff = Gamma = \n")
+    with pytest.raises(SystemExit, match=r"^error: .*wiki.valid.raw is not UTF-8: byte 0xff at offset 0 \(line 1\)"):
+        main(["--checkpoint", small_artifact, "--dataset", str(tmp_path / "wt"), "--device", "cpu"])
+
+
+def test_default_stride_is_half_the_context_and_a_stride_too_large_is_explained(small_artifact, capsys):
+    result = run(PerplexityConfig(checkpoint=small_artifact, dataset="builtin", max_tokens=200, device="cpu"))
+    assert [(p["protocol"], p["context"], p["stride"]) for p in result["protocols"]] == [
+        ("non-overlapping", 64, 64), ("sliding", 64, 32)]
+    main(["--checkpoint", small_artifact, "--dataset", "builtin", "--max-tokens", "200", "--device", "cpu",
+          "--stride", "64"])
+    out = capsys.readouterr().out
+    assert "non-overlapping" in out and "sliding skipped: --stride 64 is not below the context of 64" in out

@@ -65,3 +65,63 @@ def test_prompts_file_runs_every_good_line_in_batches_and_reports_bad_ones(small
     alone = run_sample("--checkpoint", small_artifact, "--prompt", "Hello world", "--max-new-tokens", "4",
                        "--temperature", "0")
     assert decode(rows[3]["tokens"]) in alone.stdout
+
+
+def test_prompts_file_lines_of_the_wrong_type_or_encoding_fail_alone(small_artifact, tmp_path, capsys):
+    import sample
+    prompts = tmp_path / "prompts.jsonl"
+    good = json.dumps({"prompt": "Hello", "max_new_tokens": 2, "temperature": 0, "top_k": None})
+    bad = ['{"prompt": "a", "seed": "7"}', '{"prompt": "a", "max_new_tokens": 2.5}', '{"prompt": "a", "top_k": 1.5}',
+           '{"prompt": "a", "seed": NaN}', '{"prompt": "a", "seed": 1e30}', '{"prompt": "a", "seed": ' + "9" * 30 + "}",
+           '{"prompt": "a", "temperature": true}']
+    prompts.write_bytes("\n".join([good, *bad]).encode() + b'\n{"prompt": "caf\xe9"}\n' + good.encode() + b"\n")
+    out = tmp_path / "out.jsonl"
+    sample.main(["--checkpoint", small_artifact, "--prompts-file", str(prompts), "--output", str(out)])
+    rows = {r["line"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert sorted(rows) == list(range(1, 11))
+    assert rows[1]["tokens"] == rows[10]["tokens"] and len(rows[1]["tokens"]) <= 2
+    expected = {2: "seed must be an integer or null, got \"7\"", 3: "max_new_tokens must be an integer, got 2.5",
+                4: "top_k must be an integer or null, got 1.5", 5: "seed must be an integer or null, got NaN",
+                6: "seed must be an integer or null, got 1e+30", 7: "seed must be in [-2**63, 2**63)",
+                8: "temperature must be a number, got true", 9: "not UTF-8: byte 0xe9 at column 16"}
+    stderr = capsys.readouterr().err
+    for line, message in expected.items():
+        assert message in rows[line]["error"] and f"{prompts}:{line}: skipped: {message}" in stderr
+
+
+def test_output_that_cannot_be_written_fails_before_the_model_loads(small_artifact, tmp_path, monkeypatch):
+    import sample
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Hello"}\n')
+    monkeypatch.setattr(sample, "load_model", lambda *a: pytest.fail("loaded the model before checking --output"))
+    with pytest.raises(SystemExit, match=f"error: --output {tmp_path} cannot be written \\(Is a directory\\)"):
+        sample.main(["--checkpoint", small_artifact, "--prompts-file", str(prompts), "--output", str(tmp_path)])
+
+
+def test_results_already_generated_survive_a_crash(small_artifact, tmp_path, monkeypatch):
+    import sample
+    prompts = tmp_path / "prompts.jsonl"
+    # Two prompt lengths: two calls to generate; the second one crashes.
+    prompts.write_text('{"prompt": "Hello", "max_new_tokens": 2}\n{"prompt": 1}\n{"prompt": "Hello there friend"}\n')
+    real_generate, calls = sample.generate, []
+
+    def generate(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("a crash mid-run")
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(sample, "generate", generate)
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(RuntimeError, match="mid-run"):
+        sample.main(["--checkpoint", small_artifact, "--prompts-file", str(prompts), "--output", str(out)])
+    rows = {r["line"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert sorted(rows) == [1, 2] and "error" in rows[2] and len(rows[1]["tokens"]) <= 2
+
+
+def test_a_prompt_file_that_is_not_utf8_is_one_error_line(small_artifact, tmp_path):
+    import sample
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_bytes(b"Hello\nw\xff")
+    with pytest.raises(SystemExit, match=f"error: {prompt} is not UTF-8: byte 0xff at offset 7 \\(line 2\\)"):
+        sample.main(["--checkpoint", small_artifact, "--prompt-file", str(prompt)])

@@ -38,3 +38,33 @@ def test_offline_without_file_says_how_to_fix(monkeypatch, tmp_path):
             tokenizer.get_tokenizer()
     finally:
         tokenizer.get_tokenizer.cache_clear()
+
+
+def test_fetch_tokenizer_fills_tiktokens_own_cache_for_offline_use(tmp_path):
+    """tiktoken's gpt2 (vocab.bpe + encoder.json, rebuilt from the ranks) and r50k_base encodings load from the
+    filled cache with no network, pass tiktoken's hash checks and equal the project's tokenizer."""
+    import json
+    import os
+    import subprocess
+    import sys
+    if tokenizer.ranks_file() is None:
+        pytest.skip("no ranks file: run `python -m data.fetch_tokenizer` (or `make setup`) first")
+    cache = tmp_path / "tiktoken-cache"
+    # A proxy that refuses every connection: any download attempt fails instead of reaching the network.
+    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(cache), "HTTPS_PROXY": "http://127.0.0.1:9",
+           "HTTP_PROXY": "http://127.0.0.1:9"}
+    fetch = subprocess.run([sys.executable, "-m", "data.fetch_tokenizer", "--dest", str(tokenizer.ranks_file())],
+                           capture_output=True, text=True, env=env, timeout=120)
+    assert fetch.returncode == 0 and f"to {cache}" in fetch.stdout, fetch.stderr
+    text = "It's 2026, déjà vu! \u2028 naïve 東京 <|endoftext|>   \n\n\tcode()"
+    script = ("import json, sys, tiktoken\n"
+              "encs = [tiktoken.get_encoding('gpt2'), tiktoken.get_encoding('r50k_base'), "
+              "tiktoken.encoding_for_model('gpt2')]\n"
+              "print(json.dumps([e.encode_ordinary(sys.argv[1]) for e in encs] + [e.n_vocab for e in encs]))\n")
+    # Outside the project (no data/ on the path): a plain tiktoken client.
+    result = subprocess.run([sys.executable, "-c", script, text], capture_output=True, text=True, env=env,
+                            cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    *encodings, n1, n2, n3 = json.loads(result.stdout)
+    expected = get_tokenizer().encode_ordinary(text)
+    assert encodings == [expected] * 3 and (n1, n2, n3) == (50257, 50257, 50257)
