@@ -27,12 +27,11 @@ from data.tokenizer import decode, encode
 from model.artifact import load_model
 from model.config import EOT_TOKEN
 from model.generate import DECODE_MODES, generate
-from model.hub import resolve_checkpoint
+from model.run_folder import pick_checkpoint
 from model.sampling import SamplingParams
 from runtime.cli import parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
-from training.checkpoint import default_checkpoint
 
 PROMPT_SETTINGS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
 INTEGER_SETTINGS = ("max_new_tokens", "top_k", "seed")
@@ -250,7 +249,7 @@ def main(argv=None) -> None:
     try:
         cfg = parse_config(SampleConfig, __doc__, argv)
         with open_output(cfg) as out:
-            folder, why = (resolve_checkpoint(cfg.checkpoint), "--checkpoint") if cfg.checkpoint else default_checkpoint()
+            folder, why = pick_checkpoint(cfg.checkpoint)
             print(f"model: {folder} ({why})", file=sys.stderr)
             device = choose_device(cfg.device)
             if cfg.decode == "cuda-graph" and device.type != "cuda":

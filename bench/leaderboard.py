@@ -36,7 +36,7 @@ from model.config import GPTConfig
 from model.evaluate import evaluate_loss
 from model.generate import generate
 from model.gpt import GPT
-from model.hub import resolve_checkpoint
+from model.run_folder import pick_checkpoint
 from model.sampling import SamplingParams
 from parallel.distributed import MULTI_PROCESS_MODES
 from runtime.cli import parse_config
@@ -44,7 +44,6 @@ from runtime.device import choose_device, peak_memory_bytes, precision_policy, s
 from runtime.errors import UserError
 from runtime.provenance import provenance
 from runtime.timing import Spread, environment, time_repeats
-from training.checkpoint import default_checkpoint
 
 GENERATION_BATCHES = (1, 12)
 TRAINING_BATCHES = (4, 12)
@@ -215,7 +214,7 @@ def training_figures(args: LeaderboardConfig, source: Path, block: int, workdir:
 
 def scorecard(args: LeaderboardConfig) -> dict:
     device = choose_device(args.device)
-    folder, why = (resolve_checkpoint(args.checkpoint), "--checkpoint") if args.checkpoint else default_checkpoint()
+    folder, why = pick_checkpoint(args.checkpoint)
     print(f"scoring {folder} ({why})", file=sys.stderr)
     model, meta = load_model(folder, device)
     context = model.config.block_size

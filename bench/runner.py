@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from model.run_folder import is_training_checkpoint
 from runtime.cli import to_flags
 from runtime.timing import Spread
-from training.checkpoint import is_training_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN_SCRIPT = ROOT / "train.py"

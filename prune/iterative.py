@@ -32,7 +32,7 @@ from model.artifact import (artifact_writers, claim_output_folder, load_model, m
                             write_folder_atomically)
 from model.evaluate import evaluate_loss
 from model.gpt import GPT
-from model.hub import resolve_checkpoint
+from model.run_folder import pick_checkpoint
 from prune.csr import csr_copy
 from prune.errors import PruneError
 from prune.finetune import FinetuneSettings, finetune
@@ -48,7 +48,6 @@ from runtime.cli import option, parse_config
 from runtime.device import choose_device, precision_policy
 from runtime.errors import UserError
 from runtime.provenance import provenance
-from training.checkpoint import default_checkpoint
 
 METHODS = ("magnitude", "row", "wanda")
 DEFAULT_OUT_DIR = "out/prune"
@@ -220,10 +219,7 @@ def sparse_format_verdict(rows: list[dict], device: torch.device) -> dict | None
 
 def load_source(cfg: PruneConfig, device) -> tuple[GPT, Path, dict]:
     """The model to prune, loaded and announced, with its folder and stored metadata."""
-    if cfg.checkpoint:
-        folder, found = resolve_checkpoint(cfg.checkpoint), "from --checkpoint"
-    else:
-        folder, found = default_checkpoint()
+    folder, found = pick_checkpoint(cfg.checkpoint)
     if Path(cfg.out_dir).resolve() == folder.resolve():
         raise PruneError(f"--out-dir {cfg.out_dir} is the checkpoint being pruned; choose another folder")
     claim_output_folder(cfg.out_dir, "prune/iterative.py", cfg.overwrite)

@@ -1,9 +1,9 @@
 """The data a checkpoint was trained (or last pruned) on, for pruning's fine-tunes and evaluations."""
 from __future__ import annotations
 
+from model.run_folder import trained_dataset
 from pathlib import Path
 
-from training.checkpoint import trained_dataset
 
 
 def checkpoint_dataset(folder: Path, meta: dict) -> str | None:

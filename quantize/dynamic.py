@@ -37,15 +37,14 @@ from data.loader import eval_batches
 from data.shards import load_split
 from model.artifact import (DEFAULT_OUT_ROOT, WEIGHTS_FILE, ArtifactError, artifact_writers, claim_output_folder,
                             load_model, read_config, write_folder_atomically)
-from model.hub import resolve_checkpoint
 from model.int8 import HEAD_FORMATS, default_head_format, int8_state_for_saving, quantize_model
+from model.run_folder import pick_checkpoint
 from quantize.measure import generation_speed, greedy_agreement, paired_validation, prompts_from
 from runtime.cli import non_default_flags, option, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
 from runtime.provenance import git_commit, provenance
 from runtime.timing import cpu_model
-from training.checkpoint import default_checkpoint
 
 DEFAULT_OUT_DIR = str(DEFAULT_OUT_ROOT / "int8")
 REPORT_FILE = "quant_report.json"
@@ -129,7 +128,7 @@ def print_table(report: dict) -> None:
 
 
 def quantize(cfg: QuantizeConfig) -> dict:
-    source, why = (resolve_checkpoint(cfg.checkpoint), "--checkpoint") if cfg.checkpoint else default_checkpoint()
+    source, why = pick_checkpoint(cfg.checkpoint)
     print(f"model: {source} ({why})", file=sys.stderr)
     out_dir = Path(cfg.out_dir)
     if out_dir.resolve() == Path(source).resolve():

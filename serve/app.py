@@ -18,7 +18,7 @@ from fastapi.responses import PlainTextResponse
 
 from data.tokenizer import get_tokenizer
 from model.artifact import CONFIG_FILE, load_model
-from model.hub import resolve_checkpoint
+from model.run_folder import pick_checkpoint
 from runtime.device import choose_device
 from serve import routes_generate, routes_openai
 from serve.body_limit import BodySizeLimit
@@ -30,7 +30,6 @@ from serve.request_log import RequestLog
 from serve.schemas import CompletionRequest, GenerateRequest
 from serve.slow_clients import BodyReadDeadline
 from serve.state import ServerState, server_state
-from training.checkpoint import default_checkpoint
 
 log = logging.getLogger("serve")
 T = TypeVar("T")
@@ -43,7 +42,7 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     if not logging.getLogger().handlers:
         # Uvicorn configures only its own loggers; the per-request lines need a handler too.
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    folder, why = (resolve_checkpoint(config.checkpoint), "--checkpoint") if config.checkpoint else default_checkpoint()
+    folder, why = pick_checkpoint(config.checkpoint)
     log.info("model: %s (%s)", folder, why)
     device = choose_device(config.device)
     if config.threads:

@@ -24,7 +24,7 @@ from prune.structured import StructureError, head_columns, select_units, shrink
 from prune.wanda import input_feature_norms, wanda_masks
 from runtime.device import precision_policy
 from runtime.provenance import provenance
-from training.checkpoint import default_checkpoint
+from model.run_folder import default_checkpoint
 
 CPU = torch.device("cpu")
 

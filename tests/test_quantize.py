@@ -243,7 +243,7 @@ def test_quantizing_an_int8_artifact_is_refused(workspace, monkeypatch, capsys):
 
 
 def test_default_checkpoint_skips_int8_artifacts(tmp_path, small_model):
-    from training.checkpoint import default_checkpoint
+    from model.run_folder import default_checkpoint
     save_artifact(tmp_path / "train", small_model, small_model.config, "float", provenance("train.py"))
     int8_model, quantization = quantized(small_model)
     save_int8(tmp_path / "int8", int8_model, quantization)  # newer, but not quantizable

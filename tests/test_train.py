@@ -216,7 +216,7 @@ def test_tools_without_checkpoint_pick_the_most_trained_run_of_the_demo(tmp_path
     import sys
     from pathlib import Path
 
-    from training.checkpoint import default_checkpoint
+    from model.run_folder import default_checkpoint
 
     def training_run(folder, step, global_batch, block):
         save_artifact(folder, small_model, small_model.config, "float", provenance("train.py"), extra={"step": step})

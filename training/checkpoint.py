@@ -16,69 +16,15 @@ import torch
 import torch.distributed as dist
 
 from data.loader import WindowSampler
-from model.artifact import (DEFAULT_OUT_ROOT, artifact_folders, artifact_writers, claim_output_folder, load_model,
-                            write_folder_atomically)
+from model.artifact import artifact_writers, claim_output_folder, load_model, write_folder_atomically
 from model.config import GPTConfig
 from model.folder import DiskFull, acquire_writer_lock, previous_contents, remove_files
 from model.gpt import GPT
-from model.weights import ArtifactError
+from model.run_folder import OPTIMIZER_FILE, STATE_FILE, is_training_checkpoint, read_training_state
 from parallel.errors import ParallelError
 from parallel.state import full_model_state, full_optimizer_state, load_optimizer_state
 from runtime.provenance import provenance
 from training.config import TrainConfig, TrainingError
-
-TRAINING_STATE = "training_state"
-STATE_FILE = f"{TRAINING_STATE}/state.json"
-OPTIMIZER_FILE = f"{TRAINING_STATE}/optimizer.pt"
-
-def is_training_checkpoint(folder: str | Path) -> bool:
-    return (Path(folder) / TRAINING_STATE).exists()
-
-
-def read_training_state(folder: str | Path) -> dict | None:
-    """`state.json` of a training checkpoint, or None for any other artifact."""
-    path = Path(folder) / STATE_FILE
-    if not path.exists():
-        return None
-    try:
-        state = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise TrainingError(f"{path} is not valid JSON ({e}); the checkpoint is damaged") from e
-    if not isinstance(state, dict):
-        raise TrainingError(f"{path} holds a {type(state).__name__}, not the training state; the checkpoint "
-                            f"is damaged")
-    return state
-
-
-def trained_dataset(folder: str | Path) -> str | None:
-    """The dataset a training checkpoint was trained on, when it records one."""
-    state = read_training_state(folder) or {}
-    return (state.get("train_config") or {}).get("dataset")
-
-
-def trained_tokens(folder: Path) -> int:
-    """Tokens the checkpoint's run has trained on (0 when its training state does not say)."""
-    try:
-        state = read_training_state(folder) or {}
-        config = state["train_config"]
-        block = config["block_size"] or json.loads((folder / "config.json").read_text())["model"]["block_size"]
-        return int(state["step"]) * int(state["global_batch"]) * int(config["grad_accum"]) * int(block)
-    except (TrainingError, KeyError, TypeError, ValueError, OSError):
-        return 0
-
-
-def default_checkpoint(root: str | Path = DEFAULT_OUT_ROOT) -> tuple[Path, str]:
-    """The model a tool run without --checkpoint means: of the checkpoints train.py wrote under `root`, the
-    one trained on the most tokens (the newest among equals), not merely the newest folder (after
-    `make demo` that would be its 20-step FSDP run).  Returns the folder and a sentence saying why."""
-    runs = artifact_folders(root, accept=lambda meta: (meta.get("produced_by") or {}).get("tool") == "train.py")
-    if not runs:
-        raise ArtifactError(f"no checkpoint written by train.py found under {root}/; train one first "
-                            f"(`python train.py`) or pass --checkpoint DIR")
-    best = max(runs, key=lambda d: (trained_tokens(d), (d / "config.json").stat().st_mtime))
-    return best, (f"the train.py checkpoint under {root}/ trained on the most tokens "
-                  f"({trained_tokens(best):,} of {len(runs)} run{'s' if len(runs) > 1 else ''}); "
-                  f"--checkpoint DIR picks another")
 
 
 def save_through_python(obj, path: Path) -> None:

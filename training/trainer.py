@@ -18,10 +18,11 @@ from model.config import GPTConfig, preset
 from model.evaluate import evaluate_loss
 from model.gpt import GPT
 from model.optim import build_optimizer, lr_at
+from model.run_folder import STATE_FILE, read_training_state
 from parallel import CommsMeter, check_divisibility, parallelize, scaled_lr
 from parallel.state import local_state_bytes
 from runtime.device import is_out_of_memory, peak_memory_bytes, precision_policy
-from training.checkpoint import STATE_FILE, Checkpointer, claim_run_folder, read_training_state
+from training.checkpoint import Checkpointer, claim_run_folder
 from training.config import TrainConfig, TrainingError
 from training.metrics import (NO_CLOCK, EvalRecord, MetricsLog, NullLog, ParallelRecord, PhaseClock, StepRecord,
                               device_peak_flops, flops_per_token)

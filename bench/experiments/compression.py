@@ -20,9 +20,9 @@ from bench.experiment import Experiment, ExperimentError, SettingsError, at_leas
 from bench.record import plt
 from bench.report_page import Page, num
 from bench.runner import ROOT, run_command
+from model.run_folder import default_checkpoint
 from runtime.device import choose_device
 from runtime.timing import Environment, environment
-from training.checkpoint import default_checkpoint
 
 PRUNE_REPORT = "prune_report.json"
 QUANT_REPORT = "quant_report.json"

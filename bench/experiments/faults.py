@@ -52,6 +52,8 @@ from model.artifact import load_model, save_artifact
 from model.config import GPTConfig
 from model.folder import STAGING_DIR
 from model.gpt import GPT
+from model.run_folder import read_training_state
+from model.weights import ArtifactError
 from runtime.provenance import provenance
 from runtime.timing import Environment, environment
 from serve.launch import LOOPBACK, running_server
@@ -62,6 +64,7 @@ READER = textwrap.dedent("""
     import json, pathlib, sys
     from model.artifact import load_model
     from model.folder import reading
+    from model.run_folder import read_training_state
     from model.weights import ArtifactError
     folder, stop = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
     reads, errors = 0, []
@@ -69,7 +72,7 @@ READER = textwrap.dedent("""
         try:
             with reading(folder):
                 model, meta = load_model(folder)
-                state = json.loads((folder / "training_state" / "state.json").read_text())
+                state = read_training_state(folder)
             if state["step"] != meta["step"]:
                 errors.append(f"config.json of step {meta['step']} beside state.json of step {state['step']}")
             reads += 1
@@ -146,8 +149,10 @@ def logged_losses(folder: Path) -> dict[int, float]:
 
 
 def saved_step(folder: Path) -> int:
-    path = folder / "training_state" / "state.json"
-    return json.loads(path.read_text())["step"] if path.exists() else 0
+    try:
+        return int((read_training_state(folder) or {}).get("step", 0))
+    except ArtifactError:  # read while the first save was being written
+        return 0
 
 
 def readers_during_saves(s: Settings, work: Path) -> Drill:
