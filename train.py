@@ -15,7 +15,6 @@ import sys
 
 import torch.distributed as dist
 
-from model.folder import release_writer_lock
 from parallel import init_distributed
 from parallel.distributed import announce_failure, failed_rank, shutdown
 from runtime.cli import given_fields, parse_config
@@ -33,7 +32,8 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> EvalRecord:
     the settings the command line named, which a resumed run takes over its saved ones."""
     ctx = init_distributed(cfg.parallel, cfg.tp_size, choose_device(cfg.device), cfg.dist_timeout_s)
     try:
-        final = Trainer(cfg, ctx, given).fit()
+        with Trainer(cfg, ctx, given) as trainer:
+            final = trainer.fit()
         if ctx.world_size > 1:
             # No rank tears the group down while another still works (rank 0 writes the last records and the
             # curves): a rank that destroyed it early intermittently ended the job with exit code 1.
@@ -52,7 +52,6 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> EvalRecord:
         announce_failure(ctx)
         raise
     finally:
-        release_writer_lock(cfg.out_dir)  # held by rank 0 from the start (training/checkpoint.py)
         shutdown(ctx)
 
 

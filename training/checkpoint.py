@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -18,13 +19,14 @@ import torch.distributed as dist
 from data.loader import WindowSampler
 from model.artifact import artifact_writers, claim_output_folder, load_model, write_folder_atomically
 from model.config import GPTConfig
-from model.folder import DiskFull, acquire_writer_lock, previous_contents, remove_files
+from model.folder import DiskFull, acquire_writer_lock, previous_contents, release_writer_lock, remove_files
 from model.gpt import GPT
 from model.run_folder import OPTIMIZER_FILE, STATE_FILE, is_training_checkpoint, read_training_state
 from parallel.errors import ParallelError
 from parallel.state import full_model_state, full_optimizer_state, load_optimizer_state
 from runtime.provenance import provenance
 from training.config import TrainConfig, TrainingError
+from training.resume import resumed_config
 
 
 def save_through_python(obj, path: Path) -> None:
@@ -59,16 +61,54 @@ def claim_run_folder(cfg: TrainConfig) -> bool:
 
 
 class Checkpointer:
-    """Saves and restores one run's checkpoint; every rank calls it (consolidation is collective), rank 0
-    alone writes."""
+    """One run folder from claim to release.  `open` claims it (rank 0) and settles whether the run resumes
+    and with which settings; `restore_weights` and `restore` read the saved state back; `track` names what a
+    save writes; `save(step, last=...)` writes a checkpoint when one is due (every --checkpoint-interval
+    steps, and at the last step); `close` releases the folder.  Every rank calls it (consolidation is
+    collective); rank 0 alone writes."""
 
-    def __init__(self, out_dir: Path, cfg: TrainConfig):
-        self.out_dir, self.cfg = out_dir, cfg
+    def __init__(self, out_dir: Path, ctx):
+        self.out_dir, self.ctx = out_dir, ctx
+        self.cfg: TrainConfig | None = None
+        self.resuming = False
         self.last_saved_step: int | None = None
+        self._claimed = False
+        self._tracked: tuple | None = None
 
-    def save(self, par, step: int, model_config: GPTConfig, optimizer: torch.optim.Optimizer,
-             sampler: WindowSampler) -> None:
-        """`par` is the parallelised model: its state is consolidated to single-device tensors."""
+    def open(self, cfg: TrainConfig, given: set[str]) -> tuple[TrainConfig, list[str]]:
+        """Claim the folder and return the run's config (the saved one when resuming, with the changes
+        `given` asks for) and one phrase per change."""
+        if self.ctx.is_writer:
+            self._claimed = True  # claiming can take the lock and then refuse the folder: close() releases it
+            self.resuming = claim_run_folder(cfg)
+        if self.ctx.world_size > 1:  # rank 0 decides, so every rank resumes or none does
+            decision = [self.resuming]
+            dist.broadcast_object_list(decision, src=0)
+            self.resuming = decision[0]
+        changes: list[str] = []
+        if self.resuming:
+            cfg, changes = resumed_config(cfg, given, read_training_state(self.out_dir), self.out_dir / STATE_FILE,
+                                          self.ctx.dp_size)
+        self.cfg = cfg
+        return cfg, changes
+
+    def close(self) -> None:
+        if self._claimed:
+            release_writer_lock(self.out_dir)
+            self._claimed = False
+
+    def track(self, par, model_config: GPTConfig, optimizer: torch.optim.Optimizer, sampler: WindowSampler,
+              check: Callable[[int], None]) -> None:
+        """What a save writes: `par` (the parallelised model, consolidated to single-device tensors), the
+        optimizer and the data position; `check(step)` raises if that state must not be saved."""
+        self._tracked = (par, model_config, optimizer, sampler, check)
+
+    def save(self, step: int, last: bool = False) -> None:
+        """Write the checkpoint of `step` if one is due (or `last`) and not written yet."""
+        if step == self.last_saved_step or not (last or step % self.cfg.checkpoint_every == 0):
+            return
+        par, model_config, optimizer, sampler, check = self._tracked
+        check(step)
         model_state = {k: v.contiguous() for k, v in full_model_state(par).items()}
         optimizer_state = full_optimizer_state(par, optimizer)
         ctx = par.ctx

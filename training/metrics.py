@@ -11,9 +11,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from model.config import GPTConfig
-from runtime.device import synchronize
+from runtime.device import peak_memory_bytes, synchronize
 from runtime.errors import UserError
 from training.curves import CURVES_FILE, METRICS_FILE, plot_runs
 
@@ -130,6 +131,45 @@ class EvalRecord:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+# A step's phases (evaluation is timed in its own records).
+PHASES_OF_A_STEP = ("data", "forward", "backward", "optimizer", "other")
+
+
+def step_record(done: int, lr: float, result, clock: PhaseClock, elapsed: float, steps: int, tokens_per_step: int,
+                world_size: int, flops_per_token: float, peak_flops: float | None, device: torch.device,
+                parallel: ParallelRecord | None) -> StepRecord:
+    """The record of a log window of `steps` steps that took `elapsed` seconds, ending with step `done`."""
+    tokens_per_s = tokens_per_step * steps / elapsed
+    per_device = tokens_per_s / world_size
+    return StepRecord(done, done * tokens_per_step, result.loss, lr, result.grad_norm, tokens_per_s, per_device,
+                      per_device * flops_per_token / peak_flops if peak_flops else None,
+                      {phase: round(clock.seconds.get(phase, 0.0), 4) for phase in PHASES_OF_A_STEP},
+                      peak_memory_bytes(device), parallel)
+
+
+def parallel_record(snapshot: dict, elapsed: float, steps: int, ctx, theory: dict, comm_is_exposed_wait: bool,
+                    peaks: list[int], state_bytes: dict[str, int]) -> ParallelRecord:
+    """Communication of a log window (a CommsMeter snapshot) per step, beside its theoretical volume."""
+    exposed = snapshot["exposed_comm_s"] if comm_is_exposed_wait else snapshot["comm_s"]
+    sent = sum(snapshot["sent_bytes"].values())
+    return ParallelRecord(
+        comm_s=snapshot["comm_s"] / steps, exposed_comm_s=exposed / steps, compute_s=(elapsed - exposed) / steps,
+        comm_share=exposed / elapsed, comm_bytes={k: v / steps for k, v in snapshot["payload_bytes"].items()},
+        comm_sent_bytes={k: v / steps for k, v in snapshot["sent_bytes"].items()},
+        comm_sent_bytes_theory=theory["sent_bytes"],
+        bandwidth_bytes_per_s=sent / snapshot["comm_s"] if snapshot["comm_s"] else None,
+        peak_memory_bytes_per_rank=peaks, state_bytes_this_rank=state_bytes,
+        world_size=ctx.world_size, dp_size=ctx.dp_size, tp_size=ctx.tp_size, **ctx.topology)
+
+
+def peak_memory_per_rank(ctx) -> list[int]:
+    """Every rank's peak memory (a collective: every rank calls it)."""
+    peaks = [peak_memory_bytes(ctx.device)] * ctx.world_size
+    if ctx.world_size > 1:
+        dist.all_gather_object(peaks, peaks[0])
+    return peaks
 
 
 class MetricsLog:

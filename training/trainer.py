@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
 from data.loader import WindowSampler, eval_batches
@@ -18,15 +17,14 @@ from model.config import GPTConfig, preset
 from model.evaluate import evaluate_loss
 from model.gpt import GPT
 from model.optim import build_optimizer, lr_at
-from model.run_folder import STATE_FILE, read_training_state
 from parallel import CommsMeter, check_divisibility, parallelize, scaled_lr
 from parallel.state import local_state_bytes
-from runtime.device import is_out_of_memory, peak_memory_bytes, precision_policy
-from training.checkpoint import Checkpointer, claim_run_folder
+from runtime.device import is_out_of_memory, precision_policy
+from training.checkpoint import Checkpointer
 from training.config import TrainConfig, TrainingError
-from training.metrics import (NO_CLOCK, EvalRecord, MetricsLog, NullLog, ParallelRecord, PhaseClock, StepRecord,
-                              device_peak_flops, flops_per_token)
-from training.resume import given_by_default, resumed_config
+from training.metrics import (NO_CLOCK, EvalRecord, MetricsLog, NullLog, PhaseClock, device_peak_flops,
+                              flops_per_token, parallel_record, peak_memory_per_rank, step_record)
+from training.resume import given_by_default
 from training.step import NonFiniteStep, TrainStep
 from training.stop_signals import StopRequested, StopSignals
 
@@ -61,26 +59,37 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, ctx, given: set[str] | None = None):
         """`given`: the settings the command line named (a resumed run keeps its own for the rest); by
-        default those that differ from the defaults."""
+        default those that differ from the defaults.  The run folder is claimed here and released by
+        `close` (or leaving a `with` block), also when building the run fails."""
         self.ctx, self.device, self.out_dir = ctx, ctx.device, Path(cfg.out_dir)
         self.say = print if ctx.is_writer else (lambda *a, **k: None)
-        resuming = claim_run_folder(cfg) if ctx.is_writer else False
-        if ctx.world_size > 1:  # rank 0 decides, so every rank resumes or none does
-            decision = [resuming]
-            dist.broadcast_object_list(decision, src=0)
-            resuming = decision[0]
-        if resuming:
-            state_path = self.out_dir / STATE_FILE
-            cfg, changes = resumed_config(cfg, given_by_default(cfg) if given is None else given,
-                                          read_training_state(self.out_dir), state_path, ctx.dp_size)
-            if changes:
-                self.say(f"resume: {'; '.join(changes)}")
+        self.checkpointer = Checkpointer(self.out_dir, ctx)
+        try:
+            self.build(cfg, given_by_default(cfg) if given is None else given)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.checkpointer.close()
+
+    def build(self, cfg: TrainConfig, given: set[str]) -> None:
+        ctx = self.ctx
+        cfg, changes = self.checkpointer.open(cfg, given)
+        resuming = self.checkpointer.resuming
+        if changes:
+            self.say(f"resume: {'; '.join(changes)}")
         self.cfg = cfg
         self.precision = precision_policy(self.device, cfg.precision)
         model = build_model(cfg)
         self.model_config, self.block = model.config, training_block(cfg, model.config)
         check_divisibility(self.model_config, ctx, cfg.batch_size)
-        self.checkpointer = Checkpointer(self.out_dir, cfg)
         if resuming:
             self.checkpointer.restore_weights(model)  # full weights first; every layout slices them the same way
         model.to(self.device)
@@ -106,6 +115,7 @@ class Trainer:
         self.eval_module = self.par.eval_module if self.par.is_distributed else module
         self.step = TrainStep(module, self.optimizer, self.par.strategy, self.device, self.precision, cfg.grad_accum,
                               cfg.grad_clip)
+        self.checkpointer.track(self.par, self.model_config, self.optimizer, self.sampler, self.check_savable)
         self.step.steps_taken = self.start_step
         self.tokens_per_step = self.sampler.global_batch * cfg.grad_accum * self.block
         self.peak_flops = device_peak_flops(self.device, cfg.peak_flops)
@@ -134,8 +144,7 @@ class Trainer:
             with StopSignals() as stop_signals:
                 self.train_steps(stop_signals)
         except StopRequested as e:
-            if self.checkpointer.last_saved_step != self.completed:
-                self.save_checkpoint(self.completed)
+            self.checkpointer.save(self.completed, last=True)
             print(f"stopped by {e} after step {self.completed}; {self.checkpointer.describe_last_good()} "
                   f"(continue with --resume auto); exit status {e.exit_status}", file=sys.stderr)
             raise SystemExit(e.exit_status)
@@ -176,12 +185,11 @@ class Trainer:
             t0 = time.perf_counter()  # evaluation and checkpointing are kept out of tokens/s
             if done % cfg.eval_interval == 0 and done != cfg.max_steps:
                 self.evaluate(done, cfg.eval_batches)
-            if done % cfg.checkpoint_every == 0 or done == cfg.max_steps:
-                self.save_checkpoint(done)
+            self.checkpointer.save(done, last=done == cfg.max_steps)
             stop_signals.check(self.ctx)
             excluded += time.perf_counter() - t0
 
-    def save_checkpoint(self, step: int) -> None:
+    def check_savable(self, step: int) -> None:
         """Only weights that still give a finite loss are saved: a finite but exploded update (a huge
         --lr) would otherwise become "the last good checkpoint" and only fail at the next step."""
         with self.meter.paused():
@@ -191,7 +199,6 @@ class Trainer:
             if not math.isfinite(probe):
                 raise NonFiniteStep(probe, float("nan"), f"validation loss became {probe} after the update of "
                                                          f"step {step}, so that state is not saved")
-            self.checkpointer.save(self.par, step, self.model_config, self.optimizer, self.sampler)
 
     def evaluate(self, step: int, max_batches: int | None) -> EvalRecord:
         t0 = time.perf_counter()
@@ -209,50 +216,27 @@ class Trainer:
             result = evaluate_loss(self.eval_module, batches, self.device, self.precision.autocast)
             self.par.strategy.after_evaluation()
         record = EvalRecord(step, step * self.tokens_per_step, **result, eval_full_split=max_batches is None,
-                            eval_s=time.perf_counter() - t0, peak_memory_bytes_per_rank=self.peak_memory_per_rank())
+                            eval_s=time.perf_counter() - t0, peak_memory_bytes_per_rank=peak_memory_per_rank(self.ctx))
         self.metrics.write(record)
         self.say(f"step {step}: val_loss {record.val_loss:.4f} (ppl {record.val_ppl:.1f}, "
                  f"{record.val_tokens:,} tokens{', whole split' if max_batches is None else ''})")
         return record
 
     def log_step(self, done: int, lr: float, result, clock: PhaseClock, elapsed: float, steps: int) -> None:
-        tokens_per_s = self.tokens_per_step * steps / elapsed
-        per_device = tokens_per_s / self.ctx.world_size
-        record = StepRecord(done, done * self.tokens_per_step, result.loss, lr, result.grad_norm, tokens_per_s,
-                            per_device,
-                            per_device * self.flops_per_token / self.peak_flops if self.peak_flops else None,
-                            {phase: round(clock.seconds.get(phase, 0.0), 4) for phase in PHASES_OF_A_STEP},
-                            peak_memory_bytes(self.device),
-                            self.parallel_record(elapsed, steps) if self.par.is_distributed else None)
+        parallel = None
+        if self.par.is_distributed:
+            cfg, strategy = self.cfg, self.par.strategy
+            activation_bytes = (self.precision.autocast_dtype or torch.float32).itemsize
+            parallel = parallel_record(
+                self.meter.snapshot(), elapsed, steps, self.ctx,
+                theory=strategy.theoretical_bytes(cfg.batch_size, self.block, cfg.grad_accum, activation_bytes),
+                comm_is_exposed_wait=strategy.comm_time_is_exposed_wait,
+                peaks=peak_memory_per_rank(self.ctx), state_bytes=local_state_bytes(self.model, self.optimizer))
+        record = step_record(done, lr, result, clock, elapsed, steps, self.tokens_per_step, self.ctx.world_size,
+                             self.flops_per_token, self.peak_flops, self.device, parallel)
         self.metrics.write(record)
         self.meter.reset()
         mfu = f", MFU {record.mfu:.1%}" if record.mfu is not None else ""
         comm = f", comm {record.parallel.comm_share:.0%}" if record.parallel else ""
         self.say(f"step {done}/{self.cfg.max_steps}: loss {result.loss:.4f}, lr {lr:.2e}, "
-                 f"{tokens_per_s:,.0f} tokens/s{mfu}{comm}")
-
-    def peak_memory_per_rank(self) -> list[int]:
-        peaks = [peak_memory_bytes(self.device)] * self.ctx.world_size
-        if self.ctx.world_size > 1:
-            dist.all_gather_object(peaks, peaks[0])
-        return peaks
-
-    def parallel_record(self, elapsed: float, steps: int) -> ParallelRecord:
-        cfg, ctx, snap = self.cfg, self.ctx, self.meter.snapshot()
-        activation_bytes = (self.precision.autocast_dtype or torch.float32).itemsize
-        theory = self.par.strategy.theoretical_bytes(cfg.batch_size, self.block, cfg.grad_accum, activation_bytes)
-        exposed = snap["exposed_comm_s"] if self.par.strategy.comm_time_is_exposed_wait else snap["comm_s"]
-        peaks = self.peak_memory_per_rank()
-        sent = sum(snap["sent_bytes"].values())
-        return ParallelRecord(
-            comm_s=snap["comm_s"] / steps, exposed_comm_s=exposed / steps, compute_s=(elapsed - exposed) / steps,
-            comm_share=exposed / elapsed, comm_bytes={k: v / steps for k, v in snap["payload_bytes"].items()},
-            comm_sent_bytes={k: v / steps for k, v in snap["sent_bytes"].items()},
-            comm_sent_bytes_theory=theory["sent_bytes"],
-            bandwidth_bytes_per_s=sent / snap["comm_s"] if snap["comm_s"] else None,
-            peak_memory_bytes_per_rank=peaks, state_bytes_this_rank=local_state_bytes(self.model, self.optimizer),
-            world_size=ctx.world_size, dp_size=ctx.dp_size, tp_size=ctx.tp_size, **ctx.topology)
-
-
-# A step's phases (evaluation is timed in its own records).
-PHASES_OF_A_STEP = ("data", "forward", "backward", "optimizer", "other")
+                 f"{record.tokens_per_s:,.0f} tokens/s{mfu}{comm}")
