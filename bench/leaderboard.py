@@ -44,6 +44,7 @@ from runtime.device import choose_device, peak_memory_bytes, precision_policy, s
 from runtime.errors import UserError
 from runtime.provenance import provenance
 from runtime.timing import Spread, environment, time_repeats
+from training.config import TrainConfig
 
 GENERATION_BATCHES = (1, 12)
 TRAINING_BATCHES = (4, 12)
@@ -191,13 +192,13 @@ def training_figures(args: LeaderboardConfig, source: Path, block: int, workdir:
     steps = args.train_steps * (args.repeats + 1)
     figures = {}
     for batch in TRAINING_BATCHES:
-        options = {"init_from": str(source), "dataset": args.train_dataset, "batch_size": batch,
-                   "block_size": block, "max_steps": steps, "log_interval": args.train_steps,
-                   "eval_interval": steps, "eval_batches": 1, "final_eval_batches": 1, "warmup_steps": 1,
-                   "parallel": args.parallel, "device": args.device, "grad_accum": grad_accum}
+        config = TrainConfig(init_from=str(source), dataset=args.train_dataset, batch_size=batch, block_size=block,
+                             max_steps=steps, log_interval=args.train_steps, eval_interval=steps, eval_batches=1,
+                             final_eval_batches=1, warmup_steps=1, parallel=args.parallel, device=args.device,
+                             grad_accum=grad_accum)
         print(f"training throughput: micro-batch {batch} x block {block}"
               f"{f', {args.parallel} on {args.nproc_per_node} ranks' if parallel else ''}", file=sys.stderr)
-        run = run_train(workdir / f"train_{batch}", options, nproc=args.nproc_per_node if parallel else None,
+        run = run_train(workdir / f"train_{batch}", config, nproc=args.nproc_per_node if parallel else None,
                         threads=args.threads)
         if not run.ok:
             raise LeaderboardError(f"train.py failed for micro-batch {batch}: {run.failure()}\n{run.output_tail}")
@@ -212,12 +213,16 @@ def training_figures(args: LeaderboardConfig, source: Path, block: int, workdir:
     return figures
 
 
-def scorecard(args: LeaderboardConfig) -> dict:
-    device = choose_device(args.device)
-    folder, why = pick_checkpoint(args.checkpoint)
-    print(f"scoring {folder} ({why})", file=sys.stderr)
-    model, meta = load_model(folder, device)
-    context = model.config.block_size
+@dataclass
+class Plan:
+    """What the scorecard measures, checked against the model's context before anything runs."""
+    eval_block: int
+    train_block: int
+    new_tokens: int
+    new_tokens_note: str
+
+
+def plan(args: LeaderboardConfig, context: int) -> Plan:
     eval_block = args.eval_block_size or context
     reference = args.protocol == "reference"
     train_block = REFERENCE_BLOCK if reference else args.block_size or context
@@ -237,9 +242,34 @@ def scorecard(args: LeaderboardConfig) -> dict:
         raise LeaderboardError(f"--prompt-tokens + --new-tokens = {args.prompt_tokens + args.new_tokens} exceeds "
                                f"the model's context of {context}")
     new_tokens = args.new_tokens or min(REFERENCE_NEW_TOKENS, context - args.prompt_tokens)
-    new_tokens_note = (f"{new_tokens} new tokens: the reference's {REFERENCE_NEW_TOKENS} do not fit after a "
-                       f"{args.prompt_tokens}-token prompt in this model's context of {context}"
-                       if args.new_tokens is None and new_tokens < REFERENCE_NEW_TOKENS else f"{new_tokens} new tokens")
+    note = (f"{new_tokens} new tokens: the reference's {REFERENCE_NEW_TOKENS} do not fit after a "
+            f"{args.prompt_tokens}-token prompt in this model's context of {context}"
+            if args.new_tokens is None and new_tokens < REFERENCE_NEW_TOKENS else f"{new_tokens} new tokens")
+    return Plan(eval_block, train_block, new_tokens, note)
+
+
+@dataclass
+class Measured:
+    folder: Path
+    meta: dict
+    plan: Plan
+    device: torch.device
+    precision: object
+    described: str  # the evaluation text, in words
+    eval_tokens: int
+    validation: dict
+    generation: dict
+    inference_peak: int | None
+    training: dict
+
+
+def measure(args: LeaderboardConfig) -> Measured:
+    """Load the model, check the plan, then measure: loss, generation, training."""
+    device = choose_device(args.device)
+    folder, why = pick_checkpoint(args.checkpoint)
+    print(f"scoring {folder} ({why})", file=sys.stderr)
+    model, meta = load_model(folder, device)
+    settled = plan(args, model.config.block_size)
     precision = precision_policy(device)
     tokens, described = evaluation_tokens(args)
     if len(tokens) <= args.prompt_tokens * max(GENERATION_BATCHES):
@@ -247,32 +277,38 @@ def scorecard(args: LeaderboardConfig) -> dict:
                                f"{max(GENERATION_BATCHES)} prompts of {args.prompt_tokens}")
 
     print(f"validation loss over all of {described} ({len(tokens):,} tokens)", file=sys.stderr)
-    validation = validation_loss(model, tokens, eval_block, args.eval_batch_size, device, precision)
-    print(f"generation throughput: {new_tokens_note}, batches {GENERATION_BATCHES}", file=sys.stderr)
+    validation = validation_loss(model, tokens, settled.eval_block, args.eval_batch_size, device, precision)
+    print(f"generation throughput: {settled.new_tokens_note}, batches {GENERATION_BATCHES}", file=sys.stderr)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    generation = generation_figures(model, tokens, args.prompt_tokens, new_tokens, args.repeats, device)
+    generation = generation_figures(model, tokens, args.prompt_tokens, settled.new_tokens, args.repeats, device)
     inference_peak = peak_memory_bytes(device)
     del model
     with tempfile.TemporaryDirectory(prefix="leaderboard-") as tmp:
-        training = training_figures(args, trainable_source(Path(folder), meta, Path(tmp)), train_block, Path(tmp),
-                                    PROTOCOLS[args.protocol])
+        training = training_figures(args, trainable_source(Path(folder), meta, Path(tmp)), settled.train_block,
+                                    Path(tmp), PROTOCOLS[args.protocol])
+    return Measured(Path(folder), meta, settled, device, precision, described, len(tokens), validation, generation,
+                    inference_peak, training)
 
+
+def record(args: LeaderboardConfig, m: Measured) -> dict:
+    """The scorecard: the five keys, their units and definitions, and how each was measured."""
+    p, generation, training = m.plan, m.generation, m.training
     world = args.nproc_per_node if args.parallel != "none" else 1
     score = {
-        "loss": validation["val_loss"],
+        "loss": m.validation["val_loss"],
         **{f"inference_latency_{b}": generation[b]["tokens_per_s"].median for b in GENERATION_BATCHES},
         **{f"training_throughput_{b}": training[b]["tokens_per_s"].median for b in TRAINING_BATCHES},
         "units": UNITS,
         "definitions": {
-            "loss": f"token-weighted mean cross-entropy over every target of {described} "
-                    f"({validation['val_tokens']:,} targets), non-overlapping windows of {eval_block} tokens",
-            **{f"inference_latency_{b}": f"generation throughput at batch {b}: {b} x {new_tokens} new tokens / "
+            "loss": f"token-weighted mean cross-entropy over every target of {m.described} "
+                    f"({m.validation['val_tokens']:,} targets), non-overlapping windows of {p.eval_block} tokens",
+            **{f"inference_latency_{b}": f"generation throughput at batch {b}: {b} x {p.new_tokens} new tokens / "
                                          f"seconds of generate() (greedy, KV cache, {args.prompt_tokens}-token "
                                          f"prompts, prefill included); a throughput despite the name"
                for b in GENERATION_BATCHES},
             **{f"training_throughput_{b}": f"training tokens per second at micro-batch {b} per rank x block "
-                                           f"{train_block}, {'one process' if world == 1 else f'{args.parallel} on {world} ranks, all ranks together'}: "
+                                           f"{p.train_block}, {'one process' if world == 1 else f'{args.parallel} on {world} ranks, all ranks together'}: "
                                            f"train.py's own tokens/s (forward, backward, optimizer; evaluation "
                                            f"and checkpoints excluded)" for b in TRAINING_BATCHES},
             "time_to_first_token_s": "batch 1: from the generate() call to the first new token (prompt prefill)",
@@ -283,35 +319,40 @@ def scorecard(args: LeaderboardConfig) -> dict:
         },
         "time_to_first_token_s": generation[1]["time_to_first_token_s"].median,
         "ms_per_token_batch_1": generation[1]["ms_per_token"].median,
-        "peak_memory_bytes": {"inference": inference_peak,
+        "peak_memory_bytes": {"inference": m.inference_peak,
                               **{f"training_{b}": training[b]["peak_memory_bytes"] for b in TRAINING_BATCHES}},
         "spread": {**{f"inference_latency_{b}": asdict(generation[b]["tokens_per_s"]) for b in GENERATION_BATCHES},
                    **{f"training_throughput_{b}": asdict(training[b]["tokens_per_s"]) for b in TRAINING_BATCHES},
                    "time_to_first_token_s": asdict(generation[1]["time_to_first_token_s"]),
                    "ms_per_token_batch_1": asdict(generation[1]["ms_per_token"])},
-        "artifact": {"path": str(folder), "kind": meta["artifact"], "produced_by": meta.get("produced_by"),
-                     "model": meta["model"]},
-        "evaluation": {"text": described, "tokens": len(tokens), "targets": validation["val_tokens"],
-                       "block_size": eval_block, "batch_size": args.eval_batch_size, "val_ppl": validation["val_ppl"],
-                       "precision": str(precision.autocast_dtype or torch.float32)},
-        "generation": {"prompt_tokens": args.prompt_tokens, "new_tokens": new_tokens, "note": new_tokens_note,
+        "artifact": {"path": str(m.folder), "kind": m.meta["artifact"], "produced_by": m.meta.get("produced_by"),
+                     "model": m.meta["model"]},
+        "evaluation": {"text": m.described, "tokens": m.eval_tokens, "targets": m.validation["val_tokens"],
+                       "block_size": p.eval_block, "batch_size": args.eval_batch_size,
+                       "val_ppl": m.validation["val_ppl"],
+                       "precision": str(m.precision.autocast_dtype or torch.float32)},
+        "generation": {"prompt_tokens": args.prompt_tokens, "new_tokens": p.new_tokens, "note": p.new_tokens_note,
                        "repeats": args.repeats},
-        "protocol": {"name": args.protocol, "grad_accum": PROTOCOLS[args.protocol], "training_block_size": train_block,
-                     "new_tokens": new_tokens,
+        "protocol": {"name": args.protocol, "grad_accum": PROTOCOLS[args.protocol],
+                     "training_block_size": p.train_block, "new_tokens": p.new_tokens,
                      "training_throughput": "global micro-batch x grad accumulation x block x steps / seconds",
                      "generation_throughput": "batch x new tokens / seconds"},
-        "training": {"parallel": args.parallel, "world_size": world, "block_size": train_block,
+        "training": {"parallel": args.parallel, "world_size": world, "block_size": p.train_block,
                      "steps_per_repeat": args.train_steps, "repeats": args.repeats, "dataset": args.train_dataset,
                      "threads_per_rank": args.threads or "torch default",
                      "per_rank_peak_memory_bytes": {b: training[b]["peak_memory_bytes_per_rank"]
                                                     for b in TRAINING_BATCHES},
                      "topology": training[TRAINING_BATCHES[0]]["topology"],
                      "commands": {b: training[b]["command"] for b in TRAINING_BATCHES},
-                     "architecture_only": meta["artifact"] == "int8"},
-        "environment": {**asdict(environment(device)), "world_size": world},
+                     "architecture_only": m.meta["artifact"] == "int8"},
+        "environment": {**asdict(environment(m.device)), "world_size": world},
     }
     score["timestamp"] = score["environment"]["date"]
     return score
+
+
+def scorecard(args: LeaderboardConfig) -> dict:
+    return record(args, measure(args))
 
 
 def main(argv=None) -> dict:

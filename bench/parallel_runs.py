@@ -11,6 +11,7 @@ from bench.experiment import SettingsError, at_least
 from bench.runner import run_train, window_summary
 from model.config import PRESETS
 from runtime.timing import Spread
+from training.config import TrainConfig
 
 
 @dataclass
@@ -67,11 +68,11 @@ def run_parallel(settings: ParallelSettings, work_dir: Path, mode: str, world: i
     out_dir = Path(work_dir) / f"{mode}_{world}_b{global_batch}"
     shutil.rmtree(out_dir, ignore_errors=True)  # the benchmark's own scratch run from last time
     run = run_train(out_dir,
-                    {"model": settings.model, "dataset": settings.dataset, "block_size": settings.block_size,
-                     "device": settings.device, "warmup_steps": 1, "parallel": mode,
-                     "tp_size": world if mode == "tp" else 1, "batch_size": global_batch // dp, "max_steps": steps,
-                     "log_interval": settings.steps_per_window, "eval_interval": steps, "eval_batches": 1,
-                     "final_eval_batches": 1},
+                    TrainConfig(model=settings.model, dataset=settings.dataset, block_size=settings.block_size,
+                                device=settings.device, warmup_steps=1, parallel=mode,
+                                tp_size=world if mode == "tp" else 1, batch_size=global_batch // dp, max_steps=steps,
+                                log_interval=settings.steps_per_window, eval_interval=steps, eval_batches=1,
+                                final_eval_batches=1),
                     nproc=world, threads=settings.threads, timeout_s=settings.timeout_s)
     row = ParallelRow(mode, world, global_batch, global_batch // dp, settings.threads, " ".join(run.command))
     if not run.ok:

@@ -37,6 +37,7 @@ from bench.report import REPORT, write_report
 from bench.runner import ROOT, run_train
 from runtime.cli import non_default_flags, parse_config
 from runtime.errors import UserError
+from training.config import TrainConfig
 
 CHECKPOINT = WORK_ROOT / "train"
 STAGES = ("train", "leaderboard", *(e.name for e in EXPERIMENTS), "leaderboard_int8")
@@ -116,8 +117,8 @@ def uses_gpu_profile(cfg: RunAllConfig) -> bool:
 def train(steps: int) -> dict:
     shutil.rmtree(CHECKPOINT, ignore_errors=True)  # the benchmark's own checkpoint from last time
     print(f"== train: tiny preset, {steps} steps on the built-in corpus -> {CHECKPOINT}", flush=True)
-    run = run_train(CHECKPOINT, {"model": "tiny", "dataset": "builtin", "max_steps": steps, "eval_interval": steps,
-                                 "log_interval": 50})
+    run = run_train(CHECKPOINT, TrainConfig(model="tiny", dataset="builtin", max_steps=steps, eval_interval=steps,
+                                            log_interval=50))
     if not run.ok:
         print(run.output_tail, file=sys.stderr)
     return {"name": "train", "seconds": run.elapsed_s, "ok": run.ok, "command": " ".join(run.command)}

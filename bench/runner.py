@@ -7,6 +7,7 @@ train.py logs (tokens/s per log window, phase times, communication, peak memory 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -17,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from model.run_folder import is_training_checkpoint
-from runtime.cli import to_flags
+from runtime.cli import non_default_flags
 from runtime.timing import Spread
+from training.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN_SCRIPT = ROOT / "train.py"
@@ -64,11 +66,12 @@ class TrainRun:
         return self.step_records[skip:]
 
 
-def train_command(options: dict, nproc: int | None) -> list[str]:
+def train_command(config: TrainConfig, nproc: int | None) -> list[str]:
+    """train.py's command line for `config` (its flags that differ from the defaults)."""
     if nproc is None:
-        return [sys.executable, str(TRAIN_SCRIPT), *to_flags(options)]
+        return [sys.executable, str(TRAIN_SCRIPT), *non_default_flags(config)]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            str(TRAIN_SCRIPT), *to_flags(options)]
+            str(TRAIN_SCRIPT), *non_default_flags(config)]
 
 
 def run_command(command: list[str], threads: int | None = None,
@@ -95,16 +98,17 @@ def run_command(command: list[str], threads: int | None = None,
     return returncode, output, time.perf_counter() - start
 
 
-def run_train(out_dir: Path, options: dict, nproc: int | None = None, threads: int | None = None,
+def run_train(out_dir: Path, config: TrainConfig, nproc: int | None = None, threads: int | None = None,
               timeout_s: float | None = None) -> TrainRun:
-    """Train into a fresh `out_dir`; `nproc` launches that many ranks with torchrun (None: one plain process).
-    `threads` sets OMP_NUM_THREADS per process."""
+    """Train `config` into a fresh `out_dir`; `nproc` launches that many ranks with torchrun (None: one plain
+    process).  `threads` sets OMP_NUM_THREADS per process.  A typed config, not flag strings: a misspelt or
+    impossible setting fails here, before any process starts."""
     out_dir = Path(out_dir)
     if is_training_checkpoint(out_dir):
         raise ValueError(f"{out_dir} already holds a training run; remove it or choose another folder")
     if (out_dir / "metrics.jsonl").exists():
         (out_dir / "metrics.jsonl").unlink()  # a rerun must not read a failed earlier run's records
-    command = train_command({**options, "out_dir": str(out_dir)}, nproc)
+    command = train_command(dataclasses.replace(config, out_dir=str(out_dir)), nproc)
     returncode, output, elapsed = run_command(command, threads, timeout_s)
     metrics = out_dir / "metrics.jsonl"
     records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] \

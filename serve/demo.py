@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 
 from runtime.cli import option, parse_config
+from runtime.errors import UserError
 from serve.launch import running_server
 
 
@@ -24,10 +25,13 @@ class DemoConfig:
     seed: int = option(1, "sampling seed (temperature 0.8, top-k 200)")
 
 
-def main(argv=None) -> None:
-    args = parse_config(DemoConfig, __doc__, argv)
+class DemoError(UserError):
+    pass
+
+
+def demo(args: DemoConfig) -> None:
     if not args.checkpoint.is_dir():
-        sys.exit(f"error: checkpoint folder {args.checkpoint} does not exist; train one first (`make demo` does)")
+        raise DemoError(f"checkpoint folder {args.checkpoint} does not exist; train one first (`make demo` does)")
     request = {"prompt": args.prompt, "max_new_tokens": args.max_new_tokens, "temperature": 0.8, "top_k": 200,
                "seed": args.seed}
     with tempfile.TemporaryDirectory() as tmp, \
@@ -37,7 +41,7 @@ def main(argv=None) -> None:
         response = httpx.post(f"{server.url}/generate", json=request, timeout=120)
         client_ms = 1000 * (time.perf_counter() - start)
         if response.status_code != 200:
-            sys.exit(f"error: the server answered {response.status_code}: {response.text}\n{server.log()}")
+            raise DemoError(f"the server answered {response.status_code}: {response.text}\n{server.log()}")
         reply = response.json()
         latency = reply["latency"]
         print(f"--- reply ({reply['tokens']} tokens, finish_reason={reply['finish_reason']}) ---")
@@ -46,6 +50,13 @@ def main(argv=None) -> None:
               f"total {latency['total_ms']:.1f} ms ({latency['tokens_per_s']:.1f} tokens/s); "
               f"round trip seen by the client {client_ms:.1f} ms")
     print("server stopped")
+
+
+def main(argv=None) -> None:
+    try:
+        demo(parse_config(DemoConfig, __doc__, argv))
+    except UserError as e:
+        sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":

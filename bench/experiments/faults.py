@@ -28,6 +28,7 @@ Each drill runs the real tools in their own processes and counts trials, failure
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -54,9 +55,11 @@ from model.folder import STAGING_DIR
 from model.gpt import GPT
 from model.run_folder import read_training_state
 from model.weights import ArtifactError
+from runtime.cli import non_default_flags
 from runtime.provenance import provenance
 from runtime.timing import Environment, environment
 from serve.launch import LOOPBACK, running_server
+from training.config import TrainConfig
 
 # A reader in its own process: load the checkpoint (config, weights, training state as one save) until
 # the stop file appears; print the number of reads and the first errors as JSON.
@@ -84,9 +87,18 @@ READER = textwrap.dedent("""
     print(json.dumps({"reads": reads, "errors": errors[:5]}))
 """)
 
-TRAIN = [sys.executable, "train.py", "--model", "tiny", "--dataset", "builtin", "--device", "cpu", "--batch-size",
-         "4", "--block-size", "64", "--log-interval", "1", "--eval-interval", "1000", "--final-eval-batches", "2",
-         "--warmup-steps", "5", "--lr", "2e-3"]
+# The drills' training run; each drill changes its steps, checkpoints and folder.
+DRILL_RUN = TrainConfig(model="tiny", dataset="builtin", device="cpu", batch_size=4, block_size=64, log_interval=1,
+                        eval_interval=1000, final_eval_batches=2, warmup_steps=5, lr=2e-3)
+
+
+def train_argv(**changes) -> list[str]:
+    """train.py and its flags for the drills' run with `changes` (typed: a misspelt setting fails here)."""
+    return ["train.py", *non_default_flags(dataclasses.replace(DRILL_RUN, **changes))]
+
+
+def train_command(**changes) -> list[str]:
+    return [sys.executable, *train_argv(**changes)]
 
 
 @dataclass
@@ -160,8 +172,7 @@ def readers_during_saves(s: Settings, work: Path) -> Drill:
     started = time.perf_counter()
     readers = [subprocess.Popen([sys.executable, "-c", READER, str(out), str(stop)], stdout=subprocess.PIPE,
                                 text=True) for _ in range(s.readers)]
-    training = run_quietly([*TRAIN, "--max-steps", str(s.reader_steps), "--checkpoint-interval", "1",
-                            "--out-dir", str(out)])
+    training = run_quietly(train_command(max_steps=s.reader_steps, checkpoint_interval=1, out_dir=str(out)))
     stop.touch()
     reports = [json.loads(r.communicate(timeout=120)[0]) for r in readers]
     errors = [e for r in reports for e in r["errors"]]
@@ -176,14 +187,13 @@ def readers_during_saves(s: Settings, work: Path) -> Drill:
 def kill_during_saves(s: Settings, work: Path) -> Drill:
     started, rng = time.perf_counter(), random.Random(s.seed)
     reference = work / "kill-reference"
-    run_quietly([*TRAIN, "--max-steps", str(s.kill_steps), "--checkpoint-interval", "1000", "--out-dir",
-                 str(reference)], check=True)
+    run_quietly(train_command(max_steps=s.kill_steps, checkpoint_interval=1000, out_dir=str(reference)), check=True)
     expected = logged_losses(reference)[s.kill_steps]
     failures, lost, notes, inside_a_save = 0, [], [], 0
     for trial in range(s.kills):
         out = work / f"kill-{trial}"
-        process = subprocess.Popen([*TRAIN, "--max-steps", str(s.kill_steps), "--checkpoint-interval", "1",
-                                    "--out-dir", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = subprocess.Popen(train_command(max_steps=s.kill_steps, checkpoint_interval=1, out_dir=str(out)),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         while saved_step(out) < 2 and process.poll() is None:
             time.sleep(0.02)
         while not (out / STAGING_DIR).exists() and process.poll() is None:  # the next save begins
@@ -193,8 +203,8 @@ def kill_during_saves(s: Settings, work: Path) -> Drill:
         process.wait()
         inside_a_save += (out / STAGING_DIR).exists()
         trained = max(logged_losses(out), default=0)
-        resumed = run_quietly([*TRAIN, "--max-steps", str(s.kill_steps), "--checkpoint-interval", "1",
-                               "--out-dir", str(out), "--resume"])
+        resumed = run_quietly(train_command(max_steps=s.kill_steps, checkpoint_interval=1, out_dir=str(out),
+                                            resume="yes"))
         resumed_at = next((int(w) for line in resumed.stdout.splitlines() if line.startswith("resumed")
                            for w in line.split()[-1:] if w.isdigit()), None)
         got = logged_losses(out).get(s.kill_steps)
@@ -309,8 +319,8 @@ def killed_rank(s: Settings, work: Path) -> Drill:
     for trial in range(s.rank_kills):
         out = work / f"rank-{trial}"
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                   *TRAIN[1:], "--parallel", "ddp", "--max-steps", "500", "--checkpoint-interval", "5",
-                   "--dist-timeout-s", str(s.dist_timeout_s), "--out-dir", str(out)]
+                   *train_argv(parallel="ddp", max_steps=500, checkpoint_interval=5, dist_timeout_s=s.dist_timeout_s,
+                               out_dir=str(out))]
         job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "OMP_NUM_THREADS": "1"})
         while saved_step(out) < 5 and job.poll() is None:
@@ -349,8 +359,8 @@ def restarted_rank(s: Settings, work: Path) -> Drill:
 
     def job(out: Path, *launcher: str) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                                 *launcher, *TRAIN[1:], "--parallel", "ddp", "--max-steps", str(steps_in_run),
-                                 "--checkpoint-interval", "5", "--resume", "auto", "--out-dir", str(out)],
+                                 *launcher, *train_argv(parallel="ddp", max_steps=steps_in_run, checkpoint_interval=5,
+                                                        resume="auto", out_dir=str(out))],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
     reference = work / "restart-reference"
@@ -402,7 +412,7 @@ def disk_full_during_a_save(s: Settings, work: Path) -> Drill:
     try:
         for trial in range(s.disk_full_runs):
             out = disk / f"run-{trial}"
-            run = run_quietly([*TRAIN, "--max-steps", "4", "--checkpoint-interval", "2", "--out-dir", str(out)])
+            run = run_quietly(train_command(max_steps=4, checkpoint_interval=2, out_dir=str(out)))
             error = next((line for line in run.stderr.splitlines() if line.startswith("error:")), "no error line")
             try:
                 intact = saved_step(out) == 2 and load_model(out)[1]["step"] == 2

@@ -27,6 +27,7 @@ from bench.runner import run_train
 from model.config import PRESETS
 from runtime.device import choose_device, precision_policy
 from runtime.timing import Environment, environment
+from training.config import TrainConfig
 
 PRECISIONS = ("fp32", "mixed")
 
@@ -99,12 +100,12 @@ def run_setting(settings: Settings, work_dir: Path, precision: str, checkpointin
             f"{' + activation checkpointing' if checkpointing else ''}"
     out_dir = work_dir / f"{precision}{'_ckpt' if checkpointing else ''}"
     shutil.rmtree(out_dir, ignore_errors=True)
-    options = {"model": settings.model, "dataset": settings.dataset, "batch_size": settings.batch_size,
-               "block_size": settings.block_size, "max_steps": settings.steps, "log_interval": 1,
-               "eval_interval": settings.steps, "eval_batches": 1, "final_eval_batches": 1, "warmup_steps": 2,
-               "precision": precision, "activation_checkpointing": checkpointing, "device": settings.device}
+    config = TrainConfig(model=settings.model, dataset=settings.dataset, batch_size=settings.batch_size,
+                         block_size=settings.block_size, max_steps=settings.steps, log_interval=1,
+                         eval_interval=settings.steps, eval_batches=1, final_eval_batches=1, warmup_steps=2,
+                         precision=precision, activation_checkpointing=checkpointing, device=settings.device)
     print(f"{label}: {settings.steps} steps", flush=True)
-    run = run_train(out_dir, options, timeout_s=settings.timeout_s)
+    run = run_train(out_dir, config, timeout_s=settings.timeout_s)
     if not run.ok and not run.timed_out:
         return PrecisionRow(label, precision, checkpointing, error=run.failure())
     records = run.step_records
