@@ -36,21 +36,18 @@ from model.hub import resolve_checkpoint
 from prune.csr import csr_copy
 from prune.errors import PruneError
 from prune.finetune import FinetuneSettings, finetune
-from prune.magnitude import magnitude_masks
-from prune.masks import MaskSet, block_linear_weights, count_nonzero, parse_param_groups, prunable_parameters
+from prune.masks import MaskSet, count_nonzero
+from prune.methods import METHODS, PruningMethod, ScoringInputs
 from prune.report import read_report, report_writers
 from prune.schedule import SCHEDULES, sparsity_schedule
 from prune.source import checkpoint_dataset
 from prune.speed import GENERATION_PROMPT_TOKENS, SpeedSettings, measure
-from prune.structured import check_widths, select_units, shrink
-from prune.wanda import input_feature_norms, wanda_masks
 from runtime.cli import option, parse_config
 from runtime.device import choose_device, precision_policy
 from runtime.errors import UserError
 from runtime.provenance import provenance
 from training.checkpoint import default_checkpoint
 
-METHODS = ("magnitude", "row", "wanda")
 DEFAULT_OUT_DIR = "out/prune"
 DEFAULT_DATASET = "builtin"
 
@@ -116,10 +113,8 @@ class PruneConfig:
             raise PruneError(f"--block-size must be positive, got {self.block_size}")
         if not self.lr > 0:
             raise PruneError(f"--lr must be positive, got {self.lr}")
-        groups = parse_param_groups(self.prune_params)
-        if "wanda" in methods(self) and groups != ("linear",):
-            raise PruneError("wanda scores weights by the activations entering them, so it prunes linear weights "
-                             "only; use --prune-params linear")
+        for name in methods(self):
+            METHODS[name](self.prune_params)  # each refuses a --prune-params it cannot work with
 
 
 def methods(cfg: PruneConfig) -> list[str]:
@@ -130,7 +125,7 @@ def methods(cfg: PruneConfig) -> list[str]:
     return names
 
 
-def validate_against_model(cfg: PruneConfig, model: GPT) -> int:
+def validate_against_model(cfg: PruneConfig, model: GPT, method: PruningMethod) -> int:
     """Checks that need the model; returns the fine-tuning and evaluation block size."""
     config = model.config
     block = cfg.block_size or min(128, config.block_size)
@@ -141,8 +136,7 @@ def validate_against_model(cfg: PruneConfig, model: GPT) -> int:
     if GENERATION_PROMPT_TOKENS + cfg.generation_tokens > config.block_size:
         raise PruneError(f"--generation-tokens {cfg.generation_tokens} plus the {GENERATION_PROMPT_TOKENS}-token "
                          f"prompt exceeds the model's context of {config.block_size}")
-    if cfg.method == "row":
-        check_widths(config, cfg.target)
+    method.check(config, cfg.target)
     return block
 
 
@@ -153,28 +147,6 @@ def sparsity_counts(model: GPT, pruned_tensors: list[torch.Tensor], pruned_total
     return {"sparsity_pruned_tensors": 1 - pruned_nonzero / pruned_total, "sparsity_all_params": 1 - all_nonzero / all_total,
             "pruned_tensors_nonzero": pruned_nonzero, "pruned_tensors_original": pruned_total,
             "parameters": stored, "nonzero_parameters": all_nonzero, "parameters_original": all_total}
-
-
-def prune_step(cfg: PruneConfig, model: GPT, sparsity: float, masks: MaskSet | None, reference, calibration,
-               device) -> tuple[GPT, MaskSet | None]:
-    """Cut `model` to `sparsity`; returns the (possibly rebuilt) model and the masks to enforce."""
-    if cfg.method == "row":
-        keep_hidden, keep_heads = select_units(model, sparsity, reference)
-        return shrink(model, keep_hidden, keep_heads), None
-    params = prunable_parameters(model, parse_param_groups(cfg.prune_params))
-    if cfg.method == "magnitude":
-        masks = magnitude_masks(params, sparsity, masks)
-    else:
-        norms = input_feature_norms(model, params, calibration, device)
-        masks = wanda_masks(params, norms, sparsity, masks)
-    masks.apply()
-    return model, masks
-
-
-def pruned_tensors(cfg: PruneConfig, model: GPT) -> list[torch.Tensor]:
-    if cfg.method == "row":
-        return list(block_linear_weights(model).values())
-    return list(prunable_parameters(model, parse_param_groups(cfg.prune_params)).values())
 
 
 def speed_row(cfg: PruneConfig, dense: GPT, model: GPT, masks: MaskSet | None, device) -> dict:
@@ -253,29 +225,30 @@ def resolve_dataset(cfg: PruneConfig, folder: Path, meta: dict) -> str:
 class PruningRun:
     """The fixed parts of one run (data, dense baseline, original sizes) and the steps of a round."""
 
-    def __init__(self, cfg: PruneConfig, model: GPT, folder: Path, dataset: str, block: int, device, precision):
-        self.cfg, self.folder, self.dataset, self.block = cfg, folder, dataset, block
+    def __init__(self, cfg: PruneConfig, method: PruningMethod, model: GPT, folder: Path, dataset: str, block: int,
+                 device, precision):
+        self.cfg, self.method, self.folder, self.dataset, self.block = cfg, method, folder, dataset, block
         self.device, self.precision = device, precision
         self.out_dir = Path(cfg.out_dir)
         self.train_tokens = load_split(dataset, "train")
         self.sampler = WindowSampler(self.train_tokens, block, cfg.batch_size, seed=cfg.seed)
         self.val_batches = list(eval_batches(load_split(dataset, "validation"), block, cfg.batch_size,
                                              cfg.eval_batches))
-        self.calibration = None
-        if cfg.method == "wanda":
+        calibration = None
+        if method.needs_calibration:
             calibration_sampler = WindowSampler(self.train_tokens, block, cfg.batch_size, seed=cfg.seed + 1)
-            self.calibration = [calibration_sampler.next_batch() for _ in range(cfg.calibration_batches)]
+            calibration = [calibration_sampler.next_batch() for _ in range(cfg.calibration_batches)]
+        self.scoring = ScoringInputs(model.config, calibration, device)
         self.settings = FinetuneSettings(cfg.finetune_steps, cfg.lr, cfg.weight_decay, cfg.warmup_steps)
         self.dense = copy.deepcopy(model).eval()  # the baseline every round is timed against
-        self.reference = model.config
-        self.pruned_total = sum(t.numel() for t in pruned_tensors(cfg, model))
+        self.pruned_total = sum(t.numel() for t in method.pruned_tensors(model))
         self.all_total = sum(p.numel() for p in model.parameters())
 
     def evaluate(self, model: GPT) -> float:
         return evaluate_loss(model, self.val_batches, self.device, self.precision.autocast)["val_loss"]
 
     def counts(self, model: GPT) -> dict:
-        return sparsity_counts(model, pruned_tensors(self.cfg, model), self.pruned_total, self.all_total)
+        return sparsity_counts(model, self.method.pruned_tensors(model), self.pruned_total, self.all_total)
 
     def baseline(self, model: GPT) -> dict:
         start = time.perf_counter()
@@ -290,7 +263,7 @@ class PruningRun:
         return {"method": cfg.method, "target": cfg.target, "schedule": cfg.schedule, "schedule_sparsities": schedule,
                 "rounds_planned": cfg.rounds, "finetune_steps": cfg.finetune_steps, "lr": cfg.lr,
                 "weight_decay": cfg.weight_decay, "batch_size": cfg.batch_size, "block_size": self.block,
-                "prune_params": "block linear weights (rows/heads)" if cfg.method == "row" else cfg.prune_params,
+                "prune_params": self.method.describe(),
                 "source_checkpoint": str(self.folder), "dataset": self.dataset, "device": str(self.device),
                 "precision": str(self.precision.autocast_dtype or torch.float32),
                 "eval": {"split": "validation", "batches": len(self.val_batches), "batch_size": cfg.batch_size,
@@ -314,7 +287,7 @@ class PruningRun:
         """Prune to `sparsity`, evaluate, fine-tune, evaluate, time: the new model, its masks and the report row."""
         cfg = self.cfg
         t0 = time.perf_counter()
-        model, masks = prune_step(cfg, model, sparsity, masks, self.reference, self.calibration, self.device)
+        model, masks = self.method.apply(model, self.method.score(model, sparsity, masks, self.scoring))
         t1 = time.perf_counter()
         loss_after_pruning = self.evaluate(model)
         t2 = time.perf_counter()
@@ -325,8 +298,7 @@ class PruningRun:
         t4 = time.perf_counter()
         row = {"round": k, "target_sparsity": sparsity, "val_loss_after_pruning": loss_after_pruning,
                "val_loss": val_loss, "finetune_steps": cfg.finetune_steps, **self.counts(model)}
-        if cfg.method == "row":
-            row["widths"] = {"mlp_hidden": model.config.mlp_hidden, "n_head_per_layer": model.config.n_head_per_layer}
+        row.update(self.method.round_details(model))
         row.update(speed_row(cfg, self.dense, model, masks, self.device))
         t5 = time.perf_counter()
         row["time_s"] = {"prune": t1 - t0, "finetune": t3 - t2, "eval": (t2 - t1) + (t4 - t3), "speed": t5 - t4,
@@ -360,16 +332,17 @@ def run(cfg: PruneConfig) -> dict:
     device = choose_device(cfg.device)
     precision = precision_policy(device, cfg.precision)
     model, folder, meta = load_source(cfg, device)
-    block = validate_against_model(cfg, model)
+    method = METHODS[cfg.method](cfg.prune_params)
+    block = validate_against_model(cfg, model, method)
     dataset = resolve_dataset(cfg, folder, meta)
     out_dir = Path(cfg.out_dir)
     report = read_report(out_dir)
-    for method, entry in report["methods"].items():
-        if method != cfg.method and entry.get("source_checkpoint") != str(folder):
-            print(f"note: {out_dir}/prune_report.json also holds a {method} run pruned from "
+    for other, entry in report["methods"].items():
+        if other != cfg.method and entry.get("source_checkpoint") != str(folder):
+            print(f"note: {out_dir}/prune_report.json also holds a {other} run pruned from "
                   f"{entry.get('source_checkpoint')}, not {folder}; its curve stays in the plots")
     schedule = sparsity_schedule(cfg.target, cfg.rounds, cfg.schedule)
-    session = PruningRun(cfg, model, folder, dataset, block, device, precision)
+    session = PruningRun(cfg, method, model, folder, dataset, block, device, precision)
 
     baseline = session.baseline(model)
     print(f"dense: val_loss {baseline['val_loss']:.4f} on {len(session.val_batches)} batches of "
