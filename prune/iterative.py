@@ -33,7 +33,6 @@ from model.artifact import (artifact_writers, claim_output_folder, load_model, m
 from model.evaluate import evaluate_loss
 from model.gpt import GPT
 from model.hub import resolve_checkpoint
-from prune.csr import csr_copy
 from prune.errors import PruneError
 from prune.finetune import FinetuneSettings, finetune
 from prune.masks import MaskSet, count_nonzero
@@ -41,7 +40,7 @@ from prune.methods import METHODS, PruningMethod, ScoringInputs
 from prune.report import read_report, report_writers
 from prune.schedule import SCHEDULES, sparsity_schedule
 from prune.source import checkpoint_dataset
-from prune.speed import GENERATION_PROMPT_TOKENS, SpeedSettings, measure
+from prune.speed import GENERATION_PROMPT_TOKENS, SpeedSettings, sparse_format_verdict, speed_against_dense
 from runtime.cli import option, parse_config
 from runtime.device import choose_device, precision_policy
 from runtime.errors import UserError
@@ -149,47 +148,6 @@ def sparsity_counts(model: GPT, pruned_tensors: list[torch.Tensor], pruned_total
             "parameters": stored, "nonzero_parameters": all_nonzero, "parameters_original": all_total}
 
 
-def speed_row(cfg: PruneConfig, dense: GPT, model: GPT, masks: MaskSet | None, device) -> dict:
-    """Speed of `model` and of the dense model, interleaved in this run; CSR too for masked methods."""
-    settings = SpeedSettings(cfg.speed_batch, cfg.speed_seq_len, cfg.generation_tokens, cfg.speed_repeats)
-    models = {"dense": dense, "pruned": model}
-    if masks is not None and cfg.sparse_format_check:
-        models["csr"] = csr_copy(model)
-    speed = measure(models, settings, device, model.config.vocab_size)
-    dense_speed = speed["dense"]
-    row = {"forward_tokens_per_s": speed["pruned"]["forward_tokens_per_s"],
-           "generation_tokens_per_s": speed["pruned"]["generation_tokens_per_s"],
-           "dense_forward_tokens_per_s": dense_speed["forward_tokens_per_s"],
-           "dense_generation_tokens_per_s": dense_speed["generation_tokens_per_s"]}
-    row["forward_speedup"] = row["forward_tokens_per_s"] / row["dense_forward_tokens_per_s"]
-    row["generation_speedup"] = row["generation_tokens_per_s"] / row["dense_generation_tokens_per_s"]
-    if "csr" in speed:
-        csr = speed["csr"]
-        row["csr"] = {**csr, "forward_speedup": csr["forward_tokens_per_s"] / dense_speed["forward_tokens_per_s"],
-                      "generation_speedup": csr["generation_tokens_per_s"] / dense_speed["generation_tokens_per_s"]}
-    return row
-
-
-def sparse_format_verdict(rows: list[dict], device: torch.device) -> dict | None:
-    """Whether storing the zeros in CSR made the final model faster than dense here (measured, not assumed).
-
-    A speedup counts only beyond the noise floor: round 0 times two copies of the dense model, and
-    however far their ratio strays from 1 (at least 5%) is what chance alone can produce.
-    """
-    last = rows[-1].get("csr")
-    if last is None:
-        return None
-    noise = max(0.05, abs(rows[0]["forward_speedup"] - 1), abs(rows[0]["generation_speedup"] - 1))
-    forward, generation = last["forward_speedup"], last["generation_speedup"]
-    faster = forward > 1 + noise or generation > 1 + noise
-    verdict = "a real speedup" if faster else f"no real speedup (noise floor in this run: +-{noise:.0%})"
-    return {"format": "torch sparse CSR weights (torch.sparse.mm) in every block linear layer",
-            "device": str(device), "forward_speedup": forward, "generation_speedup": generation,
-            "noise_floor": noise, "real_speedup": faster,
-            "summary": f"CSR at {rows[-1]['sparsity_pruned_tensors']:.1%} sparsity runs forward at {forward:.2f}x "
-                       f"and generation at {generation:.2f}x the dense model's speed on {device.type}: {verdict}"}
-
-
 def load_source(cfg: PruneConfig, device) -> tuple[GPT, Path, dict]:
     """The model to prune, loaded and announced, with its folder and stored metadata."""
     if cfg.checkpoint:
@@ -240,6 +198,7 @@ class PruningRun:
             calibration = [calibration_sampler.next_batch() for _ in range(cfg.calibration_batches)]
         self.scoring = ScoringInputs(model.config, calibration, device)
         self.settings = FinetuneSettings(cfg.finetune_steps, cfg.lr, cfg.weight_decay, cfg.warmup_steps)
+        self.speed = SpeedSettings(cfg.speed_batch, cfg.speed_seq_len, cfg.generation_tokens, cfg.speed_repeats)
         self.dense = copy.deepcopy(model).eval()  # the baseline every round is timed against
         self.pruned_total = sum(t.numel() for t in method.pruned_tensors(model))
         self.all_total = sum(p.numel() for p in model.parameters())
@@ -253,13 +212,13 @@ class PruningRun:
     def baseline(self, model: GPT) -> dict:
         start = time.perf_counter()
         row = {"round": 0, "target_sparsity": 0.0, "val_loss_after_pruning": None, "val_loss": self.evaluate(model),
-               "finetune_steps": 0, **self.counts(model), **speed_row(self.cfg, self.dense, model, None, self.device)}
+               "finetune_steps": 0, **self.counts(model),
+               **speed_against_dense(self.dense, model, self.speed, self.device, with_csr=False)}
         row["time_s"] = {"total": time.perf_counter() - start}
         return row
 
     def describe(self, schedule: list[float]) -> dict:
         cfg = self.cfg
-        speed = SpeedSettings(cfg.speed_batch, cfg.speed_seq_len, cfg.generation_tokens, cfg.speed_repeats)
         return {"method": cfg.method, "target": cfg.target, "schedule": cfg.schedule, "schedule_sparsities": schedule,
                 "rounds_planned": cfg.rounds, "finetune_steps": cfg.finetune_steps, "lr": cfg.lr,
                 "weight_decay": cfg.weight_decay, "batch_size": cfg.batch_size, "block_size": self.block,
@@ -268,7 +227,7 @@ class PruningRun:
                 "precision": str(self.precision.autocast_dtype or torch.float32),
                 "eval": {"split": "validation", "batches": len(self.val_batches), "batch_size": cfg.batch_size,
                          "block_size": self.block},
-                "speed_settings": {**dataclasses.asdict(speed), "torch_threads": torch.get_num_threads(),
+                "speed_settings": {**dataclasses.asdict(self.speed), "torch_threads": torch.get_num_threads(),
                                    "method": "median of repeats after one warm-up; dense and pruned interleaved; "
                                              "round 0 times two copies of the dense model (the noise floor)"},
                 "finished": False}
@@ -299,7 +258,8 @@ class PruningRun:
         row = {"round": k, "target_sparsity": sparsity, "val_loss_after_pruning": loss_after_pruning,
                "val_loss": val_loss, "finetune_steps": cfg.finetune_steps, **self.counts(model)}
         row.update(self.method.round_details(model))
-        row.update(speed_row(cfg, self.dense, model, masks, self.device))
+        row.update(speed_against_dense(self.dense, model, self.speed, self.device,
+                                       with_csr=masks is not None and cfg.sparse_format_check))
         t5 = time.perf_counter()
         row["time_s"] = {"prune": t1 - t0, "finetune": t3 - t2, "eval": (t2 - t1) + (t4 - t3), "speed": t5 - t4,
                          "total": t5 - t0}
