@@ -35,9 +35,9 @@ from model.gpt import GPT
 from model.hub import resolve_checkpoint
 from prune.errors import PruneError
 from prune.finetune import FinetuneSettings, finetune
-from prune.masks import MaskSet, count_nonzero
+from prune.masks import MaskSet
 from prune.methods import METHODS, PruningMethod, ScoringInputs
-from prune.report import read_report, report_writers
+from prune.report import read_report, report_writers, round_row, round_summary, sparsity_counts
 from prune.schedule import SCHEDULES, sparsity_schedule
 from prune.source import checkpoint_dataset
 from prune.speed import GENERATION_PROMPT_TOKENS, SpeedSettings, sparse_format_verdict, speed_against_dense
@@ -139,15 +139,6 @@ def validate_against_model(cfg: PruneConfig, model: GPT, method: PruningMethod) 
     return block
 
 
-def sparsity_counts(model: GPT, pruned_tensors: list[torch.Tensor], pruned_total: int, all_total: int) -> dict:
-    """Exact counts: zero or removed entries over the original size of the pruned tensors, and of every parameter."""
-    pruned_nonzero, _ = count_nonzero(pruned_tensors)
-    all_nonzero, stored = count_nonzero(list(model.parameters()))
-    return {"sparsity_pruned_tensors": 1 - pruned_nonzero / pruned_total, "sparsity_all_params": 1 - all_nonzero / all_total,
-            "pruned_tensors_nonzero": pruned_nonzero, "pruned_tensors_original": pruned_total,
-            "parameters": stored, "nonzero_parameters": all_nonzero, "parameters_original": all_total}
-
-
 def load_source(cfg: PruneConfig, device) -> tuple[GPT, Path, dict]:
     """The model to prune, loaded and announced, with its folder and stored metadata."""
     if cfg.checkpoint:
@@ -211,9 +202,8 @@ class PruningRun:
 
     def baseline(self, model: GPT) -> dict:
         start = time.perf_counter()
-        row = {"round": 0, "target_sparsity": 0.0, "val_loss_after_pruning": None, "val_loss": self.evaluate(model),
-               "finetune_steps": 0, **self.counts(model),
-               **speed_against_dense(self.dense, model, self.speed, self.device, with_csr=False)}
+        row = round_row(0, 0.0, None, self.evaluate(model), 0, self.counts(model))
+        row.update(speed_against_dense(self.dense, model, self.speed, self.device, with_csr=False))
         row["time_s"] = {"total": time.perf_counter() - start}
         return row
 
@@ -255,8 +245,7 @@ class PruningRun:
         t3 = time.perf_counter()
         val_loss = self.evaluate(model) if cfg.finetune_steps else loss_after_pruning
         t4 = time.perf_counter()
-        row = {"round": k, "target_sparsity": sparsity, "val_loss_after_pruning": loss_after_pruning,
-               "val_loss": val_loss, "finetune_steps": cfg.finetune_steps, **self.counts(model)}
+        row = round_row(k, sparsity, loss_after_pruning, val_loss, cfg.finetune_steps, self.counts(model))
         row.update(self.method.round_details(model))
         row.update(speed_against_dense(self.dense, model, self.speed, self.device,
                                        with_csr=masks is not None and cfg.sparse_format_check))
@@ -275,15 +264,6 @@ class PruningRun:
                                    provenance("prune/iterative.py", self.folder), extra={"pruning": pruning_meta})
         writers.update(report_writers(report))
         write_folder_atomically(self.out_dir, writers)
-
-
-def round_summary(row: dict, rounds: int) -> str:
-    speed = f"forward {row['forward_speedup']:.2f}x, generation {row['generation_speedup']:.2f}x dense"
-    if "csr" in row:
-        speed += f"; CSR forward {row['csr']['forward_speedup']:.2f}x"
-    return (f"round {row['round']}/{rounds}: sparsity {row['sparsity_pruned_tensors']:.2%} of the pruned tensors "
-            f"({row['sparsity_all_params']:.2%} of all parameters), val_loss {row['val_loss_after_pruning']:.4f} "
-            f"after pruning -> {row['val_loss']:.4f} after {row['finetune_steps']} fine-tune steps; {speed}")
 
 
 def run(cfg: PruneConfig) -> dict:
