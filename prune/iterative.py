@@ -31,22 +31,20 @@ from model.artifact import (artifact_writers, claim_output_folder, load_model, m
 from model.evaluate import evaluate_loss
 from model.gpt import GPT
 from model.hub import resolve_checkpoint
+from prune.config import PruneConfig, method_names, validate_against_model
 from prune.errors import PruneError
 from prune.finetune import FinetuneSettings, finetune
 from prune.masks import MaskSet
-from prune.config import PruneConfig, method_names, validate_against_model
 from prune.methods import METHODS, PruningMethod, ScoringInputs
 from prune.report import read_report, report_writers, round_row, round_summary, sparsity_counts
 from prune.schedule import sparsity_schedule
-from prune.source import checkpoint_dataset
+from prune.source import resolve_dataset
 from prune.speed import SpeedSettings, sparse_format_verdict, speed_against_dense
 from runtime.cli import parse_config
 from runtime.device import choose_device, precision_policy
 from runtime.errors import UserError
 from runtime.provenance import provenance
 from training.checkpoint import default_checkpoint
-
-DEFAULT_DATASET = "builtin"
 
 
 def load_source(cfg: PruneConfig, device) -> tuple[GPT, Path, dict]:
@@ -66,19 +64,6 @@ def load_source(cfg: PruneConfig, device) -> tuple[GPT, Path, dict]:
           f"{', step ' + str(meta['step']) if 'step' in meta else ''}): {config.n_layer} layers, "
           f"{config.n_head} heads, n_embd {config.n_embd}, {model.num_parameters(padded_vocab=False):,} parameters")
     return model.eval(), folder, meta
-
-
-def resolve_dataset(cfg: PruneConfig, folder: Path, meta: dict) -> str:
-    if cfg.dataset:
-        print(f"dataset {cfg.dataset} (from --dataset)")
-        return cfg.dataset
-    dataset = checkpoint_dataset(folder, meta)
-    if dataset:
-        print(f"dataset {dataset} (the checkpoint's training dataset)")
-        return dataset
-    print(f"note: {folder} does not record its training dataset; fine-tuning and evaluating on {DEFAULT_DATASET!r}. "
-          f"Pass --dataset NAME if it was trained on something else.")
-    return DEFAULT_DATASET
 
 
 class PruningRun:
@@ -184,7 +169,7 @@ def run(cfg: PruneConfig) -> dict:
     model, folder, meta = load_source(cfg, device)
     method = METHODS[cfg.method](cfg.prune_params)
     block = validate_against_model(cfg, model, method)
-    dataset = resolve_dataset(cfg, folder, meta)
+    dataset = resolve_dataset(cfg.dataset, folder, meta)
     out_dir = Path(cfg.out_dir)
     report = read_report(out_dir)
     for other, entry in report["methods"].items():
