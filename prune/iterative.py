@@ -19,13 +19,11 @@ import copy
 import dataclasses
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from data.corpus import DATASET_NAMES
 from data.loader import WindowSampler, eval_batches
 from data.shards import load_split
 from model.artifact import (artifact_writers, claim_output_folder, load_model, model_state_for_saving,
@@ -33,188 +31,19 @@ from model.artifact import (artifact_writers, claim_output_folder, load_model, m
 from model.evaluate import evaluate_loss
 from model.gpt import GPT
 from model.run_folder import pick_checkpoint
-from prune.csr import csr_copy
+from prune.config import PruneConfig, method_names, validate_against_model
 from prune.errors import PruneError
 from prune.finetune import FinetuneSettings, finetune
-from prune.magnitude import magnitude_masks
-from prune.masks import MaskSet, block_linear_weights, count_nonzero, parse_param_groups, prunable_parameters
-from prune.report import read_report, report_writers
-from prune.schedule import SCHEDULES, sparsity_schedule
-from prune.source import checkpoint_dataset
-from prune.speed import GENERATION_PROMPT_TOKENS, SpeedSettings, measure
-from prune.structured import check_widths, select_units, shrink
-from prune.wanda import input_feature_norms, wanda_masks
-from runtime.cli import option, parse_config
+from prune.masks import MaskSet
+from prune.methods import METHODS, PruningMethod, ScoringInputs
+from prune.report import read_report, report_writers, round_row, round_summary, sparsity_counts
+from prune.schedule import sparsity_schedule
+from prune.source import resolve_dataset
+from prune.speed import SpeedSettings, sparse_format_verdict, speed_against_dense
+from runtime.cli import parse_config
 from runtime.device import choose_device, precision_policy
 from runtime.errors import UserError
 from runtime.provenance import provenance
-
-METHODS = ("magnitude", "row", "wanda")
-DEFAULT_OUT_DIR = "out/prune"
-DEFAULT_DATASET = "builtin"
-
-
-@dataclass
-class PruneConfig:
-    target: float | None = option(None, "final sparsity, 0 < F < 1 (row: the share of each layer's heads and MLP "
-                                        "units removed) [required]")
-    method: str = option("magnitude", "magnitude (global unstructured), row (structured: heads and MLP units), "
-                                      "wanda (|w| x activation norm); several, comma-separated (magnitude,row), "
-                                      "run one after the other from the same checkpoint into one report")
-    checkpoint: str | None = option(None, "artifact folder or hub name to prune (default: the train.py checkpoint "
-                                          "under out/ trained on the most tokens)")
-    rounds: int = option(4, "pruning rounds, each followed by fine-tuning and evaluation")
-    schedule: str = option("cubic", "cubic (Zhu & Gupta) or geometric: the sparsity reached after each round",
-                           choices=SCHEDULES)
-    finetune_steps: int = option(40, "training steps after each round (0: prune only)")
-    lr: float = option(3e-4, "peak fine-tuning learning rate (cosine decay within each round)")
-    weight_decay: float = option(0.1, "fine-tuning AdamW weight decay")
-    warmup_steps: int = option(5, "linear warmup steps at the start of each round's fine-tune")
-    batch_size: int = option(8, "fine-tuning, evaluation and calibration batch size")
-    block_size: int | None = option(None, "fine-tuning and evaluation context (default: min(128, the model's))")
-    eval_batches: int = option(10, "validation batches per evaluation (the same leading windows every time)")
-    calibration_batches: int = option(4, "training batches whose activations wanda scores with")
-    prune_params: str = option("linear", "magnitude: comma-separated groups to prune among linear, bias, "
-                                         "layernorm, embedding (wanda: linear only; row: ignored)")
-    dataset: str | None = option(None, f"{', '.join(DATASET_NAMES)} or a local folder (default: the checkpoint's "
-                                       f"training dataset)")
-    out_dir: str = option(DEFAULT_OUT_DIR, "folder for the pruned checkpoint, prune_report.json and plots")
-    overwrite: bool = option(False, "write into --out-dir even though it holds another tool's artifact (whose "
-                                    "files are removed first)")
-    device: str = option("auto", "auto (CUDA if present, else CPU), cpu, cuda, cuda:1, ...")
-    precision: str = option("auto", "auto (fp32 on CPU, bf16/fp16 autocast on CUDA), fp32, bf16, fp16")
-    threads: int | None = option(None, "CPU threads for torch (default: torch's choice); 1 gives steadier timings "
-                                       "on a shared machine")
-    seed: int = option(1234, "seed of the fine-tuning batches")
-    speed_batch: int = option(4, "batch size of the timed forward passes")
-    speed_seq_len: int = option(128, "sequence length of the timed forward passes")
-    speed_repeats: int = option(5, "timed repeats (after one warm-up); medians are reported")
-    generation_tokens: int = option(16, "new tokens per timed generation (batch 1, greedy, KV cache)")
-    sparse_format_check: bool = option(True, "magnitude/wanda: also time the model with its weights in sparse "
-                                             "CSR format")
-    dense_control: bool = option(False, "also fine-tune the unpruned model for the run's total fine-tune steps, "
-                                        "to separate the effect of pruning from that of the extra training")
-
-    def __post_init__(self):
-        methods(self)  # names the unknown method
-        if self.target is None:
-            raise PruneError("--target is required: the final sparsity, e.g. --target 0.8")
-        if not 0 < self.target < 1:
-            raise PruneError(f"--target must be between 0 and 1 (exclusive), got {self.target}; e.g. --target "
-                             f"0.8 prunes 80%")
-        for name in ("rounds", "batch_size", "eval_batches", "calibration_batches", "speed_batch", "speed_seq_len",
-                     "speed_repeats", "generation_tokens"):
-            if getattr(self, name) < 1:
-                raise PruneError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        for name in ("finetune_steps", "warmup_steps"):
-            if getattr(self, name) < 0:
-                raise PruneError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        if self.threads is not None and self.threads < 1:
-            raise PruneError(f"--threads must be at least 1, got {self.threads}")
-        if self.block_size is not None and self.block_size < 1:
-            raise PruneError(f"--block-size must be positive, got {self.block_size}")
-        if not self.lr > 0:
-            raise PruneError(f"--lr must be positive, got {self.lr}")
-        groups = parse_param_groups(self.prune_params)
-        if "wanda" in methods(self) and groups != ("linear",):
-            raise PruneError("wanda scores weights by the activations entering them, so it prunes linear weights "
-                             "only; use --prune-params linear")
-
-
-def methods(cfg: PruneConfig) -> list[str]:
-    names = [m.strip() for m in cfg.method.split(",") if m.strip()]
-    unknown = [m for m in names if m not in METHODS]
-    if unknown or not names:
-        raise PruneError(f"--method {cfg.method!r}: choose from {', '.join(METHODS)} (several: comma-separated)")
-    return names
-
-
-def validate_against_model(cfg: PruneConfig, model: GPT) -> int:
-    """Checks that need the model; returns the fine-tuning and evaluation block size."""
-    config = model.config
-    block = cfg.block_size or min(128, config.block_size)
-    if block > config.block_size:
-        raise PruneError(f"--block-size {block} exceeds the model's context of {config.block_size}")
-    if cfg.speed_seq_len > config.block_size:
-        raise PruneError(f"--speed-seq-len {cfg.speed_seq_len} exceeds the model's context of {config.block_size}")
-    if GENERATION_PROMPT_TOKENS + cfg.generation_tokens > config.block_size:
-        raise PruneError(f"--generation-tokens {cfg.generation_tokens} plus the {GENERATION_PROMPT_TOKENS}-token "
-                         f"prompt exceeds the model's context of {config.block_size}")
-    if cfg.method == "row":
-        check_widths(config, cfg.target)
-    return block
-
-
-def sparsity_counts(model: GPT, pruned_tensors: list[torch.Tensor], pruned_total: int, all_total: int) -> dict:
-    """Exact counts: zero or removed entries over the original size of the pruned tensors, and of every parameter."""
-    pruned_nonzero, _ = count_nonzero(pruned_tensors)
-    all_nonzero, stored = count_nonzero(list(model.parameters()))
-    return {"sparsity_pruned_tensors": 1 - pruned_nonzero / pruned_total, "sparsity_all_params": 1 - all_nonzero / all_total,
-            "pruned_tensors_nonzero": pruned_nonzero, "pruned_tensors_original": pruned_total,
-            "parameters": stored, "nonzero_parameters": all_nonzero, "parameters_original": all_total}
-
-
-def prune_step(cfg: PruneConfig, model: GPT, sparsity: float, masks: MaskSet | None, reference, calibration,
-               device) -> tuple[GPT, MaskSet | None]:
-    """Cut `model` to `sparsity`; returns the (possibly rebuilt) model and the masks to enforce."""
-    if cfg.method == "row":
-        keep_hidden, keep_heads = select_units(model, sparsity, reference)
-        return shrink(model, keep_hidden, keep_heads), None
-    params = prunable_parameters(model, parse_param_groups(cfg.prune_params))
-    if cfg.method == "magnitude":
-        masks = magnitude_masks(params, sparsity, masks)
-    else:
-        norms = input_feature_norms(model, params, calibration, device)
-        masks = wanda_masks(params, norms, sparsity, masks)
-    masks.apply()
-    return model, masks
-
-
-def pruned_tensors(cfg: PruneConfig, model: GPT) -> list[torch.Tensor]:
-    if cfg.method == "row":
-        return list(block_linear_weights(model).values())
-    return list(prunable_parameters(model, parse_param_groups(cfg.prune_params)).values())
-
-
-def speed_row(cfg: PruneConfig, dense: GPT, model: GPT, masks: MaskSet | None, device) -> dict:
-    """Speed of `model` and of the dense model, interleaved in this run; CSR too for masked methods."""
-    settings = SpeedSettings(cfg.speed_batch, cfg.speed_seq_len, cfg.generation_tokens, cfg.speed_repeats)
-    models = {"dense": dense, "pruned": model}
-    if masks is not None and cfg.sparse_format_check:
-        models["csr"] = csr_copy(model)
-    speed = measure(models, settings, device, model.config.vocab_size)
-    dense_speed = speed["dense"]
-    row = {"forward_tokens_per_s": speed["pruned"]["forward_tokens_per_s"],
-           "generation_tokens_per_s": speed["pruned"]["generation_tokens_per_s"],
-           "dense_forward_tokens_per_s": dense_speed["forward_tokens_per_s"],
-           "dense_generation_tokens_per_s": dense_speed["generation_tokens_per_s"]}
-    row["forward_speedup"] = row["forward_tokens_per_s"] / row["dense_forward_tokens_per_s"]
-    row["generation_speedup"] = row["generation_tokens_per_s"] / row["dense_generation_tokens_per_s"]
-    if "csr" in speed:
-        csr = speed["csr"]
-        row["csr"] = {**csr, "forward_speedup": csr["forward_tokens_per_s"] / dense_speed["forward_tokens_per_s"],
-                      "generation_speedup": csr["generation_tokens_per_s"] / dense_speed["generation_tokens_per_s"]}
-    return row
-
-
-def sparse_format_verdict(rows: list[dict], device: torch.device) -> dict | None:
-    """Whether storing the zeros in CSR made the final model faster than dense here (measured, not assumed).
-
-    A speedup counts only beyond the noise floor: round 0 times two copies of the dense model, and
-    however far their ratio strays from 1 (at least 5%) is what chance alone can produce.
-    """
-    last = rows[-1].get("csr")
-    if last is None:
-        return None
-    noise = max(0.05, abs(rows[0]["forward_speedup"] - 1), abs(rows[0]["generation_speedup"] - 1))
-    forward, generation = last["forward_speedup"], last["generation_speedup"]
-    faster = forward > 1 + noise or generation > 1 + noise
-    verdict = "a real speedup" if faster else f"no real speedup (noise floor in this run: +-{noise:.0%})"
-    return {"format": "torch sparse CSR weights (torch.sparse.mm) in every block linear layer",
-            "device": str(device), "forward_speedup": forward, "generation_speedup": generation,
-            "noise_floor": noise, "real_speedup": faster,
-            "summary": f"CSR at {rows[-1]['sparsity_pruned_tensors']:.1%} sparsity runs forward at {forward:.2f}x "
-                       f"and generation at {generation:.2f}x the dense model's speed on {device.type}: {verdict}"}
 
 
 def load_source(cfg: PruneConfig, device) -> tuple[GPT, Path, dict]:
@@ -233,65 +62,53 @@ def load_source(cfg: PruneConfig, device) -> tuple[GPT, Path, dict]:
     return model.eval(), folder, meta
 
 
-def resolve_dataset(cfg: PruneConfig, folder: Path, meta: dict) -> str:
-    if cfg.dataset:
-        print(f"dataset {cfg.dataset} (from --dataset)")
-        return cfg.dataset
-    dataset = checkpoint_dataset(folder, meta)
-    if dataset:
-        print(f"dataset {dataset} (the checkpoint's training dataset)")
-        return dataset
-    print(f"note: {folder} does not record its training dataset; fine-tuning and evaluating on {DEFAULT_DATASET!r}. "
-          f"Pass --dataset NAME if it was trained on something else.")
-    return DEFAULT_DATASET
-
-
 class PruningRun:
     """The fixed parts of one run (data, dense baseline, original sizes) and the steps of a round."""
 
-    def __init__(self, cfg: PruneConfig, model: GPT, folder: Path, dataset: str, block: int, device, precision):
-        self.cfg, self.folder, self.dataset, self.block = cfg, folder, dataset, block
+    def __init__(self, cfg: PruneConfig, method: PruningMethod, model: GPT, folder: Path, dataset: str, block: int,
+                 device, precision):
+        self.cfg, self.method, self.folder, self.dataset, self.block = cfg, method, folder, dataset, block
         self.device, self.precision = device, precision
         self.out_dir = Path(cfg.out_dir)
         self.train_tokens = load_split(dataset, "train")
         self.sampler = WindowSampler(self.train_tokens, block, cfg.batch_size, seed=cfg.seed)
         self.val_batches = list(eval_batches(load_split(dataset, "validation"), block, cfg.batch_size,
                                              cfg.eval_batches))
-        self.calibration = None
-        if cfg.method == "wanda":
+        calibration = None
+        if method.needs_calibration:
             calibration_sampler = WindowSampler(self.train_tokens, block, cfg.batch_size, seed=cfg.seed + 1)
-            self.calibration = [calibration_sampler.next_batch() for _ in range(cfg.calibration_batches)]
+            calibration = [calibration_sampler.next_batch() for _ in range(cfg.calibration_batches)]
+        self.scoring = ScoringInputs(model.config, calibration, device)
         self.settings = FinetuneSettings(cfg.finetune_steps, cfg.lr, cfg.weight_decay, cfg.warmup_steps)
+        self.speed = SpeedSettings(cfg.speed_batch, cfg.speed_seq_len, cfg.generation_tokens, cfg.speed_repeats)
         self.dense = copy.deepcopy(model).eval()  # the baseline every round is timed against
-        self.reference = model.config
-        self.pruned_total = sum(t.numel() for t in pruned_tensors(cfg, model))
+        self.pruned_total = sum(t.numel() for t in method.pruned_tensors(model))
         self.all_total = sum(p.numel() for p in model.parameters())
 
     def evaluate(self, model: GPT) -> float:
         return evaluate_loss(model, self.val_batches, self.device, self.precision.autocast)["val_loss"]
 
     def counts(self, model: GPT) -> dict:
-        return sparsity_counts(model, pruned_tensors(self.cfg, model), self.pruned_total, self.all_total)
+        return sparsity_counts(model, self.method.pruned_tensors(model), self.pruned_total, self.all_total)
 
     def baseline(self, model: GPT) -> dict:
         start = time.perf_counter()
-        row = {"round": 0, "target_sparsity": 0.0, "val_loss_after_pruning": None, "val_loss": self.evaluate(model),
-               "finetune_steps": 0, **self.counts(model), **speed_row(self.cfg, self.dense, model, None, self.device)}
+        row = round_row(0, 0.0, None, self.evaluate(model), 0, self.counts(model))
+        row.update(speed_against_dense(self.dense, model, self.speed, self.device, with_csr=False))
         row["time_s"] = {"total": time.perf_counter() - start}
         return row
 
     def describe(self, schedule: list[float]) -> dict:
         cfg = self.cfg
-        speed = SpeedSettings(cfg.speed_batch, cfg.speed_seq_len, cfg.generation_tokens, cfg.speed_repeats)
         return {"method": cfg.method, "target": cfg.target, "schedule": cfg.schedule, "schedule_sparsities": schedule,
                 "rounds_planned": cfg.rounds, "finetune_steps": cfg.finetune_steps, "lr": cfg.lr,
                 "weight_decay": cfg.weight_decay, "batch_size": cfg.batch_size, "block_size": self.block,
-                "prune_params": "block linear weights (rows/heads)" if cfg.method == "row" else cfg.prune_params,
+                "prune_params": self.method.describe(),
                 "source_checkpoint": str(self.folder), "dataset": self.dataset, "device": str(self.device),
                 "precision": str(self.precision.autocast_dtype or torch.float32),
                 "eval": {"split": "validation", "batches": len(self.val_batches), "batch_size": cfg.batch_size,
                          "block_size": self.block},
-                "speed_settings": {**dataclasses.asdict(speed), "torch_threads": torch.get_num_threads(),
+                "speed_settings": {**dataclasses.asdict(self.speed), "torch_threads": torch.get_num_threads(),
                                    "method": "median of repeats after one warm-up; dense and pruned interleaved; "
                                              "round 0 times two copies of the dense model (the noise floor)"},
                 "finished": False}
@@ -310,7 +127,7 @@ class PruningRun:
         """Prune to `sparsity`, evaluate, fine-tune, evaluate, time: the new model, its masks and the report row."""
         cfg = self.cfg
         t0 = time.perf_counter()
-        model, masks = prune_step(cfg, model, sparsity, masks, self.reference, self.calibration, self.device)
+        model, masks = self.method.apply(model, self.method.score(model, sparsity, masks, self.scoring))
         t1 = time.perf_counter()
         loss_after_pruning = self.evaluate(model)
         t2 = time.perf_counter()
@@ -319,11 +136,10 @@ class PruningRun:
         t3 = time.perf_counter()
         val_loss = self.evaluate(model) if cfg.finetune_steps else loss_after_pruning
         t4 = time.perf_counter()
-        row = {"round": k, "target_sparsity": sparsity, "val_loss_after_pruning": loss_after_pruning,
-               "val_loss": val_loss, "finetune_steps": cfg.finetune_steps, **self.counts(model)}
-        if cfg.method == "row":
-            row["widths"] = {"mlp_hidden": model.config.mlp_hidden, "n_head_per_layer": model.config.n_head_per_layer}
-        row.update(speed_row(cfg, self.dense, model, masks, self.device))
+        row = round_row(k, sparsity, loss_after_pruning, val_loss, cfg.finetune_steps, self.counts(model))
+        row.update(self.method.round_details(model))
+        row.update(speed_against_dense(self.dense, model, self.speed, self.device,
+                                       with_csr=masks is not None and cfg.sparse_format_check))
         t5 = time.perf_counter()
         row["time_s"] = {"prune": t1 - t0, "finetune": t3 - t2, "eval": (t2 - t1) + (t4 - t3), "speed": t5 - t4,
                          "total": t5 - t0}
@@ -341,31 +157,23 @@ class PruningRun:
         write_folder_atomically(self.out_dir, writers)
 
 
-def round_summary(row: dict, rounds: int) -> str:
-    speed = f"forward {row['forward_speedup']:.2f}x, generation {row['generation_speedup']:.2f}x dense"
-    if "csr" in row:
-        speed += f"; CSR forward {row['csr']['forward_speedup']:.2f}x"
-    return (f"round {row['round']}/{rounds}: sparsity {row['sparsity_pruned_tensors']:.2%} of the pruned tensors "
-            f"({row['sparsity_all_params']:.2%} of all parameters), val_loss {row['val_loss_after_pruning']:.4f} "
-            f"after pruning -> {row['val_loss']:.4f} after {row['finetune_steps']} fine-tune steps; {speed}")
-
-
 def run(cfg: PruneConfig) -> dict:
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     device = choose_device(cfg.device)
     precision = precision_policy(device, cfg.precision)
     model, folder, meta = load_source(cfg, device)
-    block = validate_against_model(cfg, model)
-    dataset = resolve_dataset(cfg, folder, meta)
+    method = METHODS[cfg.method](cfg.prune_params)
+    block = validate_against_model(cfg, model, method)
+    dataset = resolve_dataset(cfg.dataset, folder, meta)
     out_dir = Path(cfg.out_dir)
     report = read_report(out_dir)
-    for method, entry in report["methods"].items():
-        if method != cfg.method and entry.get("source_checkpoint") != str(folder):
-            print(f"note: {out_dir}/prune_report.json also holds a {method} run pruned from "
+    for other, entry in report["methods"].items():
+        if other != cfg.method and entry.get("source_checkpoint") != str(folder):
+            print(f"note: {out_dir}/prune_report.json also holds a {other} run pruned from "
                   f"{entry.get('source_checkpoint')}, not {folder}; its curve stays in the plots")
     schedule = sparsity_schedule(cfg.target, cfg.rounds, cfg.schedule)
-    session = PruningRun(cfg, model, folder, dataset, block, device, precision)
+    session = PruningRun(cfg, method, model, folder, dataset, block, device, precision)
 
     baseline = session.baseline(model)
     print(f"dense: val_loss {baseline['val_loss']:.4f} on {len(session.val_batches)} batches of "
@@ -412,7 +220,7 @@ def run(cfg: PruneConfig) -> dict:
 def main(argv=None) -> None:
     try:
         cfg = parse_config(PruneConfig, __doc__, argv)
-        for method in methods(cfg):  # each adds its curve to the same report in --out-dir
+        for method in method_names(cfg):  # each adds its curve to the same report in --out-dir
             run(dataclasses.replace(cfg, method=method))
     except KeyboardInterrupt:  # during loading or the dense baseline; interrupts inside rounds are handled there
         print("\ninterrupted before the first pruning round finished; nothing was written", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""`prune_report.json` and its plots.
+"""`prune_report.json`: its rows, the file and its plots.
 
 One report per output folder, keyed by method, so running several methods into the
 same folder accumulates one curve per method; the checkpoint in the folder is always
@@ -11,11 +11,14 @@ from pathlib import Path
 from typing import Callable
 
 import matplotlib
+import torch
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from runtime.errors import UserError
+from model.gpt import GPT  # noqa: E402
+from prune.masks import count_nonzero  # noqa: E402
+from runtime.errors import UserError  # noqa: E402
 
 REPORT_FILE = "prune_report.json"
 LOSS_PLOT = "loss_vs_sparsity.png"
@@ -37,6 +40,32 @@ def read_report(folder: Path) -> dict:
     if not isinstance(report.get("methods"), dict):
         raise ReportError(f"{path} is not a prune report (no 'methods' table); choose another --out-dir")
     return report
+
+
+def round_row(round_number: int, target_sparsity: float, val_loss_after_pruning: float | None, val_loss: float,
+              finetune_steps: int, counts: dict) -> dict:
+    """One entry of a method's `rounds` (round 0 is the dense model): losses and sparsity, to which the
+    caller adds the method's details, the measured speed and the timings."""
+    return {"round": round_number, "target_sparsity": target_sparsity, "val_loss_after_pruning": val_loss_after_pruning,
+            "val_loss": val_loss, "finetune_steps": finetune_steps, **counts}
+
+
+def sparsity_counts(model: GPT, pruned_tensors: list[torch.Tensor], pruned_total: int, all_total: int) -> dict:
+    """Exact counts: zero or removed entries over the original size of the pruned tensors, and of every parameter."""
+    pruned_nonzero, _ = count_nonzero(pruned_tensors)
+    all_nonzero, stored = count_nonzero(list(model.parameters()))
+    return {"sparsity_pruned_tensors": 1 - pruned_nonzero / pruned_total, "sparsity_all_params": 1 - all_nonzero / all_total,
+            "pruned_tensors_nonzero": pruned_nonzero, "pruned_tensors_original": pruned_total,
+            "parameters": stored, "nonzero_parameters": all_nonzero, "parameters_original": all_total}
+
+
+def round_summary(row: dict, rounds: int) -> str:
+    speed = f"forward {row['forward_speedup']:.2f}x, generation {row['generation_speedup']:.2f}x dense"
+    if "csr" in row:
+        speed += f"; CSR forward {row['csr']['forward_speedup']:.2f}x"
+    return (f"round {row['round']}/{rounds}: sparsity {row['sparsity_pruned_tensors']:.2%} of the pruned tensors "
+            f"({row['sparsity_all_params']:.2%} of all parameters), val_loss {row['val_loss_after_pruning']:.4f} "
+            f"after pruning -> {row['val_loss']:.4f} after {row['finetune_steps']} fine-tune steps; {speed}")
 
 
 def _sparsity(row: dict) -> float:

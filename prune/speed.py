@@ -1,4 +1,5 @@
-"""Measured (never projected) forward and generation throughput of several models, interleaved.
+"""Measured (never projected) forward and generation throughput of several models, interleaved, and
+what it says of a pruned model against the dense one (and of storing its zeros in sparse CSR format).
 
 The models are timed in turns within each repeat (runtime/timing.py), so a change in machine load
 hits all of them alike; each figure is the median over the repeats after one warm-up round.
@@ -11,7 +12,9 @@ from dataclasses import dataclass
 import torch
 
 from model.generate import generate
+from model.gpt import GPT
 from model.sampling import SamplingParams
+from prune.csr import csr_copy
 from runtime.timing import time_interleaved
 
 GENERATION_PROMPT_TOKENS = 16
@@ -58,3 +61,44 @@ def measure(models: dict[str, torch.nn.Module], settings: SpeedSettings, device,
     generation = generation_tokens_per_s(models, settings, device, vocab_size)
     return {name: {"forward_tokens_per_s": forward[name], "generation_tokens_per_s": generation[name]}
             for name in models}
+
+
+def speed_against_dense(dense: GPT, model: GPT, settings: SpeedSettings, device, with_csr: bool) -> dict:
+    """Speed of `model` and of the dense model, interleaved in this run; with `with_csr`, also of a copy of
+    `model` whose block weights are stored in sparse CSR format (for masked models)."""
+    models = {"dense": dense, "pruned": model}
+    if with_csr:
+        models["csr"] = csr_copy(model)
+    speed = measure(models, settings, device, model.config.vocab_size)
+    dense_speed = speed["dense"]
+    row = {"forward_tokens_per_s": speed["pruned"]["forward_tokens_per_s"],
+           "generation_tokens_per_s": speed["pruned"]["generation_tokens_per_s"],
+           "dense_forward_tokens_per_s": dense_speed["forward_tokens_per_s"],
+           "dense_generation_tokens_per_s": dense_speed["generation_tokens_per_s"]}
+    row["forward_speedup"] = row["forward_tokens_per_s"] / row["dense_forward_tokens_per_s"]
+    row["generation_speedup"] = row["generation_tokens_per_s"] / row["dense_generation_tokens_per_s"]
+    if "csr" in speed:
+        csr = speed["csr"]
+        row["csr"] = {**csr, "forward_speedup": csr["forward_tokens_per_s"] / dense_speed["forward_tokens_per_s"],
+                      "generation_speedup": csr["generation_tokens_per_s"] / dense_speed["generation_tokens_per_s"]}
+    return row
+
+
+def sparse_format_verdict(rows: list[dict], device: torch.device) -> dict | None:
+    """Whether storing the zeros in CSR made the final model faster than dense here (measured, not assumed).
+
+    A speedup counts only beyond the noise floor: round 0 times two copies of the dense model, and
+    however far their ratio strays from 1 (at least 5%) is what chance alone can produce.
+    """
+    last = rows[-1].get("csr")
+    if last is None:
+        return None
+    noise = max(0.05, abs(rows[0]["forward_speedup"] - 1), abs(rows[0]["generation_speedup"] - 1))
+    forward, generation = last["forward_speedup"], last["generation_speedup"]
+    faster = forward > 1 + noise or generation > 1 + noise
+    verdict = "a real speedup" if faster else f"no real speedup (noise floor in this run: +-{noise:.0%})"
+    return {"format": "torch sparse CSR weights (torch.sparse.mm) in every block linear layer",
+            "device": str(device), "forward_speedup": forward, "generation_speedup": generation,
+            "noise_floor": noise, "real_speedup": faster,
+            "summary": f"CSR at {rows[-1]['sparsity_pruned_tensors']:.1%} sparsity runs forward at {forward:.2f}x "
+                       f"and generation at {generation:.2f}x the dense model's speed on {device.type}: {verdict}"}

@@ -19,6 +19,7 @@ from prune.csr import csr_copy
 from prune.finetune import FinetuneSettings, finetune
 from prune.magnitude import magnitude_masks
 from prune.masks import block_linear_weights, count_nonzero, prunable_parameters
+from prune.methods import METHODS, ScoringInputs
 from prune.schedule import sparsity_schedule
 from prune.structured import StructureError, head_columns, select_units, shrink
 from prune.wanda import input_feature_norms, wanda_masks
@@ -116,6 +117,19 @@ def test_wanda_prunes_each_tensor_exactly_and_uses_activations():
     boosted = {**norms, name: norms[name].clone()}
     boosted[name][3] = 1e6
     assert wanda_masks(params, boosted, 0.7).masks[name][:, 3].all()
+
+
+@pytest.mark.parametrize("name", ["magnitude", "row", "wanda"])
+def test_every_method_cuts_to_the_sparsity_through_the_same_interface(name):
+    model = random_model()
+    method = METHODS[name]("linear")
+    calibration = [(torch.randint(0, 512, (2, 16)), None)] if method.needs_calibration else None
+    total = sum(t.numel() for t in method.pruned_tensors(model))
+    cut = method.score(model, 0.5, None, ScoringInputs(model.config, calibration, CPU))
+    pruned, masks = method.apply(model, cut)
+    nonzero, _ = count_nonzero(method.pruned_tensors(pruned))
+    assert 1 - nonzero / total == pytest.approx(0.5)
+    assert (masks is None) == (name == "row")  # only masked methods have weights fine-tuning must keep at zero
 
 
 # --- structural shrink -------------------------------------------------------------------------
