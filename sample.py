@@ -17,7 +17,7 @@ import contextlib
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -29,7 +29,7 @@ from model.config import EOT_TOKEN
 from model.generate import DECODE_MODES, generate
 from model.run_folder import pick_checkpoint
 from model.sampling import SamplingParams
-from runtime.cli import parse_config
+from runtime.cli import option, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
 
@@ -46,29 +46,28 @@ class SampleError(UserError, ValueError):
 
 @dataclass
 class SampleConfig:
-    checkpoint: str | None = field(default=None, metadata={"help": "artifact folder or hub name (default: the "
-                                                                    "train.py checkpoint under out/ trained on the "
-                                                                    "most tokens)"})
-    prompt: str | None = field(default=None, metadata={"help": "prompt text (default: standard input when it is "
-                                                                "not a terminal)"})
-    prompt_file: str | None = field(default=None, metadata={"help": "read one prompt from this file"})
-    prompts_file: str | None = field(default=None, metadata={"help": "JSONL of prompts (and optional settings) to "
-                                                                      "generate in batches; see above"})
-    output: str | None = field(default=None, metadata={"help": "with --prompts-file: write the results as JSONL "
-                                                                "here (default: standard output)"})
-    batch_size: int = field(default=8, metadata={"help": "with --prompts-file: prompts decoded together"})
-    num_samples: int = field(default=1, metadata={"help": "samples of the prompt"})
-    max_new_tokens: int = field(default=100, metadata={"help": "tokens to generate per sample"})
-    temperature: float = field(default=0.8, metadata={"help": "0 (or below 1e-4) for greedy decoding"})
-    top_k: int | None = field(default=200, metadata={"help": "sample among the k most likely tokens"})
-    top_p: float | None = field(default=None, metadata={"help": "nucleus sampling: the smallest set of tokens "
-                                                                 "holding this probability"})
-    seed: int = field(default=1337, metadata={"help": "random seed (sample i uses seed + i)"})
-    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda, ..."})
-    decode: str = field(default="dynamic", metadata={
-        "help": "how cached decode steps run: dynamic (the keys grow; fastest on the CPU), static (fixed shapes), "
-                "cuda-graph (static, each step replayed as one captured CUDA graph: fewer kernel launches at small "
-                "batch on a GPU); the tokens are the same", "choices": DECODE_MODES})
+    checkpoint: str | None = option(None, "artifact folder or hub name (default: the "
+                                          "train.py checkpoint under out/ trained on the "
+                                          "most tokens)")
+    prompt: str | None = option(None, "prompt text (default: standard input when it is "
+                                      "not a terminal)")
+    prompt_file: str | None = option(None, "read one prompt from this file")
+    prompts_file: str | None = option(None, "JSONL of prompts (and optional settings) to "
+                                            "generate in batches; see above")
+    output: str | None = option(None, "with --prompts-file: write the results as JSONL "
+                                      "here (default: standard output)")
+    batch_size: int = option(8, "with --prompts-file: prompts decoded together")
+    num_samples: int = option(1, "samples of the prompt")
+    max_new_tokens: int = option(100, "tokens to generate per sample")
+    temperature: float = option(0.8, "0 (or below 1e-4) for greedy decoding")
+    top_k: int | None = option(200, "sample among the k most likely tokens")
+    top_p: float | None = option(None, "nucleus sampling: the smallest set of tokens "
+                                       "holding this probability")
+    seed: int = option(1337, "random seed (sample i uses seed + i)")
+    device: str = option("auto", "auto, cpu, cuda, ...")
+    decode: str = option("dynamic", "how cached decode steps run: dynamic (the keys grow; fastest on the CPU), static (fixed shapes), "
+                                    "cuda-graph (static, each step replayed as one captured CUDA graph: fewer kernel launches at small "
+                                    "batch on a GPU); the tokens are the same", choices=DECODE_MODES)
 
     def __post_init__(self):
         if sum(x is not None for x in (self.prompt, self.prompt_file, self.prompts_file)) > 1:

@@ -21,7 +21,7 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -39,7 +39,7 @@ from model.gpt import GPT
 from model.run_folder import pick_checkpoint
 from model.sampling import SamplingParams
 from parallel.distributed import MULTI_PROCESS_MODES
-from runtime.cli import parse_config
+from runtime.cli import option, parse_config
 from runtime.device import choose_device, peak_memory_bytes, precision_policy, synchronize
 from runtime.errors import UserError
 from runtime.provenance import provenance
@@ -74,38 +74,31 @@ class LeaderboardError(UserError):
 
 @dataclass
 class LeaderboardConfig:
-    checkpoint: str | None = field(default=None, metadata={
-        "help": "artifact folder or Hugging Face GPT-2 id (default: the train.py checkpoint under out/ trained on "
-                "the most tokens)"})
-    dataset: str = field(default=DEFAULT_DATASET, metadata={
-        "help": f"evaluation corpus, validation split: {', '.join(DATASET_NAMES)} or a local folder"})
-    eval_text: Path | None = field(default=None, metadata={"help": "evaluate on this local text file instead of "
-                                                                   "--dataset (all of it)"})
-    eval_batch_size: int = field(default=8, metadata={"help": "evaluation windows per forward pass"})
-    eval_block_size: int | None = field(default=None, metadata={"help": "evaluation window (default: the model's "
-                                                                         "context)"})
-    prompt_tokens: int = field(default=16, metadata={"help": "prompt length for the generation figures"})
-    new_tokens: int | None = field(default=None, metadata={
-        "help": f"new tokens per generation (default: {REFERENCE_NEW_TOKENS} as the reference, or as many as the "
-                f"model's context leaves after the prompt, whichever is smaller)"})
-    repeats: int = field(default=3, metadata={"help": "timed repeats per figure (after one warm-up)"})
-    parallel: str = field(default="none", metadata={
-        "help": "training figures: none (one process) or a torchrun mode of train.py",
-        "choices": ("none", *MULTI_PROCESS_MODES)})
-    nproc_per_node: int = field(default=2, metadata={"help": "ranks for --parallel (torchrun)"})
-    block_size: int | None = field(default=None, metadata={"help": "training block size (default: the model's "
-                                                                    "context)"})
-    train_steps: int = field(default=3, metadata={"help": "optimizer steps per timed training window"})
-    train_dataset: str = field(default="builtin", metadata={
-        "help": "training text for the throughput runs (content does not change the speed)"})
-    threads: int | None = field(default=None, metadata={"help": "torch threads per training rank (default: "
-                                                                 "torch's choice)"})
-    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda, ..."})
-    protocol: str = field(default="default", metadata={
-        "help": f"reference: the reference scorecard's settings (training: grad accumulation {REFERENCE_GRAD_ACCUM} "
-                f"x micro-batch 4 or 12 x block {REFERENCE_BLOCK}; generation: batch x {REFERENCE_NEW_TOKENS} new "
-                f"tokens / time); default: this project's", "choices": tuple(PROTOCOLS)})
-    out: Path | None = field(default=None, metadata={"help": "also write the JSON here"})
+    checkpoint: str | None = option(None, "artifact folder or Hugging Face GPT-2 id (default: the train.py checkpoint under out/ trained on "
+                                          "the most tokens)")
+    dataset: str = option(DEFAULT_DATASET, f"evaluation corpus, validation split: {', '.join(DATASET_NAMES)} or a local folder")
+    eval_text: Path | None = option(None, "evaluate on this local text file instead of "
+                                          "--dataset (all of it)")
+    eval_batch_size: int = option(8, "evaluation windows per forward pass")
+    eval_block_size: int | None = option(None, "evaluation window (default: the model's "
+                                               "context)")
+    prompt_tokens: int = option(16, "prompt length for the generation figures")
+    new_tokens: int | None = option(None, f"new tokens per generation (default: {REFERENCE_NEW_TOKENS} as the reference, or as many as the "
+                                          f"model's context leaves after the prompt, whichever is smaller)")
+    repeats: int = option(3, "timed repeats per figure (after one warm-up)")
+    parallel: str = option("none", "training figures: none (one process) or a torchrun mode of train.py", choices=("none", *MULTI_PROCESS_MODES))
+    nproc_per_node: int = option(2, "ranks for --parallel (torchrun)")
+    block_size: int | None = option(None, "training block size (default: the model's "
+                                          "context)")
+    train_steps: int = option(3, "optimizer steps per timed training window")
+    train_dataset: str = option("builtin", "training text for the throughput runs (content does not change the speed)")
+    threads: int | None = option(None, "torch threads per training rank (default: "
+                                       "torch's choice)")
+    device: str = option("auto", "auto, cpu, cuda, ...")
+    protocol: str = option("default", f"reference: the reference scorecard's settings (training: grad accumulation {REFERENCE_GRAD_ACCUM} "
+                                      f"x micro-batch 4 or 12 x block {REFERENCE_BLOCK}; generation: batch x {REFERENCE_NEW_TOKENS} new "
+                                      f"tokens / time); default: this project's", choices=tuple(PROTOCOLS))
+    out: Path | None = option(None, "also write the JSON here")
 
     def __post_init__(self):
         for name in ("eval_batch_size", "prompt_tokens", "repeats", "nproc_per_node", "train_steps",

@@ -28,7 +28,7 @@ import httpx
 import numpy as np
 from tqdm import tqdm
 
-from runtime.cli import parse_config
+from runtime.cli import option, parse_config
 from runtime.errors import UserError
 
 PROMPTS = [
@@ -181,16 +181,16 @@ class LoadTestError(UserError):
 
 @dataclass
 class LoadTestConfig:
-    url: str = field(default=DEFAULT_URL, metadata={"help": "a running server on loopback"})
-    checkpoint: str | None = field(default=None, metadata={"help": "start `python -m serve` on this artifact "
-                                                                    "instead of using --url"})
-    server_args: str = field(default="", metadata={"help": "extra flags for the server --checkpoint starts"})
-    concurrency: str = field(default="1,4,12,32", metadata={"help": "comma-separated levels"})
-    min_requests: int = field(default=12, metadata={"help": "requests per level (at least the concurrency)"})
-    max_new_tokens: int = field(default=64, metadata={"help": "tokens per request"})
-    level_time_limit: float = field(default=120.0, metadata={"help": "seconds; no new requests after it"})
-    request_timeout: float = field(default=120.0, metadata={"help": "seconds per request"})
-    json: Path | None = field(default=None, metadata={"help": "also write the results here"})
+    url: str = option(DEFAULT_URL, "a running server on loopback")
+    checkpoint: str | None = option(None, "start `python -m serve` on this artifact "
+                                          "instead of using --url")
+    server_args: str = option("", "extra flags for the server --checkpoint starts")
+    concurrency: str = option("1,4,12,32", "comma-separated levels")
+    min_requests: int = option(12, "requests per level (at least the concurrency)")
+    max_new_tokens: int = option(64, "tokens per request")
+    level_time_limit: float = option(120.0, "seconds; no new requests after it")
+    request_timeout: float = option(120.0, "seconds per request")
+    json: Path | None = option(None, "also write the results here")
 
     def __post_init__(self):
         if self.checkpoint is not None and self.url != DEFAULT_URL:

@@ -16,7 +16,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -27,7 +27,7 @@ from data.loader import sliding_windows
 from data.shards import load_split
 from data.tokenizer import get_tokenizer
 from model.artifact import load_model
-from runtime.cli import parse_config
+from runtime.cli import option, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
 
@@ -38,20 +38,20 @@ class PerplexityError(UserError):
 
 @dataclass
 class PerplexityConfig:
-    checkpoint: str = field(default="out/demo/train", metadata={"help": "artifact folder (float, pruned, int8) "
-                                                                         "or Hugging Face GPT-2 folder"})
-    dataset: str = field(default="builtin", metadata={"help": f"{', '.join(DATASET_NAMES)}, or a local folder "
-                                                                f"with wiki.*.raw or hub-layout parquet files"})
-    split: str = field(default="validation", metadata={"help": "which split", "choices": ("validation", "test")})
-    context: int | None = field(default=None, metadata={"help": "tokens of context per window (default: the "
-                                                                   "model's block size)"})
-    stride: int | None = field(default=None, metadata={"help": "sliding-window step; each window scores this "
-                                                                  "many new tokens (default: half the context)"})
-    batch_size: int = field(default=8, metadata={"help": "windows per forward pass"})
-    max_tokens: int | None = field(default=None, metadata={"help": "score only the split's first N tokens "
-                                                                      "(default: all)"})
-    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda, ..."})
-    out: str | None = field(default=None, metadata={"help": "also write the result as JSON here"})
+    checkpoint: str = option("out/demo/train", "artifact folder (float, pruned, int8) "
+                                               "or Hugging Face GPT-2 folder")
+    dataset: str = option("builtin", f"{', '.join(DATASET_NAMES)}, or a local folder "
+                                     f"with wiki.*.raw or hub-layout parquet files")
+    split: str = option("validation", "which split", choices=("validation", "test"))
+    context: int | None = option(None, "tokens of context per window (default: the "
+                                       "model's block size)")
+    stride: int | None = option(None, "sliding-window step; each window scores this "
+                                      "many new tokens (default: half the context)")
+    batch_size: int = option(8, "windows per forward pass")
+    max_tokens: int | None = option(None, "score only the split's first N tokens "
+                                          "(default: all)")
+    device: str = option("auto", "auto, cpu, cuda, ...")
+    out: str | None = option(None, "also write the result as JSON here")
 
     def __post_init__(self):
         for name in ("stride", "batch_size"):

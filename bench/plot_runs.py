@@ -6,9 +6,9 @@ tokens/s), e.g. ddp against fsdp against tp, or a run before and after pruning's
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from runtime.cli import parse_config
+from runtime.cli import option, parse_config
 from runtime.errors import UserError
 from training.curves import plot_runs, read_metrics
 
@@ -19,11 +19,10 @@ class PlotError(UserError):
 
 @dataclass
 class PlotConfig:
-    runs: list[str] = field(default_factory=list, metadata={"help": "train.py run folders (holding metrics.jsonl)",
-                                                             "positional": True})
-    out: str = field(default="curves.png", metadata={"help": "the PNG to write"})
-    labels: str | None = field(default=None, metadata={"help": "comma-separated legend names (default: the "
-                                                                  "folders' names)"})
+    runs: list[str] = option([], "train.py run folders (holding metrics.jsonl)", positional=True)
+    out: str = option("curves.png", "the PNG to write")
+    labels: str | None = option(None, "comma-separated legend names (default: the "
+                                      "folders' names)")
 
     def __post_init__(self):
         if not self.runs:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.experiments import EXPERIMENTS
 from bench.record import RESULTS_DIR, gpu_results, read_result
 from bench.report_page import Page, mib, num
-from runtime.cli import parse_config
+from runtime.cli import option, parse_config
 from runtime.errors import UserError
 
 REPORT = RESULTS_DIR.parent / "REPORT.md"
@@ -27,8 +27,8 @@ SCORECARD_KEYS = ("loss", "inference_latency_1", "inference_latency_12", "traini
 
 @dataclass
 class ReportConfig:
-    results_dir: Path = field(default=RESULTS_DIR, metadata={"help": "the results to report"})
-    out: Path = field(default=REPORT, metadata={"help": "the Markdown file to write"})
+    results_dir: Path = option(RESULTS_DIR, "the results to report")
+    out: Path = option(REPORT, "the Markdown file to write")
 
 
 def header(page: Page, environments: list[tuple[str, dict]], run: dict | None) -> None:

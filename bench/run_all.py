@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,7 +35,7 @@ from bench.leaderboard import LeaderboardConfig
 from bench.record import RESULTS_DIR, gpu_results, read_result, write_result
 from bench.report import REPORT, write_report
 from bench.runner import ROOT, run_train
-from runtime.cli import non_default_flags, parse_config
+from runtime.cli import non_default_flags, option, parse_config
 from runtime.errors import UserError
 from training.config import TrainConfig
 
@@ -47,20 +47,15 @@ SCORECARD = {"quick": LeaderboardConfig(repeats=3, train_steps=2), "full": Leade
 
 @dataclass
 class RunAllConfig:
-    quick: bool = field(default=False, metadata={"help": "settings that finish in under 20 minutes on 2 CPU cores"})
-    leaderboard_dataset: str = field(default="wikitext-103", metadata={
-        "help": "the scorecard's evaluation text (dataset name or local folder); `builtin` is accepted and the "
-                "report says it is not WikiText-103"})
-    only: list[str] | None = field(default=None, metadata={
-        "help": "run only these stages (the report uses the results already there)", "choices": STAGES})
-    results_dir: Path = field(default=RESULTS_DIR, metadata={
-        "help": "folder for every NAME.json and plot (the GPU profile's go to its gpu/ subfolder)"})
-    report: Path = field(default=REPORT, metadata={"help": "the Markdown report to write"})
-    profile: str = field(default="auto", metadata={
-        "help": "cpu: the whole benchmark (--quick sizes it for 2 CPU cores); gpu: the peer comparisons at GPU "
-                "sizes (--quick does not apply); auto: gpu where CUDA is available", "choices": ("auto", "cpu", "gpu")})
-    nanogpt: str | None = field(default=None, metadata={
-        "help": "a karpathy/nanoGPT checkout: train_speed times its model.py and loop beside ours"})
+    quick: bool = option(False, "settings that finish in under 20 minutes on 2 CPU cores")
+    leaderboard_dataset: str = option("wikitext-103", "the scorecard's evaluation text (dataset name or local folder); `builtin` is accepted and the "
+                                                      "report says it is not WikiText-103")
+    only: list[str] | None = option(None, "run only these stages (the report uses the results already there)", choices=STAGES)
+    results_dir: Path = option(RESULTS_DIR, "folder for every NAME.json and plot (the GPU profile's go to its gpu/ subfolder)")
+    report: Path = option(REPORT, "the Markdown report to write")
+    profile: str = option("auto", "cpu: the whole benchmark (--quick sizes it for 2 CPU cores); gpu: the peer comparisons at GPU "
+                                  "sizes (--quick does not apply); auto: gpu where CUDA is available", choices=("auto", "cpu", "gpu"))
+    nanogpt: str | None = option(None, "a karpathy/nanoGPT checkout: train_speed times its model.py and loop beside ours")
 
 
 def text_note(dataset: str) -> str:

@@ -9,22 +9,22 @@ reason: row-pruned artifacts (per-layer widths that GPT-2's config cannot expres
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from model.artifact import ArtifactError, claim_output_folder, load_model
 from model.hf import export_hf_gpt2
-from runtime.cli import parse_config
+from runtime.cli import option, parse_config
 from runtime.errors import UserError
 
 
 @dataclass
 class ExportConfig:
-    checkpoint: str = field(default="out/demo/train", metadata={"help": "artifact folder to export (float or "
-                                                                         "magnitude-pruned)"})
-    out: str = field(default="out/hf", metadata={"help": "folder to write config.json and model.safetensors to"})
-    overwrite: bool = field(default=False, metadata={"help": "write into --out even though it holds one of this "
-                                                             "project's artifacts (whose files are removed first)"})
+    checkpoint: str = option("out/demo/train", "artifact folder to export (float or "
+                                               "magnitude-pruned)")
+    out: str = option("out/hf", "folder to write config.json and model.safetensors to")
+    overwrite: bool = option(False, "write into --out even though it holds one of this "
+                                    "project's artifacts (whose files are removed first)")
 
 
 def export(cfg: ExportConfig) -> Path:

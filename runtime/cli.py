@@ -10,6 +10,8 @@ import typing
 def option(default, help_text: str, **metadata):
     """A config field whose help (and `choices`, `positional=True`, or `bare=VALUE`: the flag alone means
     VALUE, as `--resume` means `--resume yes`) the command line shows."""
+    if isinstance(default, list):  # mutable: every instance gets its own copy
+        return dataclasses.field(default_factory=lambda: list(default), metadata={"help": help_text, **metadata})
     return dataclasses.field(default=default, metadata={"help": help_text, **metadata})
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,6 +28,7 @@ from data.loader import WindowSampler
 from data.shards import load_split
 from model.config import PRESETS, preset
 from model.gpt import GPT
+from runtime.cli import option
 from runtime.device import choose_device, is_out_of_memory, peak_memory_bytes, precision_policy, release_memory
 from runtime.timing import Environment, Spread, environment, time_repeats
 from training.step import TrainStep
@@ -35,16 +36,16 @@ from training.step import TrainStep
 
 @dataclass
 class Settings:
-    model: str = field(default="tiny", metadata={"help": "model preset", "choices": tuple(PRESETS)})
-    dataset: str = field(default="builtin", metadata={"help": "training text"})
-    block_size: int | None = field(default=None, metadata={"help": "tokens per sequence (default: the model's "
-                                                                     "context)"})
-    max_batch: int = field(default=256, metadata={"help": "largest micro-batch tried (doubling from 1)"})
-    steps: int = field(default=2, metadata={"help": "optimizer steps per timed repeat"})
-    repeats: int = field(default=2, metadata={"help": "timed repeats per batch size"})
-    memory_limit_gib: float = field(default=6.0, metadata={"help": "CPU only: address-space cap above the "
-                                                                    "starting size (0: no cap)"})
-    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda, ..."})
+    model: str = option("tiny", "model preset", choices=tuple(PRESETS))
+    dataset: str = option("builtin", "training text")
+    block_size: int | None = option(None, "tokens per sequence (default: the model's "
+                                          "context)")
+    max_batch: int = option(256, "largest micro-batch tried (doubling from 1)")
+    steps: int = option(2, "optimizer steps per timed repeat")
+    repeats: int = option(2, "timed repeats per batch size")
+    memory_limit_gib: float = option(6.0, "CPU only: address-space cap above the "
+                                          "starting size (0: no cap)")
+    device: str = option("auto", "auto, cpu, cuda, ...")
 
     def __post_init__(self):
         at_least(self, 1, "block_size", "max_batch", "steps", "repeats")

@@ -16,13 +16,14 @@ scheduler has parked.  Such figures measure overheads, not what the strategies d
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.experiment import Experiment, SettingsError, at_least
 from bench.parallel_runs import ParallelRow, ParallelSettings, run_parallel
 from bench.record import plt
 from bench.report_page import MiB, Page, mib, num, spread
+from runtime.cli import option
 from runtime.device import choose_device
 from runtime.timing import Environment, environment
 
@@ -40,10 +41,9 @@ DEFINITIONS = {
 
 @dataclass
 class Settings(ParallelSettings):
-    modes: list[str] = field(default_factory=lambda: list(MODES), metadata={"help": "--parallel modes of train.py",
-                                                                            "choices": MODES})
-    world_sizes: list[int] = field(default_factory=lambda: [1, 2, 4], metadata={"help": "ranks per job"})
-    global_batch: int = field(default=8, metadata={"help": "sequences per step, over all ranks"})
+    modes: list[str] = option(list(MODES), "--parallel modes of train.py", choices=MODES)
+    world_sizes: list[int] = option([1, 2, 4], "ranks per job")
+    global_batch: int = option(8, "sequences per step, over all ranks")
 
     def __post_init__(self):
         super().__post_init__()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.experiment import Experiment, ExperimentError, SettingsError, at_least
@@ -21,6 +21,7 @@ from bench.record import plt
 from bench.report_page import Page, num
 from bench.runner import ROOT, run_command
 from model.run_folder import default_checkpoint
+from runtime.cli import option
 from runtime.device import choose_device
 from runtime.timing import Environment, environment
 
@@ -31,25 +32,24 @@ METHODS = ("magnitude", "row", "wanda")
 
 @dataclass
 class Settings:
-    checkpoint: str | None = field(default=None, metadata={"help": "float artifact to compress (default: the "
-                                                                     "train.py checkpoint under out/ trained longest)"})
-    prune_report: str | None = field(default=None, metadata={"help": "gather this prune_report.json instead of "
-                                                                       "running prune/"})
-    quant_report: str | None = field(default=None, metadata={"help": "gather this quant_report.json instead of "
-                                                                       "running quantize/"})
-    dataset: str = field(default="builtin", metadata={"help": "validation text for both tools"})
-    methods: list[str] = field(default_factory=lambda: ["magnitude", "row"],
-                               metadata={"help": "pruning methods, one prune/ run each", "choices": METHODS})
-    target: float = field(default=0.5, metadata={"help": "final sparsity of the pruning runs"})
-    rounds: int = field(default=3, metadata={"help": "pruning rounds"})
-    finetune_steps: int = field(default=20, metadata={"help": "fine-tuning steps after each round"})
-    batch_size: int = field(default=8, metadata={"help": "prune/: fine-tuning and evaluation batch"})
-    block_size: int | None = field(default=None, metadata={"help": "prune/: fine-tuning and evaluation context"})
-    eval_batches: int = field(default=8, metadata={"help": "validation batches for both tools"})
-    speed_repeats: int = field(default=3, metadata={"help": "timed repeats for both tools"})
-    new_tokens: int = field(default=32, metadata={"help": "both tools: tokens per timed generation"})
-    speed_seq_len: int = field(default=128, metadata={"help": "prune/: length of the timed forward passes"})
-    timeout_s: float = field(default=900, metadata={"help": "per tool run"})
+    checkpoint: str | None = option(None, "float artifact to compress (default: the "
+                                          "train.py checkpoint under out/ trained longest)")
+    prune_report: str | None = option(None, "gather this prune_report.json instead of "
+                                            "running prune/")
+    quant_report: str | None = option(None, "gather this quant_report.json instead of "
+                                            "running quantize/")
+    dataset: str = option("builtin", "validation text for both tools")
+    methods: list[str] = option(["magnitude", "row"], "pruning methods, one prune/ run each", choices=METHODS)
+    target: float = option(0.5, "final sparsity of the pruning runs")
+    rounds: int = option(3, "pruning rounds")
+    finetune_steps: int = option(20, "fine-tuning steps after each round")
+    batch_size: int = option(8, "prune/: fine-tuning and evaluation batch")
+    block_size: int | None = option(None, "prune/: fine-tuning and evaluation context")
+    eval_batches: int = option(8, "validation batches for both tools")
+    speed_repeats: int = option(3, "timed repeats for both tools")
+    new_tokens: int = option(32, "both tools: tokens per timed generation")
+    speed_seq_len: int = option(128, "prune/: length of the timed forward passes")
+    timeout_s: float = option(900, "per tool run")
 
     def __post_init__(self):
         at_least(self, 1, "rounds", "batch_size", "block_size", "eval_batches", "speed_repeats", "new_tokens",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,17 +23,18 @@ from bench.record import plt
 from bench.report_page import Page, num, spread
 from data.loader import WindowSampler
 from data.shards import load_split
+from runtime.cli import option
 from runtime.timing import Environment, Spread, environment
 
 
 @dataclass
 class Settings:
-    dataset: str = field(default="builtin", metadata={"help": "the corpus whose training split is loaded"})
-    block_size: int = field(default=256, metadata={"help": "tokens per sequence"})
-    batch_size: int = field(default=8, metadata={"help": "sequences per batch"})
-    batches: int = field(default=200, metadata={"help": "batches timed per setting (after the first)"})
-    max_workers: int = field(default=os.cpu_count() or 1, metadata={"help": "largest num_workers tried"})
-    repeats: int = field(default=3, metadata={"help": "timed repeats per setting"})
+    dataset: str = option("builtin", "the corpus whose training split is loaded")
+    block_size: int = option(256, "tokens per sequence")
+    batch_size: int = option(8, "sequences per batch")
+    batches: int = option(200, "batches timed per setting (after the first)")
+    max_workers: int = option(os.cpu_count() or 1, "largest num_workers tried")
+    repeats: int = option(3, "timed repeats per setting")
 
     def __post_init__(self):
         at_least(self, 1, "block_size", "batch_size", "batches", "repeats")

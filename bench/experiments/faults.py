@@ -40,7 +40,7 @@ import sys
 import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -55,7 +55,7 @@ from model.folder import STAGING_DIR
 from model.gpt import GPT
 from model.run_folder import read_training_state
 from model.weights import ArtifactError
-from runtime.cli import non_default_flags
+from runtime.cli import non_default_flags, option
 from runtime.provenance import provenance
 from runtime.timing import Environment, environment
 from serve.launch import LOOPBACK, running_server
@@ -103,19 +103,19 @@ def train_command(**changes) -> list[str]:
 
 @dataclass
 class Settings:
-    reader_steps: int = field(default=12, metadata={"help": "steps of the run read during saves (one save a step)"})
-    readers: int = field(default=2, metadata={"help": "reader processes beside that run"})
-    kills: int = field(default=3, metadata={"help": "kill -9 drills"})
-    kill_steps: int = field(default=12, metadata={"help": "steps of each killed-and-resumed run"})
-    poison_batches: int = field(default=3, metadata={"help": "batches with a poison request"})
-    greedy_per_batch: int = field(default=3, metadata={"help": "greedy requests batched with each poison one"})
-    slow_clients: int = field(default=20, metadata={"help": "connections trickling their headers"})
-    read_timeout_s: float = field(default=2.0, metadata={"help": "the server's --read-timeout-s in that drill"})
-    rank_kills: int = field(default=1, metadata={"help": "2-rank DDP jobs whose second rank is killed (each drill: "
-                                                          "job ends, job restarts)"})
-    dist_timeout_s: float = field(default=20.0, metadata={"help": "those jobs' --dist-timeout-s"})
-    disk_full_runs: int = field(default=1, metadata={"help": "training runs that fill a small tmpfs"})
-    seed: int = field(default=0, metadata={"help": "seed of the kill moments"})
+    reader_steps: int = option(12, "steps of the run read during saves (one save a step)")
+    readers: int = option(2, "reader processes beside that run")
+    kills: int = option(3, "kill -9 drills")
+    kill_steps: int = option(12, "steps of each killed-and-resumed run")
+    poison_batches: int = option(3, "batches with a poison request")
+    greedy_per_batch: int = option(3, "greedy requests batched with each poison one")
+    slow_clients: int = option(20, "connections trickling their headers")
+    read_timeout_s: float = option(2.0, "the server's --read-timeout-s in that drill")
+    rank_kills: int = option(1, "2-rank DDP jobs whose second rank is killed (each drill: "
+                                "job ends, job restarts)")
+    dist_timeout_s: float = option(20.0, "those jobs' --dist-timeout-s")
+    disk_full_runs: int = option(1, "training runs that fill a small tmpfs")
+    seed: int = option(0, "seed of the kill moments")
 
     def __post_init__(self):
         at_least(self, 1, "reader_steps", "readers", "kills", "poison_batches", "greedy_per_batch", "slow_clients",

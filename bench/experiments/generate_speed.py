@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,6 +27,7 @@ from model.generate import generate
 from model.gpt import GPT
 from model.hf import export_hf_gpt2
 from model.sampling import SamplingParams
+from runtime.cli import option
 from runtime.device import choose_device
 from runtime.timing import Environment, Spread, environment, paired_ratio, time_interleaved
 
@@ -35,12 +36,12 @@ EOT = 50256
 
 @dataclass
 class Settings:
-    model: str = field(default="gpt2", metadata={"help": "model preset (random weights)", "choices": tuple(PRESETS)})
-    prompt_tokens: int = field(default=32, metadata={"help": "random prompt length"})
-    new_tokens: int = field(default=64, metadata={"help": "tokens generated per row"})
-    batch_sizes: list[int] = field(default_factory=lambda: [1, 12], metadata={"help": "rows generated together"})
-    repeats: int = field(default=5, metadata={"help": "timed repeats of each side (interleaved)"})
-    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda, ..."})
+    model: str = option("gpt2", "model preset (random weights)", choices=tuple(PRESETS))
+    prompt_tokens: int = option(32, "random prompt length")
+    new_tokens: int = option(64, "tokens generated per row")
+    batch_sizes: list[int] = option([1, 12], "rows generated together")
+    repeats: int = option(5, "timed repeats of each side (interleaved)")
+    device: str = option("auto", "auto, cpu, cuda, ...")
 
     def __post_init__(self):
         at_least(self, 1, "prompt_tokens", "new_tokens", "repeats", "batch_sizes")

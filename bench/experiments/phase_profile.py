@@ -12,7 +12,7 @@ and its ten most expensive operators go into the result.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,6 +26,7 @@ from data.shards import load_split
 from model.config import PRESETS, preset
 from model.evaluate import evaluate_loss
 from model.gpt import GPT
+from runtime.cli import option
 from runtime.device import choose_device, precision_policy
 from runtime.timing import Environment, environment
 from training.metrics import PHASES, PhaseClock
@@ -34,16 +35,16 @@ from training.step import TrainStep
 
 @dataclass
 class Settings:
-    model: str = field(default="tiny", metadata={"help": "model preset", "choices": tuple(PRESETS)})
-    dataset: str = field(default="builtin", metadata={"help": "training and validation text"})
-    batch_size: int = field(default=8, metadata={"help": "sequences per step"})
-    block_size: int | None = field(default=None, metadata={"help": "tokens per sequence (default: the model's "
-                                                                     "context)"})
-    steps: int = field(default=30, metadata={"help": "timed optimizer steps"})
-    eval_interval: int = field(default=10, metadata={"help": "steps between evaluations"})
-    eval_batches: int = field(default=4, metadata={"help": "validation batches per evaluation"})
-    profile_steps: int = field(default=3, metadata={"help": "steps recorded by torch.profiler"})
-    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda, ..."})
+    model: str = option("tiny", "model preset", choices=tuple(PRESETS))
+    dataset: str = option("builtin", "training and validation text")
+    batch_size: int = option(8, "sequences per step")
+    block_size: int | None = option(None, "tokens per sequence (default: the model's "
+                                          "context)")
+    steps: int = option(30, "timed optimizer steps")
+    eval_interval: int = option(10, "steps between evaluations")
+    eval_batches: int = option(4, "validation batches per evaluation")
+    profile_steps: int = option(3, "steps recorded by torch.profiler")
+    device: str = option("auto", "auto, cpu, cuda, ...")
 
     def __post_init__(self):
         at_least(self, 1, "batch_size", "block_size", "steps", "eval_interval", "eval_batches", "profile_steps")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import shutil
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,6 +25,7 @@ from bench.record import plt
 from bench.report_page import Page, mib, num
 from bench.runner import run_train
 from model.config import PRESETS
+from runtime.cli import option
 from runtime.device import choose_device, precision_policy
 from runtime.timing import Environment, environment
 from training.config import TrainConfig
@@ -34,15 +35,14 @@ PRECISIONS = ("fp32", "mixed")
 
 @dataclass
 class Settings:
-    model: str = field(default="tiny", metadata={"help": "model preset", "choices": tuple(PRESETS)})
-    dataset: str = field(default="builtin", metadata={"help": "training text"})
-    batch_size: int = field(default=8, metadata={"help": "sequences per step"})
-    block_size: int = field(default=256, metadata={"help": "tokens per sequence"})
-    steps: int = field(default=20, metadata={"help": "optimizer steps per setting"})
-    precisions: list[str] = field(default_factory=lambda: list(PRECISIONS),
-                                  metadata={"help": "fp32 and/or mixed (autocast)", "choices": PRECISIONS})
-    timeout_s: float = field(default=300, metadata={"help": "per setting; slower settings are cut off"})
-    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda, ..."})
+    model: str = option("tiny", "model preset", choices=tuple(PRESETS))
+    dataset: str = option("builtin", "training text")
+    batch_size: int = option(8, "sequences per step")
+    block_size: int = option(256, "tokens per sequence")
+    steps: int = option(20, "optimizer steps per setting")
+    precisions: list[str] = option(list(PRECISIONS), "fp32 and/or mixed (autocast)", choices=PRECISIONS)
+    timeout_s: float = option(300, "per setting; slower settings are cut off")
+    device: str = option("auto", "auto, cpu, cuda, ...")
 
     def __post_init__(self):
         at_least(self, 1, "batch_size", "block_size", "steps", "timeout_s")

@@ -12,7 +12,7 @@ sparse CSR, against dense.  Every pruned model is timed interleaved with the den
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,6 +28,7 @@ from prune.magnitude import magnitude_masks
 from prune.masks import block_linear_weights
 from prune.speed import SpeedSettings, forward_tokens_per_s, generation_tokens_per_s
 from prune.structured import select_units, shrink
+from runtime.cli import option
 from runtime.device import choose_device
 from runtime.timing import Environment, environment
 
@@ -36,18 +37,17 @@ ROW_FIGURES = ("forward_full_logits", "forward_last_logits", "generation")
 
 @dataclass
 class Settings:
-    preset: str = field(default="gpt2", metadata={"help": "model preset (random weights)", "choices": tuple(PRESETS)})
-    target: float = field(default=0.5, metadata={"help": "share of each layer's heads and MLP units removed"})
-    batch_size: int = field(default=1, metadata={"help": "rows per timed forward pass"})
-    seq_len: int = field(default=128, metadata={"help": "length of the timed forward passes"})
-    generation_tokens: int = field(default=16, metadata={"help": "tokens per timed generation"})
-    repeats: int = field(default=7, metadata={"help": "timed repeats (interleaved with dense)"})
-    csr_sparsities: list[float] = field(default_factory=lambda: [0.5, 0.8, 0.9, 0.95],
-                                        metadata={"help": "unstructured sparsities to time in CSR format"})
-    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda, ..."})
-    threads: int | None = field(default=None, metadata={"help": "CPU threads for torch (default: torch's choice); "
-                                                                 "1 is steadier on a shared machine"})
-    seed: int = field(default=0, metadata={"help": "seed of the random weights"})
+    preset: str = option("gpt2", "model preset (random weights)", choices=tuple(PRESETS))
+    target: float = option(0.5, "share of each layer's heads and MLP units removed")
+    batch_size: int = option(1, "rows per timed forward pass")
+    seq_len: int = option(128, "length of the timed forward passes")
+    generation_tokens: int = option(16, "tokens per timed generation")
+    repeats: int = option(7, "timed repeats (interleaved with dense)")
+    csr_sparsities: list[float] = option([0.5, 0.8, 0.9, 0.95], "unstructured sparsities to time in CSR format")
+    device: str = option("auto", "auto, cpu, cuda, ...")
+    threads: int | None = option(None, "CPU threads for torch (default: torch's choice); "
+                                       "1 is steadier on a shared machine")
+    seed: int = option(0, "seed of the random weights")
 
     def __post_init__(self):
         at_least(self, 1, "batch_size", "seq_len", "generation_tokens", "repeats", "threads")

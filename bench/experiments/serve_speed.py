@@ -36,6 +36,7 @@ from model.config import PRESETS, preset
 from model.generate import generate
 from model.gpt import GPT
 from model.sampling import SamplingParams
+from runtime.cli import option
 from runtime.device import choose_device
 from runtime.provenance import provenance
 from runtime.timing import Environment, Spread, environment, paired_ratio, time_interleaved
@@ -46,12 +47,12 @@ REQUEST_TIMEOUT_S = 600.0
 
 @dataclass
 class Settings:
-    model: str = field(default="gpt2", metadata={"help": "model preset (random weights)", "choices": tuple(PRESETS)})
-    new_tokens: int = field(default=128, metadata={"help": "tokens generated per request"})
+    model: str = option("gpt2", "model preset (random weights)", choices=tuple(PRESETS))
+    new_tokens: int = option(128, "tokens generated per request")
     clients: list[int] = field(default_factory=lambda: [12], metadata={
         "help": "concurrency levels measured beside one client: that many requests sent at once"})
-    repeats: int = field(default=3, metadata={"help": "timed rounds (after one untimed warm-up round)"})
-    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda, ... (the server's too)"})
+    repeats: int = option(3, "timed rounds (after one untimed warm-up round)")
+    device: str = option("auto", "auto, cpu, cuda, ... (the server's too)")
 
     def __post_init__(self):
         at_least(self, 1, "new_tokens", "repeats")

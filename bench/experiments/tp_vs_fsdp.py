@@ -11,13 +11,14 @@ batches; a batch that runs out of memory is reported as such.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.experiment import Experiment, at_least
 from bench.parallel_runs import ParallelRow, ParallelSettings, run_parallel
 from bench.record import plt
 from bench.report_page import Page, mib, num, spread
+from runtime.cli import option
 from runtime.device import choose_device
 from runtime.timing import Environment, environment
 
@@ -26,9 +27,8 @@ MODES = ("tp", "fsdp")
 
 @dataclass
 class Settings(ParallelSettings):
-    world_size: int = field(default=2, metadata={"help": "ranks of both jobs"})
-    global_batches: list[int] = field(default_factory=lambda: [2, 4, 8, 16],
-                                      metadata={"help": "sequences per step, over all ranks"})
+    world_size: int = option(2, "ranks of both jobs")
+    global_batches: list[int] = option([2, 4, 8, 16], "sequences per step, over all ranks")
 
     def __post_init__(self):
         super().__post_init__()

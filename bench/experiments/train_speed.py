@@ -28,6 +28,7 @@ from data.loader import WindowSampler
 from data.shards import load_split
 from model.config import PRESETS, preset
 from model.gpt import GPT
+from runtime.cli import option
 from runtime.device import choose_device, precision_policy
 from runtime.timing import Environment, Spread, environment, paired_ratio, time_interleaved
 from training.step import TrainStep
@@ -57,12 +58,12 @@ class Shape:
 class Settings:
     shapes: list[str] = field(default_factory=lambda: ["small-cpu:8x256", "gpt2:1x1024"], metadata={
         "help": "model preset and batch x block of each configuration timed, as PRESET:BATCHxBLOCK"})
-    steps: int = field(default=3, metadata={"help": "optimizer steps per timed repeat"})
-    repeats: int = field(default=5, metadata={"help": "timed repeats of each implementation (interleaved)"})
-    nanogpt: str | None = field(default=None, metadata={"help": "a karpathy/nanoGPT checkout to measure beside "
-                                                                 "ours (its model.py)"})
-    compile: bool = field(default=False, metadata={"help": "torch.compile both models"})
-    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda, ..."})
+    steps: int = option(3, "optimizer steps per timed repeat")
+    repeats: int = option(5, "timed repeats of each implementation (interleaved)")
+    nanogpt: str | None = option(None, "a karpathy/nanoGPT checkout to measure beside "
+                                       "ours (its model.py)")
+    compile: bool = option(False, "torch.compile both models")
+    device: str = option("auto", "auto, cpu, cuda, ...")
 
     def __post_init__(self):
         at_least(self, 1, "steps", "repeats")
