@@ -93,7 +93,7 @@ def init_distributed(mode: str, tp_size: int, device: torch.device, timeout_s: f
     if mode == "tp" and tp_size != world:
         raise ParallelError(f"--parallel tp uses every rank for tensor parallelism ({world}), but --tp-size is "
                             f"{tp_size}; for 2D use --parallel fsdp --tp-size {tp_size} (or ddp)")
-    if mode in STRATEGIES and not STRATEGIES[mode].composes_with_tensor_parallel and tp_size != 1:
+    if not STRATEGIES[mode].composes_with_tensor_parallel and tp_size != 1:
         raise ParallelError(f"--parallel {mode} is data-parallel only; drop --tp-size or use ddp/fsdp for 2D")
     mesh = init_device_mesh(device.type, (world // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
     procs_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))

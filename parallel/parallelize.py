@@ -38,14 +38,14 @@ class Parallelized:
 def parallelize(model: GPT, ctx: DistContext, meter: CommsMeter, param_dtype: torch.dtype | None = None,
                 cpu_offload: bool = False) -> Parallelized:
     """Apply `ctx.mode` to the full model (same weights on every rank)."""
-    strategy_class = STRATEGIES.get(ctx.mode, SingleDevice)  # `tp`: the layout with single replicas
+    strategy_class = STRATEGIES[ctx.mode]
     if cpu_offload and not strategy_class.shards_parameters:
         raise ParallelError("--cpu-offload applies to --parallel fsdp only")
     module, layout, note = model, {}, ""
     if ctx.tp_size > 1:
         module = apply_tensor_parallel(model, ctx.tp_group, meter)
         layout = module.layout
-    if ctx.dp_size == 1 and strategy_class.multi_process:
+    if ctx.dp_size == 1 and strategy_class.multi_process and strategy_class.data_parallel:
         # Nothing to communicate: the wrappers would only add copies and hooks.
         note = f"one data-parallel rank: no {ctx.mode} wrapper applied (nothing to synchronise)"
         strategy_class = SingleDevice

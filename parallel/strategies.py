@@ -2,10 +2,10 @@
 
 The training step calls only this interface (`gradient_sync`, `after_backward`, `sync_gradients`,
 `clip_grad_norm`, `mean_over_data_parallel`); the trainer asks it for the communication it should
-measure (`theoretical_bytes`, `comm_time_is_exposed_wait`).  Tensor parallelism is not a strategy but
-the layout every strategy is composed with (`parallel/parallelize.py`): pure `--parallel tp` is the
-tensor-parallel layout with `SingleDevice` replicas.  Adding a mode means adding a class here and
-listing it in `STRATEGIES`.
+measure (`theoretical_bytes`, `comm_time_is_exposed_wait`).  Tensor parallelism is the layout every
+strategy is composed with (`parallel/parallelize.py`); pure `--parallel tp` is that layout over every
+rank with nothing to combine (`TensorParallel`).  Adding a mode means adding a class here and listing
+it in `STRATEGIES`.
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # distributed.py reads the registry below
 class DataParallelStrategy:
     name: ClassVar[str]
     multi_process: ClassVar[bool] = True  # one process per rank under torchrun
+    data_parallel: ClassVar[bool] = True  # combines the gradients of data-parallel replicas
     composes_with_tensor_parallel: ClassVar[bool] = True
     comm_time_is_exposed_wait: ClassVar[bool] = False  # else the meter's time is spent inside collectives
     shards_parameters: ClassVar[bool] = False  # each dp rank holds a slice of every parameter
@@ -127,9 +128,17 @@ class DataParallelStrategy:
 
 
 class SingleDevice(DataParallelStrategy):
-    """No data parallelism: one replica (also the replicas of pure tensor parallelism)."""
+    """No data parallelism: one replica on one device."""
     name = "none"
     multi_process = False
+    data_parallel = False
+
+
+class TensorParallel(SingleDevice):
+    """Pure tensor parallelism: every rank holds a slice of the one replica, so no gradients are combined
+    (the tensor-parallel layers communicate inside forward and backward)."""
+    name = "tp"
+    multi_process = True
 
 
 class DistributedDataParallel(DataParallelStrategy):
@@ -257,10 +266,9 @@ class MeanOverReplicas(nn.Module):
         return logits, (loss * rows).sum() / rows.sum()
 
 
+# Every --parallel mode, in the order the help lists them.
 STRATEGIES: dict[str, type[DataParallelStrategy]] = {
     cls.name: cls for cls in (SingleDevice, DistributedDataParallel, FullyShardedDataParallel, AllReduce,
-                              GatherScatter, DataParallel)}
-
-# Every --parallel mode: the strategies, and pure tensor parallelism over every rank (`tp`).
-MODES = (*STRATEGIES, "tp")
-MULTI_PROCESS_MODES = tuple(name for name, cls in STRATEGIES.items() if cls.multi_process) + ("tp",)
+                              GatherScatter, DataParallel, TensorParallel)}
+MODES = tuple(STRATEGIES)
+MULTI_PROCESS_MODES = tuple(name for name, cls in STRATEGIES.items() if cls.multi_process)
