@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
@@ -23,10 +23,8 @@ from model.gpt import GPT
 from parallel.comms import CommsMeter, counted_all_reduce, sent_bytes
 from parallel.data_parallel import (allreduce_gradients, apply_ddp, apply_fsdp, ddp_exposed_wait,
                                     gather_scatter_gradients, replicate_with_data_parallel)
+from parallel.distributed import DistContext
 from parallel.tensor_parallel import ShardSpec
-
-if TYPE_CHECKING:  # distributed.py reads the registry below
-    from parallel.distributed import DistContext
 
 
 class DataParallelStrategy:
@@ -91,7 +89,7 @@ class DataParallelStrategy:
 
     def mean_over_data_parallel(self, value: torch.Tensor) -> torch.Tensor:
         """A metric (the loss) averaged over dp ranks; not counted as training communication."""
-        if self.ctx.dp_size == 1:
+        if not self.ctx.dims.dp_enabled:
             return value
         value = value.detach().clone()
         dist.all_reduce(value, group=self.ctx.dp_group)
@@ -193,7 +191,7 @@ class FullyShardedDataParallel(DataParallelStrategy):
         # Blocks are gathered in forward and again in backward; the root stays gathered between them.
         add("all_gather", (2 * (grad_bytes - root) + root) * grad_accum, self.ctx.dp_size)
         add("reduce_scatter", grad_bytes, self.ctx.dp_size)
-        if self.ctx.tp_size > 1:
+        if self.ctx.dims.tp_enabled:
             add("all_reduce", 4, self.ctx.dp_size)  # the clip norm
 
 
@@ -270,5 +268,3 @@ class MeanOverReplicas(nn.Module):
 STRATEGIES: dict[str, type[DataParallelStrategy]] = {
     cls.name: cls for cls in (SingleDevice, DistributedDataParallel, FullyShardedDataParallel, AllReduce,
                               GatherScatter, DataParallel, TensorParallel)}
-MODES = tuple(STRATEGIES)
-MULTI_PROCESS_MODES = tuple(name for name, cls in STRATEGIES.items() if cls.multi_process)
