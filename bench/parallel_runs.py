@@ -10,6 +10,7 @@ from pathlib import Path
 from bench.experiment import SettingsError, at_least
 from bench.runner import run_train, window_summary
 from model.config import PRESETS
+from parallel.layout import parallel_dims
 from runtime.timing import Spread
 
 
@@ -60,7 +61,8 @@ def run_parallel(settings: ParallelSettings, work_dir: Path, mode: str, world: i
 
     Data-parallel modes split the global batch over the ranks; `tp` shards the model, so every rank
     sees the whole batch.  The first log window is warm-up and is left out."""
-    dp = 1 if mode == "tp" else world
+    dims = parallel_dims(mode, 1, world)  # train.py's default --tp-size: `tp` spans every rank, the others none
+    dp = dims.dp
     if global_batch % dp:
         raise SettingsError(f"a global batch of {global_batch} does not split over {dp} data-parallel ranks")
     steps = settings.steps_per_window * (settings.windows + 1)
@@ -69,7 +71,7 @@ def run_parallel(settings: ParallelSettings, work_dir: Path, mode: str, world: i
     run = run_train(out_dir,
                     {"model": settings.model, "dataset": settings.dataset, "block_size": settings.block_size,
                      "device": settings.device, "warmup_steps": 1, "parallel": mode,
-                     "tp_size": world if mode == "tp" else 1, "batch_size": global_batch // dp, "max_steps": steps,
+                     "tp_size": dims.tp, "batch_size": global_batch // dp, "max_steps": steps,
                      "log_interval": settings.steps_per_window, "eval_interval": steps, "eval_batches": 1,
                      "final_eval_batches": 1},
                     nproc=world, threads=settings.threads, timeout_s=settings.timeout_s)
