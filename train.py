@@ -15,7 +15,7 @@ import sys
 
 import torch.distributed as dist
 
-from parallel import init_distributed
+from parallel import init_distributed, layout_from_flags
 from parallel.distributed import announce_failure, failed_rank, shutdown
 from runtime.cli import given_fields, parse_config
 from runtime.device import choose_device
@@ -30,9 +30,10 @@ __all__ = ["TrainConfig", "TrainingError", "train", "main"]
 def train(cfg: TrainConfig, given: set[str] | None = None) -> EvalRecord:
     """Train (one process, or this rank of a torchrun job); returns the final validation record.  `given`:
     the settings the command line named, which a resumed run takes over its saved ones."""
-    ctx = init_distributed(cfg.parallel, cfg.tp_size, choose_device(cfg.device), cfg.dist_timeout_s)
+    layout = layout_from_flags(cfg.parallel, cfg.tp_size)
+    ctx = init_distributed(layout.dims, choose_device(cfg.device), cfg.dist_timeout_s)
     try:
-        with Trainer(cfg, ctx, given) as trainer:
+        with Trainer(cfg, ctx, layout.strategy, given) as trainer:
             final = trainer.fit()
         if ctx.world_size > 1:
             # No rank tears the group down while another still works (rank 0 writes the last records and the

@@ -38,7 +38,7 @@ from model.generate import generate
 from model.gpt import GPT
 from model.run_folder import pick_checkpoint
 from model.sampling import SamplingParams
-from parallel.distributed import MULTI_PROCESS_MODES
+from parallel.layout import MULTI_PROCESS_MODES
 from runtime.cli import option, parse_config
 from runtime.device import choose_device, peak_memory_bytes, precision_policy, synchronize
 from runtime.errors import UserError

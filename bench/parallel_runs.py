@@ -4,26 +4,28 @@ from __future__ import annotations
 
 import shutil
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.experiment import SettingsError, at_least
 from bench.runner import run_train, window_summary
 from model.config import PRESETS
+from parallel.layout import parallel_dims
+from runtime.cli import option
 from runtime.timing import Spread
 from training.config import TrainConfig
 
 
 @dataclass
 class ParallelSettings:
-    model: str = field(default="tiny", metadata={"help": "model preset", "choices": tuple(PRESETS)})
-    dataset: str = field(default="builtin", metadata={"help": "training text"})
-    block_size: int = field(default=128, metadata={"help": "tokens per sequence"})
-    steps_per_window: int = field(default=4, metadata={"help": "optimizer steps per log window"})
-    windows: int = field(default=2, metadata={"help": "timed log windows (after one warm-up window)"})
-    threads: int = field(default=1, metadata={"help": "OMP_NUM_THREADS per rank"})
-    timeout_s: float = field(default=600, metadata={"help": "per torchrun job"})
-    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda, ..."})
+    model: str = option("tiny", "model preset", choices=tuple(PRESETS))
+    dataset: str = option("builtin", "training text")
+    block_size: int = option(128, "tokens per sequence")
+    steps_per_window: int = option(4, "optimizer steps per log window")
+    windows: int = option(2, "timed log windows (after one warm-up window)")
+    threads: int = option(1, "OMP_NUM_THREADS per rank")
+    timeout_s: float = option(600, "per torchrun job")
+    device: str = option("auto", "auto, cpu, cuda, ...")
 
     def __post_init__(self):
         at_least(self, 1, "block_size", "steps_per_window", "windows", "threads", "timeout_s")
@@ -61,7 +63,8 @@ def run_parallel(settings: ParallelSettings, work_dir: Path, mode: str, world: i
 
     Data-parallel modes split the global batch over the ranks; `tp` shards the model, so every rank
     sees the whole batch.  The first log window is warm-up and is left out."""
-    dp = 1 if mode == "tp" else world
+    dims = parallel_dims(mode, 1, world)  # train.py's default --tp-size: `tp` spans every rank, the others none
+    dp = dims.dp
     if global_batch % dp:
         raise SettingsError(f"a global batch of {global_batch} does not split over {dp} data-parallel ranks")
     steps = settings.steps_per_window * (settings.windows + 1)
@@ -70,7 +73,7 @@ def run_parallel(settings: ParallelSettings, work_dir: Path, mode: str, world: i
     run = run_train(out_dir,
                     TrainConfig(model=settings.model, dataset=settings.dataset, block_size=settings.block_size,
                                 device=settings.device, warmup_steps=1, parallel=mode,
-                                tp_size=world if mode == "tp" else 1, batch_size=global_batch // dp, max_steps=steps,
+                                tp_size=dims.tp, batch_size=global_batch // dp, max_steps=steps,
                                 log_interval=settings.steps_per_window, eval_interval=steps, eval_batches=1,
                                 final_eval_batches=1),
                     nproc=world, threads=settings.threads, timeout_s=settings.timeout_s)

@@ -2,7 +2,8 @@
 
 `init_distributed` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT), so
 the same code runs on one machine, on several (`torchrun --nnodes`), on CPU with gloo and on CUDA with
-NCCL.  Nothing here is global state: the returned `DistContext` is passed to whoever needs it.
+NCCL.  Nothing here is global state: the returned `DistContext` is passed to whoever needs it.  It knows
+the layout's sizes (`ParallelDims`) only; which strategy runs on them is parallel/layout.py's business.
 """
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 
 from model.config import GPTConfig
+from parallel.dims import ParallelDims
 from parallel.errors import ParallelError
-from parallel.strategies import MODES, MULTI_PROCESS_MODES, STRATEGIES
 from runtime.device import distributed_backend
 
 FAILURE_KEY = "parallel/failed_rank"
@@ -24,19 +25,28 @@ FAILURE_KEY = "parallel/failed_rank"
 
 @dataclass
 class DistContext:
-    mode: str
+    dims: ParallelDims = ParallelDims()  # one device unless init_distributed joined a group
     rank: int = 0
-    world_size: int = 1
     device: torch.device = torch.device("cpu")
     mesh: DeviceMesh | None = None  # dims ("dp", "tp")
     dp_rank: int = 0
-    dp_size: int = 1
     tp_rank: int = 0
-    tp_size: int = 1
     owns_process_group: bool = False
     nodes: int = 1  # torchrun agents (--nnodes) in the job
     procs_per_node: int = 1
     backend: str | None = None  # gloo, nccl; None in one process
+
+    @property
+    def world_size(self) -> int:
+        return self.dims.world_size
+
+    @property
+    def dp_size(self) -> int:
+        return self.dims.dp
+
+    @property
+    def tp_size(self) -> int:
+        return self.dims.tp
 
     @property
     def topology(self) -> dict:
@@ -61,22 +71,19 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def init_distributed(mode: str, tp_size: int, device: torch.device, timeout_s: float) -> DistContext:
-    """Join (or reuse) the default process group and build the mesh for `mode`."""
-    if mode not in MODES:
-        raise ParallelError(f"unknown --parallel {mode!r}; choose one of {', '.join(MODES)}")
-    if mode not in MULTI_PROCESS_MODES:
-        if launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
-            raise ParallelError(f"--parallel {mode} runs in one process, but torchrun started "
-                                f"{os.environ['WORLD_SIZE']}; use --parallel ddp (or fsdp, tp) under torchrun")
-        if tp_size != 1:
-            raise ParallelError(f"--tp-size {tp_size} needs --parallel ddp or fsdp (2D) or tp under torchrun")
-        return DistContext(mode, device=device)
+def launched_world_size() -> int:
+    """The ranks of this job: the process group's if one is joined, else torchrun's, else this process."""
+    if dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ["WORLD_SIZE"]) if launched_by_torchrun() else 1
+
+
+def init_distributed(dims: ParallelDims, device: torch.device, timeout_s: float) -> DistContext:
+    """Join (or reuse) the default process group and build the mesh from `dims`' sizes."""
+    if not dims.distributed:
+        return DistContext(dims, device=device)
     owns = False
     if not dist.is_initialized():
-        if not launched_by_torchrun():
-            raise ParallelError(f"--parallel {mode} needs one process per rank; launch with "
-                                f"`torchrun --nproc_per_node=N train.py --parallel {mode}`")
         check_restartable_launch(os.environ)
         if device.type == "cuda" and device.index is None:
             check_ranks_fit_devices(int(os.environ.get("LOCAL_WORLD_SIZE", 1)), torch.cuda.device_count())
@@ -86,20 +93,11 @@ def init_distributed(mode: str, tp_size: int, device: torch.device, timeout_s: f
                                 timeout=datetime.timedelta(seconds=timeout_s))
         owns = True
     rank, world = dist.get_rank(), dist.get_world_size()
-    if mode == "tp" and tp_size == 1:
-        tp_size = world  # pure tensor parallelism over every rank
-    if tp_size < 1 or world % tp_size:
-        raise ParallelError(f"--tp-size {tp_size} does not divide the {world} ranks; pick a divisor of {world}")
-    if mode == "tp" and tp_size != world:
-        raise ParallelError(f"--parallel tp uses every rank for tensor parallelism ({world}), but --tp-size is "
-                            f"{tp_size}; for 2D use --parallel fsdp --tp-size {tp_size} (or ddp)")
-    if mode in STRATEGIES and not STRATEGIES[mode].composes_with_tensor_parallel and tp_size != 1:
-        raise ParallelError(f"--parallel {mode} is data-parallel only; drop --tp-size or use ddp/fsdp for 2D")
-    mesh = init_device_mesh(device.type, (world // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
+    mesh = dims.build_mesh(device.type)
     procs_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    return DistContext(mode, rank, world, device, mesh, dp_rank=mesh["dp"].get_local_rank(),
-                       dp_size=world // tp_size, tp_rank=mesh["tp"].get_local_rank(), tp_size=tp_size,
-                       owns_process_group=owns, nodes=int(os.environ.get("GROUP_WORLD_SIZE", world // procs_per_node)),
+    return DistContext(dims, rank, device, mesh, dp_rank=mesh["dp"].get_local_rank(),
+                       tp_rank=mesh["tp"].get_local_rank(), owns_process_group=owns,
+                       nodes=int(os.environ.get("GROUP_WORLD_SIZE", world // procs_per_node)),
                        procs_per_node=procs_per_node, backend=str(dist.get_backend()))
 
 

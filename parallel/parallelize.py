@@ -15,7 +15,7 @@ from model.gpt import GPT
 from parallel.comms import CommsMeter
 from parallel.distributed import DistContext
 from parallel.errors import ParallelError
-from parallel.strategies import STRATEGIES, DataParallelStrategy, SingleDevice
+from parallel.strategies import DataParallelStrategy, SingleDevice
 from parallel.tensor_parallel import ShardSpec, apply_tensor_parallel
 
 
@@ -35,19 +35,19 @@ class Parallelized:
         return self.ctx.mesh is not None
 
 
-def parallelize(model: GPT, ctx: DistContext, meter: CommsMeter, param_dtype: torch.dtype | None = None,
-                cpu_offload: bool = False) -> Parallelized:
-    """Apply `ctx.mode` to the full model (same weights on every rank)."""
-    strategy_class = STRATEGIES.get(ctx.mode, SingleDevice)  # `tp`: the layout with single replicas
+def parallelize(model: GPT, ctx: DistContext, strategy_class: type[DataParallelStrategy], meter: CommsMeter,
+                param_dtype: torch.dtype | None = None, cpu_offload: bool = False) -> Parallelized:
+    """Lay the full model (same weights on every rank) out on `ctx`'s sizes, its data-parallel replicas
+    combined by `strategy_class`."""
     if cpu_offload and not strategy_class.shards_parameters:
         raise ParallelError("--cpu-offload applies to --parallel fsdp only")
     module, layout, note = model, {}, ""
-    if ctx.tp_size > 1:
+    if ctx.dims.tp_enabled:
         module = apply_tensor_parallel(model, ctx.tp_group, meter)
         layout = module.layout
-    if ctx.dp_size == 1 and strategy_class.multi_process:
+    if strategy_class.data_parallel and ctx.dims.distributed and not ctx.dims.dp_enabled:
         # Nothing to communicate: the wrappers would only add copies and hooks.
-        note = f"one data-parallel rank: no {ctx.mode} wrapper applied (nothing to synchronise)"
+        note = f"one data-parallel rank: no {strategy_class.name} wrapper applied (nothing to synchronise)"
         strategy_class = SingleDevice
     strategy = strategy_class(model, ctx, meter, layout)
     train_module, eval_module = strategy.wrap(module, param_dtype, cpu_offload)

@@ -17,7 +17,7 @@ def full_tensor(par, name: str, t: torch.Tensor) -> torch.Tensor:
     if isinstance(t, DTensor):
         t = t.full_tensor()
     spec = par.layout.get(name)
-    if spec is not None and par.ctx.tp_size > 1:
+    if spec is not None and par.ctx.dims.tp_enabled:
         t = spec.unshard(counted_all_gather(t.detach(), par.ctx.tp_group, None))
     return t.detach().cpu()
 
@@ -25,7 +25,7 @@ def full_tensor(par, name: str, t: torch.Tensor) -> torch.Tensor:
 def local_tensor(par, name: str, full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """This rank's piece of the single-device tensor `full`, laid out like the parameter `like`."""
     spec = par.layout.get(name)
-    if spec is not None and par.ctx.tp_size > 1:
+    if spec is not None and par.ctx.dims.tp_enabled:
         full = spec.shard(full, par.ctx.tp_rank, par.ctx.tp_size)
     if isinstance(like, DTensor):
         return distribute_tensor(full.to(like.device), like.device_mesh, like.placements)

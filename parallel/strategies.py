@@ -2,16 +2,16 @@
 
 The training step calls only this interface (`gradient_sync`, `after_backward`, `sync_gradients`,
 `clip_grad_norm`, `mean_over_data_parallel`); the trainer asks it for the communication it should
-measure (`theoretical_bytes`, `comm_time_is_exposed_wait`).  Tensor parallelism is not a strategy but
-the layout every strategy is composed with (`parallel/parallelize.py`): pure `--parallel tp` is the
-tensor-parallel layout with `SingleDevice` replicas.  Adding a mode means adding a class here and
-listing it in `STRATEGIES`.
+measure (`theoretical_bytes`, `comm_time_is_exposed_wait`).  Tensor parallelism is the layout every
+strategy is composed with (`parallel/parallelize.py`); pure `--parallel tp` is that layout over every
+rank with nothing to combine (`TensorParallel`).  Adding a mode means adding a class here and listing
+it in `STRATEGIES`.
 """
 from __future__ import annotations
 
 import contextlib
 import time
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
@@ -23,15 +23,14 @@ from model.gpt import GPT
 from parallel.comms import CommsMeter, counted_all_reduce, sent_bytes
 from parallel.data_parallel import (allreduce_gradients, apply_ddp, apply_fsdp, ddp_exposed_wait,
                                     gather_scatter_gradients, replicate_with_data_parallel)
+from parallel.distributed import DistContext
 from parallel.tensor_parallel import ShardSpec
-
-if TYPE_CHECKING:  # distributed.py reads the registry below
-    from parallel.distributed import DistContext
 
 
 class DataParallelStrategy:
     name: ClassVar[str]
     multi_process: ClassVar[bool] = True  # one process per rank under torchrun
+    data_parallel: ClassVar[bool] = True  # combines the gradients of data-parallel replicas
     composes_with_tensor_parallel: ClassVar[bool] = True
     comm_time_is_exposed_wait: ClassVar[bool] = False  # else the meter's time is spent inside collectives
     shards_parameters: ClassVar[bool] = False  # each dp rank holds a slice of every parameter
@@ -90,7 +89,7 @@ class DataParallelStrategy:
 
     def mean_over_data_parallel(self, value: torch.Tensor) -> torch.Tensor:
         """A metric (the loss) averaged over dp ranks; not counted as training communication."""
-        if self.ctx.dp_size == 1:
+        if not self.ctx.dims.dp_enabled:
             return value
         value = value.detach().clone()
         dist.all_reduce(value, group=self.ctx.dp_group)
@@ -127,9 +126,17 @@ class DataParallelStrategy:
 
 
 class SingleDevice(DataParallelStrategy):
-    """No data parallelism: one replica (also the replicas of pure tensor parallelism)."""
+    """No data parallelism: one replica on one device."""
     name = "none"
     multi_process = False
+    data_parallel = False
+
+
+class TensorParallel(SingleDevice):
+    """Pure tensor parallelism: every rank holds a slice of the one replica, so no gradients are combined
+    (the tensor-parallel layers communicate inside forward and backward)."""
+    name = "tp"
+    multi_process = True
 
 
 class DistributedDataParallel(DataParallelStrategy):
@@ -184,7 +191,7 @@ class FullyShardedDataParallel(DataParallelStrategy):
         # Blocks are gathered in forward and again in backward; the root stays gathered between them.
         add("all_gather", (2 * (grad_bytes - root) + root) * grad_accum, self.ctx.dp_size)
         add("reduce_scatter", grad_bytes, self.ctx.dp_size)
-        if self.ctx.tp_size > 1:
+        if self.ctx.dims.tp_enabled:
             add("all_reduce", 4, self.ctx.dp_size)  # the clip norm
 
 
@@ -257,10 +264,7 @@ class MeanOverReplicas(nn.Module):
         return logits, (loss * rows).sum() / rows.sum()
 
 
+# Every --parallel mode, in the order the help lists them.
 STRATEGIES: dict[str, type[DataParallelStrategy]] = {
     cls.name: cls for cls in (SingleDevice, DistributedDataParallel, FullyShardedDataParallel, AllReduce,
-                              GatherScatter, DataParallel)}
-
-# Every --parallel mode: the strategies, and pure tensor parallelism over every rank (`tp`).
-MODES = (*STRATEGIES, "tp")
-MULTI_PROCESS_MODES = tuple(name for name, cls in STRATEGIES.items() if cls.multi_process) + ("tp",)
+                              GatherScatter, DataParallel, TensorParallel)}

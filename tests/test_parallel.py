@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 
 from model.config import GPTConfig
 from model.gpt import GPT
-from parallel import CommsMeter, ParallelError, check_divisibility, scaled_lr
+from parallel import CommsMeter, ParallelDims, ParallelError, check_divisibility, scaled_lr
 from parallel.data_parallel import replicate_with_data_parallel
 from parallel.distributed import DistContext
 from parallel.tensor_parallel import ShardSpec
@@ -278,11 +278,52 @@ def test_fused_qkv_is_split_per_head():
 def test_sizes_that_do_not_divide_are_refused():
     config = GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=64)
     with pytest.raises(ParallelError, match="4 attention heads, not divisible by --tp-size 3"):
-        check_divisibility(config, DistContext("tp", tp_size=3), 8)
+        check_divisibility(config, DistContext(ParallelDims(tp=3)), 8)
     with pytest.raises(ParallelError, match="padded vocabulary of 50304 rows is not divisible by --tp-size 256"):
-        check_divisibility(dataclasses.replace(config, n_head=256, n_embd=512), DistContext("tp", tp_size=256), 8)
+        check_divisibility(dataclasses.replace(config, n_head=256, n_embd=512), DistContext(ParallelDims(tp=256)), 8)
     with pytest.raises(ParallelError, match="Use --parallel ddp"):
         replicate_with_data_parallel(torch.nn.Linear(2, 2), torch.device("cpu"))
+
+
+def test_the_command_line_becomes_sizes():
+    from parallel.layout import parallel_dims
+    assert parallel_dims("none", 1, 1) == ParallelDims()
+    assert parallel_dims("tp", 1, 4) == ParallelDims(tp=4, distributed=True)
+    assert parallel_dims("ddp", 2, 4) == ParallelDims(dp_replicate=2, tp=2, distributed=True)
+    assert parallel_dims("fsdp", 2, 4) == ParallelDims(dp_shard=2, tp=2, distributed=True)
+    assert parallel_dims("gather-scatter", 1, 2) == ParallelDims(dp_replicate=2, distributed=True)
+    with pytest.raises(ParallelError, match=r"--parallel tp uses every rank for tensor parallelism \(4\), but "
+                                            r"--tp-size is 2"):
+        parallel_dims("tp", 2, 4)
+    with pytest.raises(ParallelError, match="--parallel allreduce is data-parallel only"):
+        parallel_dims("allreduce", 2, 4)
+    with pytest.raises(ParallelError, match="--tp-size 3 does not divide the 4 ranks"):
+        parallel_dims("fsdp", 3, 4)
+    with pytest.raises(ParallelError, match="--parallel none runs in one process, but torchrun started 2"):
+        parallel_dims("none", 1, 2)
+    with pytest.raises(ParallelError, match="unknown --parallel 'pp'"):
+        parallel_dims("pp", 1, 2)
+
+
+def test_the_context_sits_below_the_strategies():
+    """parallel/ imports top-down: no module reaches itself, and the sizes and the process-group context
+    reach neither the strategies nor the command-line layout."""
+    import ast
+    root = Path(__file__).resolve().parent.parent / "parallel"
+    imports = {}
+    for path in root.glob("*.py"):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):  # every import, also those inside functions
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("parallel."):
+                names.add(node.module.removeprefix("parallel."))
+        imports[path.stem] = names
+
+    def reached(start, seen=frozenset()):
+        found = set(imports.get(start, ()))
+        return found | {m for n in found - seen for m in reached(n, seen | found)}
+    assert not [m for m in imports if m != "__init__" and m in reached(m)]
+    for below in ("dims", "distributed"):
+        assert not reached(below) & {"strategies", "layout", "parallelize"}, below
 
 
 def test_modes_that_need_torchrun_say_so(tmp_path, monkeypatch):
@@ -302,6 +343,7 @@ def test_learning_rate_scales_with_global_batch():
 
 def test_more_ranks_than_gpus_is_refused_before_touching_cuda(monkeypatch):
     from parallel.distributed import init_distributed
+    from parallel.layout import layout_from_flags
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: pytest.fail("CUDA was touched"))
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
@@ -309,7 +351,7 @@ def test_more_ranks_than_gpus_is_refused_before_touching_cuda(monkeypatch):
         monkeypatch.setenv(var, value)
     with pytest.raises(ParallelError, match=r"started 2 ranks on this machine, which has 1 CUDA device; use "
                                             r"--nproc_per_node=1 or fewer, or --device cpu"):
-        init_distributed("ddp", 1, torch.device("cuda"), 10)
+        init_distributed(layout_from_flags("ddp", 1).dims, torch.device("cuda"), 10)
 
 
 def test_data_parallel_trains_on_the_mean_of_its_replicas_losses(monkeypatch):
@@ -338,7 +380,7 @@ def test_data_parallel_trains_on_the_mean_of_its_replicas_losses(monkeypatch):
     for name in ("none", "dp"):
         torch.manual_seed(0)
         model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16)).train()
-        strategy = strategies.STRATEGIES[name](model, DistContext(name), CommsMeter())
+        strategy = strategies.STRATEGIES[name](model, DistContext(), CommsMeter())
         module, _ = strategy.wrap(model, None, False)
         step = TrainStep(module, build_optimizer(model, 1e-2, 0.1), strategy, cpu, precision_policy(cpu))
         results[name] = (step(lambda: batch, 1e-2), [p.detach().clone() for p in model.parameters()])

@@ -64,7 +64,7 @@ class TrainStep:
         """The step of a one-device run with train.py's optimizer (pruning fine-tunes, benchmarks)."""
         model.train()
         optimizer = build_optimizer(model, lr, weight_decay, device_type=device.type)
-        return cls(model, optimizer, SingleDevice(model, DistContext("none", device=device), CommsMeter()), device,
+        return cls(model, optimizer, SingleDevice(model, DistContext(device=device), CommsMeter()), device,
                    precision, grad_clip=grad_clip, masks=masks)
 
     def __call__(self, next_batch: Callable[[], Batch], lr: float | None = None, clock=NO_CLOCK) -> StepResult:

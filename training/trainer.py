@@ -57,11 +57,13 @@ class Trainer:
     """One run, built from its config: the model parallelised, the data, the optimizer, the step, the
     checkpointer and the metrics log; `fit` trains it."""
 
-    def __init__(self, cfg: TrainConfig, ctx, given: set[str] | None = None):
-        """`given`: the settings the command line named (a resumed run keeps its own for the rest); by
-        default those that differ from the defaults.  The run folder is claimed here and released by
-        `close` (or leaving a `with` block), also when building the run fails."""
+    def __init__(self, cfg: TrainConfig, ctx, strategy_class, given: set[str] | None = None):
+        """`ctx` and `strategy_class`: the layout train.py derived from --parallel and --tp-size.  `given`: the
+        settings the command line named (a resumed run keeps its own for the rest); by default those that
+        differ from the defaults.  The run folder is claimed here and released by `close` (or leaving a
+        `with` block), also when building the run fails."""
         self.ctx, self.device, self.out_dir = ctx, ctx.device, Path(cfg.out_dir)
+        self.strategy_class = strategy_class
         self.say = print if ctx.is_writer else (lambda *a, **k: None)
         self.checkpointer = Checkpointer(self.out_dir, ctx)
         try:
@@ -96,7 +98,7 @@ class Trainer:
         model.gradient_checkpointing = cfg.activation_checkpointing
         self.n_params = model.num_parameters(padded_vocab=False)
         self.meter = CommsMeter()
-        self.par = parallelize(model, ctx, self.meter, param_dtype=self.precision.autocast_dtype,
+        self.par = parallelize(model, ctx, self.strategy_class, self.meter, param_dtype=self.precision.autocast_dtype,
                                cpu_offload=cfg.cpu_offload)
         self.model = model
         if self.par.note:
