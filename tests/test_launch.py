@@ -19,7 +19,7 @@ from model.artifact import load_model
 from parallel.distributed import ParallelError, check_restartable_launch
 from train import TrainConfig
 
-STEPS = 12
+STEPS = 16
 GLOBAL_BATCH = 4  # sequences per step in every layout below
 SETTINGS = dict(model="tiny", dataset="builtin", device="cpu", block_size=32, max_steps=STEPS, log_interval=1,
                 eval_interval=1000, eval_batches=1, final_eval_batches=1, warmup_steps=2, lr=3e-3,
@@ -136,37 +136,38 @@ def wait_for(condition, what: str, timeout_s: float = 120) -> None:
         time.sleep(0.05)
 
 
-def test_a_rank_killed_under_max_restarts_recovers_exactly(tmp_path, two_node_ddp):
+def test_a_killed_rank_restarts_and_a_preempted_job_requeues_with_nothing_changed(tmp_path, two_node_ddp):
+    """One job meets both: rank 1 is SIGKILLed under --max-restarts (torchrun restarts both ranks, which
+    continue from the last checkpoint), then the scheduler's SIGTERM reaches the agent (every rank finishes
+    its step, rank 0 saves it) and the same command is run again.  The final weights are the uninterrupted
+    run's, bit for bit."""
     from bench.experiments.faults import worker_pids
     out = tmp_path / "run"
-    job = torchrun(["--standalone", "--nproc_per_node=2", "--max-restarts=1"], out, "--parallel", "ddp",
-                   "--resume", "auto")
+    launch = ["--standalone", "--nproc_per_node=2", "--max-restarts=1"]
+    job = torchrun(launch, out, "--parallel", "ddp", "--resume", "auto")
     wait_for(lambda: saved_step(out) >= 3, "the first checkpoint")
     wait_for(lambda: job.poll() is not None or len(steps_logged(out)) >= 4, "a step after it")
     trained_before_kill = max(steps_logged(out))
     os.kill(worker_pids(job.pid)[1], signal.SIGKILL)
-    stdout, = finish(job)
+    resumed_from = []
+
+    def restarted_and_stepped() -> bool:  # the restarted ranks read the checkpoint and trained a step after it
+        if job.poll() is not None:
+            return True
+        logged = steps_logged(out)
+        if not resumed_from and logged and logged[-1] < trained_before_kill:
+            resumed_from.append(logged[-1] - 1)
+        return bool(resumed_from) and logged[-1] > resumed_from[0] + 1
+    wait_for(restarted_and_stepped, "the restarted ranks")
+    job.send_signal(signal.SIGTERM)
+    stdout, stderr = job.communicate(timeout=120)
     resumed_at = int(next(line for line in stdout.splitlines() if line.startswith("resumed")).split()[-1])
     assert trained_before_kill - resumed_at <= 3  # at most one checkpoint interval lost
-    assert steps_logged(out) == list(range(1, STEPS + 1))
-    expected = weights(two_node_ddp)
-    assert all(torch.equal(got, expected[name]) for name, got in weights(out).items())
-
-
-def test_sigterm_finishes_the_step_saves_and_the_requeued_job_loses_nothing(tmp_path, two_node_ddp):
-    """As a scheduler's preemption: SIGTERM to the torchrun agent, then the same command again."""
-    out = tmp_path / "run"
-    launch = ["--standalone", "--nproc_per_node=2"]
-    job = torchrun(launch, out, "--parallel", "ddp", "--resume", "auto", "--checkpoint-interval", "1000")
-    wait_for(lambda: len(steps_logged(out)) >= 4, "step 4")
-    job.send_signal(signal.SIGTERM)
-    _, stderr = job.communicate(timeout=120)
     stopped_at = saved_step(out)
-    assert 4 <= stopped_at and steps_logged(out)[-1] == stopped_at  # saved the step it finished
-    assert f"stopped by SIGTERM after step {stopped_at}" in stderr and "exit status 143" in stderr
-    if stopped_at < STEPS:
-        stdout, = finish(torchrun(launch, out, "--parallel", "ddp", "--resume", "auto", "--checkpoint-interval",
-                                  "1000"))
+    if "stopped by SIGTERM" in stderr:  # unless the run had already finished
+        assert f"stopped by SIGTERM after step {stopped_at}" in stderr and "exit status 143" in stderr
+        assert steps_logged(out)[-1] == stopped_at  # the step it finished was saved
+        stdout, = finish(torchrun(launch, out, "--parallel", "ddp", "--resume", "auto"))
         assert f"resumed {out} at step {stopped_at}" in stdout
     assert steps_logged(out) == list(range(1, STEPS + 1))
     expected = weights(two_node_ddp)
