@@ -10,11 +10,11 @@ DEMO_OUT := out/demo
 
 setup: $(STAMP) $(TOKENIZER)
 
-# --no-compile: pip would byte-compile every file of torch (~15 s); Python compiles what is imported, once.
+#: pip would byte-compile every file of torch (~15 s); Python compiles what is imported, once.
 $(STAMP): requirements.txt requirements-test.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --no-compile --upgrade pip setuptools
-	$(PY) -m pip install --quiet --no-compile -r requirements.txt -r requirements-test.txt
+	$(PY) -m pip install --quiet --upgrade pip setuptools
+	$(PY) -m pip install --quiet -r requirements.txt -r requirements-test.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
