@@ -10,7 +10,7 @@ DEMO_OUT := out/demo
 
 setup: $(STAMP) $(TOKENIZER)
 
-#: pip would byte-compile every file of torch (~15 s); Python compiles what is imported, once.
+
 $(STAMP): requirements.txt requirements-test.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools

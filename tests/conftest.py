@@ -57,8 +57,8 @@ def interrupt_training_at_batch(monkeypatch, n: int):
 # pytest-xdist's workers take whole files (--dist loadfile) in collection order, so the longest files go
 # first: started last, a two-minute file would leave the other core idle at the end.  Measured with
 # `pytest --durations=0` on 2 cores; the order only changes when files run, never what they check.
-LONGEST_FIRST = ("test_parallel.py", "test_bench.py", "test_launch.py", "test_train.py", "test_sample.py",
-                 "test_folder.py", "test_serve_live.py", "test_resume.py")
+LONGEST_FIRST = ("test_parallel.py", "test_bench.py", "test_launch.py", "test_train.py", "test_folder.py",
+                 "test_serve_live.py", "test_resume.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -1,7 +1,4 @@
 """Pretrained GPT-2 by hub name, offline: from a hub cache the test writes in the hub's snapshot layout."""
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -40,9 +37,8 @@ def test_a_hub_name_loads_from_the_cache_in_every_tool(offline_hub, small_model,
     loaded, meta = load_model("tiny-org/tiny-gpt2")
     idx = torch.randint(0, 50257, (1, 8))
     torch.testing.assert_close(loaded(idx)[0], small_model(idx)[0])
-    result = subprocess.run([sys.executable, str(REPO / "sample.py"), "--checkpoint", "tiny-org/tiny-gpt2",
-                             "--prompt", "Hello", "--max-new-tokens", "3"], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    from tests.test_sample import run_sample
+    result = run_sample("--checkpoint", "tiny-org/tiny-gpt2", "--prompt", "Hello", "--max-new-tokens", "3")
     assert result.returncode == 0 and "Hello" in result.stdout, result.stderr
 
     import train

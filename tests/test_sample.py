@@ -1,15 +1,30 @@
+import contextlib
+import io
 import json
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 
 from data.tokenizer import decode
 
 
-def run_sample(*args, stdin=None):
-    return subprocess.run([sys.executable, "sample.py", *args], capture_output=True, text=True, input=stdin,
-                          timeout=120)
+def run_sample(*args, stdin=None) -> subprocess.CompletedProcess:
+    """sample.py's command line, run in this process (a new one would spend ~4 s importing torch): its
+    output, and the exit status and `error:` line its `sys.exit` would give."""
+    import sample
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+            mock.patch.object(sys, "stdin", io.TextIOWrapper(io.BytesIO((stdin or "").encode()))):
+        try:
+            sample.main(list(args))
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+            if isinstance(e.code, str):
+                print(e.code, file=err)
+    return subprocess.CompletedProcess(["sample.py", *args], code, out.getvalue(), err.getvalue())
 
 
 def test_sample_prints_text_and_speed(small_artifact):

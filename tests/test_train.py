@@ -208,12 +208,9 @@ def test_impossible_numbers_are_refused_by_name(tmp_path, flag, value):
     assert str(exit_info.value.code).startswith(f"error: {flag} ")
 
 
-def test_tools_without_checkpoint_pick_the_most_trained_run_of_the_demo(tmp_path, small_model):
+def test_tools_without_checkpoint_pick_the_most_trained_run_of_the_demo(tmp_path, small_model, monkeypatch):
     """make demo's layout: out/demo/train (200 steps x 2,048 tokens), then an int8 copy and a 20-step FSDP
     run written after it.  With no --checkpoint the tools take the trained model and say why."""
-    import os
-    import subprocess
-    import sys
     from pathlib import Path
 
     from model.run_folder import default_checkpoint
@@ -230,9 +227,8 @@ def test_tools_without_checkpoint_pick_the_most_trained_run_of_the_demo(tmp_path
     training_run(demo / "fsdp", 20, 8, 64)  # the newest folder
     folder, why = default_checkpoint(tmp_path / "out")
     assert folder == demo / "train" and "409,600" in why and "of 2 runs" in why
-    repo = Path(__file__).resolve().parent.parent
-    result = subprocess.run([sys.executable, str(repo / "sample.py"), "--prompt", "x", "--max-new-tokens", "2"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PYTHONPATH": str(repo)})
+    monkeypatch.chdir(tmp_path)
+    from tests.test_sample import run_sample
+    result = run_sample("--prompt", "x", "--max-new-tokens", "2")
     assert result.returncode == 0, result.stderr
     assert result.stderr.splitlines()[0].startswith(f"model: {Path('out/demo/train')} (the train.py checkpoint")
