@@ -9,7 +9,6 @@ from model.hf import export_hf_gpt2
 from model.hub import resolve_checkpoint
 from model.weights import ArtifactError
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 def write_hub_cache(cache: Path, repo_id: str, model) -> Path:
