@@ -435,6 +435,7 @@ def hostile_contents(s: Settings, work: Path) -> Drill:
     or deleted outside the folder, or an answer other than one `error:` line naming the entry."""
     started = time.perf_counter()
     source = small_artifact(work / "serve-model")
+    work = work.resolve()  # the absolute entry must be absolute, and the symlink must point out of the folder
     failures, trials, notes = 0, 0, []
     for which, entry in enumerate(("../victim", str(work / "hostile" / "victim"), "link/precious.txt")):
         for tool in ("quantize --overwrite", "sample.py"):
