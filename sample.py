@@ -32,6 +32,7 @@ from model.sampling import SamplingParams
 from runtime.cli import option, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
+from runtime.text import decode_utf8
 
 PROMPT_SETTINGS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
 INTEGER_SETTINGS = ("max_new_tokens", "top_k", "seed")
@@ -93,17 +94,6 @@ class SampleConfig:
         return SamplingParams(**settings)
 
 
-def decode_text(data: bytes, source: str) -> str:
-    """UTF-8 text with newlines as text mode reads them, or an error naming where the first bad byte is."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise SampleError(f"{source} is not UTF-8: byte 0x{data[e.start]:02x} at offset {e.start} (line {line}); "
-                          f"save it as UTF-8") from e
-    return text.replace("\r\n", "\n").replace("\r", "\n")
-
-
 def read_bytes(path: str, flag: str) -> bytes:
     try:
         return Path(path).read_bytes()
@@ -115,9 +105,10 @@ def read_prompt(cfg: SampleConfig) -> str:
     if cfg.prompt is not None:
         return cfg.prompt
     if cfg.prompt_file is not None:
-        return decode_text(read_bytes(cfg.prompt_file, "--prompt-file"), cfg.prompt_file)
+        return decode_utf8(read_bytes(cfg.prompt_file, "--prompt-file"), cfg.prompt_file, "save it as UTF-8",
+                           SampleError)
     if not sys.stdin.isatty():
-        return decode_text(sys.stdin.buffer.read(), "standard input")
+        return decode_utf8(sys.stdin.buffer.read(), "standard input", "save it as UTF-8", SampleError)
     return "\n"
 
 

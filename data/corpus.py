@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 
 from data.hub_access import hub_access
 from runtime.errors import UserError
+from runtime.text import decode_utf8
 
 SPLITS = ("train", "validation", "test")
 HUB_CONFIGS = {"wikitext-103": "wikitext-103-raw-v1", "wikitext-2": "wikitext-2-raw-v1"}
@@ -59,13 +60,8 @@ def read_text_file(path: Path) -> str:
         data = path.read_bytes()
     except OSError as e:
         raise DatasetError(f"{path} cannot be read ({e.strerror}); check its permissions") from e
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise DatasetError(f"{path} is not UTF-8: byte 0x{data[e.start]:02x} at offset {e.start} (line {line}); "
-                           f"WikiText's raw files are UTF-8, so re-extract it (or convert it, e.g. with iconv)") from e
-    return text.replace("\r\n", "\n").replace("\r", "\n")
+    return decode_utf8(data, path, "WikiText's raw files are UTF-8, so re-extract it (or convert it, e.g. with "
+                                   "iconv)", DatasetError)
 
 
 # --- the built-in corpus ----------------------------------------------------------------------
