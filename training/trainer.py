@@ -147,8 +147,9 @@ class Trainer:
                 self.train_steps(stop_signals)
         except StopRequested as e:
             self.checkpointer.save(self.completed, last=True)
-            print(f"stopped by {e} after step {self.completed}; {self.checkpointer.describe_last_good()} "
-                  f"(continue with --resume auto); exit status {e.exit_status}", file=sys.stderr)
+            if self.ctx.is_writer:  # one line for the job, not one per rank
+                print(f"stopped by {e} after step {self.completed}; {self.checkpointer.describe_last_good()} "
+                      f"(continue with --resume auto); exit status {e.exit_status}", file=sys.stderr)
             raise SystemExit(e.exit_status)
         except KeyboardInterrupt:
             print(f"\ninterrupted after step {self.completed}; {self.checkpointer.describe_last_good()} "
