@@ -64,12 +64,16 @@ def to_flags(options: dict) -> list[str]:
     return out
 
 
+def non_default_fields(config) -> list[str]:
+    """The fields of the dataclass instance `config` that differ from its class's defaults, in field order."""
+    defaults = type(config)()
+    return [f.name for f in dataclasses.fields(config) if getattr(config, f.name) != getattr(defaults, f.name)]
+
+
 def non_default_flags(config) -> list[str]:
     """The flags that rebuild the dataclass instance `config` from its class's defaults (a field set to None
     where the default is not None cannot be written as a flag)."""
-    defaults = type(config)()
-    return to_flags({f.name: getattr(config, f.name) for f in dataclasses.fields(config)
-                     if getattr(config, f.name) != getattr(defaults, f.name)})
+    return to_flags({name: getattr(config, name) for name in non_default_fields(config)})
 
 
 def _base_type(hint):

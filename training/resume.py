@@ -29,12 +29,6 @@ FIXED_SETTINGS = tuple(f.name for f in dataclasses.fields(TrainConfig)
                        if f.name not in LAUNCH_SETTINGS + CHANGEABLE_SETTINGS)
 
 
-def given_by_default(cfg: TrainConfig) -> set[str]:
-    """For a config built in code: the settings that differ from the defaults count as given."""
-    defaults = TrainConfig()
-    return {f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != getattr(defaults, f.name)}
-
-
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 

@@ -19,12 +19,12 @@ from model.gpt import GPT
 from model.optim import build_optimizer, lr_at
 from parallel import CommsMeter, check_divisibility, parallelize, scaled_lr
 from parallel.state import local_state_bytes
+from runtime.cli import non_default_fields
 from runtime.device import is_out_of_memory, precision_policy
 from training.checkpoint import Checkpointer
 from training.config import TrainConfig, TrainingError
 from training.metrics import (NO_CLOCK, EvalRecord, MetricsLog, NullLog, PhaseClock, device_peak_flops,
                               flops_per_token, parallel_record, peak_memory_per_rank, step_record)
-from training.resume import given_by_default
 from training.step import NonFiniteStep, TrainStep
 from training.stop_signals import StopRequested, StopSignals
 
@@ -67,7 +67,8 @@ class Trainer:
         self.say = print if ctx.is_writer else (lambda *a, **k: None)
         self.checkpointer = Checkpointer(self.out_dir, ctx)
         try:
-            self.build(cfg, given_by_default(cfg) if given is None else given)
+            # A config built in code has no command line: the settings that differ from the defaults count as given.
+            self.build(cfg, set(non_default_fields(cfg)) if given is None else given)
         except BaseException:
             self.close()
             raise
