@@ -188,7 +188,7 @@ def training_figures(args: LeaderboardConfig, source: Path, block: int, workdir:
         config = TrainConfig(init_from=str(source), dataset=args.train_dataset, batch_size=batch, block_size=block,
                              max_steps=steps, log_interval=args.train_steps, eval_interval=steps, eval_batches=1,
                              final_eval_batches=1, warmup_steps=1, parallel=args.parallel, device=args.device,
-                             grad_accum=grad_accum)
+                             grad_accum=grad_accum, curves=False)
         print(f"training throughput: micro-batch {batch} x block {block}"
               f"{f', {args.parallel} on {args.nproc_per_node} ranks' if parallel else ''}", file=sys.stderr)
         run = run_train(workdir / f"train_{batch}", config, nproc=args.nproc_per_node if parallel else None,

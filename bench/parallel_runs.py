@@ -75,7 +75,7 @@ def run_parallel(settings: ParallelSettings, work_dir: Path, mode: str, world: i
                                 device=settings.device, warmup_steps=1, parallel=mode,
                                 tp_size=dims.tp, batch_size=global_batch // dp, max_steps=steps,
                                 log_interval=settings.steps_per_window, eval_interval=steps, eval_batches=1,
-                                final_eval_batches=1),
+                                final_eval_batches=1, curves=False),
                     nproc=world, threads=settings.threads, timeout_s=settings.timeout_s)
     row = ParallelRow(mode, world, global_batch, global_batch // dp, settings.threads, " ".join(run.command))
     if not run.ok:

@@ -3,8 +3,9 @@
 its size (the bytes of parameters, gradients and optimizer state this rank keeps)."""
 from __future__ import annotations
 
+import sys
+
 import torch
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 from parallel.comms import counted_all_gather
 from parallel.errors import ParallelError
@@ -12,9 +13,16 @@ from parallel.errors import ParallelError
 OPTIMIZER_FORMAT = "full-by-name"
 
 
+def is_dtensor(t) -> bool:
+    """Whether `t` is a DTensor, without importing torch.distributed.tensor (0.6 s) into the processes that
+    never shard anything: until FSDP or torch's TP has imported it, no tensor can be one."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
+
+
 def full_tensor(par, name: str, t: torch.Tensor) -> torch.Tensor:
     """The single-device tensor for parameter `name` (or its optimizer state); a collective."""
-    if isinstance(t, DTensor):
+    if is_dtensor(t):
         t = t.full_tensor()
     spec = par.layout.get(name)
     if spec is not None and par.ctx.dims.tp_enabled:
@@ -27,7 +35,8 @@ def local_tensor(par, name: str, full: torch.Tensor, like: torch.Tensor) -> torc
     spec = par.layout.get(name)
     if spec is not None and par.ctx.dims.tp_enabled:
         full = spec.shard(full, par.ctx.tp_rank, par.ctx.tp_size)
-    if isinstance(like, DTensor):
+    if is_dtensor(like):
+        from torch.distributed.tensor import distribute_tensor
         return distribute_tensor(full.to(like.device), like.device_mesh, like.placements)
     return full.to(like.device)
 
@@ -80,7 +89,7 @@ def local_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) 
     """Parameter, gradient and optimizer-state bytes this rank holds (its shards only).  A gradient has
     its parameter's shape and placement, so it is counted from the parameter: the figure is the same
     between steps, when the gradients have been freed."""
-    local = lambda t: t.to_local() if isinstance(t, DTensor) else t
+    local = lambda t: t.to_local() if is_dtensor(t) else t
     size = lambda t: local(t).numel() * local(t).element_size()
     params = [p for p in model.parameters() if p.requires_grad]
     return {"params": sum(size(p) for p in model.parameters()),

@@ -16,14 +16,13 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 
 from model.gpt import GPT
 from parallel.comms import CommsMeter, counted_all_reduce, sent_bytes
-from parallel.data_parallel import (allreduce_gradients, apply_ddp, apply_fsdp, ddp_exposed_wait,
-                                    gather_scatter_gradients, replicate_with_data_parallel)
+from parallel.data_parallel import (allreduce_gradients, apply_ddp, ddp_exposed_wait, gather_scatter_gradients,
+                                    replicate_with_data_parallel)
 from parallel.distributed import DistContext
+from parallel.state import is_dtensor
 from parallel.tensor_parallel import ShardSpec
 
 
@@ -64,7 +63,7 @@ class DataParallelStrategy:
         over the tp group, replicated parameters counted once, parameter shards summed over the dp group."""
         if not self.layout:
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-            return norm.full_tensor() if isinstance(norm, DTensor) else norm
+            return norm.full_tensor() if is_dtensor(norm) else norm
         device = self.ctx.device
         sharded, replicated = torch.zeros((), device=device), torch.zeros((), device=device)
         grads = []
@@ -72,7 +71,7 @@ class DataParallelStrategy:
             if p.grad is None:
                 continue
             grads.append(p.grad)
-            local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+            local = p.grad.to_local() if is_dtensor(p.grad) else p.grad
             square = local.detach().float().pow(2).sum().to(device)
             if name in self.layout:
                 sharded += square
@@ -164,6 +163,7 @@ class FullyShardedDataParallel(DataParallelStrategy):
     shards_parameters = True
 
     def wrap(self, module, param_dtype, cpu_offload):
+        from parallel.fsdp import apply_fsdp  # imported by the one strategy that needs it (0.7 s)
         self.wrapped = apply_fsdp(module, self.model.transformer.h, self.ctx.mesh["dp"], self.meter, param_dtype,
                                   cpu_offload)
         return self.wrapped, self.wrapped
@@ -175,13 +175,14 @@ class FullyShardedDataParallel(DataParallelStrategy):
     def after_evaluation(self) -> None:
         """FSDP2 leaves the root's parameters gathered after a forward without backward; put the shards
         back, so the parameters are again the ones the optimizer holds."""
+        from torch.distributed.fsdp import FSDPModule
         for module in self.wrapped.modules():
             if isinstance(module, FSDPModule):
                 module.reshard()
 
     def param_numel(self) -> dict[str, int]:
         # Pre-FSDP sizes: the tensor-parallel slices each FSDP group shards.
-        return {n: (p.to_local().numel() * self.ctx.dp_size if isinstance(p, DTensor) else p.numel())
+        return {n: (p.to_local().numel() * self.ctx.dp_size if is_dtensor(p) else p.numel())
                 for n, p in self.model.named_parameters()}
 
     def data_parallel_bytes(self, add, grad_accum):

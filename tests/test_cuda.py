@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 REPO = Path(__file__).resolve().parent.parent
-FAST = dict(model="tiny", dataset="builtin", device="cuda", batch_size=4, block_size=64, log_interval=5,
+FAST = dict(model="tiny", dataset="builtin", device="cuda", curves=False, batch_size=4, block_size=64, log_interval=5,
             eval_batches=2, final_eval_batches=2, warmup_steps=5, lr=2e-3)
 
 

@@ -105,7 +105,8 @@ def test_the_writer_lock_dies_with_its_process(tmp_path, other_writer):
     release_writer_lock(folder)
 
 
-FAST_FLAGS = ["--model", "tiny", "--dataset", "builtin", "--device", "cpu", "--batch-size", "4", "--block-size", "64"]
+FAST_FLAGS = ["--model", "tiny", "--dataset", "builtin", "--device", "cpu", "--batch-size", "4", "--block-size", "64",
+              "--no-curves"]
 
 
 

@@ -43,7 +43,8 @@ def test_a_hub_name_loads_from_the_cache_in_every_tool(offline_hub, small_model,
     import train
     out = tmp_path / "finetune"
     train.train(train.TrainConfig(init_from="tiny-org/tiny-gpt2", device="cpu", dataset="builtin", block_size=32,
-                                  batch_size=2, max_steps=1, eval_batches=1, final_eval_batches=1, out_dir=str(out)))
+                                  batch_size=2, max_steps=1, eval_batches=1, final_eval_batches=1, curves=False,
+                                  out_dir=str(out)))
     assert load_model(out)[1]["produced_by"]["source"] == "tiny-org/tiny-gpt2"
 
 

@@ -24,7 +24,8 @@ GLOBAL_BATCH = 4  # sequences per step in every layout below
 SETTINGS = dict(model="tiny", dataset="builtin", device="cpu", block_size=32, max_steps=STEPS, log_interval=1,
                 eval_interval=1000, eval_batches=1, final_eval_batches=1, warmup_steps=2, lr=3e-3,
                 checkpoint_interval=3)
-FLAGS = [f"--{k.replace('_', '-')}={v}" for k, v in SETTINGS.items()] + ["--batch-size", str(GLOBAL_BATCH // 2)]
+FLAGS = [f"--{k.replace('_', '-')}={v}" for k, v in SETTINGS.items()] + ["--batch-size", str(GLOBAL_BATCH // 2),
+                                                                         "--no-curves"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
@@ -91,7 +92,7 @@ def root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def single_process(root):
-    train.train(TrainConfig(**SETTINGS, batch_size=GLOBAL_BATCH, out_dir=str(root / "single")))
+    train.train(TrainConfig(**SETTINGS, batch_size=GLOBAL_BATCH, curves=False, out_dir=str(root / "single")))
     return root / "single"
 
 

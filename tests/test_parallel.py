@@ -26,10 +26,10 @@ from parallel.data_parallel import replicate_with_data_parallel
 from parallel.distributed import DistContext
 from parallel.tensor_parallel import ShardSpec
 
-STEPS = 10
+STEPS = 6
 GLOBAL_BATCH = 8
 COMMON = dict(model="tiny", dataset="builtin", device="cpu", block_size=16, max_steps=STEPS, log_interval=1, eval_interval=1000,
-              eval_batches=1, final_eval_batches=1, warmup_steps=2, lr=3e-3)
+              eval_batches=1, final_eval_batches=1, warmup_steps=2, lr=3e-3, curves=False)
 
 
 def _free_port() -> int:

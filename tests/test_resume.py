@@ -9,7 +9,7 @@ from tests.conftest import interrupt_training_at_batch
 
 RUN = ["--model", "tiny", "--dataset", "builtin", "--device", "cpu", "--batch-size", "4", "--block-size", "32",
        "--log-interval", "1", "--eval-interval", "100", "--eval-batches", "1", "--final-eval-batches", "1",
-       "--warmup-steps", "2", "--lr", "2e-3"]
+       "--warmup-steps", "2", "--lr", "2e-3", "--no-curves"]
 
 
 def records(out) -> list[dict]:

@@ -13,7 +13,7 @@ from train import TrainConfig, TrainingError
 
 # The final validation sweeps two batches, not the whole split, except where a test checks the sweep.
 FAST = dict(model="tiny", dataset="builtin", device="cpu", batch_size=4, block_size=64, log_interval=1, eval_batches=2,
-            final_eval_batches=2, warmup_steps=5, lr=2e-3)
+            final_eval_batches=2, warmup_steps=5, lr=2e-3, curves=False)
 
 
 def losses(out_dir) -> dict[int, float]:
@@ -24,7 +24,7 @@ def losses(out_dir) -> dict[int, float]:
 
 def test_loss_falls_and_metrics_are_logged(tmp_path):
     out = tmp_path / "run"
-    summary = train.train(TrainConfig(**{**FAST, "final_eval_batches": None}, max_steps=40, eval_interval=20,
+    summary = train.train(TrainConfig(**{**FAST, "final_eval_batches": None, "curves": True}, max_steps=40, eval_interval=20,
                                       out_dir=str(out), tensorboard=True))
     curve = losses(out)
     assert curve[1] > 10.0 and curve[40] < 7.5
@@ -77,6 +77,7 @@ def test_resume_after_interrupt_equals_uninterrupted_run(tmp_path, monkeypatch, 
     logged = [json.loads(line)["step"] for line in (broken / "metrics.jsonl").read_text().splitlines()
               if "loss" in json.loads(line)]
     assert logged == list(range(1, 11))
+    assert not (full / "curves.png").exists()  # --no-curves: evaluations drew nothing
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):

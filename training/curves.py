@@ -6,11 +6,6 @@ import json
 import os
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-
 CURVES_FILE = "curves.png"
 METRICS_FILE = "metrics.jsonl"
 
@@ -36,6 +31,10 @@ def read_metrics(run: Path) -> tuple[list[dict], list[dict]]:
 def plot_runs(runs: list[Path], out: Path, labels: list[str] | None = None) -> Path:
     """Train and validation loss against tokens seen, learning rate and tokens/s: one panel each, one
     colour per run.  Written atomically (a reader never sees half a PNG)."""
+    # Imported here, not at the top: a run with --no-curves never pays matplotlib's 0.4 s import.
+    import matplotlib
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
     labels = labels or [Path(run).name for run in runs]
     metrics = [read_metrics(run) for run in runs]
     # Runs logged before records carried `tokens` are drawn against the step.

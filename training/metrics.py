@@ -173,11 +173,11 @@ def peak_memory_per_rank(ctx) -> list[int]:
 
 
 class MetricsLog:
-    """A run's records: `metrics.jsonl` (appended and flushed record by record), `curves.png` redrawn at
-    every evaluation, and with `tensorboard` the same scalars as event files under `tb/`.  Rank 0 only;
-    the other ranks get NullLog."""
+    """A run's records: `metrics.jsonl` (appended and flushed record by record), with `curves` the picture
+    `curves.png` redrawn at every evaluation, and with `tensorboard` the same scalars as event files under
+    `tb/`.  Rank 0 only; the other ranks get NullLog."""
 
-    def __init__(self, out_dir: Path, tensorboard: bool = False, resumed_at: int | None = None):
+    def __init__(self, out_dir: Path, tensorboard: bool = False, resumed_at: int | None = None, curves: bool = True):
         """A new run starts the file anew; one resumed at a step keeps the records up to that step and
         appends to them."""
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -186,13 +186,14 @@ class MetricsLog:
             keep_records_up_to(out_dir / METRICS_FILE, resumed_at)
         self.file = open(out_dir / METRICS_FILE, "w" if resumed_at is None else "a")
         self.tensorboard = TensorBoardLog(out_dir / TENSORBOARD_DIR) if tensorboard else None
+        self.curves = curves
 
     def write(self, record: StepRecord | EvalRecord) -> None:
         self.file.write(json.dumps(record.to_json()) + "\n")
         self.file.flush()
         if self.tensorboard:
             self.tensorboard.write(record)
-        if isinstance(record, EvalRecord):
+        if self.curves and isinstance(record, EvalRecord):
             plot_runs([self.out_dir], self.out_dir / CURVES_FILE)
 
 

@@ -123,7 +123,7 @@ class Trainer:
         self.tokens_per_step = self.sampler.global_batch * cfg.grad_accum * self.block
         self.peak_flops = device_peak_flops(self.device, cfg.peak_flops)
         self.flops_per_token = flops_per_token(self.model_config, self.n_params, self.block)
-        self.metrics = (MetricsLog(self.out_dir, cfg.tensorboard, self.start_step if resuming else None)
+        self.metrics = (MetricsLog(self.out_dir, cfg.tensorboard, self.start_step if resuming else None, cfg.curves)
                         if ctx.is_writer else NullLog())
         self.announce(model)
 

@@ -103,7 +103,8 @@ def run_setting(settings: Settings, work_dir: Path, precision: str, checkpointin
     config = TrainConfig(model=settings.model, dataset=settings.dataset, batch_size=settings.batch_size,
                          block_size=settings.block_size, max_steps=settings.steps, log_interval=1,
                          eval_interval=settings.steps, eval_batches=1, final_eval_batches=1, warmup_steps=2,
-                         precision=precision, activation_checkpointing=checkpointing, device=settings.device)
+                         precision=precision, activation_checkpointing=checkpointing, device=settings.device,
+                         curves=False)
     print(f"{label}: {settings.steps} steps", flush=True)
     run = run_train(out_dir, config, timeout_s=settings.timeout_s)
     if not run.ok and not run.timed_out:
