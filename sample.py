@@ -27,6 +27,7 @@ from data.tokenizer import decode, encode
 from model.artifact import load_model
 from model.config import EOT_TOKEN
 from model.generate import DECODE_MODES, generate
+from model.packed_linear import pack_for_inference
 from model.run_folder import pick_checkpoint
 from model.sampling import SamplingParams
 from runtime.cli import option, parse_config
@@ -246,7 +247,7 @@ def main(argv=None) -> None:
                 raise SampleError(f"--decode cuda-graph needs a CUDA device, and this run is on {device}; use "
                                   f"--decode dynamic")
             model, meta = load_model(folder, device)
-            print(f"loaded {meta['artifact']} model from {folder}", file=sys.stderr)
+            print(f"loaded {meta['artifact']} model from {folder}; {pack_for_inference(model)}", file=sys.stderr)
             if cfg.prompts_file:
                 sample_many(cfg, model, device, out)
             else:

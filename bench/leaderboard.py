@@ -36,6 +36,7 @@ from model.config import GPTConfig
 from model.evaluate import evaluate_loss
 from model.generate import generate
 from model.gpt import GPT
+from model.packed_linear import pack_for_inference
 from model.run_folder import pick_checkpoint
 from model.sampling import SamplingParams
 from parallel.layout import MULTI_PROCESS_MODES
@@ -262,6 +263,7 @@ def measure(args: LeaderboardConfig) -> Measured:
     folder, why = pick_checkpoint(args.checkpoint)
     print(f"scoring {folder} ({why})", file=sys.stderr)
     model, meta = load_model(folder, device)
+    print(pack_for_inference(model), file=sys.stderr)
     settled = plan(args, model.config.block_size)
     precision = precision_policy(device)
     tokens, described = evaluation_tokens(args)

@@ -38,6 +38,7 @@ from data.shards import load_split
 from model.artifact import (DEFAULT_OUT_ROOT, WEIGHTS_FILE, ArtifactError, artifact_writers, claim_output_folder,
                             load_model, read_config, write_folder_atomically)
 from model.int8 import HEAD_FORMATS, default_head_format, int8_state_for_saving, quantize_model
+from model.packed_linear import pack_for_inference
 from model.run_folder import pick_checkpoint
 from quantize.measure import generation_speed, greedy_agreement, paired_validation, prompts_from
 from runtime.cli import non_default_flags, option, parse_config
@@ -168,6 +169,8 @@ def quantize(cfg: QuantizeConfig) -> dict:
     print(f"wrote int8 artifact to {out_dir} ({len(quantization['layers'])} linear layers quantized, "
           f"{cfg.head} head); measuring", file=sys.stderr)
 
+    # Each side on its fastest path: float linears packed for oneDNN (and an fp32 head of the int8 model).
+    kernels = {"float": pack_for_inference(float_model), "int8": pack_for_inference(int8_model)}
     validation = paired_validation(float_model, int8_model,
                                    eval_batches(tokens, block, cfg.eval_batch_size, cfg.eval_batches),
                                    total_batches=cfg.eval_batches)
@@ -179,7 +182,7 @@ def quantize(cfg: QuantizeConfig) -> dict:
         "quantization": {"head": cfg.head, "layers": len(quantization["layers"]),
                          "scheme": quantization["scheme"]},
         "dataset": cfg.dataset, "split": "validation", "eval_block_size": block,
-        "validation": validation, "generation": generation,
+        "validation": validation, "generation": generation, "float_kernels": kernels,
         "greedy": greedy_agreement(outputs["float"], outputs["int8"], cfg.prompt_tokens),
         "measured": True,
         "size_bytes": {"float": weights_size(Path(source)), "int8": weights_size(out_dir)},

@@ -18,6 +18,7 @@ from fastapi.responses import PlainTextResponse
 
 from data.tokenizer import get_tokenizer
 from model.artifact import CONFIG_FILE, load_model
+from model.packed_linear import pack_for_inference
 from model.run_folder import pick_checkpoint
 from runtime.device import choose_device
 from serve import routes_generate, routes_openai
@@ -51,6 +52,7 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
 
     def build() -> tuple[Engine, dict]:
         model, meta = load_model(folder, device)
+        log.info("%s", pack_for_inference(model))
         return Engine(model, device, config.max_batch_size, config.max_queue, config.request_timeout_s, metrics), meta
 
     engine, meta = off_the_main_thread(build)

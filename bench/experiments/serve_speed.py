@@ -35,6 +35,7 @@ from model.artifact import save_artifact
 from model.config import PRESETS, preset
 from model.generate import generate
 from model.gpt import GPT
+from model.packed_linear import pack_for_inference
 from model.sampling import SamplingParams
 from runtime.cli import option
 from runtime.device import choose_device
@@ -119,6 +120,7 @@ def measure(settings: Settings, work_dir: Path) -> ServeSpeed:
     work_dir.mkdir(parents=True)
     artifact = work_dir / "model"
     save_artifact(artifact, model, model.config, "float", provenance("bench/experiments/serve_speed.py"))
+    pack_for_inference(model)  # as the server does with what it loads
 
     idx = torch.tensor([prompt_ids], device=device)
     first = request_body(0, settings.new_tokens)

@@ -1,0 +1,66 @@
+"""Float linear layers for inference on the CPU, with the weight reordered once into oneDNN's blocked layout.
+
+A decoding step multiplies each weight matrix by one row per sequence, so it is bound by reading the
+weights from memory. PyTorch's default CPU path for that product (MKL's gemv and small-M gemm) ran at about
+13 GB/s on one row here (a 2-core AMD EPYC that sums 29 GB/s): MKL's gemv used one of the two cores, and on
+12 rows it fell to 5-10 GB/s. oneDNN's product over a weight packed ahead of time used both cores, at 20-31
+GB/s on one row and 18-25 GB/s on 12 (streamed GPT-2 124M shapes; the step profile is in
+bench/results/decode_profile.md). The packed copy is derived and never saved: the module keeps the original
+parameter, so a tied head stays tied and checkpoints, exports and state dicts are unchanged.
+
+`pack_for_inference(model)` swaps the layers in place and says what it did; sample.py, the server, the
+scorecard and the speed benchmarks call it. Training and anything that needs gradients keep nn.Linear's
+product (the packed one has no backward), and so do other devices and dtypes.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class PackedLinear(nn.Module):
+    """`linear`'s weight and bias, multiplied on the CPU through a oneDNN-packed copy of the weight."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight  # the same parameter (a tied head stays tied)
+        self.bias = linear.bias
+        self._packed: torch.Tensor | None = None
+        self._packed_version: int | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32:
+            return F.linear(x, self.weight, self.bias)  # the same product, with a backward and on any device
+        return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), self.bias, "none", [], "")
+
+    def _packed_weight(self) -> torch.Tensor:
+        # Repacked whenever the weight changed in place since (a loaded state dict, an optimizer step); a
+        # tensor made under inference mode has no version counter, and cannot be changed outside it.
+        version = None if torch.is_inference(self.weight) else self.weight._version
+        if self._packed is None or version != self._packed_version:
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
+            self._packed_version = version
+        return self._packed
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def pack_for_inference(model: nn.Module) -> str:
+    """Swap every float nn.Linear of `model` (attention, MLP, the output head) for a PackedLinear, in place,
+    when the model is float32 on a CPU whose PyTorch has oneDNN; returns one line saying what was done."""
+    linears = [(name, m) for name, m in model.named_modules() if type(m) is not PackedLinear
+               and isinstance(m, nn.Linear) and m.weight.dtype == torch.float32]
+    if not linears:
+        return "no float32 linear layers to pack"
+    device = linears[0][1].weight.device
+    if device.type != "cpu":
+        return f"linear layers run as nn.Linear (packing is for the CPU; the model is on {device})"
+    if not torch.backends.mkldnn.is_available():
+        return "linear layers run as nn.Linear: this PyTorch build has no oneDNN to pack them for"
+    for name, linear in linears:
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, PackedLinear(linear))
+    return f"{len(linears)} linear layers packed for oneDNN (float32, CPU)"
