@@ -1,12 +1,12 @@
 """Float linear layers for inference on the CPU, with the weight reordered once into oneDNN's blocked layout.
 
 A decoding step multiplies each weight matrix by one row per sequence, so it is bound by reading the
-weights from memory. PyTorch's default CPU path for that product (MKL's gemv and small-M gemm) ran at about
-13 GB/s on one row here (a 2-core AMD EPYC that sums 29 GB/s): MKL's gemv used one of the two cores, and on
-12 rows it fell to 5-10 GB/s. oneDNN's product over a weight packed ahead of time used both cores, at 20-31
-GB/s on one row and 18-25 GB/s on 12 (streamed GPT-2 124M shapes; the step profile is in
-bench/results/decode_profile.md). The packed copy is derived and never saved: the module keeps the original
-parameter, so a tied head stays tied and checkpoints, exports and state dicts are unchanged.
+weights from memory. PyTorch's default CPU path for that product (MKL) read GPT-2 124M's matrices at 10-18
+GB/s on one row and 5-10 GB/s on 12 rows here (a 2-core AMD EPYC whose sum over 1 GiB reads 32 GB/s; MKL's
+one-row product ran on one of the two cores). oneDNN's product over a weight packed ahead of time read them at
+16-24 GB/s on one row and 15-19 GB/s on 12 (bench/results/decode_profile.md, from bench/decode_profile.py,
+with the per-operator profile of a step). The packed copy is derived and never saved: the module keeps the
+original parameter, so a tied head stays tied and checkpoints, exports and state dicts are unchanged.
 
 `pack_for_inference(model)` swaps the layers in place and says what it did; sample.py, the server, the
 scorecard and the speed benchmarks call it. Training and anything that needs gradients keep nn.Linear's

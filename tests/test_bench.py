@@ -72,7 +72,7 @@ def results(tmp_path_factory):
     run("train_speed", "--shapes", "tiny:2x16", "tiny:1x8", "--steps", "1", "--repeats", "1",
         "--device", "cpu")
     run("generate_speed", "--model", "tiny", "--prompt-tokens", "4", "--new-tokens", "2", "--batch-sizes", "1", "2",
-        "--repeats", "1", "--device", "cpu")
+        "--repeats", "1", "--device", "cpu", "--no-onnx")  # ONNX Runtime's own test: tests/test_onnx_peer.py
     run("serve_speed", "--model", "tiny", "--new-tokens", "3", "--clients", "2", "--repeats", "1", "--device", "cpu")
     run("prune_speed", "--preset", "tiny", "--seq-len", "8", "--generation-tokens", "2", "--repeats", "1",
         "--csr-sparsities", "0.9", "--device", "cpu")
@@ -205,10 +205,15 @@ def test_speed_comparisons_time_each_side_in_the_same_run(results):
         assert shape.ratio_ours_over_nanogpt is None
     generation = results["generate_speed"]
     assert [r.batch for r in generation.results] == [1, 2]
+    assert generation.linear_kernels.endswith("linear layers packed for oneDNN (float32, CPU)")
     for row in generation.results:
-        assert row.ours_tokens_per_s.median > 0
+        assert row.ours_tokens_per_s.median > 0 and row.ours_int8_tokens_per_s.median > 0
+        assert 0 <= row.ours_int8_token_agreement <= 1 and row.ort_fp32 is None and row.ort_int8 is None
         # Greedy decoding of the same weights: transformers must produce exactly our tokens.
         assert row.identical_tokens is (True if HAS_TRANSFORMERS else None)
+    bandwidth = generation.bandwidth  # batch 1: weight bytes per step against the machine's read bandwidth
+    assert bandwidth.read_gb_per_s.median > 0 and bandwidth.read_gb_per_s.n == 10 and 0 < bandwidth.int8_step_bytes < bandwidth.fp32_step_bytes
+    assert set(bandwidth.gb_per_s) == {"ours fp32", "ours int8"}
     served = results["serve_speed"]
     assert [level.clients for level in served.levels] == [1, 2] and served.levels[0].over_one_client is None
     assert served.one_client_over_generate > 0 and served.levels[1].over_one_client > 0
