@@ -230,7 +230,7 @@ def test_report_holds_every_table_and_plot(results, tmp_path):
     text = out.read_text()
     assert text.count("Not run") == len(NOT_RUN)  # the experiments this fixture did not run, and the report says so
     for heading in ("Scorecard", "2. Data loading", "3. Phase profile", "4. Precision", "5. Communication",
-                    "6. Tensor parallel", "7. Compression", "8. Training step", "9. Generation", "10. Serving",
+                    "6. Tensor parallel", "7. Compression", "8. Training step", "9. Decoding", "10. Serving",
                     "11. Pruned"):
         assert heading in text
     for experiment in (e for e in EXPERIMENTS if e.name not in NOT_RUN):
