@@ -62,7 +62,10 @@ def time_targets(cfg: TimingsConfig) -> MakeTimings:
             timings.append(TargetTiming(target, seconds, run.returncode, summary.strip()[:200]))
             print(f"make {target}: {seconds / 60:.0f} min {seconds % 60:02.0f} s, exit {run.returncode}: {summary}")
             if run.returncode:
-                raise UserError(f"make {target} failed on a fresh clone of {commit}:\n" + "\n".join(lines[-20:]))
+                # pytest's FAILED/ERROR lines name what broke; stderr (pip's notices) would bury them.
+                failures = [line for line in run.stdout.splitlines() if line.startswith(("FAILED", "ERROR", "E "))]
+                raise UserError(f"make {target} failed on a fresh clone of {commit}:\n"
+                                + "\n".join(failures[-30:] or lines[-20:]))
     return MakeTimings(commit, timings, environment(torch.device("cpu")))
 
 
