@@ -51,7 +51,12 @@ class TrainRun:
     def failure(self) -> str:
         if self.timed_out:
             return f"stopped after {self.elapsed_s:.0f}s (time limit)"
-        return f"exit code {self.returncode}: {self.output_tail.strip().splitlines()[-1] if self.output_tail.strip() else ''}"
+        # torchrun ends its report with a banner of '='; the telling line is train.py's own "error:" line, or
+        # else the first that names an exception or a signal (the root cause comes first).
+        lines = [line.strip() for line in self.output_tail.splitlines() if line.strip(" =-\n")]
+        telling = [line for line in lines if line.startswith("error:")] or \
+                  [line for line in lines if any(word in line for word in ("Error", "terminate called", "Signal "))]
+        return f"exit code {self.returncode}: {(telling or lines or [''])[0 if telling else -1]}"
 
     @property
     def step_records(self) -> list[dict]:

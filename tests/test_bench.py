@@ -315,3 +315,13 @@ def test_flags_follow_train_py_conventions():
     assert to_flags({"batch_size": 4, "compile": True, "resume": False, "init_from": None,
                      "modes": ["ddp", "tp"]}) == \
         ["--batch-size", "4", "--compile", "--no-resume", "--modes", "ddp", "tp"]
+
+
+def test_a_failed_train_run_is_reported_by_its_telling_line_not_torchrun_banner():
+    from bench.runner import TrainRun
+    tail = ("[rank1]: Traceback (most recent call last):\nterminate called without an active exception\n"
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n" + "=" * 54 + "\n")
+    assert TrainRun([], 1, 3.0, [], tail).failure() == "exit code 1: terminate called without an active exception"
+    own = "step 1/2: loss 10.7\nerror: --batch-size 3 does not divide over 2 ranks\n" + "=" * 54 + "\n"
+    assert TrainRun([], 1, 3.0, [], own).failure() == "exit code 1: error: --batch-size 3 does not divide over 2 ranks"
+    assert TrainRun([], 2, 3.0, [], "last words\n").failure() == "exit code 2: last words"
