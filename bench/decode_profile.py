@@ -95,12 +95,14 @@ def main(argv=None) -> None:
              "|---|---|---|---|---|"]
     for rows in (1, 12):
         for shape, plain_rate, packed_rate in product_rates(plain, rows):
-            lines.append(f"| {shape} | {rows} | {plain_rate:.1f} | {packed_rate:.1f} | {packed_rate / plain_rate:.2f}x |")
+            lines.append(f"| {shape} | {rows} | {plain_rate:.1f} | {packed_rate:.1f} | "
+                         f"{packed_rate / plain_rate:.2f}x |")
     for batch in (1, 12):
         lines += ["", f"## One decode step at batch {batch}", ""]
         for label, model in (("nn.Linear (MKL)", plain), ("packed (oneDNN)", packed)):
             ms, ops = step_profile(model, batch)
-            lines += [f"{label}: {ms:.1f} ms per step (profiler on)", "", "| operator | own CPU ms per step | calls per step |",
+            lines += [f"{label}: {ms:.1f} ms per step (profiler on)", "",
+                      "| operator | own CPU ms per step | calls per step |",
                       "|---|---|---|"]
             lines += [f"| `{name}` | {own:.2f} | {calls} |" for name, own, calls in ops]
             lines.append("")

@@ -85,5 +85,6 @@ def test_an_int8_model_keeps_its_int8_layers_and_packs_only_a_float_head():
 def test_without_onednn_the_model_is_left_as_it_is_and_the_note_says_why(monkeypatch):
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     model = GPT(small_config())
-    assert pack_for_inference(model) == "linear layers run as nn.Linear: this PyTorch build has no oneDNN to pack them for"
+    assert pack_for_inference(model) == ("linear layers run as nn.Linear: this PyTorch build has no oneDNN to pack "
+                                         "them for")
     assert not any(isinstance(m, PackedLinear) for m in model.modules())

@@ -243,7 +243,8 @@ def measure(settings: Settings, work_dir: Path) -> GenerateSpeed:
     if device.type == "cpu" and 1 in settings.batch_sizes:
         row = rows[settings.batch_sizes.index(1)]
         fp32_bytes, int8_bytes = step_bytes(ours), step_bytes(int8)
-        sides = {"ours fp32": (row.ours_tokens_per_s, fp32_bytes), "ours int8": (row.ours_int8_tokens_per_s, int8_bytes)}
+        sides = {"ours fp32": (row.ours_tokens_per_s, fp32_bytes),
+                 "ours int8": (row.ours_int8_tokens_per_s, int8_bytes)}
         if ort:
             sides["onnxruntime fp32"] = (row.ort_fp32.tokens_per_s, fp32_bytes)
         read = Spread.of(read_before + read_bandwidth())
@@ -262,7 +263,8 @@ def measure(settings: Settings, work_dir: Path) -> GenerateSpeed:
 
 
 def plot(result: GenerateSpeed):
-    sides = [("ours fp32", lambda r: r.ours_tokens_per_s), ("ONNX Runtime fp32", lambda r: r.ort_fp32 and r.ort_fp32.tokens_per_s),
+    sides = [("ours fp32", lambda r: r.ours_tokens_per_s),
+             ("ONNX Runtime fp32", lambda r: r.ort_fp32 and r.ort_fp32.tokens_per_s),
              ("ours int8", lambda r: r.ours_int8_tokens_per_s),
              ("ONNX Runtime int8", lambda r: r.ort_int8 and r.ort_int8.tokens_per_s),
              (f"transformers {result.transformers}", lambda r: r.hf_tokens_per_s)]
@@ -283,7 +285,8 @@ def plot(result: GenerateSpeed):
 
 def section(res: GenerateSpeed, page: Page) -> None:
     page.add(f"`{res.model}` with random weights, {res.prompt_tokens}-token prompts, {res.new_tokens} new tokens, "
-             f"greedy with a KV cache, new tokens/s with the prefill included (median, range). Ours: {res.linear_kernels}"
+             f"greedy with a KV cache, new tokens/s with the prefill included (median, range). "
+             f"Ours: {res.linear_kernels}"
              + (f"; int8 with the {res.int8_head} head" if res.int8_head else "")
              + (f". ONNX Runtime {res.onnxruntime} on the same weights (int8: {res.ort_int8_settings})"
                 if res.onnxruntime else ". ONNX Runtime was not measured")
@@ -297,12 +300,14 @@ def section(res: GenerateSpeed, page: Page) -> None:
                  spread(r.ours_int8_tokens_per_s), spread(r.ort_int8 and r.ort_int8.tokens_per_s),
                  ratio(r.ort_int8 and r.ort_int8.ours_over_peer),
                  "n/a" if r.ours_int8_token_agreement is None else
-                 f"{r.ours_int8_token_agreement:.0%} / " + ("n/a" if r.ort_int8 is None else f"{r.ort_int8.token_agreement:.0%}")]
+                 f"{r.ours_int8_token_agreement:.0%} / "
+                 + ("n/a" if r.ort_int8 is None else f"{r.ort_int8.token_agreement:.0%}")]
                 for r in res.results])
     if res.bandwidth:
         b = res.bandwidth
         page.add(f"Batch 1 against the machine's read bandwidth, {spread(b.read_gb_per_s)} GB/s (sums over 1 GiB "
-                 f"before and after the timed rounds); a step reads {b.fp32_step_bytes / 1e6:,.0f} MB of weights in fp32 and "
+                 f"before and after the timed rounds); a step reads {b.fp32_step_bytes / 1e6:,.0f} MB of weights in "
+                 f"fp32 and "
                  f"{b.int8_step_bytes / 1e6:,.0f} MB in int8:\n")
         page.table(["side", "GB/s", "share of read bandwidth"],
                    [[name, f"{v:.1f}", f"{b.share_of_read[name]:.0%}"] for name, v in b.gb_per_s.items()])
