@@ -16,7 +16,7 @@ import sys
 import torch.distributed as dist
 
 from parallel import init_distributed, layout_from_flags
-from parallel.distributed import announce_failure, failed_rank, shutdown
+from parallel.distributed import announce_failure, exit_rank, failed_rank, launched_by_torchrun, shutdown
 from runtime.cli import given_fields, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
@@ -64,4 +64,11 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if not launched_by_torchrun():
+        main()
+    else:  # a rank ends without the interpreter's teardown, where torch's leftover gloo threads can abort it
+        try:
+            main()
+        except SystemExit as e:
+            exit_rank(e.code)
+        exit_rank(0)
