@@ -72,7 +72,7 @@ def results(tmp_path_factory):
     run("train_speed", "--shapes", "tiny:2x16", "tiny:1x8", "--steps", "1", "--repeats", "1",
         "--device", "cpu")
     run("generate_speed", "--model", "tiny", "--prompt-tokens", "4", "--new-tokens", "2", "--batch-sizes", "1", "2",
-        "--repeats", "1", "--device", "cpu", "--no-onnx")  # ONNX Runtime's own test: tests/test_onnx_peer.py
+        "--repeats", "1", "--device", "cpu", "--no-onnx", "--no-llama-cpp")  # the peers have their own tests
     run("serve_speed", "--model", "tiny", "--new-tokens", "3", "--clients", "2", "--repeats", "1", "--device", "cpu")
     run("prune_speed", "--preset", "tiny", "--seq-len", "8", "--generation-tokens", "2", "--repeats", "1",
         "--csr-sparsities", "0.9", "--device", "cpu")

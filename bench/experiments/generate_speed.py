@@ -1,7 +1,9 @@
 """Decoding speed against the runtimes a CPU user would pick, on the same weights in the same run: ONNX
-Runtime in fp32 and dynamic int8 (bench/onnx_peer.py), and Hugging Face transformers when installed.
+Runtime in fp32 and dynamic int8 (bench/onnx_peer.py), llama.cpp in F32 and Q8_0 at batch 1
+(bench/llama_cpp_peer.py), and Hugging Face transformers, each when installed.
 
     pip install onnxruntime onnx onnxscript transformers   # the peers; each is optional
+    pip install gguf llama-cpp-python                      # builds llama.cpp from source: 4.5 min on 2 cores
     python -m bench.experiments generate_speed           # GPT-2 124M config, random weights, 32-token prompts,
                                                          # 64 new tokens, greedy, batches 1 and 12
 
@@ -54,6 +56,8 @@ class Settings:
     repeats: int = option(5, "timed repeats of each side (interleaved)")
     onnx: bool = option(True, "time ONNX Runtime beside ours when onnxruntime is installed (its export takes "
                               "about a minute for GPT-2 124M)")
+    llama_cpp: bool = option(True, "time llama.cpp F32 and Q8_0 beside ours at batch 1 when llama-cpp-python and "
+                                   "gguf are installed")
     device: str = option("auto", "auto, cpu, cuda, ...")
 
     def __post_init__(self):
@@ -77,6 +81,8 @@ class GenerationRow:
     ours_int8_token_agreement: float | None = None  # with our fp32 tokens
     ort_fp32: Peer | None = None  # None: onnxruntime not installed (or --no-onnx, or not on the CPU)
     ort_int8: Peer | None = None
+    llama_f32: Peer | None = None  # batch 1 only; None: llama-cpp-python not installed (or --no-llama-cpp)
+    llama_q8_0: Peer | None = None  # against our int8
     hf_tokens_per_s: Spread | None = None  # None: transformers is not installed
     speedup: float | None = None  # ours over transformers
     identical_tokens: bool | None = None
@@ -105,6 +111,7 @@ class GenerateSpeed:
     int8_head: str | None
     onnxruntime: str | None  # its version; None when not measured
     ort_int8_settings: str | None
+    llama_cpp: str | None  # llama-cpp-python's version; None when not measured
     transformers: str | None  # its version; None when not installed
     results: list[GenerationRow]
     bandwidth: Bandwidth | None
@@ -136,6 +143,23 @@ def ort_peers(ours: GPT, settings: Settings, device: torch.device, work_dir: Pat
         return None
     print("exporting the model to ONNX and quantizing it with ONNX Runtime", file=sys.stderr, flush=True)
     return ort_decoders(ours, torch.get_num_threads(), work_dir / "onnx")
+
+
+def llama_cpp_peers(ours: GPT, settings: Settings, device: torch.device, work_dir: Path):
+    """llama.cpp decoders {"F32", "Q8_0"} on our weights, or None when not measured (said why)."""
+    if not settings.llama_cpp or device.type != "cpu" or 1 not in settings.batch_sizes:
+        return None
+    try:
+        import gguf  # noqa: F401
+        import llama_cpp  # noqa: F401
+
+        from bench.llama_cpp_peer import llama_cpp_decoders
+    except ImportError:
+        print("llama-cpp-python or gguf is not installed (pip install gguf llama-cpp-python): not measured",
+              file=sys.stderr)
+        return None
+    print("writing the model as GGUF and quantizing it with llama.cpp", file=sys.stderr, flush=True)
+    return llama_cpp_decoders(ours, torch.get_num_threads(), work_dir / "gguf")
 
 
 def read_bandwidth(repeats: int = 5) -> list[float]:
@@ -181,6 +205,7 @@ def measure(settings: Settings, work_dir: Path) -> GenerateSpeed:
                             f"{model.config.block_size}")
     theirs = hf_model(model, device)
     ort = ort_peers(model, settings, device, Path(work_dir))
+    llama = llama_cpp_peers(model, settings, device, Path(work_dir))
     int8 = None
     if device.type == "cpu":
         int8 = copy.deepcopy(model)
@@ -207,6 +232,9 @@ def measure(settings: Settings, work_dir: Path) -> GenerateSpeed:
         if ort:
             calls["ort fp32"] = lambda: ort["fp32"].generate(prompt, settings.new_tokens)
             calls["ort int8"] = lambda: ort["int8"].generate(prompt, settings.new_tokens)
+        if llama and batch == 1:
+            calls["llama.cpp F32"] = lambda: llama["F32"].generate(prompt, settings.new_tokens)
+            calls["llama.cpp Q8_0"] = lambda: llama["Q8_0"].generate(prompt, settings.new_tokens)
         if theirs:
             calls["theirs"] = run_theirs
         if device.type == "cuda":
@@ -227,6 +255,12 @@ def measure(settings: Settings, work_dir: Path) -> GenerateSpeed:
                                 agree("ort fp32"), same("ort fp32"))
             row.ort_int8 = Peer(speed["ort int8"], paired_ratio(seconds["ort int8"], seconds["ours int8"]),
                                 agree("ort int8"), same("ort int8"))
+        if "llama.cpp F32" in calls:
+            row.llama_f32 = Peer(speed["llama.cpp F32"], paired_ratio(seconds["llama.cpp F32"], seconds["ours"]),
+                                 agree("llama.cpp F32"), same("llama.cpp F32"))
+            row.llama_q8_0 = Peer(speed["llama.cpp Q8_0"],
+                                  paired_ratio(seconds["llama.cpp Q8_0"], seconds["ours int8"]),
+                                  agree("llama.cpp Q8_0"), same("llama.cpp Q8_0"))
         if "graph" in calls:
             row.graph_tokens_per_s = speed["graph"]
             row.graph_speedup = paired_ratio(seconds["ours"], seconds["graph"])
@@ -247,6 +281,8 @@ def measure(settings: Settings, work_dir: Path) -> GenerateSpeed:
                  "ours int8": (row.ours_int8_tokens_per_s, int8_bytes)}
         if ort:
             sides["onnxruntime fp32"] = (row.ort_fp32.tokens_per_s, fp32_bytes)
+        if row.llama_f32:  # the same tensors (its head has the 50,257 rows, not our padded 50,304: 0.1% fewer bytes)
+            sides["llama.cpp F32"] = (row.llama_f32.tokens_per_s, fp32_bytes)
         read = Spread.of(read_before + read_bandwidth())
         gb = {name: s.median * size / 1e9 for name, (s, size) in sides.items()}
         bandwidth = Bandwidth(read, fp32_bytes, int8_bytes, gb, {name: v / read.median for name, v in gb.items()})
@@ -258,6 +294,7 @@ def measure(settings: Settings, work_dir: Path) -> GenerateSpeed:
         ort_version, ort_int8 = sys.modules["onnxruntime"].__version__, INT8_SETTINGS
     return GenerateSpeed(settings.model, settings.prompt_tokens, settings.new_tokens, kernels,
                          int8_head if int8 is not None else None, ort_version, ort_int8,
+                         sys.modules["llama_cpp"].__version__ if llama else None,
                          sys.modules["transformers"].__version__ if theirs else None, rows, bandwidth,
                          environment(device))
 
@@ -267,6 +304,8 @@ def plot(result: GenerateSpeed):
              ("ONNX Runtime fp32", lambda r: r.ort_fp32 and r.ort_fp32.tokens_per_s),
              ("ours int8", lambda r: r.ours_int8_tokens_per_s),
              ("ONNX Runtime int8", lambda r: r.ort_int8 and r.ort_int8.tokens_per_s),
+             ("llama.cpp F32", lambda r: r.llama_f32 and r.llama_f32.tokens_per_s),
+             ("llama.cpp Q8_0", lambda r: r.llama_q8_0 and r.llama_q8_0.tokens_per_s),
              (f"transformers {result.transformers}", lambda r: r.hf_tokens_per_s)]
     sides = [(label, get) for label, get in sides if any(get(r) for r in result.results)]
     fig, axes = plt.subplots(1, len(result.results), figsize=(4.5 * len(result.results), 3.8), squeeze=False)
@@ -303,6 +342,18 @@ def section(res: GenerateSpeed, page: Page) -> None:
                  f"{r.ours_int8_token_agreement:.0%} / "
                  + ("n/a" if r.ort_int8 is None else f"{r.ort_int8.token_agreement:.0%}")]
                 for r in res.results])
+    with_llama = [r for r in res.results if r.llama_f32]
+    if with_llama:
+        page.add(f"llama.cpp (llama-cpp-python {res.llama_cpp}) on the same weights written as GGUF, F32 and its own "
+                 f"Q8_0, one sequence:\n")
+        page.table(["batch", "llama.cpp F32", "ours fp32 / llama.cpp F32", "F32 tokens identical", "llama.cpp Q8_0",
+                    "ours int8 / llama.cpp Q8_0", "Q8_0 agreement with our fp32"],
+                   [[r.batch, spread(r.llama_f32.tokens_per_s), ratio(r.llama_f32.ours_over_peer),
+                     "yes" if r.llama_f32.identical_tokens else f"**no** ({r.llama_f32.token_agreement:.0%} agree)",
+                     spread(r.llama_q8_0.tokens_per_s), ratio(r.llama_q8_0.ours_over_peer),
+                     f"{r.llama_q8_0.token_agreement:.0%}"] for r in with_llama])
+    else:
+        page.add("llama.cpp was not measured (llama-cpp-python and gguf not installed, or --no-llama-cpp).\n")
     if res.bandwidth:
         b = res.bandwidth
         page.add(f"Batch 1 against the machine's read bandwidth, {spread(b.read_gb_per_s)} GB/s (sums over 1 GiB "
@@ -328,7 +379,8 @@ def section(res: GenerateSpeed, page: Page) -> None:
 
 
 EXPERIMENT = Experiment(
-    name="generate_speed", title="Decoding against ONNX Runtime and transformers", about=__doc__, settings=Settings,
+    name="generate_speed", title="Decoding against ONNX Runtime, llama.cpp and transformers", about=__doc__,
+    settings=Settings,
     quick=Settings(new_tokens=32, repeats=3), full=Settings(),
     result=GenerateSpeed, measure=measure, plot=plot, section=section,
     gpu=Settings(new_tokens=256, repeats=5))
