@@ -24,8 +24,8 @@ def losses(out_dir) -> dict[int, float]:
 
 def test_loss_falls_and_metrics_are_logged(tmp_path):
     out = tmp_path / "run"
-    summary = train.train(TrainConfig(**{**FAST, "final_eval_batches": None, "curves": True}, max_steps=40, eval_interval=20,
-                                      out_dir=str(out), tensorboard=True))
+    summary = train.train(TrainConfig(**{**FAST, "curves": True}, max_steps=40, eval_interval=20, out_dir=str(out),
+                                      tensorboard=True))
     curve = losses(out)
     assert curve[1] > 10.0 and curve[40] < 7.5
     records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
@@ -33,7 +33,8 @@ def test_loss_falls_and_metrics_are_logged(tmp_path):
     assert {"step", "loss", "lr", "tokens_per_s", "mfu", "phase_s", "peak_memory_bytes"} <= set(step_record)
     assert set(step_record["phase_s"]) == {"data", "forward", "backward", "optimizer", "other"}
     evals = [r for r in records if "val_loss" in r]
-    assert [r["step"] for r in evals] == [20, 40] and evals[-1]["eval_full_split"]
+    assert [r["step"] for r in evals] == [20, 40] and not evals[-1]["eval_full_split"]
+    assert evals[-1]["val_tokens"] == 2 * 4 * 64  # --final-eval-batches 2
     assert summary.val_loss == evals[-1]["val_loss"] < 8.0
     assert evals[-1]["tokens"] == 40 * 4 * 64
 
@@ -53,6 +54,22 @@ def test_loss_falls_and_metrics_are_logged(tmp_path):
     tags = set(events.Tags()["scalars"])
     assert {"memory/peak_bytes", "memory/rank_0_peak_bytes", "phase/forward_s", "phase/backward_s",
             "phase/optimizer_s", "validation/seconds"} <= tags
+
+
+def test_an_unbounded_final_validation_sweeps_the_whole_split(tmp_path, monkeypatch):
+    """--final-eval-batches unset: every target of the validation split, on a small WikiText-layout folder (the
+    built-in corpus's split takes about 13 s here)."""
+    monkeypatch.setenv("GPT2_DATA_CACHE", str(tmp_path / "cache"))
+    sentence = "The station opened in 1887 and was rebuilt after the war , with a new roof . "
+    folder = tmp_path / "wikitext"
+    folder.mkdir()
+    (folder / "wiki.train.raw").write_text(" \n = Alpha = \n \n" + sentence * 200 + "\n")
+    (folder / "wiki.valid.raw").write_text(" \n = Beta = \n \n" + sentence * 30 + "\n")
+    summary = train.train(TrainConfig(**{**FAST, "dataset": str(folder), "final_eval_batches": None}, max_steps=2,
+                                      eval_interval=1000, out_dir=str(tmp_path / "run")))
+    from data.shards import load_split
+    assert summary.eval_full_split and summary.val_tokens == len(load_split(str(folder), "validation")) - 1
+    assert summary.val_tokens > 2 * 4 * 64  # more than the bounded sweep of the other tests
 
 
 def test_resume_after_interrupt_equals_uninterrupted_run(tmp_path, monkeypatch, capsys):
