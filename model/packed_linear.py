@@ -14,9 +14,22 @@ product (the packed one has no backward), and so do other devices and dtypes.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+
+@functools.cache
+def _traceable_product():
+    """The same product as a TorchScript function, for model/decode_trace.py: the tracer cannot record the
+    operator's empty `Scalar?[]` argument from Python, and TorchScript source can type it."""
+    return torch.jit.CompilationUnit("""
+def linear_pointwise(x: Tensor, packed_weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    scalars: List[Optional[number]] = []
+    return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", scalars, "")
+""").linear_pointwise
 
 
 class PackedLinear(nn.Module):
@@ -33,9 +46,11 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32:
             return F.linear(x, self.weight, self.bias)  # the same product, with a backward and on any device
-        return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), self.bias, "none", [], "")
+        if torch.jit.is_tracing():
+            return _traceable_product()(x, self.packed_weight(), self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), self.bias, "none", [], "")
 
-    def _packed_weight(self) -> torch.Tensor:
+    def packed_weight(self) -> torch.Tensor:
         # Repacked whenever the weight changed in place since (a loaded state dict, an optimizer step); a
         # tensor made under inference mode has no version counter, and cannot be changed outside it.
         version = None if torch.is_inference(self.weight) else self.weight._version

@@ -7,8 +7,12 @@ Runtime in fp32 and dynamic int8 (bench/onnx_peer.py), llama.cpp in F32 and Q8_0
     python -m bench.experiments generate_speed           # GPT-2 124M config, random weights, 32-token prompts,
                                                          # 64 new tokens, greedy, batches 1 and 12
 
-Ours is `generate()` on the model as sample.py and the server run it: float32 linears packed for oneDNN
-(model/packed_linear.py), and the int8 artifact's model (model/int8.py, the default head format). Every side
+Ours is `generate()` on the model as sample.py runs it: float32 linears packed for oneDNN
+(model/packed_linear.py), and the int8 artifact's model (model/int8.py) with the tied embedding / output head
+in int8 too (`quantize/dynamic.py --head int8`; `--int8-head` picks another format), as llama.cpp's Q8_0
+quantizes GPT-2's tied token-embedding / output matrix. Its decode steps run as one traced graph each
+(`sample.py --decode traced`, model/decode_trace.py; `--decode` picks another mode); the trace, about a second
+once per shape, is made in the untimed first call, as ONNX Runtime's export and llama.cpp's conversion are. Every side
 decodes greedily with a KV cache from identical weights; the calls are timed in interleaved rounds whose order
 alternates, so that machine noise hits all alike, and each ratio is the median of per-round ratios. Speeds
 are new tokens per second with the prompt's prefill included. The fp32 tokens of every peer are compared with
@@ -34,10 +38,10 @@ from bench.experiment import Experiment, SettingsError, at_least
 from bench.record import plt
 from bench.report_page import Page, spread
 from model.config import PRESETS, preset
-from model.generate import generate
+from model.generate import DECODE_MODES, generate
 from model.gpt import GPT
 from model.hf import export_hf_gpt2
-from model.int8 import Fp16WeightLinear, default_head_format, quantize_model
+from model.int8 import HEAD_FORMATS, Fp16WeightLinear, quantize_model
 from model.packed_linear import pack_for_inference
 from model.sampling import SamplingParams
 from runtime.cli import option
@@ -58,6 +62,10 @@ class Settings:
                               "about a minute for GPT-2 124M)")
     llama_cpp: bool = option(True, "time llama.cpp F32 and Q8_0 beside ours at batch 1 when llama-cpp-python and "
                                    "gguf are installed")
+    int8_head: str = option("int8", "head format of our int8 model (quantize/dynamic.py --head): int8 matches "
+                                    "llama.cpp's Q8_0, which quantizes the tied output matrix too",
+                            choices=HEAD_FORMATS)
+    decode: str = option("traced", "how our decode steps run (sample.py --decode)", choices=DECODE_MODES)
     device: str = option("auto", "auto, cpu, cuda, ...")
 
     def __post_init__(self):
@@ -108,6 +116,7 @@ class GenerateSpeed:
     prompt_tokens: int
     new_tokens: int
     linear_kernels: str  # what pack_for_inference did to our fp32 model
+    decode: str  # how our decode steps ran (model/generate.py's DECODE_MODES)
     int8_head: str | None
     onnxruntime: str | None  # its version; None when not measured
     ort_int8_settings: str | None
@@ -209,8 +218,7 @@ def measure(settings: Settings, work_dir: Path) -> GenerateSpeed:
     int8 = None
     if device.type == "cpu":
         int8 = copy.deepcopy(model)
-        int8_head = default_head_format()
-        quantize_model(int8, head=int8_head)
+        quantize_model(int8, head=settings.int8_head)
         pack_for_inference(int8)
     ours = model
     kernels = pack_for_inference(ours)
@@ -226,9 +234,9 @@ def measure(settings: Settings, work_dir: Path) -> GenerateSpeed:
                                        max_new_tokens=settings.new_tokens, min_new_tokens=settings.new_tokens,
                                        pad_token_id=EOT, use_cache=True)
 
-        calls = {"ours": lambda: generate(ours, prompt, params)}
+        calls = {"ours": lambda: generate(ours, prompt, params, decode=settings.decode)}
         if int8 is not None:
-            calls["ours int8"] = lambda: generate(int8, prompt, params)
+            calls["ours int8"] = lambda: generate(int8, prompt, params, decode=settings.decode)
         if ort:
             calls["ort fp32"] = lambda: ort["fp32"].generate(prompt, settings.new_tokens)
             calls["ort int8"] = lambda: ort["int8"].generate(prompt, settings.new_tokens)
@@ -292,8 +300,8 @@ def measure(settings: Settings, work_dir: Path) -> GenerateSpeed:
     if ort:
         from bench.onnx_peer import INT8_SETTINGS
         ort_version, ort_int8 = sys.modules["onnxruntime"].__version__, INT8_SETTINGS
-    return GenerateSpeed(settings.model, settings.prompt_tokens, settings.new_tokens, kernels,
-                         int8_head if int8 is not None else None, ort_version, ort_int8,
+    return GenerateSpeed(settings.model, settings.prompt_tokens, settings.new_tokens, kernels, settings.decode,
+                         settings.int8_head if int8 is not None else None, ort_version, ort_int8,
                          sys.modules["llama_cpp"].__version__ if llama else None,
                          sys.modules["transformers"].__version__ if theirs else None, rows, bandwidth,
                          environment(device))
@@ -325,7 +333,7 @@ def plot(result: GenerateSpeed):
 def section(res: GenerateSpeed, page: Page) -> None:
     page.add(f"`{res.model}` with random weights, {res.prompt_tokens}-token prompts, {res.new_tokens} new tokens, "
              f"greedy with a KV cache, new tokens/s with the prefill included (median, range). "
-             f"Ours: {res.linear_kernels}"
+             f"Ours: {res.linear_kernels}, decode steps {res.decode}"
              + (f"; int8 with the {res.int8_head} head" if res.int8_head else "")
              + (f". ONNX Runtime {res.onnxruntime} on the same weights (int8: {res.ort_int8_settings})"
                 if res.onnxruntime else ". ONNX Runtime was not measured")

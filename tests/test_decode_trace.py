@@ -1,0 +1,67 @@
+"""model/decode_trace.py: traced decode steps give the eager steps' tokens (fp32 packed and plain, int8), one
+trace serves every call of the same shapes, and weights changed in place are traced anew."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from model.decode_trace import _TRACES, TracedDecoder
+from model.generate import generate
+from model.gpt import ContextOverflow, StaticKVCache
+from model.int8 import quantize_model
+from model.packed_linear import pack_for_inference
+from model.sampling import SamplingParams
+
+GREEDY = SamplingParams(max_new_tokens=12, temperature=0, stop_at_eot=False)
+SAMPLED = SamplingParams(max_new_tokens=12, temperature=0.9, top_k=40, seed=5, stop_at_eot=False)
+
+
+def prompt(batch=2, length=5):
+    return torch.randint(0, 50257, (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_traced_steps_give_the_eager_tokens_and_one_trace_serves_every_call(small_model, packed):
+    if packed:
+        pack_for_inference(small_model)
+    for params in (GREEDY, SAMPLED):
+        assert torch.equal(generate(small_model, prompt(), params, decode="traced"),
+                           generate(small_model, prompt(), params))
+    traced, = _TRACES[small_model][1].values()
+    generate(small_model, prompt(length=9), GREEDY, decode="traced")  # a cache length rounded to the same
+    assert list(_TRACES[small_model][1].values()) == [traced]
+    generate(small_model, prompt(batch=3), GREEDY, decode="traced")
+    assert len(_TRACES[small_model][1]) == 2
+
+
+def test_an_int8_model_traces_to_the_same_tokens_as_its_static_eager_steps(small_model):
+    quantize_model(small_model, head="int8")
+    pack_for_inference(small_model)
+    # Same arithmetic as the eager static cache (attention over every slot, masked); int8 activations are
+    # quantized per tensor, so the dynamic cache's shorter attention can round a near-tie the other way.
+    assert torch.equal(generate(small_model, prompt(), GREEDY, decode="traced"),
+                       generate(small_model, prompt(), GREEDY, decode="static"))
+
+
+def test_weights_changed_in_place_are_traced_anew(small_model):
+    pack_for_inference(small_model)
+    generate(small_model, prompt(), GREEDY, decode="traced")
+    other = copy.deepcopy(small_model.state_dict())
+    torch.manual_seed(7)
+    for t in other.values():
+        t.normal_(0, 0.05)
+    small_model.load_state_dict(other)
+    old_weights, _ = _TRACES[small_model]
+    assert torch.equal(generate(small_model, prompt(), GREEDY, decode="traced"),
+                       generate(small_model, prompt(), GREEDY))
+    assert _TRACES[small_model][0] != old_weights and len(_TRACES[small_model][1]) == 1
+
+
+def test_a_step_past_the_cache_is_refused(small_model):
+    cache = StaticKVCache(small_model.config, 1, 4, "cpu")
+    with torch.inference_mode():
+        small_model(prompt(batch=1, length=4), cache=cache, last_only=True)
+        with pytest.raises(ContextOverflow, match="KV cache holds 4 positions; 5 requested"):
+            TracedDecoder(small_model, cache)(torch.zeros(1, 1, dtype=torch.long))
