@@ -213,6 +213,9 @@ def test_speed_comparisons_time_each_side_in_the_same_run(results):
         assert 0 <= row.ours_int8_token_agreement <= 1 and row.ort_fp32 is None and row.ort_int8 is None
         # Greedy decoding of the same weights: transformers must produce exactly our tokens.
         assert row.identical_tokens is (True if HAS_TRANSFORMERS else None)
+        # Our traced steps beside the eager ones, same tokens
+        assert generation.decode == "traced" and row.decode_identical_tokens is True
+        assert row.eager_tokens_per_s.median > 0 and row.decode_speedup > 0 and row.decode_int8_speedup > 0
     bandwidth = generation.bandwidth  # batch 1: weight bytes per step against the machine's read bandwidth
     assert bandwidth.read_gb_per_s.median > 0 and bandwidth.read_gb_per_s.n == 10 and 0 < bandwidth.int8_step_bytes < bandwidth.fp32_step_bytes
     assert set(bandwidth.gb_per_s) == {"ours fp32", "ours int8"}

@@ -94,6 +94,12 @@ class GenerationRow:
     hf_tokens_per_s: Spread | None = None  # None: transformers is not installed
     speedup: float | None = None  # ours over transformers
     identical_tokens: bool | None = None
+    # Our decode steps as eager PyTorch (the dynamic cache), beside --decode's; None when that is dynamic.
+    eager_tokens_per_s: Spread | None = None
+    eager_int8_tokens_per_s: Spread | None = None
+    decode_speedup: float | None = None  # --decode's steps over the eager ones, fp32
+    decode_int8_speedup: float | None = None
+    decode_identical_tokens: bool | None = None  # fp32 tokens of both the same
     # On CUDA: decode steps replayed as one captured CUDA graph (model/decode_graph.py); None elsewhere.
     graph_tokens_per_s: Spread | None = None
     graph_speedup: float | None = None  # over our eager decoding
@@ -237,6 +243,11 @@ def measure(settings: Settings, work_dir: Path) -> GenerateSpeed:
         calls = {"ours": lambda: generate(ours, prompt, params, decode=settings.decode)}
         if int8 is not None:
             calls["ours int8"] = lambda: generate(int8, prompt, params, decode=settings.decode)
+        eager = settings.decode != "dynamic"
+        if eager:
+            calls["ours eager"] = lambda: generate(ours, prompt, params)
+            if int8 is not None:
+                calls["ours int8 eager"] = lambda: generate(int8, prompt, params)
         if ort:
             calls["ort fp32"] = lambda: ort["fp32"].generate(prompt, settings.new_tokens)
             calls["ort int8"] = lambda: ort["int8"].generate(prompt, settings.new_tokens)
@@ -269,9 +280,16 @@ def measure(settings: Settings, work_dir: Path) -> GenerateSpeed:
             row.llama_q8_0 = Peer(speed["llama.cpp Q8_0"],
                                   paired_ratio(seconds["llama.cpp Q8_0"], seconds["ours int8"]),
                                   agree("llama.cpp Q8_0"), same("llama.cpp Q8_0"))
+        if eager:
+            row.eager_tokens_per_s = speed["ours eager"]
+            row.decode_speedup = paired_ratio(seconds["ours eager"], seconds["ours"])
+            row.decode_identical_tokens = same("ours eager")
+            if int8 is not None:
+                row.eager_int8_tokens_per_s = speed["ours int8 eager"]
+                row.decode_int8_speedup = paired_ratio(seconds["ours int8 eager"], seconds["ours int8"])
         if "graph" in calls:
             row.graph_tokens_per_s = speed["graph"]
-            row.graph_speedup = paired_ratio(seconds["ours"], seconds["graph"])
+            row.graph_speedup = paired_ratio(seconds["ours eager" if eager else "ours"], seconds["graph"])
             row.graph_identical_tokens = same("graph")
         if theirs:
             row.hf_tokens_per_s = speed["theirs"]
@@ -320,7 +338,9 @@ def plot(result: GenerateSpeed):
     for ax, row in zip(axes[0], result.results):
         values = [get(row).median if get(row) else 0.0 for _, get in sides]
         bars = ax.bar(range(len(sides)), values, color=[f"C{i}" for i in range(len(sides))])
-        ax.bar_label(bars, fmt="%.0f", fontsize=8)
+        # llama.cpp runs one sequence only: its batch-12 bars are absent, not zero
+        ax.bar_label(bars, labels=[f"{v:.0f}" if get(row) else "not run" for v, (_, get) in zip(values, sides)],
+                     fontsize=8)
         ax.set_xticks(range(len(sides)), [label for label, _ in sides], rotation=25, ha="right", fontsize=8)
         ax.set_title(f"batch {row.batch}")
         ax.set_ylabel("new tokens / s")
@@ -375,6 +395,15 @@ def section(res: GenerateSpeed, page: Page) -> None:
                    [[r.batch, spread(r.hf_tokens_per_s), ratio(r.speedup),
                      "n/a" if r.identical_tokens is None else "yes" if r.identical_tokens else "**no**"]
                     for r in res.results])
+    traced = [r for r in res.results if r.eager_tokens_per_s is not None]
+    if traced:
+        page.add(f"Our decode steps {res.decode} against the same steps as eager PyTorch (`--decode dynamic`), in the "
+                 f"same rounds:\n")
+        page.table(["batch", f"fp32 {res.decode}", "fp32 eager", "speed-up", "tokens identical",
+                    f"int8 {res.decode}", "int8 eager", "speed-up"],
+                   [[r.batch, spread(r.ours_tokens_per_s), spread(r.eager_tokens_per_s), ratio(r.decode_speedup),
+                     "yes" if r.decode_identical_tokens else "**no**", spread(r.ours_int8_tokens_per_s),
+                     spread(r.eager_int8_tokens_per_s), ratio(r.decode_int8_speedup)] for r in traced])
     graphed = [r for r in res.results if r.graph_tokens_per_s is not None]
     if graphed:
         page.add("Decode steps replayed as one captured CUDA graph (`sample.py --decode cuda-graph`), against our "
