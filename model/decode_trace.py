@@ -25,7 +25,7 @@ import weakref
 
 import torch
 
-from model.gpt import GPT, ContextOverflow, StaticKVCache
+from model.gpt import GPT, StaticKVCache
 from model.packed_linear import PackedLinear
 
 # model -> (its weights' versions, {(batch, cache length, dtype, device): traced step})
@@ -42,9 +42,8 @@ class _CacheTensors(StaticKVCache):
         self.k, self.v, self.position, self.slots = k, v, position, slots
         self.max_len, self.length = slots.numel(), 0
 
-    def attention_inputs(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        positions = self.position + torch.arange(T, device=device)
-        return positions, (self.slots[None, :] <= positions[:, None])[None, None]
+    def check_room(self, T: int) -> None:
+        pass  # TracedDecoder checks the real cache before every call
 
     def advance(self, T: int) -> None:
         self.position.add_(T)
@@ -102,9 +101,7 @@ class TracedDecoder:
         return traces[key]
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
-        if self.cache.length + tokens.size(1) > self.cache.max_len:
-            raise ContextOverflow(f"KV cache holds {self.cache.max_len} positions; "
-                                  f"{self.cache.length + tokens.size(1)} requested")
+        self.cache.check_room(tokens.size(1))
         if self.step is None:
             self.step = self._traced(tokens)
         logits = self.step(tokens, *self.inputs)

@@ -81,9 +81,12 @@ class StaticKVCache(KVCache):
         self.v[layer].index_copy_(2, index, v)
         return self.k[layer], self.v[layer]
 
-    def attention_inputs(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    def check_room(self, T: int) -> None:
         if self.length + T > self.max_len:
             raise ContextOverflow(f"KV cache holds {self.max_len} positions; {self.length + T} requested")
+
+    def attention_inputs(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        self.check_room(T)
         positions = self.position + torch.arange(T, device=device)
         return positions, (self.slots[None, :] <= positions[:, None])[None, None]  # (1, 1, T, max_len)
 
