@@ -67,8 +67,10 @@ class _DecodeStep(torch.nn.Module):
 
 
 def _weights_version(model: GPT) -> tuple:
-    # A tensor made under inference mode has no version counter, and cannot be changed outside it.
-    return tuple(None if t.is_inference() else t._version for t in (*model.parameters(), *model.buffers()))
+    """Which tensors the model holds, and how often each was changed in place. (A tensor made under inference
+    mode has no version counter, and cannot be changed outside it; an id cannot come back while a trace holds
+    the tensor it named.)"""
+    return tuple((id(t), None if t.is_inference() else t._version) for t in (*model.parameters(), *model.buffers()))
 
 
 class TracedDecoder:

@@ -51,9 +51,9 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), self.bias, "none", [], "")
 
     def packed_weight(self) -> torch.Tensor:
-        # Repacked whenever the weight changed in place since (a loaded state dict, an optimizer step); a
-        # tensor made under inference mode has no version counter, and cannot be changed outside it.
-        version = None if torch.is_inference(self.weight) else self.weight._version
+        # Repacked whenever the weight was replaced or changed in place since (a loaded state dict, an optimizer
+        # step); a tensor made under inference mode has no version counter, and cannot be changed outside it.
+        version = (id(self.weight), None if torch.is_inference(self.weight) else self.weight._version)
         if self._packed is None or version != self._packed_version:
             self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
             self._packed_version = version

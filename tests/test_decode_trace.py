@@ -59,6 +59,19 @@ def test_weights_changed_in_place_are_traced_anew(small_model):
     assert _TRACES[small_model][0] != old_weights and len(_TRACES[small_model][1]) == 1
 
 
+def test_a_replaced_weight_is_traced_anew(small_model):
+    pack_for_inference(small_model)
+    generate(small_model, prompt(), GREEDY, decode="traced")
+    torch.manual_seed(3)
+    block = small_model.transformer.h[0].mlp.c_fc
+    block.weight = torch.nn.Parameter(torch.randn_like(block.weight) * 0.5)  # a new tensor, not an in-place change
+    x = torch.randn(3, block.in_features)
+    with torch.inference_mode():  # the packed copy follows the new weight
+        torch.testing.assert_close(block(x), torch.nn.functional.linear(x, block.weight, block.bias))
+    assert torch.equal(generate(small_model, prompt(), GREEDY, decode="traced"),
+                       generate(small_model, prompt(), GREEDY))
+
+
 def test_a_step_past_the_cache_is_refused(small_model):
     cache = StaticKVCache(small_model.config, 1, 4, "cpu")
     with torch.inference_mode():
