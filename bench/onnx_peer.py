@@ -7,7 +7,11 @@ The exported step is the model's own arithmetic written without the KV-cache obj
 the same modules, the keys and values of earlier positions passed in and the new ones returned
 (`present_*`), as Hugging Face's optimum runs GPT-2 under ONNX Runtime. ONNX Runtime's int8 is its
 `quantize_dynamic` with int8 weights per output channel and activations quantized per tensor at run time,
-the scheme quantize/dynamic.py uses; the tied output head and embedding stay float32 there.
+the scheme quantize/dynamic.py uses. The output head is exported as a matrix of its own, (n_embd, vocabulary),
+not as the tied embedding: ONNX Runtime's quantizer only quantizes a MatMul whose weight is a stored tensor, and
+with the tied head it left the 154 MB head in fp32, which made its int8 no faster than its fp32 at batch 1 (69.8
+against 69.3 new tokens/s, bench/results/generate_speed.json at 93e9b7c). So ORT's int8 quantizes the head as
+llama.cpp's Q8_0 and our int8 head do; its fp32 graph reads the same bytes either way.
 """
 from __future__ import annotations
 
@@ -25,15 +29,20 @@ from model.gpt import GPT
 THREADS_NOTE = "intra-op threads = torch.get_num_threads(), sequential execution, all graph optimisations"
 
 
+def untied_head(model: GPT) -> nn.Parameter:
+    """The output head's weight as its own (n_embd, vocabulary) matrix, the padding rows left out."""
+    return nn.Parameter(model.lm_head.weight.detach()[:model.config.vocab_size].t().contiguous(), requires_grad=False)
+
+
 class PromptStep(nn.Module):
     """(B, T) prompt tokens -> (last position's logits, keys and values of every layer as (L, B, H, T, D))."""
 
     def __init__(self, model: GPT):
         super().__init__()
-        self.model = model
+        self.model, self.head = model, untied_head(model)
 
     def forward(self, idx: torch.Tensor):
-        return attend(self.model, idx, None, None)
+        return attend(self.model, self.head, idx, None, None)
 
 
 class DecodeStep(nn.Module):
@@ -41,14 +50,15 @@ class DecodeStep(nn.Module):
 
     def __init__(self, model: GPT):
         super().__init__()
-        self.model = model
+        self.model, self.head = model, untied_head(model)
 
     def forward(self, idx: torch.Tensor, past_keys: torch.Tensor, past_values: torch.Tensor):
-        return attend(self.model, idx, past_keys, past_values)
+        return attend(self.model, self.head, idx, past_keys, past_values)
 
 
-def attend(model: GPT, idx, past_keys, past_values):
-    """GPT.forward's arithmetic (model/gpt.py) with the cache as tensors; `past_*` None for the prompt."""
+def attend(model: GPT, head: torch.Tensor, idx, past_keys, past_values):
+    """GPT.forward's arithmetic (model/gpt.py) with the cache as tensors and the head as `head` (untied_head);
+    `past_*` None for the prompt."""
     t = model.transformer
     B, T = idx.shape
     start = 0 if past_keys is None else past_keys.shape[3]
@@ -66,7 +76,7 @@ def attend(model: GPT, idx, past_keys, past_values):
         y = F.scaled_dot_product_attention(q, k, v, is_causal=past_keys is None)
         x = x + attn.c_proj(y.transpose(1, 2).reshape(B, T, attn.n_head * attn.head_dim))
         x = x + block.mlp(block.ln_2(x))
-    logits = model.lm_head(t.ln_f(x[:, -1:]))[..., :model.config.vocab_size]
+    logits = t.ln_f(x[:, -1:]) @ head
     return logits, torch.stack(keys), torch.stack(values)
 
 
@@ -104,7 +114,7 @@ def quantize_int8(graph: Path, out: Path) -> Path:
 
 
 INT8_SETTINGS = ("onnxruntime.quantization: quant_pre_process, then quantize_dynamic(weight_type=QInt8, "
-                 "per_channel=True)")
+                 "per_channel=True), the output head exported untied so that it is quantized too")
 
 
 @dataclass
