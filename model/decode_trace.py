@@ -2,10 +2,10 @@
 
 At batch 1 on the CPU a GPT-2 124M decode step is ~150 small operators, and in eager PyTorch the Python between
 them (module calls, argument checks, dispatch) is a large share of an int8 step, whose products read only 125 MB.
-Traced once, the step runs in TorchScript's interpreter with no Python in between: at batch 1, 1.28x the eager
+Traced once, the step runs in TorchScript's interpreter with no Python in between: at batch 1, 1.38x the eager
 int8 decoding and 1.06x the eager fp32 decoding on a 2-core AMD EPYC, same tokens; at batch 12, where the
-products dominate, attention over every slot of the static cache makes it 0.93x (bench/results/generate_speed.json,
-which measures it beside ONNX Runtime and llama.cpp).
+products dominate, attention over every slot of the static cache makes it 0.93-0.95x
+(bench/results/generate_speed.json, which measures it beside ONNX Runtime and llama.cpp).
 
 Why TorchScript's tracer although torch 2.13 marks it deprecated: torch.compile (Inductor on the CPU) ran the
 fp32 step at half the eager speed (its matmuls are not the oneDNN-packed ones), and cannot trace fbgemm's
