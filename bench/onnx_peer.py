@@ -10,8 +10,8 @@ the same modules, the keys and values of earlier positions passed in and the new
 the scheme quantize/dynamic.py uses. The output head is exported as a matrix of its own, (n_embd, vocabulary),
 not as the tied embedding: ONNX Runtime's quantizer only quantizes a MatMul whose weight is a stored tensor, and
 with the tied head it left the 154 MB head in fp32, which made its int8 no faster than its fp32 at batch 1 (69.8
-against 69.3 new tokens/s in bench/results/generate_speed.json as committed in 827d1b4). So ORT's int8 quantizes the head as
-llama.cpp's Q8_0 and our int8 head do; its fp32 graph reads the same bytes either way.
+against 69.3 new tokens/s in bench/results/generate_speed.json as committed in 827d1b4). So ORT's int8 quantizes
+the head as llama.cpp's Q8_0 and our int8 head do; its fp32 graph reads the same bytes either way.
 """
 from __future__ import annotations
 

@@ -93,7 +93,8 @@ class TracedDecoder:
             if len(traces) == KEPT_SHAPES:
                 del traces[next(iter(traces))]  # the oldest
             # Tracing runs the step once, for real: on copies, so that the cache is written only by the calls.
-            sample = (self.cache.position.clone(), self.cache.slots, *(t.clone() for t in (*self.cache.k, *self.cache.v)))
+            sample = (self.cache.position.clone(), self.cache.slots,
+                      *(t.clone() for t in (*self.cache.k, *self.cache.v)))
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*torch.jit")
                 # Python values derived from shapes (nn.Linear's row count, say) become constants: by design, as

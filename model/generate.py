@@ -12,7 +12,7 @@ from model.sampling import SamplingParams, row_generators, sample_rows
 # dynamic: the cache's keys grow with the sequence (the fastest eager steps); static: fixed shapes, attention
 # over every slot with a mask (what a graph needs); cuda-graph: static, each decode step replayed as one
 # captured CUDA graph (model/decode_graph.py); traced: static, each decode step one traced TorchScript graph,
-# without Python between its operators (model/decode_trace.py; the fastest on the CPU).
+# without Python between its operators (model/decode_trace.py; the fastest at batch 1 on the CPU).
 DECODE_MODES = ("dynamic", "static", "cuda-graph", "traced")
 
 
