@@ -2,67 +2,79 @@
 
 At batch 1 on the CPU a GPT-2 124M decode step is ~150 small operators, and in eager PyTorch the Python between
 them (module calls, argument checks, dispatch) is a large share of an int8 step, whose products read only 125 MB.
-Traced once, the step runs in TorchScript's interpreter with no Python in between: at batch 1, 1.38x the eager
-int8 decoding and 1.06x the eager fp32 decoding on a 2-core AMD EPYC, same tokens; at batch 12, where the
-products dominate, attention over every slot of the static cache makes it 0.93-0.95x
-(bench/results/generate_speed.json, which measures it beside ONNX Runtime and llama.cpp).
+Traced once, the step runs in TorchScript's interpreter with no Python in between (bench/results/generate_speed.json
+measures it against the eager steps, ONNX Runtime and llama.cpp). generate(decode="traced") and the server
+(serve/engine.py) decode through it.
+
+The graph reads the cache through views that end at the new token's column: every layer's keys and values
+(rows, heads, keys, head size), into whose last column the step writes its own key and value, then attends all
+of them. Nothing in the graph depends on the number of keys, so one trace serves every length, and attention
+costs what the eager step's does (a graph over a fixed-size cache would attend every slot). It does depend on
+the number of rows (nn.Linear's row count is read in Python), so a trace is kept per row count, with or without
+a mask, dtype and device, and per weights: weights changed in place since (a loaded state dict, an optimizer
+step) are traced anew. tests/test_decode_trace.py checks the tokens against the eager steps.
 
 Why TorchScript's tracer although torch 2.13 marks it deprecated: torch.compile (Inductor on the CPU) ran the
 fp32 step at half the eager speed (its matmuls are not the oneDNN-packed ones), and cannot trace fbgemm's
-packed int8 weights (TorchScript objects) at all; torch is pinned, and the trace is checked against eager
-decoding by tests/test_decode_trace.py.
-
-The step needs fixed shapes, which a StaticKVCache gives: its tensors are the trace's inputs (so one trace
-serves every cache of the same shape), the write position is a tensor the step advances itself, and attention
-reads every slot through a mask. The Python-side count of filled positions is kept here, outside the graph.
-A trace is kept per model, batch size, cache length and weights: decoding again with the same shapes reuses
-it, and weights changed in place since (a loaded state dict, an optimizer step) are traced anew.
+packed int8 weights (TorchScript objects) at all; torch is pinned.
 """
 from __future__ import annotations
 
+import logging
+import time
 import warnings
 import weakref
 
 import torch
 
-from model.gpt import GPT, StaticKVCache
+from model.gpt import GPT, KVCache
 from model.packed_linear import PackedLinear
 
-# model -> (its weights' versions, {(batch, cache length, dtype, device): traced step})
+log = logging.getLogger(__name__)
+
+# model -> (its weights' versions, {(rows, masked, dtype, device): traced step})
 _TRACES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-KEPT_SHAPES = 4  # sample.py's batches of prompts of similar lengths share a few (generate() rounds cache lengths)
-CACHE_LENGTH_MULTIPLE = 64
+# The server keeps one per row bucket, with and without a mask (serve/slots.py); generate() one per batch size.
+KEPT_TRACES = 16
 
 
-class _CacheTensors(StaticKVCache):
-    """A StaticKVCache's arithmetic over tensors handed to the traced step; the Python-side length (and its
-    overflow check) stays with TracedDecoder, outside the graph."""
+class _StepCache(KVCache):
+    """One step's cache over the views handed to the graph; the Python-side count of filled positions (and the
+    overflow check) stays with the caller, outside the graph."""
 
-    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], position: torch.Tensor, slots: torch.Tensor):
-        self.k, self.v, self.position, self.slots = k, v, position, slots
-        self.max_len, self.length = slots.numel(), 0
+    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], positions: torch.Tensor,
+                 mask: torch.Tensor | None):
+        self.k, self.v, self.positions, self.mask = k, v, positions, mask
+        self.max_len, self.length = 0, 0
 
-    def check_room(self, T: int) -> None:
-        pass  # TracedDecoder checks the real cache before every call
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        # The last column, whatever the views' width: a slice from -1 is recorded as such, not as a number.
+        self.k[layer][:, :, -1:] = k
+        self.v[layer][:, :, -1:] = v
+        return self.k[layer], self.v[layer]
+
+    def attention_inputs(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.positions, self.mask
 
     def advance(self, T: int) -> None:
-        self.position.add_(T)
+        pass
 
 
 class _DecodeStep(torch.nn.Module):
-    """(tokens (B, 1), write position, slot indices, every layer's keys, then values) -> last logits."""
+    """(tokens (B, 1), positions (B, 1), [mask (B, 1, 1, keys)], every layer's keys, then values) -> logits."""
 
-    def __init__(self, model: GPT):
+    def __init__(self, model: GPT, masked: bool):
         super().__init__()
-        self.model = model
+        self.model, self.masked = model, masked
         # The oneDNN-packed weights are derived copies outside the model's state; registered here, the trace
         # reads them as its module's state rather than failing to embed them as constants.
         for i, layer in enumerate(m for m in model.modules() if isinstance(m, PackedLinear)):
             self.register_buffer(f"packed_{i}", layer.packed_weight(), persistent=False)
 
-    def forward(self, tokens, position, slots, *keys_values):
+    def forward(self, tokens, positions, *tensors):
+        mask, keys_values = (tensors[0], tensors[1:]) if self.masked else (None, tensors)
         layers = len(keys_values) // 2
-        cache = _CacheTensors(list(keys_values[:layers]), list(keys_values[layers:]), position, slots)
+        cache = _StepCache(list(keys_values[:layers]), list(keys_values[layers:]), positions, mask)
         return self.model(tokens, cache=cache, last_only=True)[0]
 
 
@@ -73,40 +85,68 @@ def _weights_version(model: GPT) -> tuple:
     return tuple((id(t), None if t.is_inference() else t._version) for t in (*model.parameters(), *model.buffers()))
 
 
+def _trace(model: GPT, tokens: torch.Tensor, masked: bool, keys: list[torch.Tensor]) -> torch.jit.ScriptModule:
+    # Tracing runs the step once, for real: on two columns of zeros, so that the cache is written only by the
+    # calls, and no copy of a long cache is made.
+    rows, device = tokens.size(0), tokens.device
+    sample = [torch.zeros(k.shape[:2] + (2,) + k.shape[3:], dtype=k.dtype, device=device) for k in keys * 2]
+    mask = [torch.ones(rows, 1, 1, 2, dtype=torch.bool, device=device)] if masked else []
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*torch.jit")
+        # Python values derived from shapes (nn.Linear's row count, say) become constants: by design, as each
+        # trace serves one row count.
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        step = torch.jit.trace(_DecodeStep(model, masked), (tokens, torch.zeros_like(tokens), *mask, *sample),
+                               check_trace=False)
+    log.info("traced the decode step for %d row(s)%s in %.2fs", rows, " with a mask" if masked else "",
+             time.perf_counter() - started)
+    return step
+
+
+class TracedSteps:
+    """The traced decode steps of `model` as its weights are now, made on first use for each row count (and
+    mask or none), and kept with the model for later instances while its weights stay the same; weights changed
+    after an instance is made are not seen by it (making an instance walks every parameter: ~1 ms for GPT-2)."""
+
+    def __init__(self, model: GPT):
+        weights = _weights_version(model)
+        kept_weights, traces = _TRACES.get(model, (None, {}))
+        if kept_weights != weights:  # traced for weights since changed: each holds their packed copies
+            traces = {}
+        _TRACES[model] = weights, traces
+        self.model, self.traces = model, traces
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
+                 keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+        """The logits (B, 1, vocab) of `model(tokens, ...)` for one token per row, run as a traced graph.
+
+        `keys` and `values`: each layer's (B, heads, n, head size) views of a cache, whose first n - 1 columns
+        hold the rows' earlier keys and values and whose last column the step fills with the new token's;
+        `positions` (B, 1): each token's position; `mask` (B, 1, 1, n), True where a row may attend a column
+        (its own included), or None to attend all n.
+        """
+        key = (tokens.size(0), mask is not None, keys[0].dtype, tokens.device)
+        step = self.traces.get(key)
+        if step is None:
+            if len(self.traces) == KEPT_TRACES:
+                del self.traces[next(iter(self.traces))]  # the oldest
+            step = self.traces[key] = _trace(self.model, tokens, mask is not None, keys)
+        return step(tokens, positions, *([] if mask is None else [mask]), *keys, *values)
+
+
 class TracedDecoder:
     """Callable like `model(tokens, cache=cache, last_only=True)[0]` for (B, 1) tokens, one step at a time,
     once the cache holds the prompt."""
 
-    def __init__(self, model: GPT, cache: StaticKVCache):
-        self.model, self.cache = model, cache
-        self.inputs = (cache.position, cache.slots, *cache.k, *cache.v)
-        self.step: torch.jit.ScriptModule | None = None  # looked up at the first call (the weights are fixed by then)
-
-    def _traced(self, tokens: torch.Tensor) -> torch.jit.ScriptModule:
-        weights = _weights_version(self.model)
-        key = (tokens.size(0), self.cache.max_len, self.cache.k[0].dtype, tokens.device)
-        kept_weights, traces = _TRACES.get(self.model, (None, {}))
-        if kept_weights != weights:  # traced for weights since changed: each holds their packed copies
-            traces = {}
-        _TRACES[self.model] = weights, traces
-        if key not in traces:
-            if len(traces) == KEPT_SHAPES:
-                del traces[next(iter(traces))]  # the oldest
-            # Tracing runs the step once, for real: on copies, so that the cache is written only by the calls.
-            sample = (self.cache.position.clone(), self.cache.slots,
-                      *(t.clone() for t in (*self.cache.k, *self.cache.v)))
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*torch.jit")
-                # Python values derived from shapes (nn.Linear's row count, say) become constants: by design, as
-                # each trace serves one shape.
-                warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-                traces[key] = torch.jit.trace(_DecodeStep(self.model), (tokens, *sample), check_trace=False)
-        return traces[key]
+    def __init__(self, model: GPT, cache: KVCache):
+        self.steps, self.cache = TracedSteps(model), cache
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
-        self.cache.check_room(tokens.size(1))
-        if self.step is None:
-            self.step = self._traced(tokens)
-        logits = self.step(tokens, *self.inputs)
-        self.cache.length += tokens.size(1)
+        cache = self.cache
+        cache.check_room(tokens.size(1))
+        end = cache.length + 1
+        positions = torch.full_like(tokens, cache.length)
+        logits = self.steps(tokens, positions, None, [k[:, :, :end] for k in cache.k], [v[:, :, :end] for v in cache.v])
+        cache.advance(1)
         return logits

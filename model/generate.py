@@ -5,14 +5,14 @@ import torch
 
 from model.config import EOT_TOKEN
 from model.decode_graph import CudaGraphDecoder
-from model.decode_trace import CACHE_LENGTH_MULTIPLE, TracedDecoder
+from model.decode_trace import TracedDecoder
 from model.gpt import GPT, ContextOverflow, KVCache, StaticKVCache
 from model.sampling import SamplingParams, row_generators, sample_rows
 
 # dynamic: the cache's keys grow with the sequence (the fastest eager steps); static: fixed shapes, attention
-# over every slot with a mask (what a graph needs); cuda-graph: static, each decode step replayed as one
-# captured CUDA graph (model/decode_graph.py); traced: static, each decode step one traced TorchScript graph,
-# without Python between its operators (model/decode_trace.py; the fastest at batch 1 on the CPU).
+# over every slot with a mask (what a CUDA graph needs); cuda-graph: static, each decode step replayed as one
+# captured CUDA graph (model/decode_graph.py); traced: dynamic, each decode step one traced TorchScript graph,
+# without Python between its operators (model/decode_trace.py; the fastest on the CPU).
 DECODE_MODES = ("dynamic", "static", "cuda-graph", "traced")
 
 
@@ -41,11 +41,8 @@ def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: b
     dtype = dtype if dtype.is_floating_point else torch.float32
     cache, step = None, None
     if use_cache:
-        cache_type = KVCache if decode == "dynamic" else StaticKVCache
-        max_len = T + params.max_new_tokens
-        if decode == "traced":  # a trace serves one cache length: round it up, so that near lengths share one
-            max_len = min(block_size, -(-max_len // CACHE_LENGTH_MULTIPLE) * CACHE_LENGTH_MULTIPLE)
-        cache = cache_type(model.config, B, max_len, idx.device, dtype)
+        cache_type = StaticKVCache if decode in ("static", "cuda-graph") else KVCache
+        cache = cache_type(model.config, B, T + params.max_new_tokens, idx.device, dtype)
         if decode == "cuda-graph":
             step = CudaGraphDecoder(model, cache)
         elif decode == "traced":

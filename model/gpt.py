@@ -48,10 +48,13 @@ class KVCache:
         self.v = [torch.zeros(shape(i), device=device, dtype=dtype) for i in range(config.n_layer)]
         self.length = 0
 
+    def check_room(self, T: int) -> None:
+        if self.length + T > self.max_len:
+            raise ContextOverflow(f"KV cache holds {self.max_len} positions; {self.length + T} requested")
+
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        self.check_room(k.size(2))
         end = self.length + k.size(2)
-        if end > self.max_len:
-            raise ContextOverflow(f"KV cache holds {self.max_len} positions; {end} requested")
         self.k[layer][:, :, self.length:end] = k
         self.v[layer][:, :, self.length:end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
@@ -80,10 +83,6 @@ class StaticKVCache(KVCache):
         self.k[layer].index_copy_(2, index, k)
         self.v[layer].index_copy_(2, index, v)
         return self.k[layer], self.v[layer]
-
-    def check_room(self, T: int) -> None:
-        if self.length + T > self.max_len:
-            raise ContextOverflow(f"KV cache holds {self.max_len} positions; {self.length + T} requested")
 
     def attention_inputs(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         self.check_room(T)
@@ -115,8 +114,9 @@ class CausalSelfAttention(nn.Module):
             k, v = cache.update(layer, k, v)
         dropout_p = self.dropout if self.training else 0.0
         if mask is None:
-            # Without a cache, or when prefilling an empty one, the plain causal mask is exact.
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=T > 1)
+            # Without a cache, or when prefilling an empty one, the plain causal mask is exact. (bool(): when the
+            # step is traced, T is a traced size; each trace serves one-token steps, so the flag is a constant.)
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=bool(T > 1))
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)

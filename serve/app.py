@@ -53,7 +53,10 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     def build() -> tuple[Engine, dict]:
         model, meta = load_model(folder, device)
         log.info("%s", pack_for_inference(model))
-        return Engine(model, device, config.max_batch_size, config.max_queue, config.request_timeout_s, metrics), meta
+        engine = Engine(model, device, config.max_batch_size, config.max_queue, config.request_timeout_s, metrics,
+                        config.decode)
+        engine.warm_up()
+        return engine, meta
 
     engine, meta = off_the_main_thread(build)
     get_tokenizer()  # loaded now, so a missing tokenizer fails at startup rather than on the first request

@@ -12,6 +12,9 @@ API_KEY_ENV = "GPT2_SERVE_API_KEY"
 # The environment variable the uvicorn app factory (`uvicorn --factory serve.app:create_app`) reads
 # the checkpoint folder from, since a factory takes no arguments.
 CHECKPOINT_ENV = "GPT2_SERVE_CHECKPOINT"
+# traced: each decode step runs as one TorchScript graph, without Python between its operators
+# (model/decode_trace.py; the faster on the CPU, bench/results/serve_speed.json); dynamic: eagerly.
+DECODE_MODES = ("traced", "dynamic")
 
 
 class ServeConfigError(UserError, ValueError):
@@ -43,6 +46,9 @@ class ServeConfig:
     port: int = option(8000, "TCP port (0: any free one)")
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     threads: int = option(0, "torch intra-op threads (0: torch's default); 1 suits small models on a busy CPU")
+    decode: str = option("traced", "how decode steps run: traced (each step one TorchScript graph, no Python "
+                                   "between its operators; the faster on the CPU) or dynamic (eager PyTorch)",
+                         choices=DECODE_MODES)
     max_batch_size: int = option(16, "sequences decoded together in one forward pass")
     max_queue: int = option(64, "requests that may wait for a batch slot before new ones get 503")
     request_timeout_s: float = option(120.0, "time limit per request, from arrival to the last token, queueing "

@@ -51,6 +51,27 @@ class SlotCache:
             return None
         return self.valid[: self.rows, : self.length + 1]
 
+    def step_rows(self) -> int:
+        """The rows a traced decode step runs on: the active ones, and above 4 enough free ones to make a multiple
+        of 4. A trace is made for each row count it meets (about a second for GPT-2 124M on 2 CPU cores), so
+        counts are rounded, as vLLM pads a batch to a size it captured a CUDA graph for."""
+        return self.rows if self.rows <= 4 else min(-(-self.rows // 4) * 4, self.max_rows)
+
+    def step_views(self, rows: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Rows 0..rows-1 (the active ones, then free rows that pad a traced step's batch) of every layer's keys
+        and values, up to and including the next column, which the step fills (model/decode_trace.py)."""
+        end = self.length + 1
+        return [k[:rows, :, :end] for k in self.cache.k], [v[:rows, :, :end] for v in self.cache.v]
+
+    def step_mask(self, rows: int) -> torch.Tensor | None:
+        """`key_mask()` for `rows` rows as (rows, 1, 1, length + 1), padding rows attending their next column
+        alone; None as `key_mask()`."""
+        if self.key_mask() is None:
+            return None
+        mask = self.valid[:rows, : self.length + 1].clone()
+        mask[self.rows:, self.length] = True
+        return mask[:, None, None, :]
+
     def advance(self) -> None:
         self.length += 1
 

@@ -219,12 +219,16 @@ def test_speed_comparisons_time_each_side_in_the_same_run(results):
     bandwidth = generation.bandwidth  # batch 1: weight bytes per step against the machine's read bandwidth
     assert bandwidth.read_gb_per_s.median > 0 and bandwidth.read_gb_per_s.n == 10 and 0 < bandwidth.int8_step_bytes < bandwidth.fp32_step_bytes
     assert set(bandwidth.gb_per_s) == {"ours fp32", "ours int8"}
-    served = results["serve_speed"]
-    assert [level.clients for level in served.levels] == [1, 2] and served.levels[0].over_one_client is None
-    assert served.one_client_over_generate > 0 and served.levels[1].over_one_client > 0
-    for level in served.levels:
-        assert level.tokens_per_s.n == 1 and level.latency_ms.p50 <= level.latency_ms.p95 <= level.latency_ms.p99
-        assert 0 < level.first_token_ms.p50 <= level.latency_ms.p50
+    served = results["serve_speed"]  # a server with traced steps beside one with eager (dynamic) steps
+    assert [d.decode for d in served.decodes] == ["traced", "dynamic"] and served.weights == "fp32"
+    for decode in served.decodes:
+        assert [level.clients for level in decode.levels] == [1, 2] and decode.levels[0].over_one_client is None
+        assert decode.one_client_over_generate > 0 and decode.levels[1].over_one_client > 0
+        for level in decode.levels:
+            assert level.tokens_per_s.n == 1 and level.latency_ms.p50 <= level.latency_ms.p95 <= level.latency_ms.p99
+            assert 0 < level.first_token_ms.p50 <= level.latency_ms.p50
+    assert served.decodes[0].first_over_this is None
+    assert set(served.decodes[1].first_over_this) == {"generate()", "1 client", "2 clients"}
     pruned = results["prune_speed"]
     assert pruned.parameters["row_pruned"] < pruned.parameters["dense"]
     assert pruned.row.generation.speedup > 0 and [r.sparsity for r in pruned.csr] == [0.9]

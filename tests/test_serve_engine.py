@@ -10,6 +10,7 @@ import torch
 from model.generate import generate
 from model.gpt import GPT
 from model.sampling import SamplingParams, sample_rows
+from serve.config import DECODE_MODES
 from serve.engine import DoneEvent, Engine, ErrorEvent, GenerationRequest, QueueFull, TokenEvent
 from serve.metrics import ServerMetrics
 from serve.slots import SlotCache
@@ -55,9 +56,11 @@ def short_context_model() -> GPT:
     return GPT(small_config(block_size=16, vocab_size=2048)).eval()
 
 
-@pytest.fixture
-def engine(short_context_model):
-    engine = Engine(short_context_model, torch.device("cpu"), max_batch_size=4, max_queue=32, request_timeout_s=60)
+@pytest.fixture(params=DECODE_MODES)
+def engine(short_context_model, request):
+    # Six rows: a traced step's five active rows run padded to six.
+    engine = Engine(short_context_model, torch.device("cpu"), max_batch_size=6, max_queue=32, request_timeout_s=60,
+                    decode=request.param)
     engine.start()
     yield engine
     engine.stop()
@@ -79,16 +82,20 @@ def mixed_jobs(count: int, block_size: int) -> list[tuple[list[int], SamplingPar
 
 
 def test_batched_generation_equals_generating_alone(engine, short_context_model, monkeypatch):
-    shifts = []
-    original_shift = SlotCache._shift
-    monkeypatch.setattr(SlotCache, "_shift", lambda self, by: (shifts.append(by), original_shift(self, by)))
-    jobs = mixed_jobs(16, short_context_model.config.block_size)
+    shifts, padded_steps = [], []
+    original_shift, original_views = SlotCache._shift, SlotCache.step_views
+    monkeypatch.setattr(SlotCache, "_shift", lambda self, by: (shifts.append(by), original_shift(self, by))[1])
+    monkeypatch.setattr(SlotCache, "step_views",
+                        lambda self, rows: (padded_steps.append(rows > self.rows), original_views(self, rows))[1])
+    jobs = mixed_jobs(24, short_context_model.config.block_size)
     alone = [run(engine, [job]).tokens[0] for job in jobs]
     together = run(engine, jobs)
     assert together.tokens == alone
     assert [together.ends[i].tokens for i in range(len(jobs))] == [p.max_new_tokens for _, p in jobs]
     # The batch really was continuous: rows shifted both ways while sequences joined and left.
     assert any(by > 0 for by in shifts) and any(by < 0 for by in shifts)
+    if engine.decode == "traced":  # and traced steps ran on padded batches too
+        assert any(padded_steps) and not all(padded_steps)
     # Every row also equals model.generate, which sample.py uses: same sampler, same seeds.
     for (ids, params), tokens in zip(jobs, alone):
         reference = generate(short_context_model, torch.tensor([ids]), params)
@@ -111,7 +118,8 @@ def test_queue_full_is_refused(short_context_model):
 
 
 class SlowModel(torch.nn.Module):
-    """The model, a fixed time slower per forward pass: makes time limits testable."""
+    """The model, a fixed time slower per forward pass: makes time limits testable (with eager decode steps,
+    which are forward passes)."""
 
     def __init__(self, model: GPT, delay_s: float):
         super().__init__()
@@ -124,7 +132,7 @@ class SlowModel(torch.nn.Module):
 
 def test_time_limit_ends_a_request_with_a_clear_error(short_context_model):
     engine = Engine(SlowModel(short_context_model, 0.02), torch.device("cpu"), max_batch_size=2, max_queue=4,
-                    request_timeout_s=0.15)
+                    request_timeout_s=0.15, decode="dynamic")
     engine.start()
     try:
         out = run(engine, [([1, 2], SamplingParams(max_new_tokens=20, stop_at_eot=False))])
@@ -139,7 +147,7 @@ def test_time_limit_ends_a_request_with_a_clear_error(short_context_model):
 
 def test_cancelled_request_leaves_the_batch(short_context_model):
     engine = Engine(SlowModel(short_context_model, 0.01), torch.device("cpu"), max_batch_size=2, max_queue=4,
-                    request_timeout_s=60)
+                    request_timeout_s=60, decode="dynamic")
     first_token = threading.Event()
     events = []
 

@@ -1,23 +1,28 @@
-"""Serving overhead: one streaming client against generate() on the same model, and many clients against one.
+"""Serving overhead: one streaming client against generate() on the same model, and many clients against one,
+for each way of running decode steps.
 
     python -m bench.experiments serve_speed                  # GPT-2 124M config, random weights, 128 new tokens,
-                                                             # 1 client and 12 clients
-    python -m bench.experiments serve_speed --model tiny --new-tokens 64 --clients 4 8 16
+                                                             # 1 client and 12 clients, traced and dynamic steps
+    python -m bench.experiments serve_speed --weights int8   # the int8 artifact (quantize/dynamic.py --head int8)
+    python -m bench.experiments serve_speed --model tiny --new-tokens 64 --clients 4 8 16 --decode traced
 
-This process builds the model, saves it as an artifact, and times `generate()` on it (batch 1, KV cache,
-prefill included, sampling as the load test's requests do: temperature 0.8, top-k 200, a seed).  It then
-starts `python -m serve` on that artifact, on the same device, and times the load test's streaming
+This process builds the model, saves it as an artifact (fp32, or int8 as `quantize/dynamic.py --head int8`
+writes it), loads it back and times `generate()` on it (batch 1, KV cache, prefill included, sampling as the
+load test's requests do: temperature 0.8, top-k 200, a seed).  For each --decode mode it starts
+`python -m serve --decode MODE` on that artifact, on the same device, and times the load test's streaming
 `/generate` requests, the first with the same prompt, settings and seed, all with `ignore_eos` so that each
 makes exactly --new-tokens tokens, from a client on loopback: one client alone, then each --clients level
-sending that many requests at once (the prompts differ in length, as real clients' do).  They are
-timed in interleaved rounds (`generate()`, one client, each level), so load on the machine hits them alike;
-ratios are medians of per-round ratios.  Throughput is new tokens over the round's wall time (for the
+sending that many requests at once (the prompts differ in length, as real clients' do); `generate()` is
+timed with the same mode's steps (`sample.py --decode`).  Everything is timed in interleaved rounds, so
+load on the machine hits every mode and level alike; ratios are medians of per-round ratios, including the
+first mode's speed over each other mode's.  Throughput is new tokens over the round's wall time (for the
 clients, from the first request sent to the last stream closed); latency and time to first token are the
 client's own, over every request of every round.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,16 +36,19 @@ from bench.loadtest import request_body as load_test_body
 from bench.record import plt
 from bench.report_page import Page, spread
 from data.tokenizer import encode
-from model.artifact import save_artifact
+from model.artifact import artifact_writers, load_model, model_state_for_saving
+from model.folder import write_folder_atomically
 from model.config import PRESETS, preset
 from model.generate import generate
 from model.gpt import GPT
+from model.int8 import int8_state_for_saving, quantize_model
 from model.packed_linear import pack_for_inference
 from model.sampling import SamplingParams
 from runtime.cli import option
 from runtime.device import choose_device
 from runtime.provenance import provenance
 from runtime.timing import Environment, Spread, environment, paired_ratio, time_interleaved
+from serve.config import DECODE_MODES
 from serve.launch import running_server
 
 REQUEST_TIMEOUT_S = 600.0
@@ -54,10 +62,17 @@ class Settings:
         "help": "concurrency levels measured beside one client: that many requests sent at once"})
     repeats: int = option(3, "timed rounds (after one untimed warm-up round)")
     device: str = option("auto", "auto, cpu, cuda, ... (the server's too)")
+    decode: list[str] = option(list(DECODE_MODES), "ways of running decode steps, each in generate() and in a "
+                                                   "server of its own; the first is compared with the others",
+                               choices=DECODE_MODES)
+    weights: str = option("fp32", "the artifact served: fp32, or int8 (int8 linears and head, CPU only)",
+                          choices=("fp32", "int8"))
 
     def __post_init__(self):
         at_least(self, 1, "new_tokens", "repeats")
         at_least(self, 2, "clients")
+        if len(set(self.decode)) != len(self.decode):
+            raise SettingsError(f"--decode names a mode twice: {' '.join(self.decode)}")
 
 
 @dataclass
@@ -81,15 +96,29 @@ class Level:
 
 
 @dataclass
-class ServeSpeed:
-    model: str
-    prompt: str
-    prompt_tokens: int
-    new_tokens: int
+class DecodeSpeed:
+    decode: str  # how decode steps ran (DECODE_MODES), in generate() and its server
     generate_tokens_per_s: Spread
     levels: list[Level]  # one client first
     one_client_over_generate: float  # median of per-round ratios
+    # The first mode's speed over this one's, by "generate()" and level ("1 client", "12 clients"); None for
+    # the first mode.
+    first_over_this: dict[str, float] | None
+
+
+@dataclass
+class ServeSpeed:
+    model: str
+    weights: str  # fp32 or int8
+    prompt: str
+    prompt_tokens: int
+    new_tokens: int
+    decodes: list[DecodeSpeed]  # in --decode's order
     environment: Environment
+
+
+def level_name(clients: int) -> str:
+    return f"{clients} client{'s' if clients > 1 else ''}"
 
 
 def request_body(i: int, max_new_tokens: int) -> dict:
@@ -107,93 +136,139 @@ def checked(level: LevelResult, new_tokens: int) -> LevelResult:
     return level
 
 
+def save_served_artifact(folder: Path, model: GPT, weights: str) -> None:
+    """The model as an artifact the server loads: as it is, or quantized as `quantize/dynamic.py --head int8`
+    quantizes it."""
+    produced_by = provenance("bench/experiments/serve_speed.py")
+    if weights == "fp32":
+        writers = artifact_writers(model_state_for_saving(model), model.config, "float", produced_by)
+    else:
+        quantization = quantize_model(model, head="int8")
+        writers = artifact_writers(int8_state_for_saving(model), model.config, "int8", produced_by,
+                                   extra={"quantization": quantization})
+    write_folder_atomically(folder, writers)
+
+
 def measure(settings: Settings, work_dir: Path) -> ServeSpeed:
     device = choose_device(settings.device)
+    if settings.weights == "int8" and device.type != "cpu":
+        raise SettingsError(f"--weights int8 runs PyTorch's int8 kernels, which are CPU-only; the device is {device}")
     torch.manual_seed(0)
-    model = GPT(preset(settings.model)).to(device).eval()
     prompt = PROMPTS[0]
     prompt_ids = encode(prompt)
-    if len(prompt_ids) + settings.new_tokens > model.config.block_size:
+    config = preset(settings.model)
+    if len(prompt_ids) + settings.new_tokens > config.block_size:
         raise SettingsError(f"--new-tokens {settings.new_tokens} and the prompt exceed the {settings.model} "
-                            f"context of {model.config.block_size}")
+                            f"context of {config.block_size}")
     shutil.rmtree(work_dir, ignore_errors=True)  # this experiment's own scratch from last time
     work_dir.mkdir(parents=True)
     artifact = work_dir / "model"
-    save_artifact(artifact, model, model.config, "float", provenance("bench/experiments/serve_speed.py"))
-    pack_for_inference(model)  # as the server does with what it loads
+    save_served_artifact(artifact, GPT(config).eval(), settings.weights)
+    model, _ = load_model(artifact, device)  # what the server loads
+    pack_for_inference(model)  # as the server does
 
     idx = torch.tensor([prompt_ids], device=device)
     first = request_body(0, settings.new_tokens)
     params = SamplingParams(max_new_tokens=settings.new_tokens, temperature=first["temperature"],
                             top_k=first["top_k"], seed=first["seed"], stop_at_eot=False)
-    levels: dict[int, list[LevelResult]] = {n: [] for n in [1, *settings.clients]}
+    counts = [1, *settings.clients]
+    levels: dict[tuple[str, int], list[LevelResult]] = {(mode, n): [] for mode in settings.decode for n in counts}
     server_args = ["--device", str(device), "--max-batch-size", str(max(16, *settings.clients)),
                    "--max-connections", str(max(128, 2 * max(settings.clients))),
                    "--request-timeout-s", str(REQUEST_TIMEOUT_S)]
 
-    def clients(url: str, n: int):
+    def clients(url: str, mode: str, n: int):
         def call():
-            levels[n].append(checked(asyncio.run(run_level(url, n, n, settings.new_tokens, REQUEST_TIMEOUT_S,
-                                                           REQUEST_TIMEOUT_S, body=request_body)),
-                                     settings.new_tokens))
+            levels[mode, n].append(checked(asyncio.run(run_level(url, n, n, settings.new_tokens, REQUEST_TIMEOUT_S,
+                                                                 REQUEST_TIMEOUT_S, body=request_body)),
+                                           settings.new_tokens))
         return call
 
-    with running_server(artifact, work_dir / "server.log", server_args) as server:
-        calls = {"generate": lambda: generate(model, idx, params), **{n: clients(server.url, n) for n in levels}}
+    def generating(mode: str):
+        return lambda: generate(model, idx, params, decode=mode)
+
+    with contextlib.ExitStack() as servers:
+        calls = {}
+        for mode in settings.decode:
+            server = servers.enter_context(running_server(artifact, work_dir / f"server_{mode}.log",
+                                                          [*server_args, "--decode", mode]))
+            calls[mode, "generate"] = generating(mode)
+            calls.update({(mode, n): clients(server.url, mode, n) for n in counts})
         seconds = time_interleaved(calls, settings.repeats, warmup=1, device=device, progress="serve_speed rounds")
-    timed = {n: runs[1:] for n, runs in levels.items()}  # the first round warmed up
-    # The clients' own clock: from the first request sent to the last stream closed.
-    wall = {n: [run.wall_s for run in runs] for n, runs in timed.items()}
-    generate_speed = Spread.of([settings.new_tokens / s for s in seconds["generate"]])
-    result_levels = []
-    for n, runs in timed.items():
-        outcomes = [o for run in runs for o in run.outcomes]
-        result_levels.append(Level(
-            n, Spread.of([n * settings.new_tokens / s for s in wall[n]]),
-            Percentiles.of([1000 * o.latency_s for o in outcomes]),
-            Percentiles.of([1000 * o.ttft_s for o in outcomes]),
-            None if n == 1 else paired_ratio(wall[1], [s / n for s in wall[n]])))
-    result = ServeSpeed(settings.model, prompt, len(prompt_ids), settings.new_tokens, generate_speed, result_levels,
-                        paired_ratio(seconds["generate"], wall[1]), environment(device))
-    print(f"generate(): {generate_speed.median:.1f} new tokens/s; one streaming client "
-          f"{result_levels[0].tokens_per_s.median:.1f} ({result.one_client_over_generate:.2f}x generate())"
-          + "".join(f"; {lv.clients} clients {lv.tokens_per_s.median:.1f} ({lv.over_one_client:.2f}x one)"
-                    for lv in result_levels[1:]))
-    return result
+    # The clients' own clock: from the first request sent to the last stream closed; the first round warmed up.
+    wall = {key: [run.wall_s for run in runs[1:]] for key, runs in levels.items()}
+    decodes = []
+    for mode in settings.decode:
+        result_levels = []
+        for n in counts:
+            outcomes = [o for run in levels[mode, n][1:] for o in run.outcomes]
+            result_levels.append(Level(
+                n, Spread.of([n * settings.new_tokens / s for s in wall[mode, n]]),
+                Percentiles.of([1000 * o.latency_s for o in outcomes]),
+                Percentiles.of([1000 * o.ttft_s for o in outcomes]),
+                None if n == 1 else paired_ratio(wall[mode, 1], [s / n for s in wall[mode, n]])))
+        first_over_this = None
+        if mode != settings.decode[0]:
+            base = settings.decode[0]
+            first_over_this = {"generate()": paired_ratio(seconds[mode, "generate"], seconds[base, "generate"]),
+                               **{level_name(n): paired_ratio(wall[mode, n], wall[base, n]) for n in counts}}
+        decodes.append(DecodeSpeed(mode, Spread.of([settings.new_tokens / s for s in seconds[mode, "generate"]]),
+                                   result_levels, paired_ratio(seconds[mode, "generate"], wall[mode, 1]),
+                                   first_over_this))
+    for d in decodes:
+        print(f"{d.decode}: generate() {d.generate_tokens_per_s.median:.1f} new tokens/s; one streaming client "
+              f"{d.levels[0].tokens_per_s.median:.1f} ({d.one_client_over_generate:.2f}x generate())"
+              + "".join(f"; {lv.clients} clients {lv.tokens_per_s.median:.1f} ({lv.over_one_client:.2f}x one)"
+                        for lv in d.levels[1:])
+              + ("" if d.first_over_this is None else "; " + settings.decode[0] + " over " + d.decode + ": "
+                 + ", ".join(f"{k} {v:.2f}x" for k, v in d.first_over_this.items())))
+    return ServeSpeed(settings.model, settings.weights, prompt, len(prompt_ids), settings.new_tokens, decodes,
+                      environment(device))
 
 
 def plot(result: ServeSpeed):
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    names = ["generate()", *[f"{lv.clients} client{'s' if lv.clients > 1 else ''}" for lv in result.levels]]
-    spreads = [result.generate_tokens_per_s, *[lv.tokens_per_s for lv in result.levels]]
-    medians = [s.median for s in spreads]
-    ax.bar(names, medians, yerr=[[m - s.min for m, s in zip(medians, spreads)],
-                                 [s.max - m for m, s in zip(medians, spreads)]],
-           capsize=6, color=["tab:grey", *["tab:blue"] * len(result.levels)])
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    names = ["generate()", *[level_name(lv.clients) for lv in result.decodes[0].levels]]
+    width = 0.8 / len(result.decodes)
+    for i, d in enumerate(result.decodes):
+        spreads = [d.generate_tokens_per_s, *[lv.tokens_per_s for lv in d.levels]]
+        medians = [s.median for s in spreads]
+        ax.bar(np.arange(len(names)) + (i - (len(result.decodes) - 1) / 2) * width, medians, width,
+               yerr=[[m - s.min for m, s in zip(medians, spreads)], [s.max - m for m, s in zip(medians, spreads)]],
+               capsize=4, label=f"{d.decode} decode steps")
+    ax.set_xticks(np.arange(len(names)), names)
     ax.set_ylabel("new tokens / s (min-max)")
     ax.grid(alpha=0.3, axis="y")
-    ax.set_title(f"{result.model}: {result.new_tokens} new tokens per request, sampled, streamed")
+    ax.legend()
+    ax.set_title(f"{result.model} {result.weights}: {result.new_tokens} new tokens per request, sampled, streamed")
     return fig
 
 
 def section(res: ServeSpeed, page: Page) -> None:
-    page.add(f"`{res.model}` with random weights, prompt \"{res.prompt}\" ({res.prompt_tokens} tokens), "
-             f"{res.new_tokens} new tokens per request, sampled (temperature 0.8, top-k 200); `generate()` in the benchmark's process against "
-             f"streaming `/generate` requests to `python -m serve` on the same artifact and device, timed in "
-             f"interleaved rounds.\n")
-    rows = [["`generate()`, batch 1", spread(res.generate_tokens_per_s), "", "", ""]]
-    for lv in res.levels:
-        over = (f"{res.one_client_over_generate:.2f}x `generate()`" if lv.over_one_client is None
-                else f"{lv.over_one_client:.2f}x one client")
-        rows.append([f"{lv.clients} streaming client{'s' if lv.clients > 1 else ''}", spread(lv.tokens_per_s), over,
-                     " / ".join(f"{v:.0f}" for v in (lv.latency_ms.p50, lv.latency_ms.p95, lv.latency_ms.p99)),
-                     " / ".join(f"{v:.0f}" for v in (lv.first_token_ms.p50, lv.first_token_ms.p95,
-                                                     lv.first_token_ms.p99))])
+    page.add(f"`{res.model}` with random weights, {res.weights}, prompt \"{res.prompt}\" ({res.prompt_tokens} "
+             f"tokens), {res.new_tokens} new tokens per request, sampled (temperature 0.8, top-k 200); `generate()` "
+             f"in the benchmark's process against streaming `/generate` requests to `python -m serve` on the same "
+             f"artifact and device, each with the same decode steps, all timed in interleaved rounds.\n")
+    rows = []
+    for d in res.decodes:
+        rows.append([f"`generate()`, batch 1, {d.decode}", spread(d.generate_tokens_per_s), "", "", ""])
+        for lv in d.levels:
+            over = (f"{d.one_client_over_generate:.2f}x `generate()`" if lv.over_one_client is None
+                    else f"{lv.over_one_client:.2f}x one client")
+            rows.append([f"{lv.clients} streaming client{'s' if lv.clients > 1 else ''}, {d.decode}",
+                         spread(lv.tokens_per_s), over,
+                         " / ".join(f"{v:.0f}" for v in (lv.latency_ms.p50, lv.latency_ms.p95, lv.latency_ms.p99)),
+                         " / ".join(f"{v:.0f}" for v in (lv.first_token_ms.p50, lv.first_token_ms.p95,
+                                                         lv.first_token_ms.p99))])
     page.table(["", "new tokens/s (min-max)", "ratio", "latency p50 / p95 / p99 ms",
                 "first token p50 / p95 / p99 ms"], rows)
-    page.add(f"**One streaming client gets {res.one_client_over_generate:.2f}x of `generate()`'s speed**: the "
-             f"server's per-token cost (HTTP, event stream, the engine's batching bookkeeping) over the bare "
-             f"decoding loop.\n")
+    first = res.decodes[0]
+    page.add(f"**One streaming client gets {first.one_client_over_generate:.2f}x of `generate()`'s speed** with "
+             f"{first.decode} steps: the server's per-token cost (HTTP, event stream, the engine's batching "
+             f"bookkeeping) over the bare decoding loop.\n")
+    for d in res.decodes[1:]:
+        page.add(f"{first.decode} steps over {d.decode} steps, paired in the same rounds: "
+                 + ", ".join(f"{k} {v:.2f}x" for k, v in d.first_over_this.items()) + ".\n")
 
 
 EXPERIMENT = Experiment(
