@@ -69,9 +69,10 @@ class SampleConfig:
     device: str = option("auto", "auto, cpu, cuda, ...")
     decode: str = option("dynamic", "how cached decode steps run: dynamic (the keys grow), static (fixed "
                                     "shapes), cuda-graph (static, each step replayed as one captured CUDA graph: "
-                                    "fewer kernel launches at small batch on a GPU), traced (static, each step one "
-                                    "traced TorchScript graph with no Python between operators: the fastest at "
-                                    "batch 1 on the CPU, after a trace of about a second); the tokens are the same",
+                                    "fewer kernel launches at small batch on a GPU), traced (dynamic, each step one "
+                                    "traced TorchScript graph with no Python between operators: the fastest on "
+                                    "the CPU, after a trace of about a second per batch size); the tokens are the "
+                                    "same",
                          choices=DECODE_MODES)
 
     def __post_init__(self):

@@ -5,7 +5,8 @@ its prompt, batch of one) and then joins the running batch, where every sequence
 one token per shared forward pass; a sequence leaves the batch the step it finishes, and its
 row goes to the next waiting request.  Each request samples with its own torch.Generator,
 seeded from its `seed` (model/sampling.py), so its random stream does not depend on its
-neighbours in the batch.
+neighbours in the batch.  Each shared step runs as one traced graph (model/decode_trace.py) over
+the batch padded to a row count it was traced for (serve/slots.py), or eagerly with `decode="dynamic"`.
 
 The engine knows nothing about HTTP or asyncio: a request carries an `on_event` callback
 that the engine calls, from its thread, with a `TokenEvent` per token and then exactly one
@@ -29,7 +30,7 @@ from model.gpt import KVCache
 from model.sampling import SamplingParams, sample_rows
 from serve.config import DECODE_MODES
 from serve.metrics import ServerMetrics
-from serve.slots import SlotCache
+from serve.slots import SlotCache, padded_rows
 from serve.text import TextAssembler
 
 log = logging.getLogger("serve.engine")
@@ -149,8 +150,9 @@ class Engine:
         # The KV cache takes the dtype of the model's float weights (int8 models keep float norms and embeddings).
         self.dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
         self.slots = SlotCache(self.config, max_batch_size, device, self.dtype)
-        # The model's weights stay as loaded while it serves.
-        self.traced_steps = TracedSteps(model) if decode == "traced" else None
+        # The model's weights stay as loaded while it serves; every padded row count is kept, with and without a mask.
+        row_counts = {padded_rows(rows, max_batch_size) for rows in range(1, max_batch_size + 1)}
+        self.traced_steps = TracedSteps(model, kept=2 * len(row_counts)) if decode == "traced" else None
         self.active: list[_Sequence] = []  # active[i] lives in slot row i
         self.waiting: collections.deque[GenerationRequest] = collections.deque()
         self.wakeup = threading.Condition()

@@ -19,6 +19,13 @@ from model.config import GPTConfig
 from model.gpt import KVCache
 
 
+def padded_rows(rows: int, max_rows: int) -> int:
+    """`rows` active rows, and above 4 enough free ones to make a multiple of 4 (at most `max_rows`). A trace is
+    made for each row count it meets (about a second for GPT-2 124M on 2 CPU cores), so counts are rounded, as
+    vLLM pads a batch to a size it captured a CUDA graph for."""
+    return rows if rows <= 4 else min(-(-rows // 4) * 4, max_rows)
+
+
 class SlotCache:
     def __init__(self, config: GPTConfig, max_rows: int, device, dtype):
         self.width = 2 * config.block_size
@@ -52,10 +59,8 @@ class SlotCache:
         return self.valid[: self.rows, : self.length + 1]
 
     def step_rows(self) -> int:
-        """The rows a traced decode step runs on: the active ones, and above 4 enough free ones to make a multiple
-        of 4. A trace is made for each row count it meets (about a second for GPT-2 124M on 2 CPU cores), so
-        counts are rounded, as vLLM pads a batch to a size it captured a CUDA graph for."""
-        return self.rows if self.rows <= 4 else min(-(-self.rows // 4) * 4, self.max_rows)
+        """The rows a traced decode step runs on (`padded_rows`)."""
+        return padded_rows(self.rows, self.max_rows)
 
     def step_views(self, rows: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Rows 0..rows-1 (the active ones, then free rows that pad a traced step's batch) of every layer's keys

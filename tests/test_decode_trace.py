@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from model.decode_trace import _TRACES, TracedDecoder
+from model.decode_trace import _TRACES, TracedDecoder, TracedSteps
 from model.generate import generate
 from model.gpt import ContextOverflow, KVCache
 from model.int8 import quantize_model
@@ -36,6 +36,17 @@ def test_traced_steps_give_the_eager_tokens_and_one_trace_serves_every_length(sm
     assert list(_TRACES[small_model][1].values()) == [traced]
     generate(small_model, prompt(batch=3), GREEDY, decode="traced")
     assert len(_TRACES[small_model][1]) == 2
+
+
+def test_at_most_the_kept_traces_are_kept_the_oldest_going_first(small_model):
+    pack_for_inference(small_model)
+    steps = TracedSteps(small_model, kept=2)
+    cache = KVCache(small_model.config, 3, 4, "cpu")
+    with torch.inference_mode():
+        for rows in (1, 2, 3):
+            tokens = torch.zeros(rows, 1, dtype=torch.long)
+            steps(tokens, tokens, None, [k[:rows, :, :1] for k in cache.k], [v[:rows, :, :1] for v in cache.v])
+    assert [key[0] for key in steps.traces] == [2, 3]
 
 
 def test_an_int8_model_traces_to_the_same_tokens_as_its_eager_steps(small_model):
