@@ -6,8 +6,10 @@ model/packed_linear.py, written as one Markdown page.
 1. Each product of a GPT-2 step, on 1 and on 12 rows, through nn.Linear (PyTorch's default CPU path, MKL) and
    through PackedLinear (oneDNN, weight packed ahead): GB/s of weights read, with enough distinct copies of each
    matrix (about 200 MB) that they stream from memory as in a real step, not from cache.
-2. torch.profiler over decode steps at batch 1 and 12 (32 cached positions), nn.Linear against packed: the
-   operators by their own CPU time per step.
+2. torch.profiler over decode steps at batch 1 and 12 (32 cached positions): eager with nn.Linear, eager
+   packed, and the traced steps `generate(decode="traced")` and the server run (model/decode_trace.py), in
+   fp32 packed and in int8 with the int8 head (`quantize/dynamic.py --head int8`): the operators by their own
+   CPU time per step.
 3. The machine's read bandwidth (a sum over 1 GiB of float32) for scale.
 """
 from __future__ import annotations
@@ -24,7 +26,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench.experiments.generate_speed import read_bandwidth
 from model.config import PRESETS, preset
+from model.decode_trace import TracedDecoder
 from model.gpt import GPT, KVCache
+from model.int8 import quantize_model
 from model.packed_linear import PackedLinear, pack_for_inference
 from runtime.timing import environment
 
@@ -59,18 +63,19 @@ def product_rates(model: GPT, rows: int) -> list[tuple[str, float, float]]:
     return out
 
 
-def step_profile(model: GPT, batch: int, steps: int = 20) -> tuple[float, list[tuple[str, float, int]]]:
+def step_profile(model: GPT, batch: int, traced: bool, steps: int = 20) -> tuple[float, list[tuple[str, float, int]]]:
     """(ms per decode step, [(operator, own CPU ms per step, calls per step)]) after a 32-token prompt."""
     with torch.inference_mode():
         cache = KVCache(model.config, batch, 32 + steps + 8, "cpu")
         model(torch.randint(0, 50257, (batch, 32)), cache=cache, last_only=True)
         token = torch.randint(0, 50257, (batch, 1))
-        for _ in range(3):
-            model(token, cache=cache, last_only=True)
+        step = TracedDecoder(model, cache) if traced else lambda t: model(t, cache=cache, last_only=True)
+        for _ in range(3):  # warm-up (and the trace)
+            step(token)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             start = time.perf_counter()
             for _ in range(steps):
-                model(token, cache=cache, last_only=True)
+                step(token)
             ms = (time.perf_counter() - start) / steps * 1e3
     ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     return ms, [(e.key, e.self_cpu_time_total / 1e3 / steps, e.count // steps) for e in ops[:8]]
@@ -85,6 +90,9 @@ def main(argv=None) -> None:
     plain = GPT(preset(args.model)).eval()
     packed = copy.deepcopy(plain)
     note = pack_for_inference(packed)
+    int8 = copy.deepcopy(plain)
+    quantize_model(int8, head="int8")
+    pack_for_inference(int8)
     env = environment(torch.device("cpu"))
     lines = [f"# Decoding step profile: {args.model} on the CPU", "",
              f"`python bench/decode_profile.py --model {args.model}` on {env.cpu}, {env.threads} threads, torch "
@@ -99,8 +107,10 @@ def main(argv=None) -> None:
                          f"{packed_rate / plain_rate:.2f}x |")
     for batch in (1, 12):
         lines += ["", f"## One decode step at batch {batch}", ""]
-        for label, model in (("nn.Linear (MKL)", plain), ("packed (oneDNN)", packed)):
-            ms, ops = step_profile(model, batch)
+        for label, model, traced in (("nn.Linear (MKL), eager", plain, False), ("packed (oneDNN), eager", packed, False),
+                                     ("packed (oneDNN), traced", packed, True),
+                                     ("int8 with the int8 head, traced", int8, True)):
+            ms, ops = step_profile(model, batch, traced)
             lines += [f"{label}: {ms:.1f} ms per step (profiler on)", "",
                       "| operator | own CPU ms per step | calls per step |",
                       "|---|---|---|"]
