@@ -102,6 +102,29 @@ def test_batched_generation_equals_generating_alone(engine, short_context_model,
         assert reference[0, len(ids):].tolist() == tokens
 
 
+@pytest.mark.parametrize("kind", ["pruned", "int8"])
+def test_traced_steps_serve_pruned_and_int8_models_as_generate_does(kind):
+    """Layers of different widths (a pruned artifact) and int8 layers with the int8 head trace too, and a request
+    gets generate()'s tokens. (Alone: int8 activations are quantized over the whole batch.)"""
+    from model.int8 import quantize_model
+    from model.packed_linear import pack_for_inference
+    torch.manual_seed(0)
+    widths = dict(n_head_per_layer=[3, 1], mlp_hidden=[40, 24]) if kind == "pruned" else {}
+    model = GPT(small_config(block_size=16, vocab_size=2048, **widths)).eval()
+    if kind == "int8":
+        quantize_model(model, head="int8")
+    pack_for_inference(model)
+    engine = Engine(model, torch.device("cpu"), max_batch_size=2, max_queue=4, request_timeout_s=60)
+    engine.warm_up()
+    engine.start()
+    try:
+        for ids, params in mixed_jobs(4, 16):
+            tokens = run(engine, [(ids, params)]).tokens[0]
+            assert generate(model, torch.tensor([ids]), params)[0, len(ids):].tolist() == tokens
+    finally:
+        engine.stop()
+
+
 def test_same_seed_repeats_and_different_seeds_differ(engine):
     params = lambda seed: SamplingParams(max_new_tokens=10, temperature=1.0, seed=seed, stop_at_eot=False)
     out = run(engine, [([1, 2, 3], params(5)), ([1, 2, 3], params(5)), ([1, 2, 3], params(6))]).tokens
