@@ -71,7 +71,7 @@ class SampleConfig:
                                     "shapes), cuda-graph (static, each step replayed as one captured CUDA graph: "
                                     "fewer kernel launches at small batch on a GPU), traced (dynamic, each step one "
                                     "traced TorchScript graph with no Python between operators: the fastest on "
-                                    "the CPU, after a trace of about a second per batch size); the tokens are the "
+                                    "the CPU, after a trace of under a second per batch size); the tokens are the "
                                     "same",
                          choices=DECODE_MODES)
 

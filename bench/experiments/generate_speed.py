@@ -11,10 +11,11 @@ Ours is `generate()` on the model as sample.py runs it: float32 linears packed f
 (model/packed_linear.py), and the int8 artifact's model (model/int8.py) with the tied embedding / output head
 in int8 too (`quantize/dynamic.py --head int8`; `--int8-head` picks another format), as llama.cpp's Q8_0
 quantizes GPT-2's tied token-embedding / output matrix. Its decode steps run as one traced graph each
-(`sample.py --decode traced`, model/decode_trace.py; `--decode` picks another mode); the trace, about a second
-once per shape, is made in the untimed first call, as ONNX Runtime's export and llama.cpp's conversion are. Every side
-decodes greedily with a KV cache from identical weights; the calls are timed in interleaved rounds whose order
-alternates, so that machine noise hits all alike, and each ratio is the median of per-round ratios. Speeds
+(`sample.py --decode traced`, model/decode_trace.py; `--decode` picks another mode); the trace, under a
+second once per batch size, is made in the untimed first call, as ONNX Runtime's export and llama.cpp's
+conversion are. Every side decodes greedily with a KV cache from identical weights; the calls are timed in
+interleaved rounds whose order alternates, so that machine noise hits all alike, and each ratio is the median
+of per-round ratios. Speeds
 are new tokens per second with the prompt's prefill included. The fp32 tokens of every peer are compared with
 ours; the int8 sides are compared with our fp32 tokens (agreement: the share of equal new tokens).
 
