@@ -107,7 +107,8 @@ def main(argv=None) -> None:
                          f"{packed_rate / plain_rate:.2f}x |")
     for batch in (1, 12):
         lines += ["", f"## One decode step at batch {batch}", ""]
-        for label, model, traced in (("nn.Linear (MKL), eager", plain, False), ("packed (oneDNN), eager", packed, False),
+        for label, model, traced in (("nn.Linear (MKL), eager", plain, False),
+                                     ("packed (oneDNN), eager", packed, False),
                                      ("packed (oneDNN), traced", packed, True),
                                      ("int8 with the int8 head, traced", int8, True)):
             ms, ops = step_profile(model, batch, traced)

@@ -19,7 +19,7 @@ from model.folder import (STAGING_DIR, acquire_writer_lock, previous_contents, r
 from model.gpt import GPT
 from model.hf import load_hf_gpt2
 from model.hub import resolve_checkpoint
-from model.int8 import build_int8_model
+from model.int8 import build_int8_model, int8_state_for_saving
 from model.weights import ArtifactError, load_weights, read_safetensors
 
 CONFIG_FILE = "config.json"
@@ -44,6 +44,12 @@ def artifact_writers(model_state: dict[str, torch.Tensor], config: GPTConfig, ki
         WEIGHTS_FILE: lambda p: save_file(model_state, str(p), metadata={"artifact": kind}),
         CONFIG_FILE: lambda p: p.write_text(json.dumps(meta, indent=2) + "\n"),
     }
+
+
+def int8_artifact_writers(model: GPT, produced_by: dict, quantization: dict) -> dict[str, Callable[[Path], None]]:
+    """`artifact_writers` for a model quantized by `model.int8.quantize_model`, which returned `quantization`."""
+    return artifact_writers(int8_state_for_saving(model), model.config, "int8", produced_by,
+                            extra={"quantization": quantization})
 
 
 def save_artifact(folder, model: torch.nn.Module, config: GPTConfig, kind: str, produced_by: dict,

@@ -5,8 +5,9 @@ weights from memory. PyTorch's default CPU path for that product (MKL) read GPT-
 GB/s on one row and 10-14 GB/s on 12 rows here (a 2-core AMD EPYC whose sum over 1 GiB reads 46 GB/s; on an
 earlier 2-core EPYC, MKL's one-row product ran on one of the two cores). oneDNN's product over a weight packed
 ahead of time read them at 30-41 GB/s on one row and 25-38 GB/s on 12 (bench/results/decode_profile.md, from
-bench/decode_profile.py, with the per-operator profile of a step). The packed copy is derived and never saved: the module keeps the
-original parameter, so a tied head stays tied and checkpoints, exports and state dicts are unchanged.
+bench/decode_profile.py, with the per-operator profile of a step). The packed copy is derived and never saved:
+the module keeps the original parameter, so a tied head stays tied and checkpoints, exports and state dicts are
+unchanged.
 
 `pack_for_inference(model)` swaps the layers in place and says what it did; sample.py, the server, the
 scorecard and the speed benchmarks call it. Training and anything that needs gradients keep nn.Linear's

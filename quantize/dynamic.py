@@ -35,9 +35,9 @@ import torch
 from data.corpus import DATASET_NAMES
 from data.loader import eval_batches
 from data.shards import load_split
-from model.artifact import (DEFAULT_OUT_ROOT, WEIGHTS_FILE, ArtifactError, artifact_writers, claim_output_folder,
+from model.artifact import (DEFAULT_OUT_ROOT, WEIGHTS_FILE, ArtifactError, claim_output_folder, int8_artifact_writers,
                             load_model, read_config, write_folder_atomically)
-from model.int8 import HEAD_FORMATS, default_head_format, int8_state_for_saving, quantize_model
+from model.int8 import HEAD_FORMATS, default_head_format, quantize_model
 from model.packed_linear import pack_for_inference
 from model.run_folder import pick_checkpoint
 from quantize.measure import generation_speed, greedy_agreement, paired_validation, prompts_from
@@ -155,8 +155,7 @@ def quantize(cfg: QuantizeConfig) -> dict:
         cfg.head = default_head_format()
         print(f"head format: {cfg.head} (auto; pass --head to choose)", file=sys.stderr)
     quantization = quantize_model(int8_model, head=cfg.head)
-    writers = artifact_writers(int8_state_for_saving(int8_model), float_model.config, "int8",
-                               provenance("quantize/dynamic.py", source), extra={"quantization": quantization})
+    writers = int8_artifact_writers(int8_model, provenance("quantize/dynamic.py", source), quantization)
     # The weights replace an earlier run's in this folder together with a report that says they are not
     # measured yet, so a run stopped while measuring never leaves the earlier run's report beside them.
     unmeasured = {"source": str(source), "artifact": str(out_dir), "measured": False,

@@ -94,14 +94,12 @@ def test_cuda_graph_decoding_gives_the_tokens_of_eager_decoding(small_model):
 def test_an_int8_artifact_runs_weight_only_on_cuda(tmp_path, small_model):
     import copy
 
-    from model.artifact import artifact_writers, load_model, write_folder_atomically
-    from model.int8 import int8_state_for_saving, quantize_model
+    from model.artifact import int8_artifact_writers, load_model, write_folder_atomically
+    from model.int8 import quantize_model
     from runtime.provenance import provenance
     quantized = copy.deepcopy(small_model)
     quantization = quantize_model(quantized, head="fp32")
-    write_folder_atomically(tmp_path / "int8", artifact_writers(int8_state_for_saving(quantized), quantized.config,
-                                                                "int8", provenance("tests"),
-                                                                extra={"quantization": quantization}))
+    write_folder_atomically(tmp_path / "int8", int8_artifact_writers(quantized, provenance("tests"), quantization))
     with pytest.warns(UserWarning):
         model, meta = load_model(tmp_path / "int8", "cuda")
         idx = torch.randint(0, 50257, (2, 8), device="cuda")

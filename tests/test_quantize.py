@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 import sample
-from model.artifact import (CONFIG_FILE, WEIGHTS_FILE, ArtifactError, artifact_writers, load_model, save_artifact,
-                            write_folder_atomically)
+from model.artifact import (CONFIG_FILE, WEIGHTS_FILE, ArtifactError, artifact_writers, int8_artifact_writers,
+                            load_model, save_artifact, write_folder_atomically)
 from model.generate import generate
 from model.gpt import GPT
 from model.int8 import (HEAD_FORMATS, Fp16WeightLinear, Int8Embedding, Int8Linear, default_head_format,
@@ -56,8 +56,7 @@ def quantized(model: GPT, head: str = "fp32") -> tuple[GPT, dict]:
 
 
 def save_int8(folder, model: GPT, quantization: dict) -> None:
-    write_folder_atomically(folder, artifact_writers(int8_state_for_saving(model), model.config, "int8",
-                                                     provenance("tests"), extra={"quantization": quantization}))
+    write_folder_atomically(folder, int8_artifact_writers(model, provenance("tests"), quantization))
 
 
 def test_per_channel_quantization_error_is_bounded_by_half_a_step():

@@ -197,13 +197,12 @@ def test_time_limit_answers_504_and_ends_a_stream_with_an_error(checkpoint):
 
 @pytest.mark.parametrize("quantize_head", [False, True])
 def test_int8_artifact_is_served(tmp_path, quantize_head):
-    from model.artifact import artifact_writers, write_folder_atomically
-    from model.int8 import int8_state_for_saving, quantize_model
+    from model.artifact import int8_artifact_writers, write_folder_atomically
+    from model.int8 import quantize_model
     torch.manual_seed(0)
     model = GPT(small_config(block_size=BLOCK_SIZE))
     quantization = quantize_model(model, head="int8" if quantize_head else "fp32")
-    write_folder_atomically(tmp_path, artifact_writers(int8_state_for_saving(model), model.config, "int8",
-                                                       provenance("tests"), extra={"quantization": quantization}))
+    write_folder_atomically(tmp_path, int8_artifact_writers(model, provenance("tests"), quantization))
     with make_client(str(tmp_path)) as client:
         assert client.get("/health").json()["artifact"] == "int8"
         request = {"prompt": "Hello", "max_new_tokens": 5, "temperature": 0}

@@ -36,12 +36,12 @@ from bench.loadtest import request_body as load_test_body
 from bench.record import plt
 from bench.report_page import Page, spread
 from data.tokenizer import encode
-from model.artifact import artifact_writers, load_model, model_state_for_saving
+from model.artifact import int8_artifact_writers, load_model, save_artifact
 from model.folder import write_folder_atomically
 from model.config import PRESETS, preset
 from model.generate import generate
 from model.gpt import GPT
-from model.int8 import int8_state_for_saving, quantize_model
+from model.int8 import quantize_model
 from model.packed_linear import pack_for_inference
 from model.sampling import SamplingParams
 from runtime.cli import option
@@ -141,12 +141,9 @@ def save_served_artifact(folder: Path, model: GPT, weights: str) -> None:
     quantizes it."""
     produced_by = provenance("bench/experiments/serve_speed.py")
     if weights == "fp32":
-        writers = artifact_writers(model_state_for_saving(model), model.config, "float", produced_by)
+        save_artifact(folder, model, model.config, "float", produced_by)
     else:
-        quantization = quantize_model(model, head="int8")
-        writers = artifact_writers(int8_state_for_saving(model), model.config, "int8", produced_by,
-                                   extra={"quantization": quantization})
-    write_folder_atomically(folder, writers)
+        write_folder_atomically(folder, int8_artifact_writers(model, produced_by, quantize_model(model, head="int8")))
 
 
 def measure(settings: Settings, work_dir: Path) -> ServeSpeed:
