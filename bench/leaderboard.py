@@ -16,7 +16,6 @@ of the float architecture it was quantized from (same config, fresh weights).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import tempfile
@@ -28,7 +27,9 @@ import torch
 from tqdm import tqdm
 
 from bench.runner import run_train, window_summary
-from data.corpus import DATASET_NAMES, Corpus, read_text_file
+from data.corpus import DATASET_NAMES, Corpus
+from data.documents import text_blocks
+from data.local_files import TEXT_FIX, whole_file_corpus
 from data.loader import eval_batches
 from data.shards import load_split
 from model.artifact import load_model, save_artifact
@@ -116,12 +117,9 @@ def text_file_corpus(path: Path) -> Corpus:
     """A local text file as a corpus whose validation split is the whole file."""
     if not path.is_file():
         raise LeaderboardError(f"--eval-text {path} is not a file")
-    text = read_text_file(path)
-    if not text.strip():
+    if not any(block.strip() for block in text_blocks(path, TEXT_FIX)):
         raise LeaderboardError(f"--eval-text {path} holds no text")
-    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
-    return Corpus(name=f"text:{path.name}", fingerprint=f"text-{digest}",
-                  documents=lambda split: iter([text] if split == "validation" else []))
+    return whole_file_corpus(path, "validation")
 
 
 def evaluation_tokens(args: LeaderboardConfig):

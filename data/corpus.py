@@ -1,13 +1,20 @@
-"""Text sources, each yielding documents per split: WikiText (hub, cache or local folder) and a built-in corpus.
+"""Corpora: where a split's text comes from, read as a stream of documents in bounded memory.
 
-Dataset names (the `--dataset` flag everywhere): `wikitext-103`, `wikitext-2`,
-`builtin`, or a path to a local folder in WikiText's layout.
+Dataset names (the `--dataset` flag everywhere):
+- `builtin`: the Python standard library's documentation (below);
+- `wikitext-103`, `wikitext-2`: WikiText through the `datasets` library, from its cache or the hub;
+- a local folder or file of `.txt`/`.raw` text, `.jsonl` (a "text" field) or `.parquet` (a "text" column)
+  (data/local_files.py);
+- `hf:OWNER/NAME[/SUBFOLDER]` (or `OWNER/NAME` where no such local path exists): a Hugging Face dataset
+  repository's data files, from the hub or its cache, read as a local folder.
+
+Each corpus hands out `TextPass`es: one read of some text that writes one or more splits (a corpus without a
+validation split has it carved from the training text in the same pass).  A pass's `key` names its content
+and how it is cut into documents, so token caches are reused while the content is the same, wherever it lies.
 """
 from __future__ import annotations
 
 import ast
-import hashlib
-import re
 import sys
 import sysconfig
 import zlib
@@ -15,53 +22,43 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from data.documents import DatasetError, DocumentCutter
 from data.hub_access import hub_access
-from runtime.errors import UserError
-from runtime.text import decode_utf8
+
+__all__ = ["SPLITS", "DATASET_NAMES", "DatasetError", "Corpus", "TextPass", "get_corpus", "builtin_corpus"]
 
 SPLITS = ("train", "validation", "test")
 HUB_CONFIGS = {"wikitext-103": "wikitext-103-raw-v1", "wikitext-2": "wikitext-2-raw-v1"}
 HUB_REPO = "Salesforce/wikitext"
-RAW_FILES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw", "test": "wiki.test.raw"}
-# An article starts at a top-level heading line such as " = Valkyria Chronicles III = ".
-ARTICLE_HEADING = re.compile(r"^ = [^=].* = $")
+DATASET_NAMES = ("wikitext-103", "wikitext-2", "builtin", "hf:OWNER/NAME")
+HUB_ROWS_PER_READ = 4096
+
+Progress = Callable[[int], None]  # called with the bytes read since its last call
 
 
-class DatasetError(UserError, ValueError):
-    pass
+@dataclass(frozen=True)
+class TextPass:
+    """One read of a corpus's text: `read(progress)` yields (split, document) pairs for the `splits` it writes."""
+    key: str  # the content and its cutting into documents; the token cache's folder name
+    splits: tuple[str, ...]
+    read: Callable[[Progress], Iterator[tuple[str, str]]]
+    total_bytes: int | None = None  # for the progress bar; None where unknown
+    note: str | None = None  # said when the pass runs, e.g. how validation documents were carved
 
 
 @dataclass(frozen=True)
 class Corpus:
     name: str
-    # Identifies the exact content, so token caches are rebuilt when it changes.
-    fingerprint: str
-    documents: Callable[[str], Iterator[str]]
+    text_pass: Callable[[str], TextPass]  # the pass that writes a split
+
+    def documents(self, split: str) -> Iterator[str]:
+        """The split's documents in order (a carved split reads the whole pass)."""
+        return (doc for which, doc in self.text_pass(split).read(lambda n: None) if which == split)
 
 
-def split_articles(text: str) -> Iterator[str]:
-    """WikiText's text cut into articles at top-level headings."""
-    article: list[str] = []
-    for line in text.splitlines(keepends=True):
-        if ARTICLE_HEADING.match(line.rstrip("\n")) and any(l.strip() for l in article):
-            yield "".join(article)
-            article = []
-        article.append(line)
-    if any(l.strip() for l in article):
-        yield "".join(article)
-
-
-def read_text_file(path: Path) -> str:
-    """A dataset text file (WikiText's `wiki.*.raw`, a leaderboard --eval-text), checked to be a readable
-    UTF-8 file; newlines as text mode reads them, so its tokens match those of earlier versions."""
-    if not path.is_file():
-        raise DatasetError(f"{path} is not a file; it should hold the split's text (UTF-8)")
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise DatasetError(f"{path} cannot be read ({e.strerror}); check its permissions") from e
-    return decode_utf8(data, path, "WikiText's raw files are UTF-8, so re-extract it (or convert it, e.g. with "
-                                   "iconv)", DatasetError)
+def single_split_pass(key: str, split: str, documents: Callable[[Progress], Iterator[str]],
+                      total_bytes: int | None = None) -> TextPass:
+    return TextPass(key, (split,), lambda progress: ((split, d) for d in documents(progress)), total_bytes)
 
 
 # --- the built-in corpus ----------------------------------------------------------------------
@@ -105,60 +102,23 @@ def builtin_documents(split: str) -> Iterator[str]:
 
 def builtin_corpus() -> Corpus:
     version = ".".join(map(str, sys.version_info[:3]))
-    return Corpus(name="builtin", fingerprint=f"python-stdlib-docs-{version}", documents=builtin_documents)
+    return Corpus("builtin", lambda split: single_split_pass(f"python-stdlib-docs-{version}", split,
+                                                             lambda progress: builtin_documents(split)))
 
 
-# --- WikiText ----------------------------------------------------------------------------------
+# --- WikiText from the hub ---------------------------------------------------------------------
 
-def _local_parquet_files(folder: Path, split: str) -> list[Path]:
-    # The hub's layout: <config>/<split>-00000-of-00002.parquet (or directly in the folder).
-    return sorted(p for p in folder.rglob(f"{split}-*.parquet"))
-
-
-def _parquet_lines(path: Path) -> list[str]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    try:
-        column = pq.read_table(path, columns=["text"]).column("text")
-    except (pa.ArrowException, OSError) as e:  # not parquet, damaged, or without a "text" column
-        raise DatasetError(f"{path} is not a readable parquet file with a \"text\" column "
-                           f"({str(e).splitlines()[0]}); replace it with the hub's file") from e
-    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
-        raise DatasetError(f"{path}: the \"text\" column holds {column.type}, not strings; replace it with the "
-                           f"hub's file")
-    return [line or "" for line in column.to_pylist()]  # a null row is an empty line
-
-
-def local_corpus(folder: str | Path) -> Corpus:
-    folder = Path(folder).resolve()
-    if not folder.is_dir():
-        raise DatasetError(f"dataset {str(folder)!r} is neither a known name ({', '.join(DATASET_NAMES)}) "
-                           f"nor an existing folder")
-    files = sorted(p for p in folder.rglob("*") if p.suffix in (".raw", ".parquet"))
-    if not files:
-        raise DatasetError(f"{folder} holds neither wiki.*.raw files nor hub-layout parquet files "
-                           f"(train-*.parquet, validation-*.parquet, test-*.parquet)")
-    stamp = hashlib.sha1("".join(f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files).encode())
-
-    def documents(split: str) -> Iterator[str]:
-        raw = folder / RAW_FILES[split]
-        if raw.exists():
-            yield from split_articles(read_text_file(raw))
-            return
-        parquet = _local_parquet_files(folder, split)
-        if not parquet:
-            raise DatasetError(f"{folder} has no {split} split: expected {RAW_FILES[split]} or "
-                               f"{split}-*.parquet")
-        yield from split_articles("".join(line for p in parquet for line in _parquet_lines(p)))
-
-    return Corpus(name=f"local:{folder}", fingerprint=f"local-{folder.name}-{stamp.hexdigest()[:12]}",
-                  documents=documents)
+def _hub_error(what: str, where: str, e: Exception) -> DatasetError:
+    return DatasetError(
+        f"could not load {what} from {where}: {type(e).__name__}: {e}\nAlternatives: pass --dataset PATH to a "
+        f"local folder holding wiki.train.raw / wiki.valid.raw / wiki.test.raw (or the hub's parquet files), or "
+        f"--dataset builtin for the built-in Python-documentation corpus.")
 
 
 def hub_corpus(name: str) -> Corpus:
     config = HUB_CONFIGS[name]
 
-    def documents(split: str) -> Iterator[str]:
+    def documents(split: str, progress: Progress) -> Iterator[str]:
         import datasets
         access, offline_because = hub_access()
         where = f"its cache (offline: {offline_because})" if offline_because else "the Hugging Face hub or its cache"
@@ -166,22 +126,57 @@ def hub_corpus(name: str) -> Corpus:
             with access:
                 ds = datasets.load_dataset(HUB_REPO, config, split=split)
         except Exception as e:  # the hub and cache raise many types (ConnectionError, FileNotFoundError, ...)
-            raise DatasetError(
-                f"could not load {name} ({HUB_REPO}/{config}, split {split}) from {where}: "
-                f"{type(e).__name__}: {e}\nAlternatives: pass --dataset PATH to a local folder holding "
-                f"wiki.train.raw / wiki.valid.raw / wiki.test.raw (or the hub's parquet files), or "
-                f"--dataset builtin for the built-in Python-documentation corpus.") from e
-        yield from split_articles("".join(ds["text"]))
+            raise _hub_error(f"{name} ({HUB_REPO}/{config}, split {split})", where, e) from e
+        # The rows are WikiText's lines; the table is memory-mapped, so a slice of rows at a time is in memory.
+        cutter = DocumentCutter()
+        for start in range(0, len(ds), HUB_ROWS_PER_READ):
+            text = "".join(line or "" for line in ds[start:start + HUB_ROWS_PER_READ]["text"])
+            progress(len(text))  # characters: the bytes of the hub's files are not known here
+            yield from cutter.feed(text)
+        yield from cutter.finish()
 
-    return Corpus(name=name, fingerprint=f"hub-{config}", documents=documents)
+    # "-c2": the second way of cutting documents (data/documents.py), so caches of the first are not reused.
+    return Corpus(name, lambda split: single_split_pass(f"hub-{config}-c2", split,
+                                                        lambda progress: documents(split, progress)))
 
 
-DATASET_NAMES = ("wikitext-103", "wikitext-2", "builtin")
+# --- any dataset repository on the hub -------------------------------------------------------------
+
+HUB_DATA_FILES = ("*.txt", "*.raw", "*.jsonl", "*.parquet")
+
+
+def hub_repository_corpus(spec: str) -> Corpus:
+    """`OWNER/NAME[/SUBFOLDER]`: the repository's text, JSON-lines and parquet files (under SUBFOLDER),
+    downloaded once into the hub's cache (to disk, never into memory) and then read as a local folder."""
+    from data.local_files import local_corpus
+    owner, _, rest = spec.partition("/")
+    name, _, subfolder = rest.partition("/")
+    if not owner or not name:
+        raise DatasetError(f"hf:{spec} does not name a dataset repository; write hf:OWNER/NAME[/SUBFOLDER]")
+    repo_id = f"{owner}/{name}"
+    from huggingface_hub import snapshot_download
+    access, offline_because = hub_access()
+    where = f"the hub's cache (offline: {offline_because})" if offline_because else "the Hugging Face hub"
+    patterns = [f"{subfolder.rstrip('/')}/**/{p}" if subfolder else p for p in HUB_DATA_FILES]
+    patterns += [f"{subfolder.rstrip('/')}/{p}" for p in HUB_DATA_FILES] if subfolder else []
+    try:
+        with access:
+            folder = Path(snapshot_download(repo_id, repo_type="dataset", allow_patterns=patterns))
+    except Exception as e:  # network, authentication, unknown repository, missing cache
+        raise DatasetError(f"could not load the dataset repository {repo_id!r} from {where}: {type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else ''}\nAlternatives: a local folder or file "
+                           f"(--dataset PATH), or --dataset builtin.") from e
+    return local_corpus(folder / subfolder if subfolder else folder, name=f"hf:{spec}")
 
 
 def get_corpus(name: str) -> Corpus:
+    from data.local_files import local_corpus
     if name == "builtin":
         return builtin_corpus()
     if name in HUB_CONFIGS:
         return hub_corpus(name)
+    if name.startswith("hf:"):
+        return hub_repository_corpus(name[3:])
+    if not Path(name).exists() and name.count("/") == 1 and not name.startswith((".", "/", "~")):
+        return hub_repository_corpus(name)
     return local_corpus(name)

@@ -1,45 +1,94 @@
 """Tokenize a corpus split once into a uint16 file with a small header; memory-map it afterwards.
 
-Layout (after llm.c): a 256-int32 header [magic, version, token count, ...] then the tokens.
-Documents are joined with end-of-text.  Files live under `$GPT2_DATA_CACHE` (default `.cache/tokens`
-in the project) in a folder keyed by the corpus fingerprint and the tokenizer.
+Layout (after llm.c): a 256-int32 header [magic, version, token count, ...] then the tokens; documents are
+joined with end-of-text.  Files live under `$GPT2_DATA_CACHE` (default `.cache/tokens` in the project) in a
+folder named by the text pass's content key (data/corpus.py) and the tokenizer.
+
+Tokenizing streams: documents are read a few megabytes at a time, encoded by a pool of threads (tiktoken's
+encoder releases the GIL, and `encode_to_numpy` hands back an array without building Python ints), and their
+tokens appended to the file in order while later documents are still being encoded.  The header is fixed at the
+end and the file renamed into place, so memory does not grow with the corpus and an interrupted run leaves no
+file that looks whole.  One process writes a folder at a time (a lock file); another that needs the same tokens
+waits for it and then reads them, and a partial file left by a crashed writer is removed by the next.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import sys
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import BinaryIO, Iterator
 
 import numpy as np
 from tqdm import tqdm
 
-from data.corpus import SPLITS, Corpus, DatasetError, get_corpus
+from data.corpus import SPLITS, Corpus, DatasetError, TextPass, get_corpus
 from data.tokenizer import GPT2_RANKS_SHA256, get_tokenizer
 from model.config import EOT_TOKEN
 
 MAGIC = 20240520
 VERSION = 1
 HEADER_INTS = 256
+HEADER_BYTES = HEADER_INTS * 4
 DEFAULT_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "tokens"
 TOKENIZER_ID = f"gpt2-{GPT2_RANKS_SHA256[:8]}"
+BATCH_CHARS = 1 << 20  # text per encoding task: large enough that a task's overhead is negligible
+TASKS_PER_THREAD = 3  # tasks in flight per thread: keeps every thread busy while bounding memory
+PARTIAL_SUFFIX = ".partial"
+EOT_TEXT = "<|endoftext|>"
 
 
 def cache_root() -> Path:
     return Path(os.environ.get("GPT2_DATA_CACHE", DEFAULT_CACHE))
 
 
-def shard_path(corpus: Corpus, split: str) -> Path:
-    return cache_root() / f"{corpus.fingerprint}-{TOKENIZER_ID}" / f"{split}.bin"
+def pass_folder(text_pass: TextPass) -> Path:
+    return cache_root() / f"{text_pass.key}-{TOKENIZER_ID}"
+
+
+def encoding_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+class TokenFileWriter:
+    """A token file written by appending: the header is fixed by `close`, which renames it into place."""
+
+    def __init__(self, path: Path):
+        self.path, self.partial = path, path.with_name(path.name + PARTIAL_SUFFIX)
+        self.file: BinaryIO = open(self.partial, "wb")
+        self.file.write(bytes(HEADER_BYTES))
+        self.count = 0
+
+    def append(self, tokens: np.ndarray) -> None:
+        self.file.write(tokens.tobytes())
+        self.count += len(tokens)
+
+    def close(self) -> None:
+        header = np.zeros(HEADER_INTS, dtype=np.int32)
+        header[:3] = (MAGIC, VERSION, self.count)
+        self.file.seek(0)
+        self.file.write(header.tobytes())
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        self.partial.replace(self.path)
+
+    def discard(self) -> None:
+        self.file.close()
+        self.partial.unlink(missing_ok=True)
 
 
 def write_tokens(path: Path, tokens: np.ndarray) -> None:
-    header = np.zeros(HEADER_INTS, dtype=np.int32)
-    header[:3] = (MAGIC, VERSION, len(tokens))
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(header.tobytes())
-        f.write(tokens.astype(np.uint16).tobytes())
-    tmp.replace(path)
+    writer = TokenFileWriter(path)
+    writer.append(tokens.astype(np.uint16))
+    writer.close()
 
 
 def read_tokens(path: Path) -> np.ndarray:
@@ -49,43 +98,129 @@ def read_tokens(path: Path) -> np.ndarray:
     if header[1] != VERSION:
         raise DatasetError(f"{path} has format version {header[1]}, this code reads {VERSION}; delete it")
     count = int(header[2])
-    tokens = np.memmap(path, dtype=np.uint16, mode="r", offset=HEADER_INTS * 4)
+    if count == 0:
+        return np.zeros(0, dtype=np.uint16)
+    tokens = np.memmap(path, dtype=np.uint16, mode="r", offset=HEADER_BYTES)
     if len(tokens) != count:
         raise DatasetError(f"{path} holds {len(tokens)} tokens but its header says {count}: truncated; delete it")
     return tokens
 
 
-def tokenize_split(corpus: Corpus, split: str) -> np.ndarray:
-    tokenizer = get_tokenizer()
-    chunks = []
-    docs = corpus.documents(split)
-    with tqdm(desc=f"tokenizing {corpus.name} {split}", unit=" docs", leave=False) as bar:
-        batch: list[str] = []
+def encode_documents(docs: list[str]) -> np.ndarray:
+    """The documents' tokens, each followed by end-of-text (run on a pool thread).
+
+    One call encodes them all, joined by the end-of-text marker: tiktoken encodes the text between special
+    tokens exactly as it encodes each part alone, and one call hands the GIL back once instead of once per
+    document (per-document calls waited on the reading thread and ran at half the speed).  A document that
+    holds the marker's text itself is encoded as ordinary text, on its own."""
+    encoder = get_tokenizer()
+    if any(EOT_TEXT in doc for doc in docs):
+        parts = []
         for doc in docs:
-            batch.append(doc)
-            if len(batch) == 256:
-                chunks.extend(_encode_batch(tokenizer, batch))
-                bar.update(len(batch))
-                batch = []
-        if batch:
-            chunks.extend(_encode_batch(tokenizer, batch))
-            bar.update(len(batch))
-    if not chunks:
-        raise DatasetError(f"{corpus.name} split {split} has no text")
-    return np.concatenate(chunks)
+            parts.append(encoder.encode_to_numpy(doc, disallowed_special=()))  # = encode_ordinary, as an array
+            parts.append(np.array([EOT_TOKEN], dtype=np.uint32))
+        return np.concatenate(parts).astype(np.uint16)
+    joined = EOT_TEXT.join(docs) + EOT_TEXT
+    return encoder.encode_to_numpy(joined, allowed_special={EOT_TEXT}).astype(np.uint16)
 
 
-def _encode_batch(tokenizer, docs: list[str]) -> list[np.ndarray]:
-    encoded = tokenizer.encode_ordinary_batch(docs, num_threads=os.cpu_count() or 1)
-    return [np.array(ids + [EOT_TOKEN], dtype=np.uint16) for ids in encoded]
+def encoding_tasks(documents: Iterator[tuple[str, str]]) -> Iterator[tuple[str, list[str]]]:
+    """Consecutive documents of one split grouped into tasks of about BATCH_CHARS characters."""
+    split, batch, chars = None, [], 0
+    for which, doc in documents:
+        if batch and (which != split or chars >= BATCH_CHARS):
+            yield split, batch
+            batch, chars = [], 0
+        split = which
+        batch.append(doc)
+        chars += len(doc)
+    if batch:
+        yield split, batch
+
+
+def tokenize_pass(text_pass: TextPass, folder: Path, label: str) -> None:
+    """Write the pass's splits into `folder`, reading its text once (the caller holds the folder's lock)."""
+    threads = encoding_threads()
+    get_tokenizer()  # a missing tokenizer fails here, before any thread starts
+    writers = {split: TokenFileWriter(folder / f"{split}.bin") for split in text_pass.splits}
+    if text_pass.note:
+        print(f"data: {text_pass.note}", file=sys.stderr)
+    bar = tqdm(total=text_pass.total_bytes, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
+               desc=f"tokenizing {label}", mininterval=1.0, dynamic_ncols=True)
+    try:
+        with ThreadPoolExecutor(threads, thread_name_prefix="tokenize") as pool:
+            in_flight: deque[tuple[str, Future]] = deque()
+            for split, docs in encoding_tasks(text_pass.read(bar.update)):
+                in_flight.append((split, pool.submit(encode_documents, docs)))
+                if len(in_flight) >= threads * TASKS_PER_THREAD:
+                    done_split, future = in_flight.popleft()
+                    writers[done_split].append(future.result())
+                    bar.set_postfix_str(f"{sum(w.count for w in writers.values()):,} tokens", refresh=False)
+            while in_flight:
+                done_split, future = in_flight.popleft()
+                writers[done_split].append(future.result())
+    except BaseException:
+        for writer in writers.values():
+            writer.discard()
+        bar.close()
+        raise
+    for writer in writers.values():
+        writer.close()
+    bar.set_postfix_str(", ".join(f"{split} {w.count:,} tokens" for split, w in writers.items()))
+    bar.close()  # stays on screen with its rate and totals
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path, label: str):
+    """The folder's writer lock, waited for (with a message saying whom for) while another process holds it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            print(f"data: waiting for {holder}, which is tokenizing {label} into {folder}", file=sys.stderr)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"process {os.getpid()} on {os.uname().nodename}")
+        lock.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def corpus_of(dataset: str | Corpus) -> Corpus:
+    return get_corpus(dataset) if isinstance(dataset, str) else dataset
+
+
+def prepare_split(dataset: str | Corpus, split: str) -> Path:
+    """The split's token file, tokenizing its pass first if no process has (waiting for one that is)."""
+    if split not in SPLITS:
+        raise DatasetError(f"unknown split {split!r}; choose one of {SPLITS}")
+    corpus = corpus_of(dataset)
+    text_pass = corpus.text_pass(split)
+    folder = pass_folder(text_pass)
+    path = folder / f"{split}.bin"
+    if path.exists():
+        return path
+    name = corpus.name if len(corpus.name) <= 40 else f"...{corpus.name[-37:]}"
+    label = f"{name} {'+'.join(text_pass.splits)}"
+    with folder_lock(folder, label):
+        if not path.exists():  # another process may have written it while this one waited
+            # Left by a writer that crashed (".tmp<pid>": by this code's earlier versions); none is writing now.
+            for stale in [*folder.glob(f"*{PARTIAL_SUFFIX}"), *folder.glob("*.tmp[0-9]*")]:
+                stale.unlink()
+            tokenize_pass(text_pass, folder, label)
+    return path
 
 
 def load_split(dataset: str | Corpus, split: str) -> np.ndarray:
     """The split's tokens as a read-only memmap, tokenizing on first use."""
-    if split not in SPLITS:
-        raise DatasetError(f"unknown split {split!r}; choose one of {SPLITS}")
-    corpus = get_corpus(dataset) if isinstance(dataset, str) else dataset
-    path = shard_path(corpus, split)
-    if not path.exists():
-        write_tokens(path, tokenize_split(corpus, split))
-    return read_tokens(path)
+    corpus = corpus_of(dataset)
+    tokens = read_tokens(prepare_split(corpus, split))
+    if len(tokens) == 0:
+        raise DatasetError(f"{corpus.name} split {split} has no text")
+    return tokens

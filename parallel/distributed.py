@@ -8,10 +8,12 @@ the layout's sizes (`ParallelDims`) only; which strategy runs on them is paralle
 from __future__ import annotations
 
 import datetime
+import itertools
 import os
 import sys
+import time
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -23,6 +25,8 @@ from parallel.errors import ParallelError
 from runtime.device import distributed_backend
 
 FAILURE_KEY = "parallel/failed_rank"
+NODE_LEADER_POLL_S = 0.2
+_node_leader_calls = itertools.count()  # every rank makes the same calls in the same order
 
 
 @dataclass
@@ -138,6 +142,44 @@ def check_divisibility(config: GPTConfig, ctx: DistContext, batch_size: int) -> 
                                 f"--tp-size {tp}; use a tp size that divides it (or change vocab_pad_multiple)")
     if batch_size < 1:
         raise ParallelError(f"--batch-size must be positive, got {batch_size}")
+
+
+def run_on_node_leader(ctx: DistContext, work: Callable[[], object], what: str) -> None:
+    """Run `work` on one rank per node (local rank 0) while the node's other ranks wait for it, e.g. to
+    tokenize a corpus into the node's cache once instead of once per rank.
+
+    The wait is on the rendezvous store, not a collective, so it has no timeout however long the work takes;
+    if the leader dies, torchrun ends the waiting ranks.  A leader that raises tells its node's ranks, which
+    stop with an error pointing at its message."""
+    if ctx.world_size == 1:
+        work()
+        return
+    store = dist.distributed_c10d._get_default_store()
+    local_rank = int(os.environ.get("LOCAL_RANK", ctx.rank % ctx.procs_per_node))
+    node = int(os.environ.get("GROUP_RANK", ctx.rank // ctx.procs_per_node))
+    key = f"node_leader/{next(_node_leader_calls)}/{node}"
+    if local_rank == 0:
+        try:
+            work()
+        except BaseException as e:
+            store.set(key, f"failed: {type(e).__name__}: {e}")
+            raise
+        store.set(key, "done")
+        # Rank 0 holds the store: it must not end (a test, a one-step run) before its node has read the key.
+        while int(store.add(f"{key}/read", 0)) < ctx.procs_per_node - 1:
+            time.sleep(NODE_LEADER_POLL_S)
+        return
+    waited = 0
+    while not store.check([key]):
+        time.sleep(NODE_LEADER_POLL_S)
+        waited += 1
+        if waited == 5 and local_rank == 1:  # one line per node, and none when the work was quick
+            print(f"rank {ctx.rank}: waiting for local rank 0 to {what} (the node's other ranks wait too)",
+                  file=sys.stderr, flush=True)
+    outcome = store.get(key).decode()
+    store.add(f"{key}/read", 1)
+    if outcome != "done":
+        raise ParallelError(f"rank {ctx.rank}: local rank 0 could not {what} ({outcome}); see its error")
 
 
 def announce_failure(ctx: DistContext) -> None:

@@ -1,9 +1,14 @@
+import json
+import os
+
 import numpy as np
 import pytest
+import tiktoken
 import torch
 
 from data import corpus, hub_access, shards
-from data.corpus import DatasetError, builtin_corpus, get_corpus, split_articles
+from data.corpus import DatasetError, builtin_corpus, get_corpus
+from data.documents import split_articles
 from data.loader import WindowSampler, eval_batches
 from data.shards import load_split, read_tokens, write_tokens
 
@@ -50,11 +55,17 @@ def test_local_parquet_folder_in_hub_layout_matches_raw(tmp_path):
                           load_split(str(tmp_path / "hub"), "validation"))
 
 
-def test_tokens_are_cached_and_reused(tmp_path, monkeypatch):
+def test_tokens_are_cached_by_content_not_place(tmp_path, monkeypatch):
     write_raw_folder(tmp_path / "wt", {"validation": ["Gamma"]})
     first = np.array(load_split(str(tmp_path / "wt"), "validation"))
-    monkeypatch.setattr(shards, "tokenize_split", lambda *a: pytest.fail("re-tokenized a cached split"))
-    assert np.array_equal(first, load_split(str(tmp_path / "wt"), "validation"))
+    real_tokenize = shards.tokenize_pass
+    monkeypatch.setattr(shards, "tokenize_pass", lambda *a: pytest.fail("re-tokenized a cached split"))
+    (tmp_path / "wt").rename(tmp_path / "moved")
+    os.utime(tmp_path / "moved" / "wiki.valid.raw")  # touched: same content
+    assert np.array_equal(first, load_split(str(tmp_path / "moved"), "validation"))
+    monkeypatch.setattr(shards, "tokenize_pass", real_tokenize)
+    write_raw_folder(tmp_path / "moved", {"validation": ["Delta"]})  # new content, same size
+    assert not np.array_equal(first, load_split(str(tmp_path / "moved"), "validation"))
 
 
 def test_damaged_token_file_is_reported(tmp_path):
@@ -146,7 +157,7 @@ def test_an_unreachable_hub_is_asked_once_then_only_the_cache_is_read(monkeypatc
 
 def test_builtin_corpus_is_named_for_what_it_is():
     corpus = builtin_corpus()
-    assert "wiki" not in corpus.name and "python-stdlib-docs" in corpus.fingerprint
+    assert "wiki" not in corpus.name and "python-stdlib-docs" in corpus.text_pass("validation").key
     doc = next(corpus.documents("validation"))
     assert isinstance(doc, str) and len(doc) > 0
 
@@ -187,3 +198,150 @@ def test_epochs_reshuffle_deterministically():
 def test_tiny_split_is_refused_with_fix():
     with pytest.raises(ValueError, match="too few.*--block-size"):
         WindowSampler(np.arange(10, dtype=np.uint16), 16, 2)
+
+
+# --- streaming, formats, carving, the cache and once-per-job tokenizing --------------------------------
+
+PARAGRAPH = "Line {i} of a text without headings , as most corpora are .\nIt goes on .\n\n"
+
+
+def gpt2_tokens(documents):
+    """tiktoken's own encoding of the documents, each followed by end-of-text."""
+    encoder = shards.get_tokenizer()
+    return np.array([t for doc in documents for t in encoder.encode_ordinary(doc) + [50256]], dtype=np.uint16)
+
+
+def test_headingless_text_becomes_bounded_documents_whatever_the_pieces():
+    from data.documents import cut_documents
+    text = "".join(PARAGRAPH.format(i=i) for i in range(400)) + "x" * 3000 + "\n"  # and one line over the bound
+    whole = list(cut_documents([text], max_chars=1000))
+    assert len(whole) > 20 and max(map(len, whole)) <= 1000
+    assert "".join(whole) == text[:-1]  # all of it, but for a last "document" of blanks alone
+    assert all(doc.endswith("\n\n") for doc in whole[:-5])  # cut after a blank line where there is one
+    rng = np.random.default_rng(0)
+    cuts = np.sort(rng.integers(0, len(text), 30))
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+    assert list(cut_documents(pieces, max_chars=1000)) == whole  # reading in other pieces cuts the same
+
+
+def test_text_jsonl_and_parquet_give_the_tokens_of_their_documents(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+    articles = [ARTICLE.format(title=t) for t in ("Alpha", "Beta", "Gamma")] + ["A record without a heading ."]
+    for name in ("txt", "jsonl", "parquet"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "txt" / "train.txt").write_text("".join(articles[:3]))
+    (tmp_path / "txt" / "train_more.txt").write_text(articles[3])  # a file ends its document
+    with open(tmp_path / "jsonl" / "train.jsonl", "w") as f:
+        f.writelines(json.dumps({"text": a, "id": i}) + "\n" for i, a in enumerate(articles))
+    pq.write_table(pa.table({"text": articles}), tmp_path / "parquet" / "train-00000-of-00001.parquet")
+    (tmp_path / "txt" / "valid.txt").write_text("Held out .")  # so nothing is carved from the training text
+    (tmp_path / "jsonl" / "validation.jsonl").write_text(json.dumps({"text": "Held out ."}))
+    pq.write_table(pa.table({"text": ["Held out ."]}), tmp_path / "parquet" / "validation-00000-of-00001.parquet")
+    expected = gpt2_tokens(articles)
+    for name in ("txt", "jsonl", "parquet"):
+        assert np.array_equal(load_split(str(tmp_path / name), "train"), expected), name
+
+
+def test_bad_jsonl_lines_are_named(tmp_path):
+    (tmp_path / "train.jsonl").write_text('{"text": "fine"}\n{"text": 3}\n')
+    with pytest.raises(DatasetError, match=r"train.jsonl line 2 has no \"text\" field holding a string"):
+        load_split(str(tmp_path / "train.jsonl"), "train")
+    (tmp_path / "train.jsonl").write_text('{"text": "fine"}\nnot json\n')
+    with pytest.raises(DatasetError, match=r"train.jsonl line 2 is not a JSON object"):
+        load_split(str(tmp_path / "train.jsonl"), "train")
+
+
+def test_a_corpus_without_validation_has_it_carved_from_training_text(tmp_path, capsys):
+    from data.local_files import CARVE_EVERY, local_corpus
+    docs = [f"Document number {i} says something of its own .\n" for i in range(3 * CARVE_EVERY)]
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    splits = {s: load_split(str(tmp_path / "corpus.jsonl"), s) for s in ("train", "validation", "test")}
+    assert "validation and test carved from the training text" in capsys.readouterr().err
+    assert len(splits["validation"]) and len(splits["test"])
+    corpus = local_corpus(tmp_path / "corpus.jsonl")
+    carved = {s: list(corpus.documents(s)) for s in splits}
+    assert len(carved["validation"]) == len(carved["test"]) == 3  # every 200th document
+    assert sorted(d for s in carved.values() for d in s) == sorted(docs)  # each document in exactly one split
+    for split, tokens in splits.items():
+        assert np.array_equal(tokens, gpt2_tokens(carved[split]))
+    (tmp_path / "small.txt").write_text("".join(PARAGRAPH.format(i=i) for i in range(3)))
+    assert len(load_split(str(tmp_path / "small.txt"), "validation"))  # too small to carve: its last document
+
+
+def test_an_interrupted_tokenizer_leaves_no_file_that_looks_whole(tmp_path, monkeypatch):
+    (tmp_path / "wt").mkdir()
+    (tmp_path / "wt" / "train.txt").write_text("".join(PARAGRAPH.format(i=i) for i in range(2000)))
+    monkeypatch.setattr(shards, "BATCH_CHARS", 4096)
+    calls = []
+
+    def dies_on_the_fifth_task(docs):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real_encode(docs)
+    real_encode = shards.encode_documents
+    monkeypatch.setattr(shards, "encode_documents", dies_on_the_fifth_task)
+    with pytest.raises(KeyboardInterrupt):
+        load_split(str(tmp_path / "wt"), "train")
+    folder = next((tmp_path / "cache").iterdir())
+    assert not list(folder.glob("*.bin*"))  # neither a token file nor its partial
+    (folder / "train.bin.partial").write_bytes(b"left by a writer that was killed")
+    (folder / "validation.bin.tmp1234").write_bytes(b"left by an earlier version")
+    monkeypatch.setattr(shards, "encode_documents", real_encode)
+    tokens = load_split(str(tmp_path / "wt"), "train")
+    assert len(tokens) and sorted(p.name for p in folder.glob("*.bin*")) == ["test.bin", "train.bin", "validation.bin"]
+
+
+def test_a_hub_dataset_repository_streams_from_the_hub_cache_offline(tmp_path, monkeypatch):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    repo = tmp_path / "hub" / "datasets--someone--webtext"
+    snapshot = repo / "snapshots" / ("1" * 40) / "plain_text"
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("1" * 40)
+    docs = [f"Web page {i} .\nWith a second paragraph .\n" for i in range(450)]
+    pq.write_table(pa.table({"text": docs}), snapshot / "train-00000-of-00001.parquet")
+    train = load_split("hf:someone/webtext", "train")
+    assert np.array_equal(load_split("someone/webtext", "validation"),
+                          gpt2_tokens(get_corpus("hf:someone/webtext/plain_text").documents("validation")))
+    assert len(train) > 50 * len(load_split("someone/webtext", "validation")) > 0
+    with pytest.raises(DatasetError, match=r"could not load the dataset repository 'someone/elsewhere' from the "
+                                           r"hub's cache \(offline"):
+        load_split("hf:someone/elsewhere", "train")
+
+
+def _tokenize_on_two_ranks(rank: int, port: int, dataset: str, cache: str, log: str) -> None:
+    import datetime
+    import torch.distributed as dist
+    from parallel.dims import ParallelDims
+    from parallel.distributed import DistContext, run_on_node_leader
+    os.environ.update(GPT2_DATA_CACHE=cache, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
+    real = shards.tokenize_pass
+
+    def logged(*args):
+        with open(log, "a") as f:
+            f.write(f"rank {rank}\n")
+        real(*args)
+    shards.tokenize_pass = logged
+    ctx = DistContext(ParallelDims(dp_replicate=2), rank=rank, procs_per_node=2)
+    run_on_node_leader(ctx, lambda: shards.prepare_split(dataset, "train"), "tokenize")
+    assert len(load_split(dataset, "train")) > 0
+    dist.destroy_process_group()
+
+
+def test_two_ranks_tokenize_once(tmp_path):
+    import socket
+    import torch.multiprocessing as mp
+    write_raw_folder(tmp_path / "wt", {"train": ["Alpha", "Beta"]})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_tokenize_on_two_ranks, args=(port, str(tmp_path / "wt"), str(tmp_path / "c"), str(tmp_path / "log")),
+             nprocs=2, join=True)
+    assert (tmp_path / "log").read_text() == "rank 0\n"

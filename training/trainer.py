@@ -11,13 +11,14 @@ import torch
 from tqdm import tqdm
 
 from data.loader import WindowSampler, eval_batches
-from data.shards import load_split
+from data.shards import load_split, prepare_split
 from model.artifact import load_model
 from model.config import GPTConfig, preset
 from model.evaluate import evaluate_loss
 from model.gpt import GPT
 from model.optim import build_optimizer, lr_at
 from parallel import CommsMeter, check_divisibility, parallelize, scaled_lr
+from parallel.distributed import run_on_node_leader
 from parallel.state import local_state_bytes
 from runtime.cli import non_default_fields
 from runtime.device import is_out_of_memory, precision_policy
@@ -104,6 +105,8 @@ class Trainer:
         self.model = model
         if self.par.note:
             self.say(f"note: {self.par.note}")
+        run_on_node_leader(ctx, lambda: [prepare_split(cfg.dataset, s) for s in ("train", "validation")],
+                           f"tokenize {cfg.dataset}")
         self.train_tokens = load_split(cfg.dataset, "train")
         self.val_tokens = load_split(cfg.dataset, "validation")
         self.sampler = WindowSampler(self.train_tokens, self.block, cfg.batch_size, seed=cfg.seed,

@@ -1,0 +1,143 @@
+"""Text to documents, in bounded memory: blocks of a text file, lines of a table, cut into documents.
+
+A document ends at a WikiText article heading (a line such as " = Valkyria Chronicles III = "), at the end of
+a file, or, in text without headings, at a paragraph boundary once it reaches a bound: so a heading-less 5 GB
+file becomes many documents instead of one string, and no more than a few blocks of text are ever held.
+"""
+from __future__ import annotations
+
+import codecs
+import io
+import re
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from runtime.errors import UserError
+
+# An article starts at a top-level heading line such as " = Valkyria Chronicles III = ".  Matched with the
+# newline before it, a literal prefix that re finds several times faster than a line start.
+ARTICLE_HEADING = re.compile(r"\n( = [^=\n][^\n]* = )(?=\n)")
+NON_BLANK = re.compile(r"\S")
+BLOCK_CHARS = 4 << 20  # characters read from a file at a time
+MAX_DOCUMENT_CHARS = 1 << 20  # a document without headings is cut at a boundary before this length
+MIN_DOCUMENT_CHARS = 4 << 10
+
+
+class DatasetError(UserError, ValueError):
+    pass
+
+
+def document_bound(total_bytes: int) -> int:
+    """The length at which heading-less text is cut: 1 Mi characters, less for a corpus under 4 GB so that even
+    a small one yields some 4,000 documents to carve validation and test documents from."""
+    return max(MIN_DOCUMENT_CHARS, min(MAX_DOCUMENT_CHARS, total_bytes // 4000))
+
+
+def text_blocks(path: Path, fix: str, progress: Callable[[int], None] = lambda nbytes: None) -> Iterator[str]:
+    """A UTF-8 file's text, `BLOCK_CHARS` at a time, with newlines as text mode reads them (so tokens match a
+    file opened in text mode), calling `progress` with the bytes each block took.  A byte that is not UTF-8 is
+    one DatasetError naming its offset and line."""
+    if not path.is_file():
+        raise DatasetError(f"{path} is not a file; it should hold the split's text (UTF-8)")
+    try:
+        raw = open(path, "rb")
+    except OSError as e:
+        raise DatasetError(f"{path} cannot be read ({e.strerror}); check its permissions") from e
+    with io.TextIOWrapper(raw, encoding="utf-8", newline=None) as text:
+        reported = 0
+        try:
+            while block := text.read(BLOCK_CHARS):
+                position = text.buffer.tell()
+                progress(position - reported)
+                reported = position
+                yield block
+        except UnicodeDecodeError:
+            raise _locate_bad_byte(path, fix) from None
+
+
+def _locate_bad_byte(path: Path, fix: str) -> DatasetError:
+    """The error for the first byte of `path` that is not UTF-8 (read again, in blocks, only on failure)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, line = 0, 1
+    with open(path, "rb") as f:
+        while data := f.read(1 << 20):
+            try:
+                decoder.decode(data)
+            except UnicodeDecodeError as e:
+                # e.start counts from the bytes the decoder still held from the previous block.
+                held = len(decoder.getstate()[0]) if e.start < 0 else 0
+                bad = offset + e.start - held
+                f.seek(0)
+                prefix = f.read(bad)
+                line = prefix.count(b"\n") + 1
+                byte = f.read(1)[0]
+                return DatasetError(f"{path} is not UTF-8: byte 0x{byte:02x} at offset {bad} (line {line}); {fix}")
+            offset += len(data)
+    return DatasetError(f"{path} ends inside a UTF-8 character; {fix}")
+
+
+class DocumentCutter:
+    """Text fed in pieces of any size, given back as whole documents (see the module's docstring)."""
+
+    def __init__(self, max_chars: int = MAX_DOCUMENT_CHARS):
+        self.max_chars = max_chars
+        self.pending = ""  # text not yet given back; it starts a document
+
+    def feed(self, text: str) -> Iterator[str]:
+        self.pending += text
+        # Only whole lines are cut at headings: the last line may continue in the next piece.
+        complete = self.pending.rfind("\n") + 1
+        start = 0
+        for heading in ARTICLE_HEADING.finditer(self.pending, 0, complete):
+            line = heading.start(1)  # a heading on the first line starts the document anyway
+            start = yield from self._bounded(start, line)
+            if NON_BLANK.search(self.pending, start, line):
+                yield self.pending[start:line]
+                start = line
+        start = yield from self._bounded(start, complete)
+        self.pending = self.pending[start:]
+        if len(self.pending) > self.max_chars:  # one line longer than the bound
+            start = yield from self._bounded(0, len(self.pending))
+            self.pending = self.pending[start:]
+
+    def _bounded(self, start: int, end: int):
+        """Yield documents cut from pending[start:end] while it is longer than the bound; returns the new start."""
+        while end - start > self.max_chars:
+            cut = _cut_point(self.pending, start + self.max_chars // 2, start + self.max_chars)
+            yield self.pending[start:cut]
+            start = cut
+        return start
+
+    def finish(self) -> Iterator[str]:
+        """The last document, if it holds anything but blanks."""
+        if NON_BLANK.search(self.pending):
+            yield self.pending
+        self.pending = ""
+
+
+def _cut_point(text: str, lo: int, hi: int) -> int:
+    """Where to end a document within text[lo:hi], best first: after the last blank line, after the last line,
+    after the last space; else at `hi`.  It depends on the text alone, never on how it was read in pieces."""
+    newline = text.rfind("\n", lo, hi)
+    line_end = newline
+    while line_end != -1:
+        previous = text.rfind("\n", lo, line_end)
+        if previous != -1 and not text[previous + 1:line_end].strip():
+            return line_end + 1
+        line_end = previous
+    if newline != -1:
+        return newline + 1
+    space = max(text.rfind(" ", lo, hi), text.rfind("\t", lo, hi))
+    return space + 1 if space != -1 else hi
+
+
+def cut_documents(pieces: Iterable[str], max_chars: int = MAX_DOCUMENT_CHARS) -> Iterator[str]:
+    cutter = DocumentCutter(max_chars)
+    for piece in pieces:
+        yield from cutter.feed(piece)
+    yield from cutter.finish()
+
+
+def split_articles(text: str) -> Iterator[str]:
+    """WikiText's text cut into articles at top-level headings (bounded as any heading-less text)."""
+    return cut_documents([text])
