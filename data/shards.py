@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import os
 import sys
+import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -140,7 +141,7 @@ def encoding_tasks(documents: Iterator[tuple[str, str]]) -> Iterator[tuple[str, 
 
 def tokenize_pass(text_pass: TextPass, folder: Path, label: str) -> None:
     """Write the pass's splits into `folder`, reading its text once (the caller holds the folder's lock)."""
-    threads = encoding_threads()
+    started, threads = time.perf_counter(), encoding_threads()
     get_tokenizer()  # a missing tokenizer fails here, before any thread starts
     writers = {split: TokenFileWriter(folder / f"{split}.bin") for split in text_pass.splits}
     if text_pass.note:
@@ -166,8 +167,12 @@ def tokenize_pass(text_pass: TextPass, folder: Path, label: str) -> None:
         raise
     for writer in writers.values():
         writer.close()
-    bar.set_postfix_str(", ".join(f"{split} {w.count:,} tokens" for split, w in writers.items()))
+    counts = ", ".join(f"{split} {w.count:,} tokens" for split, w in writers.items())
+    bar.set_postfix_str(counts)
     bar.close()  # stays on screen with its rate and totals
+    seconds = time.perf_counter() - started
+    print(f"data: tokenized {label} in {seconds:.1f} s ({bar.n / seconds / 1e6:.1f} MB/s of text, {threads} threads): "
+          f"{counts}", file=sys.stderr)
 
 
 @contextlib.contextmanager

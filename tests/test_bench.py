@@ -56,6 +56,9 @@ def results(tmp_path_factory):
     def run(name, *flags):
         out[name] = run_experiment([name, *flags, "--results-dir", str(results_dir), "--work-dir", str(root / name)])
 
+    (root / "wiki.raw").write_text(" = Title = \n" + TEXT)
+    run("data_prep", "--source", str(root / "wiki.raw"), "--speed-mb", "0.01", "--repeats", "1", "--sizes-gb", "0.0001",
+        "--ranks", "0", "--map-processes", "1")
     run("data_loading", "--block-size", "16", "--batch-size", "2", "--batches", "3", "--repeats", "1",
         "--max-workers", "1")
     run("phase_profile", "--block-size", "16", "--batch-size", "2", "--steps", "2", "--eval-interval", "1",
@@ -238,9 +241,9 @@ def test_report_holds_every_table_and_plot(results, tmp_path):
     out = report.write_report(results["dir"], tmp_path / "REPORT.md")
     text = out.read_text()
     assert text.count("Not run") == len(NOT_RUN)  # the experiments this fixture did not run, and the report says so
-    for heading in ("Scorecard", "2. Data loading", "3. Phase profile", "4. Precision", "5. Communication",
-                    "6. Tensor parallel", "7. Compression", "8. Training step", "9. Decoding", "10. Serving",
-                    "11. Pruned"):
+    for heading in ("Scorecard", "2. Data preparation", "3. Data loading", "4. Phase profile", "5. Precision",
+                    "6. Communication", "7. Tensor parallel", "8. Compression", "9. Training step", "10. Decoding",
+                    "11. Serving", "12. Pruned"):
         assert heading in text
     for experiment in (e for e in EXPERIMENTS if e.name not in NOT_RUN):
         image = f"{experiment.name}.png"

@@ -7,12 +7,13 @@ and bench/report.py pick it up from this list.
 from __future__ import annotations
 
 from bench.experiment import Experiment, SettingsError
-from bench.experiments import (batch_sweep, comm_strategies, compression, data_loading, faults, generate_speed,
-                               phase_profile, precision_memory, prune_speed, serve_speed, tp_vs_fsdp,
+from bench.experiments import (batch_sweep, comm_strategies, compression, data_loading, data_prep, faults,
+                               generate_speed, phase_profile, precision_memory, prune_speed, serve_speed, tp_vs_fsdp,
                                train_speed)
 
 EXPERIMENTS: tuple[Experiment, ...] = (
     batch_sweep.EXPERIMENT,
+    data_prep.EXPERIMENT,
     data_loading.EXPERIMENT,
     phase_profile.EXPERIMENT,
     precision_memory.EXPERIMENT,

@@ -1,0 +1,344 @@
+"""Preparing a corpus: tokenizing speed against tiktoken's limit and a datasets.map pipeline, and memory at scale.
+
+    python -m bench.experiments data_prep --sizes-gb 1 5          # about 15 minutes on 2 CPU cores
+
+Speed: the same WikiText text (the shared validation split repeated to `--speed-mb`) tokenized three ways, each in
+a fresh process as a user's first start is, in interleaved rounds: ours (`data.shards.prepare_split`: read from
+the file, cut into documents, encoded by a thread per core, written to the token file), tiktoken's own
+multi-threaded `encode_ordinary_batch` on the same documents already in memory (the encoder's limit here: no
+reading, no writing, no conversion), and a nanoGPT-style preparation (`datasets.Dataset.map(num_proc=2)` of
+`encode_ordinary` over the documents, already an Arrow table, then the tokens written into a `np.memmap` in
+shards, as nanoGPT's `prepare.py` does).  Medians with min/max, and the load average of each round.
+
+Memory: `train.py` started on WikiText folders whose training split is that text repeated to each of `--sizes-gb`
+(validation and test: the text once), with an empty token cache: the peak resident memory of the whole process
+(tokenizing, then one step of the tiny model).  Then the same first start under torchrun with `--ranks` processes
+(DDP for 2, tensor parallelism for 4) on the first size, and a second start with the tokens cached: the peak of
+all the job's processes together, and how many tokenizers ran.  The folders and caches are deleted afterwards.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bench.experiment import Experiment, ExperimentError, SettingsError, at_least
+from bench.record import plt
+from bench.report_page import Page, num, spread
+from runtime.cli import option
+from runtime.timing import Environment, Spread, environment
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARED_TEXT = ROOT.parent / "shared" / "data" / "wikitext-103-raw" / "wiki.valid.raw"
+METHODS = ("ours (prepare_split)", "tiktoken encode_ordinary_batch", "datasets.map, nanoGPT-style")
+GB = 1e9
+MB = 1e6
+
+
+@dataclass
+class Settings:
+    source: Path = option(SHARED_TEXT, "a WikiText raw file whose text is repeated (the shared validation split)")
+    speed_mb: float = option(200.0, "megabytes of text tokenized by each method in the speed rounds")
+    repeats: int = option(3, "speed rounds; the methods take turns within a round")
+    sizes_gb: list[float] = option([1.0], "training-split sizes whose first start's memory is measured")
+    ranks: list[int] = option([2, 4], "torchrun process counts started on the first size (0: none)")
+    map_processes: int = option(2, "num_proc of the datasets.map preparation (nanoGPT uses 8; this machine has 2 "
+                                   "cores)")
+
+    def __post_init__(self):
+        at_least(self, 1, "repeats", "map_processes")
+        at_least(self, 1e-6, "speed_mb", "sizes_gb")
+        if any(r == 1 or r < 0 for r in self.ranks):
+            raise SettingsError(f"--ranks takes process counts of 2 or more (or 0 for none), got {self.ranks}")
+
+
+@dataclass
+class SpeedRow:
+    method: str
+    mb_per_s: Spread
+    ratio_to_tiktoken: float  # median of ours / theirs
+
+
+@dataclass
+class SplitRun:
+    split_bytes: int
+    train_tokens: int
+    first_start_s: float
+    peak_rss_bytes: int  # of the train.py process, tokenizing and training one step
+
+
+@dataclass
+class JobRun:
+    ranks: int
+    parallel: str
+    split_bytes: int
+    first_start_s: float
+    first_start_peak_rss_bytes: int  # all the job's processes together
+    cached_start_s: float
+    cached_start_peak_rss_bytes: int
+    tokenizers: int  # progress bars that said "tokenizing"
+
+
+@dataclass
+class DataPrep:
+    source: str
+    speed_text_bytes: int
+    encoding_threads: int
+    speed: list[SpeedRow]
+    load_average_per_round: list[float]
+    splits: list[SplitRun]
+    jobs: list[JobRun]
+    environment: Environment
+
+
+# --- the text ----------------------------------------------------------------------------------------
+
+def source_text(settings: Settings) -> bytes:
+    if not settings.source.is_file():
+        raise ExperimentError(f"{settings.source} is not a file: give --source a WikiText raw file (the shared "
+                              f"copy is ../shared/data/wikitext-103-raw/wiki.valid.raw)")
+    return settings.source.read_bytes()
+
+
+def write_wikitext_folder(folder: Path, text: bytes, train_bytes: float) -> int:
+    """A folder in WikiText's layout whose training split is `text` repeated to about `train_bytes`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    copies = max(1, round(train_bytes / len(text)))
+    with open(folder / "wiki.train.raw", "wb") as f:
+        for _ in range(copies):
+            f.write(text)
+    for name in ("wiki.valid.raw", "wiki.test.raw"):
+        (folder / name).write_bytes(text)
+    return copies * len(text)
+
+
+# --- the speed rounds: each method in a fresh process --------------------------------------------------
+
+CHILD = """
+import json, sys, time
+from pathlib import Path
+method, folder = sys.argv[1], Path(sys.argv[2])
+from data.local_files import local_corpus
+from data.shards import encoding_threads, prepare_split
+from data.tokenizer import get_tokenizer
+threads = encoding_threads()
+get_tokenizer()  # loaded before timing, for every method
+if method == "ours":
+    start = time.perf_counter()
+    prepare_split(str(folder), "train")
+    seconds = time.perf_counter() - start
+else:
+    docs = list(local_corpus(folder).documents("train"))  # not timed: the text is already in memory
+    encoder = get_tokenizer()
+    if method == "tiktoken":
+        start = time.perf_counter()
+        encoder.encode_ordinary_batch(docs, num_threads=threads)
+        seconds = time.perf_counter() - start
+    else:
+        import datasets, numpy as np
+        datasets.disable_progress_bars()
+        table = datasets.Dataset.from_dict({"text": docs})
+        del docs
+        def process(example):
+            ids = encoder.encode_ordinary(example["text"]) + [encoder.eot_token]
+            return {"ids": ids, "len": len(ids)}
+        start = time.perf_counter()
+        tokenized = table.map(process, remove_columns=["text"], num_proc=int(sys.argv[3]))
+        total = int(np.sum(tokenized["len"], dtype=np.uint64))
+        out = np.memmap(folder / "nanogpt.bin", dtype=np.uint16, mode="w+", shape=(total,))
+        shards, index = min(64, len(tokenized)), 0
+        for shard in range(shards):
+            batch = tokenized.shard(num_shards=shards, index=shard, contiguous=True).with_format("numpy")
+            ids = np.concatenate(batch["ids"])
+            out[index:index + len(ids)] = ids
+            index += len(ids)
+        out.flush()
+        seconds = time.perf_counter() - start
+print(json.dumps({"seconds": seconds, "threads": threads}))
+"""
+
+
+def run_child(method: str, folder: Path, cache: Path, settings: Settings) -> dict:
+    shutil.rmtree(cache, ignore_errors=True)
+    env = {**os.environ, "GPT2_DATA_CACHE": str(cache), "HF_DATASETS_CACHE": str(cache / "hf"),
+           "TQDM_DISABLE": "1"}
+    run = subprocess.run([sys.executable, "-c", CHILD, method, str(folder), str(settings.map_processes)], cwd=ROOT,
+                         env=env, capture_output=True, text=True)
+    if run.returncode:
+        raise ExperimentError(f"the {method} tokenizer failed:\n{run.stderr[-2000:]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def measure_speed(settings: Settings, text: bytes, work: Path) -> tuple[list[SpeedRow], list[float], int, int]:
+    folder = work / "speed"
+    text_bytes = write_wikitext_folder(folder, text, settings.speed_mb * MB)
+    seconds = {m: [] for m in ("ours", "tiktoken", "map")}
+    loads, threads = [], 1
+    for round_ in range(settings.repeats):
+        loads.append(os.getloadavg()[0])
+        for method in seconds:
+            result = run_child(method, folder, work / "speed-cache", settings)
+            seconds[method].append(result["seconds"])
+            threads = result["threads"]
+            print(f"round {round_ + 1}/{settings.repeats}: {method:9} {text_bytes / MB / result['seconds']:6.1f} MB/s",
+                  flush=True)
+    tiktoken = Spread.of([text_bytes / MB / s for s in seconds["tiktoken"]]).median
+    rows = []
+    for method, label in zip(seconds, METHODS):
+        rate = Spread.of([text_bytes / MB / s for s in seconds[method]])
+        rows.append(SpeedRow(label, rate, rate.median / tiktoken))
+    shutil.rmtree(folder)
+    return rows, loads, text_bytes, threads
+
+
+# --- memory: train.py's first start ------------------------------------------------------------------
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of a process and all its descendants."""
+    total, stack = 0, [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            with open(f"/proc/{current}/status") as status:
+                total += next((int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:")), 0)
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as children:
+                    stack += [int(c) for c in children.read().split()]
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return total
+
+
+def run_measured(command: list[str], env: dict) -> tuple[float, int, str]:
+    """(seconds, peak resident bytes of the process tree sampled every 0.1 s, stdout + stderr)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    peak = [0]
+
+    def sample():
+        while proc.poll() is None:
+            peak[0] = max(peak[0], tree_rss(proc.pid))
+            time.sleep(0.1)
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    output = proc.communicate()[0]
+    sampler.join()
+    if proc.returncode:
+        raise ExperimentError(f"{' '.join(command)} failed:\n{output[-3000:]}")
+    return time.perf_counter() - start, peak[0], output
+
+
+def train_command(folder: Path, out: Path) -> list[str]:
+    return ["train.py", "--model", "tiny", "--dataset", str(folder), "--max-steps", "1", "--batch-size", "4",
+            "--block-size", "64", "--eval-interval", "1000", "--final-eval-batches", "1", "--no-curves",
+            "--out-dir", str(out), "--overwrite"]
+
+
+def measure_first_starts(settings: Settings, text: bytes, work: Path) -> tuple[list[SplitRun], list[JobRun]]:
+    from data.shards import read_tokens
+    splits, jobs = [], []
+    for size in settings.sizes_gb:
+        folder, cache = work / f"wikitext-{size:g}gb", work / "cache"
+        split_bytes = write_wikitext_folder(folder, text, size * GB)
+        shutil.rmtree(cache, ignore_errors=True)
+        env = {**os.environ, "GPT2_DATA_CACHE": str(cache)}
+        seconds, peak, _ = run_measured([sys.executable, *train_command(folder, work / "run")], env)
+        tokens = sum(len(read_tokens(p)) for p in cache.rglob("train.bin"))
+        splits.append(SplitRun(split_bytes, tokens, seconds, peak))
+        print(f"{split_bytes / GB:.2f} GB training split: first start {seconds:.0f} s, peak RSS {peak / 2**30:.2f} GiB",
+              flush=True)
+        if size == settings.sizes_gb[0]:
+            for ranks in (r for r in settings.ranks if r):
+                jobs.append(measure_job(ranks, folder, split_bytes, cache, env, work))
+        shutil.rmtree(cache, ignore_errors=True)
+        shutil.rmtree(folder)
+    return splits, jobs
+
+
+def measure_job(ranks: int, folder: Path, split_bytes: int, cache: Path, env: dict, work: Path) -> JobRun:
+    parallel = "ddp" if ranks == 2 else "tp"
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
+               *train_command(folder, work / f"run-{ranks}"), "--parallel", parallel]
+    env = {**env, "OMP_NUM_THREADS": "1"}
+    shutil.rmtree(cache, ignore_errors=True)
+    first_s, first_peak, output = run_measured(command, env)
+    cached_s, cached_peak, _ = run_measured(command, env)
+    tokenizers = sum(line.startswith("data: tokenized") and " train " in line for line in output.splitlines())
+    print(f"torchrun {ranks} ranks ({parallel}): first start {first_s:.0f} s, peak {first_peak / 2**30:.2f} GiB; "
+          f"cached {cached_s:.0f} s, peak {cached_peak / 2**30:.2f} GiB; {tokenizers} tokenizer(s)", flush=True)
+    return JobRun(ranks, parallel, split_bytes, first_s, first_peak, cached_s, cached_peak, tokenizers)
+
+
+def measure(settings: Settings, work_dir: Path) -> DataPrep:
+    text = source_text(settings)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    speed, loads, speed_bytes, threads = measure_speed(settings, text, work_dir)
+    splits, jobs = measure_first_starts(settings, text, work_dir)
+    return DataPrep(str(settings.source), speed_bytes, threads, speed, loads, splits, jobs,
+                    environment(torch.device("cpu")))
+
+
+# --- plot and report -----------------------------------------------------------------------------
+
+def plot(result: DataPrep):
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    medians = [r.mb_per_s.median for r in result.speed]
+    errors = [[r.mb_per_s.median - r.mb_per_s.min for r in result.speed],
+              [r.mb_per_s.max - r.mb_per_s.median for r in result.speed]]
+    left.barh([r.method for r in result.speed], medians, xerr=errors, color=["tab:blue", "tab:grey", "tab:orange"])
+    left.set_xlabel("MB of text per second (median, min-max)")
+    left.invert_yaxis()
+    labels = [f"{s.split_bytes / GB:.1f} GB, 1 process" for s in result.splits]
+    labels += [f"{j.split_bytes / GB:.1f} GB, {j.ranks} ranks" for j in result.jobs]
+    first = [s.peak_rss_bytes / 2**30 for s in result.splits] + [j.first_start_peak_rss_bytes / 2**30
+                                                                   for j in result.jobs]
+    cached = [None] * len(result.splits) + [j.cached_start_peak_rss_bytes / 2**30 for j in result.jobs]
+    ys = range(len(labels))
+    right.barh([y - 0.2 for y in ys], first, height=0.4, label="first start (tokenizing)")
+    right.barh([y + 0.2 for y in ys], [c or 0 for c in cached], height=0.4, label="tokens cached")
+    right.set_yticks(list(ys), labels)
+    right.invert_yaxis()
+    right.set_xlabel("peak resident memory, GiB (all processes)")
+    right.legend(fontsize=8)
+    for ax in (left, right):
+        ax.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    return fig
+
+
+def section(res: DataPrep, page: Page) -> None:
+    page.add(f"Tokenizing {res.speed_text_bytes / MB:,.0f} MB of WikiText text (the shared validation split "
+             f"repeated), each method in a fresh process, {len(res.load_average_per_round)} interleaved rounds "
+             f"(load average at each round's start: {', '.join(f'{x:.2f}' for x in res.load_average_per_round)}); "
+             f"{res.encoding_threads} encoding threads.\n")
+    page.table(["method", "MB/s (median, min-max)", "x tiktoken's limit"],
+               [[r.method, spread(r.mb_per_s, 1), f"{r.ratio_to_tiktoken:.2f}x"] for r in res.speed])
+    page.add("First starts of `train.py` with an empty token cache (tokenizing, then one step of the tiny model):\n")
+    page.table(["training split", "tokens", "first start s", "peak RSS GiB"],
+               [[f"{s.split_bytes / GB:.2f} GB", f"{s.train_tokens:,}", num(s.first_start_s, 0),
+                 f"{s.peak_rss_bytes / 2**30:.2f}"] for s in res.splits])
+    if res.jobs:
+        page.add("The same first start under torchrun, and a second start with the tokens cached (peak of all the "
+                 "job's processes together; the difference is what tokenizing adds):\n")
+        page.table(["ranks", "mode", "tokenizers", "first start s", "peak GiB", "cached start s", "peak GiB",
+                    "added by tokenizing GiB"],
+                   [[j.ranks, j.parallel, j.tokenizers, num(j.first_start_s, 0),
+                     f"{j.first_start_peak_rss_bytes / 2**30:.2f}", num(j.cached_start_s, 0),
+                     f"{j.cached_start_peak_rss_bytes / 2**30:.2f}",
+                     f"{(j.first_start_peak_rss_bytes - j.cached_start_peak_rss_bytes) / 2**30:.2f}"]
+                    for j in res.jobs])
+
+
+EXPERIMENT = Experiment(
+    name="data_prep", title="Data preparation", about=__doc__, settings=Settings,
+    quick=Settings(speed_mb=100.0, repeats=3, sizes_gb=[1.0], ranks=[2]),
+    full=Settings(speed_mb=200.0, repeats=3, sizes_gb=[1.0, 5.0], ranks=[2, 4]),
+    result=DataPrep, measure=measure, plot=plot, section=section)
