@@ -29,33 +29,39 @@ class WindowSampler:
         self.seed = seed
         self.epoch = 0
         self.cursor = 0  # windows of this epoch already handed out (globally)
-        self._order = self._epoch_order(0)
+        self._offset, self._order = self._epoch_order(0)
 
     @property
     def global_batch(self) -> int:
         return self.batch_size * self.dp_size
 
-    def _epoch_order(self, epoch: int) -> np.ndarray:
+    def _epoch_order(self, epoch: int) -> tuple[int, np.ndarray]:
+        """The epoch's first window offset and its windows' indices in visiting order.  Indices, not start
+        positions, in 4 bytes each: the order is the one array that grows with the corpus (a 5 GB one has some
+        17 million windows of 65 tokens).  Shuffling an index range draws the permutation `rng.permutation`
+        would, so the order is the same whatever the index type."""
         rng = np.random.default_rng([self.seed, epoch])
         span = self.block_size + 1
         offset = int(rng.integers(0, span))
-        starts = np.arange(offset, len(self.tokens) - span + 1, span)
-        if len(starts) < self.global_batch:
-            raise DatasetError(f"an epoch holds {len(starts)} windows, fewer than the global batch of "
-                             f"{self.global_batch}; lower --batch-size or --block-size")
-        return starts[rng.permutation(len(starts))]
+        windows = max(0, (len(self.tokens) - offset) // span)
+        if windows < self.global_batch:
+            raise DatasetError(f"an epoch holds {windows} windows, fewer than the global batch of "
+                               f"{self.global_batch}; lower --batch-size or --block-size")
+        order = np.arange(windows, dtype=np.int32 if windows < 2**31 else np.int64)
+        rng.shuffle(order)
+        return offset, order
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self.cursor = epoch, 0
-        self._order = self._epoch_order(epoch)
+        self._offset, self._order = self._epoch_order(epoch)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.cursor + self.global_batch > len(self._order):
             self.set_epoch(self.epoch + 1)
-        starts = self._order[self.cursor:self.cursor + self.global_batch]
+        span = self.block_size + 1
+        starts = self._offset + self._order[self.cursor:self.cursor + self.global_batch].astype(np.int64) * span
         self.cursor += self.global_batch
         mine = starts[self.dp_rank * self.batch_size:(self.dp_rank + 1) * self.batch_size]
-        span = self.block_size + 1
         windows = np.stack([self.tokens[s:s + span] for s in mine]).astype(np.int64)
         batch = torch.from_numpy(windows)
         return batch[:, :-1], batch[:, 1:]

@@ -102,6 +102,13 @@ class DataPrep:
 # --- the text ----------------------------------------------------------------------------------------
 
 def source_text(settings: Settings) -> bytes:
+    """The text to repeat: the shared WikiText split, or where this checkout has no ../shared, the built-in
+    corpus's validation documents laid out as WikiText articles."""
+    if settings.source == SHARED_TEXT and not SHARED_TEXT.is_file():
+        from data.corpus import builtin_documents
+        print(f"{SHARED_TEXT} is absent: repeating the built-in corpus's validation text instead", flush=True)
+        return "".join(f" = Document {i} = \n \n{doc}\n" for i, doc in
+                       enumerate(builtin_documents("validation"))).encode()
     if not settings.source.is_file():
         raise ExperimentError(f"{settings.source} is not a file: give --source a WikiText raw file (the shared "
                               f"copy is ../shared/data/wikitext-103-raw/wiki.valid.raw)")
