@@ -7,24 +7,35 @@ from model.config import EOT_TOKEN
 from model.decode_graph import CudaGraphDecoder
 from model.decode_trace import TracedDecoder
 from model.gpt import GPT, ContextOverflow, KVCache, StaticKVCache
+from model.packed_linear import pack_for_inference
 from model.sampling import SamplingParams, row_generators, sample_rows
 
-# dynamic: the cache's keys grow with the sequence (the fastest eager steps); static: fixed shapes, attention
-# over every slot with a mask (what a CUDA graph needs); cuda-graph: static, each decode step replayed as one
-# captured CUDA graph (model/decode_graph.py); traced: dynamic, each decode step one traced TorchScript graph,
-# without Python between its operators (model/decode_trace.py; the fastest on the CPU).
-DECODE_MODES = ("dynamic", "static", "cuda-graph", "traced")
+# auto: the fastest for the device (fastest_decode); dynamic: the cache's keys grow with the sequence (the fastest
+# eager steps); static: fixed shapes, attention over every slot with a mask (what a CUDA graph needs); cuda-graph:
+# static, each decode step replayed as one captured CUDA graph (model/decode_graph.py); traced: dynamic, each
+# decode step one traced TorchScript graph, without Python between its operators (model/decode_trace.py).
+DECODE_MODES = ("auto", "dynamic", "static", "cuda-graph", "traced")
+
+
+def fastest_decode(device: torch.device) -> str:
+    """What `auto` runs on `device`.  CPU: the traced steps over oneDNN-packed linears, the fastest path measured
+    there (`python -m bench.experiments generate_speed`).  CUDA: one captured graph per step, which a probe on an
+    H100 ran at 3.7x eager steps at batch 1 (shared/device/README.md) and tests/test_cuda.py checks token for
+    token; the traced steps are not tested on CUDA, so they are not chosen there.  Elsewhere: eager steps."""
+    return {"cpu": "traced", "cuda": "cuda-graph"}.get(device.type, "dynamic")
 
 
 @torch.inference_mode()
 def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: bool = True,
-             on_token=None, decode: str = "dynamic") -> torch.Tensor:
+             on_token=None, decode: str = "auto") -> torch.Tensor:
     """Extend the prompts `idx` (B, T) by up to `params.max_new_tokens` tokens.
 
     Rows that emit end-of-text stop growing (later positions are filled with
     end-of-text); generation ends early when every row has stopped.  `on_token`
     is called with each new column of tokens, for streaming and timing.
-    `decode` picks how the cached steps run (DECODE_MODES); the tokens are the same.
+    `decode` picks how the cached steps run (DECODE_MODES); the tokens are the same.  `auto` on the CPU also
+    packs the model's float32 linears for oneDNN in place, as the tools do when they load a model
+    (model/packed_linear.py: a derived copy of each weight; training and gradients keep nn.Linear's product).
     """
     model.eval()
     B, T = idx.shape
@@ -34,6 +45,10 @@ def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: b
                          f"model's context of {block_size}")
     if decode not in DECODE_MODES:
         raise ValueError(f"decode {decode!r} is not one of {DECODE_MODES}")
+    if decode == "auto":
+        decode = fastest_decode(idx.device)
+        if decode == "traced" and use_cache:
+            pack_for_inference(model)
     if decode == "cuda-graph" and idx.device.type != "cuda":
         raise ValueError(f"decode 'cuda-graph' needs a CUDA device; the model is on {idx.device}")
     generators = row_generators(params.seed, B, idx.device)

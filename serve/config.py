@@ -14,7 +14,7 @@ API_KEY_ENV = "GPT2_SERVE_API_KEY"
 CHECKPOINT_ENV = "GPT2_SERVE_CHECKPOINT"
 # traced: each decode step runs as one TorchScript graph, without Python between its operators
 # (model/decode_trace.py; the faster on the CPU, bench/results/serve_speed.json); dynamic: eagerly.
-DECODE_MODES = ("traced", "dynamic")
+DECODE_MODES = ("auto", "traced", "dynamic")
 
 
 class ServeConfigError(UserError, ValueError):
@@ -46,8 +46,9 @@ class ServeConfig:
     port: int = option(8000, "TCP port (0: any free one)")
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     threads: int = option(0, "torch intra-op threads (0: torch's default); 1 suits small models on a busy CPU")
-    decode: str = option("traced", "how decode steps run: traced (each step one TorchScript graph, no Python "
-                                   "between its operators; the faster on the CPU) or dynamic (eager PyTorch)",
+    decode: str = option("auto", "how decode steps run: traced (each step one TorchScript graph, no Python "
+                                 "between its operators; the faster on the CPU), dynamic (eager PyTorch), or auto: "
+                                 "traced on the CPU, dynamic elsewhere (the traced steps are not tested on CUDA)",
                          choices=DECODE_MODES)
     max_batch_size: int = option(16, "sequences decoded together in one forward pass")
     max_queue: int = option(64, "requests that may wait for a batch slot before new ones get 503")

@@ -136,10 +136,10 @@ class _Sequence:
 
 class Engine:
     def __init__(self, model: torch.nn.Module, device: torch.device, max_batch_size: int, max_queue: int,
-                 request_timeout_s: float, metrics: ServerMetrics | None = None, decode: str = "traced"):
+                 request_timeout_s: float, metrics: ServerMetrics | None = None, decode: str = "auto"):
         if decode not in DECODE_MODES:
             raise ValueError(f"decode {decode!r} is not one of {DECODE_MODES}")
-        self.decode = decode
+        self.decode = decode if decode != "auto" else "traced" if device.type == "cpu" else "dynamic"
         self.model = model.eval()
         self.config = model.config
         self.device = device
@@ -152,7 +152,7 @@ class Engine:
         self.slots = SlotCache(self.config, max_batch_size, device, self.dtype)
         # The model's weights stay as loaded while it serves; every padded row count is kept, with and without a mask.
         row_counts = {padded_rows(rows, max_batch_size) for rows in range(1, max_batch_size + 1)}
-        self.traced_steps = TracedSteps(model, kept=2 * len(row_counts)) if decode == "traced" else None
+        self.traced_steps = TracedSteps(model, kept=2 * len(row_counts)) if self.decode == "traced" else None
         self.active: list[_Sequence] = []  # active[i] lives in slot row i
         self.waiting: collections.deque[GenerationRequest] = collections.deque()
         self.wakeup = threading.Condition()

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from model.decode_trace import _TRACES, TracedDecoder, TracedSteps
-from model.generate import generate
+from model.generate import fastest_decode, generate
 from model.gpt import ContextOverflow, KVCache
 from model.int8 import quantize_model
-from model.packed_linear import pack_for_inference
+from model.packed_linear import PackedLinear, pack_for_inference
 from model.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0, stop_at_eot=False)
@@ -28,14 +28,23 @@ def test_traced_steps_give_the_eager_tokens_and_one_trace_serves_every_length(sm
         pack_for_inference(small_model)
     for params in (GREEDY, SAMPLED):
         assert torch.equal(generate(small_model, prompt(), params, decode="traced"),
-                           generate(small_model, prompt(), params))
+                           generate(small_model, prompt(), params, decode="dynamic"))
     traced, = _TRACES[small_model][1].values()
     longer = SamplingParams(max_new_tokens=40, temperature=0, stop_at_eot=False)
     assert torch.equal(generate(small_model, prompt(length=9), longer, decode="traced"),
-                       generate(small_model, prompt(length=9), longer))
+                       generate(small_model, prompt(length=9), longer, decode="dynamic"))
     assert list(_TRACES[small_model][1].values()) == [traced]
     generate(small_model, prompt(batch=3), GREEDY, decode="traced")
     assert len(_TRACES[small_model][1]) == 2
+
+
+def test_the_default_decode_on_the_cpu_packs_and_traces_and_gives_the_eager_tokens(small_model):
+    eager = copy.deepcopy(small_model)
+    for params in (GREEDY, SAMPLED):
+        assert torch.equal(generate(small_model, prompt(), params), generate(eager, prompt(), params, decode="dynamic"))
+    assert any(isinstance(m, PackedLinear) for m in small_model.modules()) and small_model in _TRACES
+    assert not any(isinstance(m, PackedLinear) for m in eager.modules()) and eager not in _TRACES
+    assert fastest_decode(torch.device("cpu")) == "traced" and fastest_decode(torch.device("cuda")) == "cuda-graph"
 
 
 def test_at_most_the_kept_traces_are_kept_the_oldest_going_first(small_model):
@@ -54,7 +63,7 @@ def test_an_int8_model_traces_to_the_same_tokens_as_its_eager_steps(small_model)
     pack_for_inference(small_model)
     for params in (GREEDY, SAMPLED):
         assert torch.equal(generate(small_model, prompt(), params, decode="traced"),
-                           generate(small_model, prompt(), params))
+                           generate(small_model, prompt(), params, decode="dynamic"))
 
 
 def test_weights_changed_in_place_are_traced_anew(small_model):
@@ -67,7 +76,7 @@ def test_weights_changed_in_place_are_traced_anew(small_model):
     small_model.load_state_dict(other)
     old_weights, _ = _TRACES[small_model]
     assert torch.equal(generate(small_model, prompt(), GREEDY, decode="traced"),
-                       generate(small_model, prompt(), GREEDY))
+                       generate(small_model, prompt(), GREEDY, decode="dynamic"))
     assert _TRACES[small_model][0] != old_weights and len(_TRACES[small_model][1]) == 1
 
 
@@ -81,7 +90,7 @@ def test_a_replaced_weight_is_traced_anew(small_model):
     with torch.inference_mode():  # the packed copy follows the new weight
         torch.testing.assert_close(block(x), torch.nn.functional.linear(x, block.weight, block.bias))
     assert torch.equal(generate(small_model, prompt(), GREEDY, decode="traced"),
-                       generate(small_model, prompt(), GREEDY))
+                       generate(small_model, prompt(), GREEDY, decode="dynamic"))
 
 
 def test_a_step_past_the_cache_is_refused(small_model):

@@ -58,7 +58,7 @@ def test_loss_is_cross_entropy_of_logits(small_model):
 def test_kv_cache_greedy_equals_uncached_greedy(small_model):
     prompt = torch.randint(0, 50257, (3, 5))
     params = SamplingParams(max_new_tokens=20, temperature=0, stop_at_eot=False)
-    cached = generate(small_model, prompt, params, use_cache=True)
+    cached = generate(small_model, prompt, params, use_cache=True, decode="dynamic")
     uncached = generate(small_model, prompt, params, use_cache=False)
     assert torch.equal(cached, uncached)
     assert cached.shape == (3, 25)

@@ -56,7 +56,13 @@ def short_context_model() -> GPT:
     return GPT(small_config(block_size=16, vocab_size=2048)).eval()
 
 
-@pytest.fixture(params=DECODE_MODES)
+def test_auto_decodes_through_the_traced_steps_on_the_cpu(short_context_model):
+    assert DECODE_MODES[0] == "auto"  # the server's default
+    engine = Engine(short_context_model, torch.device("cpu"), max_batch_size=2, max_queue=2, request_timeout_s=60)
+    assert engine.decode == "traced" and engine.traced_steps is not None
+
+
+@pytest.fixture(params=[mode for mode in DECODE_MODES if mode != "auto"])
 def engine(short_context_model, request):
     # Six rows: a traced step's five active rows run padded to six.
     engine = Engine(short_context_model, torch.device("cpu"), max_batch_size=6, max_queue=32, request_timeout_s=60,

@@ -66,7 +66,8 @@ class Settings:
     int8_head: str = option("int8", "head format of our int8 model (quantize/dynamic.py --head): int8 matches "
                                     "llama.cpp's Q8_0, which quantizes the tied output matrix too",
                             choices=HEAD_FORMATS)
-    decode: str = option("traced", "how our decode steps run (sample.py --decode)", choices=DECODE_MODES)
+    decode: str = option("auto", "how our decode steps run (sample.py --decode; auto: its default)",
+                         choices=DECODE_MODES)
     device: str = option("auto", "auto, cpu, cuda, ...")
 
     def __post_init__(self):
@@ -246,9 +247,9 @@ def measure(settings: Settings, work_dir: Path) -> GenerateSpeed:
             calls["ours int8"] = lambda: generate(int8, prompt, params, decode=settings.decode)
         eager = settings.decode != "dynamic"
         if eager:
-            calls["ours eager"] = lambda: generate(ours, prompt, params)
+            calls["ours eager"] = lambda: generate(ours, prompt, params, decode="dynamic")
             if int8 is not None:
-                calls["ours int8 eager"] = lambda: generate(int8, prompt, params)
+                calls["ours int8 eager"] = lambda: generate(int8, prompt, params, decode="dynamic")
         if ort:
             calls["ort fp32"] = lambda: ort["fp32"].generate(prompt, settings.new_tokens)
             calls["ort int8"] = lambda: ort["int8"].generate(prompt, settings.new_tokens)

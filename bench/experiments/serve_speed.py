@@ -62,7 +62,7 @@ class Settings:
         "help": "concurrency levels measured beside one client: that many requests sent at once"})
     repeats: int = option(3, "timed rounds (after one untimed warm-up round)")
     device: str = option("auto", "auto, cpu, cuda, ... (the server's too)")
-    decode: list[str] = option(list(DECODE_MODES), "ways of running decode steps, each in generate() and in a "
+    decode: list[str] = option(["traced", "dynamic"], "ways of running decode steps, each in generate() and in a "
                                                    "server of its own; the first is compared with the others",
                                choices=DECODE_MODES)
     weights: str = option("fp32", "the artifact served: fp32, or int8 (int8 linears and head, CPU only)",
