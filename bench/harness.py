@@ -2,8 +2,10 @@
 
     python bench/harness.py --lm-eval /path/to/venv/bin/lm_eval --checkpoint out/demo/train
 
-lm-eval is not a dependency of the project: install it anywhere (`python -m venv /tmp/lm && /tmp/lm/bin/pip
-install torch==2.13.0 lm-eval==0.4.13`) and pass its `lm_eval`.  This script writes a small cloze task
+lm-eval is not a dependency of the project: install it anywhere with its API backends (`python -m venv /tmp/lm &&
+/tmp/lm/bin/pip install torch==2.13.0 'lm-eval[api]==0.4.13'`: the `api` extra brings the `local-completions`
+backend's tenacity, aiohttp and tiktoken) and pass its `lm_eval`.  The result goes to out/harness.json unless
+`--out` says otherwise (bench/results/harness.json is the committed one).  This script writes a small cloze task
 (context, next word) from the built-in corpus's validation split as a local JSONL task, fills tiktoken's
 cache with the project's tokenizer (`data.fetch_tokenizer`), serves the checkpoint as `gpt2` (a name tiktoken
 maps to GPT-2's encoding), runs the harness's `local-completions` backend with token-id prompts, and scores
@@ -18,6 +20,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +48,8 @@ class HarnessConfig:
     lm_eval: str = option("lm_eval", "the lm_eval command of an environment where lm-eval is installed")
     checkpoint: str = option("out/demo/train", "the artifact to serve and score")
     items: int = option(50, "cloze items: a sentence's words, then its last word")
-    out: str = option("bench/results/harness.json", "where to write the result")
+    out: str = option("out/harness.json", "where to write the result (the committed one is "
+                                          "bench/results/harness.json)")
 
     def __post_init__(self):
         if self.items < 1:
@@ -116,16 +120,26 @@ def run_harness(cfg: HarnessConfig, work: Path, url: str, cache: Path) -> tuple[
     return results, sorted(samples, key=lambda s: s["doc_id"]), version
 
 
+def say(what: str) -> None:
+    print(what, file=sys.stderr, flush=True)
+
+
 def harness(cfg: HarnessConfig) -> dict:
     items = cloze_items(cfg.items)
+    say(f"harness: {len(items)} cloze items from the built-in validation split")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         task_files(work, items)
         cache = work / "tiktoken-cache"
         get_tokenizer()  # says how to fetch the ranks file when it is missing
         fill_cache(ranks_file(), cache)
+        say(f"harness: starting `python -m serve` on {cfg.checkpoint}")
         with running_server(cfg.checkpoint, work / "server.log", ["--served-model-name", "gpt2"]) as server:
+            say(f"harness: server at {server.url}; running {cfg.lm_eval} (its start-up alone takes some 20 s)")
+            started = time.perf_counter()
             results, samples, version = run_harness(cfg, work, server.url, cache)
+            say(f"harness: lm-eval {version} scored {len(samples)} items in {time.perf_counter() - started:.0f} s")
+    say("harness: scoring the same items with model/evaluate.py")
     ours = our_scores(cfg.checkpoint, items)
     theirs = [(float(s["resps"][0][0][0]), str(s["resps"][0][0][1]) == "True") for s in samples]  # logged as text
     differences = [abs(a[0] - b[0]) for a, b in zip(ours, theirs)]
@@ -149,6 +163,7 @@ def main(argv=None) -> None:
         result = harness(cfg)
     except UserError as e:
         sys.exit(f"error: {e}")
+    Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
     Path(cfg.out).write_text(json.dumps(result, indent=2) + "\n")
     agreement = result["agreement"]
     print(f"{TASK}: acc {result['harness']['acc']:.3f}, perplexity {result['harness']['perplexity']:.2f} "

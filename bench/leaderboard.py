@@ -31,7 +31,7 @@ from data.corpus import DATASET_NAMES, Corpus
 from data.documents import text_blocks
 from data.local_files import TEXT_FIX, whole_file_corpus
 from data.loader import eval_batches
-from data.shards import load_split
+from data.shards import load_split, prepare_split
 from model.artifact import load_model, save_artifact
 from model.config import GPTConfig
 from model.evaluate import evaluate_loss
@@ -142,9 +142,12 @@ def generation_figures(model, tokens, prompt_tokens: int, new_tokens: int, repea
     rows = [torch.from_numpy(tokens[i * stride:i * stride + prompt_tokens].astype("int64"))
             for i in range(max(GENERATION_BATCHES))]
     figures = {}
+    bar = tqdm(total=len(GENERATION_BATCHES) * (repeats + 1), desc="generation throughput", unit=" call",
+               file=sys.stderr)
     for batch in GENERATION_BATCHES:
         prompt = torch.stack(rows[:batch]).to(device)
         first_token_s = []  # per call: from its start to its first new token
+        bar.set_postfix_str(f"batch {batch}")
 
         def run():
             start, first = time.perf_counter(), []
@@ -156,6 +159,7 @@ def generation_figures(model, tokens, prompt_tokens: int, new_tokens: int, repea
 
             generate(model, prompt, params, on_token=on_token)
             first_token_s.append(first[0])
+            bar.update()
 
         totals = time_repeats(run, repeats, warmup=1, device=device)
         ttfts = first_token_s[1:]  # the first call is the warm-up
@@ -166,6 +170,7 @@ def generation_figures(model, tokens, prompt_tokens: int, new_tokens: int, repea
             "ms_per_token": Spread.of([1000 * (total - ttft) / max(1, new_tokens - 1)
                                        for total, ttft in zip(totals, ttfts)]),
         }
+    bar.close()  # stays on screen with its rate
     return figures
 
 
@@ -183,12 +188,12 @@ def training_figures(args: LeaderboardConfig, source: Path, block: int, workdir:
     parallel = args.parallel != "none"
     steps = args.train_steps * (args.repeats + 1)
     figures = {}
-    for batch in TRAINING_BATCHES:
+    for number, batch in enumerate(TRAINING_BATCHES, 1):
         config = TrainConfig(init_from=str(source), dataset=args.train_dataset, batch_size=batch, block_size=block,
                              max_steps=steps, log_interval=args.train_steps, eval_interval=steps, eval_batches=1,
                              final_eval_batches=1, warmup_steps=1, parallel=args.parallel, device=args.device,
                              grad_accum=grad_accum, curves=False)
-        print(f"training throughput: micro-batch {batch} x block {block}"
+        print(f"training throughput ({number}/{len(TRAINING_BATCHES)}): micro-batch {batch} x block {block}"
               f"{f', {args.parallel} on {args.nproc_per_node} ranks' if parallel else ''}", file=sys.stderr)
         run = run_train(workdir / f"train_{batch}", config, nproc=args.nproc_per_node if parallel else None,
                         threads=args.threads)
@@ -260,14 +265,16 @@ def measure(args: LeaderboardConfig) -> Measured:
     device = choose_device(args.device)
     folder, why = pick_checkpoint(args.checkpoint)
     print(f"scoring {folder} ({why})", file=sys.stderr)
-    model, meta = load_model(folder, device)
-    print(pack_for_inference(model), file=sys.stderr)
-    settled = plan(args, model.config.block_size)
-    precision = precision_policy(device)
+    # The data first: an unreachable hub or a bad folder fails before the model is loaded.
     tokens, described = evaluation_tokens(args)
     if len(tokens) <= args.prompt_tokens * max(GENERATION_BATCHES):
         raise LeaderboardError(f"the evaluation text has {len(tokens)} tokens, too few for "
                                f"{max(GENERATION_BATCHES)} prompts of {args.prompt_tokens}")
+    prepare_split(args.train_dataset, "train")
+    model, meta = load_model(folder, device)
+    print(pack_for_inference(model), file=sys.stderr)
+    settled = plan(args, model.config.block_size)
+    precision = precision_policy(device)
 
     print(f"validation loss over all of {described} ({len(tokens):,} tokens)", file=sys.stderr)
     validation = validation_loss(model, tokens, settled.eval_block, args.eval_batch_size, device, precision)

@@ -21,8 +21,8 @@ class PlotError(UserError):
 class PlotConfig:
     runs: list[str] = option([], "train.py run folders (holding metrics.jsonl)", positional=True)
     out: str = option("curves.png", "the PNG to write")
-    labels: str | None = option(None, "comma-separated legend names (default: the "
-                                      "folders' names)")
+    labels: str | None = option(None, "comma-separated legend names (default: the fewest trailing parts of "
+                                      "each folder's path that tell the runs apart)")
 
     def __post_init__(self):
         if not self.runs:

@@ -84,7 +84,9 @@ def describe_validation_error(errors: list[dict], schema: type[BaseModel] | None
             messages[path] = f"unknown field {path!r}{known}"
         elif error["type"] == "missing":
             messages[path] = f"{path} is required"
-        elif path == "body":
+        elif path == "body" and error["type"] == "value_error":  # a rule across fields: its message says the fix
+            messages[path] = error["msg"].removeprefix("Value error, ")
+        elif path == "body":  # the body itself is not an object
             messages[path] = f"request body: {error['msg']} (send a JSON object with Content-Type: application/json)"
         else:
             messages[path] = f"{path}: {error['msg'].removeprefix('Value error, ')}"

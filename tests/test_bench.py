@@ -337,3 +337,17 @@ def test_a_failed_train_run_is_reported_by_its_telling_line_not_torchrun_banner(
     own = "step 1/2: loss 10.7\nerror: --batch-size 3 does not divide over 2 ranks\n" + "=" * 54 + "\n"
     assert TrainRun([], 1, 3.0, [], own).failure() == "exit code 1: error: --batch-size 3 does not divide over 2 ranks"
     assert TrainRun([], 2, 3.0, [], "last words\n").failure() == "exit code 2: last words"
+
+
+def test_the_scorecard_checks_its_data_before_loading_the_model(results, monkeypatch, tmp_path):
+    monkeypatch.setattr(leaderboard, "load_model", lambda *a, **k: pytest.fail("loaded the model before the data"))
+    with pytest.raises(SystemExit, match=r"error: dataset .*nowhere.* is neither a known name"):
+        leaderboard.main(["--checkpoint", str(results["root"] / "artifact"), "--dataset", str(tmp_path / "nowhere"),
+                          "--device", "cpu", "--out", str(tmp_path / "card.json")])
+
+
+def test_plot_legends_name_runs_by_the_path_parts_that_tell_them_apart():
+    from training.curves import run_labels
+    assert run_labels([Path("out/demo/train"), Path("out/demo/fsdp"), Path("out/train")]) == \
+        ["demo/train", "fsdp", "out/train"]
+    assert run_labels([Path("runs/ddp"), Path("runs/fsdp")]) == ["ddp", "fsdp"]

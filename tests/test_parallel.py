@@ -207,7 +207,35 @@ LAYOUTS = {
     # allreduce runs at 4 ranks only: a loop of per-parameter all-reduces, the same code at any world size.
     2: [("ddp", "ddp", 1), ("fsdp", "fsdp", 1), ("tp", "tp", 2), ("gather-scatter", "gather-scatter", 1)],
 }
-JOBS = {"layouts": _run_layouts, "dying": _dying_rank}
+def _stop_mid_step(rank, world, root: Path, result):
+    """DDP on 2 ranks, 3 micro-batches a step: rank 1 alone gets SIGTERM during step 2's second micro-batch."""
+    import signal
+
+    from data.loader import WindowSampler
+    from train import train
+    settings = dict(parallel="ddp", batch_size=GLOBAL_BATCH // world, grad_accum=3, max_steps=3, dropout=0.1)
+    train(_train_config(root / "whole", **settings))
+    real_next, calls = WindowSampler.next_batch, {"n": 0}
+
+    def next_batch(self):
+        calls["n"] += 1
+        if rank == 1 and calls["n"] == 3 + 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_next(self)
+    WindowSampler.next_batch = next_batch
+    try:
+        train(_train_config(root / "stopped", **settings))
+    except SystemExit as e:
+        result["exit_status"] = e.code
+    finally:
+        WindowSampler.next_batch = real_next
+    result["batches"] = calls["n"]
+    dist.barrier()
+    result["saved_step"] = json.loads((root / "stopped" / "training_state" / "state.json").read_text())["step"]
+    train(_train_config(root / "stopped", resume="yes", **settings))
+
+
+JOBS = {"layouts": _run_layouts, "dying": _dying_rank, "stop": _stop_mid_step}
 
 
 @pytest.fixture(scope="module")
@@ -274,6 +302,14 @@ def test_a_dying_rank_stops_the_others_and_is_named(tmp_path):
     assert "simulated failure of rank 1" in results[1]["message"]
     assert "rank 1 stopped first" in results[0]["message"], results[0]
     assert results[0]["seconds"] < 30
+
+
+def test_a_stop_signal_on_one_rank_stops_both_after_the_same_micro_batch_and_resumes_exactly(tmp_path):
+    from safetensors.torch import load_file
+    results = _launch("stop", 2, tmp_path)
+    assert [(r["exit_status"], r["batches"], r["saved_step"]) for r in results] == [(143, 5, 1)] * 2
+    whole, resumed = load_file(tmp_path / "whole" / "model.safetensors"), load_file(tmp_path / "stopped" / "model.safetensors")
+    assert all(torch.equal(whole[name], resumed[name]) for name in whole)
 
 
 def test_fused_qkv_is_split_per_head():

@@ -1,6 +1,7 @@
 """Resuming a run: it keeps its own settings, applies the changes a command line may make, refuses the ones
 it may not, and `--resume auto` starts or continues by itself (for restarting launchers)."""
 import json
+import re
 
 import pytest
 
@@ -122,3 +123,59 @@ def test_sigusr1_in_one_process_saves_the_step_and_exits_138(tmp_path, monkeypat
     assert json.loads((out / "training_state" / "state.json").read_text())["step"] == 3
     assert "stopped by SIGUSR1 after step 3" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the handler is the run's only
+
+
+def final_weights(out) -> dict:
+    from safetensors.torch import load_file
+    return load_file(out / "model.safetensors")
+
+
+def test_sigterm_mid_step_stops_after_the_micro_batch_and_resumes_to_the_uninterrupted_weights(tmp_path, monkeypatch,
+                                                                                                capsys):
+    """SIGTERM during the second micro-batch of step 3 (of 4 per step): the step is dropped, step 2 is saved with
+    its data position and RNG, and the resumed run ends with the weights of a run never stopped (dropout on, so a
+    wrong RNG would show)."""
+    import os
+    import signal
+
+    import torch
+
+    from data.loader import WindowSampler
+    run = [*RUN, "--grad-accum", "4", "--dropout", "0.1", "--max-steps", "4", "--checkpoint-interval", "100"]
+    train.main([*run, "--out-dir", str(tmp_path / "whole")])
+    real_next, calls = WindowSampler.next_batch, {"n": 0}
+
+    def terminated_in_step_3(self):
+        calls["n"] += 1
+        if calls["n"] == 2 * 4 + 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_next(self)
+
+    monkeypatch.setattr(WindowSampler, "next_batch", terminated_in_step_3)
+    out = tmp_path / "stopped"
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([*run, "--out-dir", str(out)])
+    assert exit_info.value.code == 143 and calls["n"] == 10  # no micro-batch after the one under way
+    err = capsys.readouterr().err
+    assert "SIGTERM: stopping after this micro-batch; saving step 2" in err and "stopped by SIGTERM after step 2" in err
+    assert json.loads((out / "training_state" / "state.json").read_text())["step"] == 2
+    monkeypatch.setattr(WindowSampler, "next_batch", real_next)
+    train.main([*run, "--out-dir", str(out), "--resume"])
+    whole, resumed = final_weights(tmp_path / "whole"), final_weights(out)
+    assert all(torch.equal(whole[name], resumed[name]) for name in whole)
+
+
+def test_the_first_micro_batch_gives_an_estimate_and_gpu_sized_runs_are_named(tmp_path, capsys):
+    import torch
+
+    from training.estimate import RunEstimate, duration
+    train.main([*RUN, "--grad-accum", "2", "--max-steps", "3", "--out-dir", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    assert re.search(r"first micro-batch [\d.]+ s \(warm-up included\): about [\d.]+ s per step of 2 micro-batches, "
+                     r"about [\d.]+ s for the 3 steps to go", out)
+    assert re.search(r"step 1/3: .* tokens/s, [\d.]+ s left", out) and "sized for a GPU" not in out
+    lines = RunEstimate(20000, 32, torch.device("cpu")).first_micro_batch(80.0)
+    assert lines[0].endswith("about 43 min per step of 32 micro-batches, about 592 days 14 h for the 20,000 steps to go")
+    assert lines[1].startswith("this run is sized for a GPU: about 43 min per step here, 592 days 14 h in all")
+    assert len(RunEstimate(20000, 32, torch.device("cuda")).first_micro_batch(80.0)) == 1
+    assert [duration(s) for s in (45, 600, 7800, 200000)] == ["45 s", "10 min", "2 h 10 min", "2 days 7 h"]

@@ -153,6 +153,10 @@ def test_openai_request_checks(client, checkpoint):
         response = client.post("/v1/completions", json=body)
         assert response.status_code == status, body
         assert response.json()["error"]["param"] == param
+    # A rule across fields names its own fix, not the hint for a body that is not a JSON object.
+    response = client.post("/v1/completions", json={**base, "stream": True, "logprobs": 1})
+    assert response.status_code == 422
+    assert response.json()["error"]["message"] == "logprobs: not available with stream; leave one of them out"
     # Two prompts x n=2: choices run prompt-major, the prompt tokens count once per prompt.
     reply = client.post("/v1/completions", json={**base, "prompt": ["hi", "hello there"], "n": 2, "seed": 1}).json()
     assert [c["index"] for c in reply["choices"]] == [0, 1, 2, 3]

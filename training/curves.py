@@ -28,6 +28,20 @@ def read_metrics(run: Path) -> tuple[list[dict], list[dict]]:
     return [steps[k] for k in sorted(steps)], [evals[k] for k in sorted(evals)]
 
 
+def run_labels(runs: list[Path]) -> list[str]:
+    """Each run named by the fewest trailing parts of its path that tell it from the others: out/demo/train,
+    out/demo/fsdp and out/train become demo/train, fsdp and train."""
+    parts = [Path(run).resolve().parts for run in runs]
+    labels = []
+    for mine in parts:
+        for depth in range(1, len(mine) + 1):
+            tail = mine[-depth:]
+            if all(other == mine or other[-depth:] != tail for other in parts):
+                break
+        labels.append("/".join(tail))
+    return labels
+
+
 def plot_runs(runs: list[Path], out: Path, labels: list[str] | None = None) -> Path:
     """Train and validation loss against tokens seen, learning rate and tokens/s: one panel each, one
     colour per run.  Written atomically (a reader never sees half a PNG)."""
@@ -35,7 +49,7 @@ def plot_runs(runs: list[Path], out: Path, labels: list[str] | None = None) -> P
     import matplotlib
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
-    labels = labels or [Path(run).name for run in runs]
+    labels = labels or run_labels(runs)
     metrics = [read_metrics(run) for run in runs]
     # Runs logged before records carried `tokens` are drawn against the step.
     by_tokens = all("tokens" in r for steps, evals in metrics for r in steps + evals)

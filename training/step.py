@@ -67,10 +67,22 @@ class TrainStep:
         return cls(model, optimizer, SingleDevice(model, DistContext(device=device), CommsMeter()), device,
                    precision, grad_clip=grad_clip, masks=masks)
 
-    def __call__(self, next_batch: Callable[[], Batch], lr: float | None = None, clock=NO_CLOCK) -> StepResult:
-        """One optimizer step at learning rate `lr` (None: the optimizer's current one)."""
+    def __call__(self, next_batch: Callable[[], Batch], lr: float | None = None, clock=NO_CLOCK,
+                 after_micro_batch: Callable[[int], None] | None = None) -> StepResult:
+        """One optimizer step at learning rate `lr` (None: the optimizer's current one).  `after_micro_batch(i)`
+        runs after each micro-batch's backward; if it raises (a stop signal), the step's partial gradients are
+        dropped and the weights and optimizer state stay those of the previous step."""
         for group in self.optimizer.param_groups:
             group["lr"] = group["lr"] if lr is None else lr
+        try:
+            loss_sum = self.accumulate(next_batch, clock, after_micro_batch)
+        except BaseException:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise
+        return self.update(loss_sum, clock)
+
+    def accumulate(self, next_batch: Callable[[], Batch], clock, after_micro_batch) -> torch.Tensor:
+        """Forward and backward over the step's micro-batches; returns the sum of their scaled losses."""
         loss_sum = None
         for micro in range(self.grad_accum):
             with clock("data"):
@@ -84,6 +96,12 @@ class TrainStep:
                     self.scaler.scale(loss).backward()
             self.strategy.after_backward(time.perf_counter())
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+            if after_micro_batch is not None:
+                after_micro_batch(micro)
+        return loss_sum
+
+    def update(self, loss_sum: torch.Tensor, clock) -> StepResult:
+        """Synchronise, clip and apply the accumulated gradients (refused, untouched, if not finite)."""
         with clock("optimizer"):
             self.strategy.sync_gradients()
             self.scaler.unscale_(self.optimizer)

@@ -24,6 +24,7 @@ from runtime.cli import non_default_fields
 from runtime.device import is_out_of_memory, precision_policy
 from training.checkpoint import Checkpointer
 from training.config import TrainConfig, TrainingError
+from training.estimate import RunEstimate
 from training.metrics import (NO_CLOCK, EvalRecord, MetricsLog, NullLog, PhaseClock, device_peak_flops,
                               flops_per_token, parallel_record, peak_memory_per_rank, step_record)
 from training.step import NonFiniteStep, TrainStep
@@ -98,7 +99,8 @@ class Trainer:
             self.checkpointer.restore_weights(model)  # full weights first; every layout slices them the same way
         model.to(self.device)
         model.gradient_checkpointing = cfg.activation_checkpointing
-        self.n_params = model.num_parameters(padded_vocab=False)
+        # Counted before parallelize: afterwards a tensor-parallel rank holds a shard of the parameters.
+        self.n_params, self.n_params_padded = model.num_parameters(padded_vocab=False), model.num_parameters()
         self.meter = CommsMeter()
         self.par = parallelize(model, ctx, self.strategy_class, self.meter, param_dtype=self.precision.autocast_dtype,
                                cpu_offload=cfg.cpu_offload)
@@ -133,7 +135,7 @@ class Trainer:
     def announce(self, model: GPT) -> None:
         cfg, ctx = self.cfg, self.ctx
         self.say(f"model {cfg.init_from or cfg.model}: {self.n_params:,} parameters "
-                 f"({model.num_parameters():,} with the vocabulary padded to {self.model_config.padded_vocab_size}); "
+                 f"({self.n_params_padded:,} with the vocabulary padded to {self.model_config.padded_vocab_size}); "
                  f"device {self.device}, precision {self.precision.autocast_dtype or torch.float32}, "
                  f"{len(self.train_tokens):,} training tokens, {self.tokens_per_step:,} tokens per step")
         if self.par.is_distributed:
@@ -146,8 +148,9 @@ class Trainer:
         """Train to --max-steps, checkpointing and validating on the way; returns the final validation."""
         cfg = self.cfg
         self.completed = self.start_step  # steps whose update is applied: the count the console and records use
+        self.estimate = RunEstimate(cfg.max_steps - self.start_step, cfg.grad_accum, self.device)
         try:
-            with StopSignals() as stop_signals:
+            with StopSignals(self.announce_stop) as stop_signals:
                 self.train_steps(stop_signals)
         except StopRequested as e:
             self.checkpointer.save(self.completed, last=True)
@@ -171,9 +174,15 @@ class Trainer:
                                 f"--activation-checkpointing") from e
         return self.evaluate(cfg.max_steps, cfg.final_eval_batches)
 
+    def announce_stop(self, signal_name: str) -> None:
+        """Said by the signal handler the moment the first stop signal arrives."""
+        if self.ctx.is_writer:
+            print(f"{signal_name}: stopping after this micro-batch; saving step {self.completed}", file=sys.stderr,
+                  flush=True)
+
     def train_steps(self, stop_signals: StopSignals) -> None:
-        """The steps from the start (or the resumed) step to --max-steps; after each, a stop signal on any
-        rank stops every rank (training/stop_signals.py)."""
+        """The steps from the start (or the resumed) step to --max-steps; after each micro-batch, a stop signal
+        on any rank stops every rank, and a step stopped midway is dropped (training/stop_signals.py)."""
         cfg = self.cfg
         window_start, window_steps, excluded = time.perf_counter(), 0, 0.0
         for step in range(self.start_step, cfg.max_steps):
@@ -182,7 +191,16 @@ class Trainer:
             clock = PhaseClock(self.device) if logged else NO_CLOCK  # synchronising costs GPU throughput
             lr = lr_at(step, self.max_lr, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
             started = time.perf_counter()
-            result = self.step(self.sampler.next_batch, lr, clock)
+            position = self.sampler.state_dict(), torch.get_rng_state(), self.device_rng_state()
+            try:
+                result = self.step(self.sampler.next_batch, lr, clock, self.after_micro_batch(stop_signals, started))
+            except StopRequested:  # back to the state of the last whole step, which is what gets saved
+                self.sampler.load_state_dict(position[0])
+                torch.set_rng_state(position[1])
+                if position[2] is not None:
+                    torch.cuda.set_rng_state(position[2], self.device)
+                raise
+            self.estimate.step_done(time.perf_counter() - started)
             self.completed = done
             window_steps += 1
             if logged:
@@ -195,6 +213,20 @@ class Trainer:
             self.checkpointer.save(done, last=done == cfg.max_steps)
             stop_signals.check(self.ctx)
             excluded += time.perf_counter() - t0
+
+    def after_micro_batch(self, stop_signals: StopSignals, step_started: float):
+        """What runs after each micro-batch: the run's first estimate, and the ranks' agreement on a stop signal
+        (not after the last micro-batch: the step then finishes, and the check after it stops)."""
+        def hook(micro: int) -> None:
+            if not self.estimate.announced:
+                for line in self.estimate.first_micro_batch(time.perf_counter() - step_started):
+                    self.say(line, flush=True)
+            if micro < self.cfg.grad_accum - 1:
+                stop_signals.check(self.ctx)
+        return hook
+
+    def device_rng_state(self) -> torch.Tensor | None:
+        return torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
 
     def check_savable(self, step: int) -> None:
         """Only weights that still give a finite loss are saved: a finite but exploded update (a huge
@@ -218,8 +250,7 @@ class Trainer:
             if max_batches is None and self.ctx.is_writer:  # the whole split can take minutes: show it
                 windows_in_split = -(-(len(self.val_tokens) - 1) // self.block)
                 batches = tqdm(batches, total=-(-windows_in_split // self.cfg.batch_size), unit="batch",
-                               desc=f"validation, whole split ({len(self.val_tokens):,} tokens)", leave=False,
-                               file=sys.stderr)
+                               desc=f"validation, whole split ({len(self.val_tokens):,} tokens)", file=sys.stderr)
             result = evaluate_loss(self.eval_module, batches, self.device, self.precision.autocast)
             self.par.strategy.after_evaluation()
         record = EvalRecord(step, step * self.tokens_per_step, **result, eval_full_split=max_batches is None,
@@ -245,5 +276,6 @@ class Trainer:
         self.meter.reset()
         mfu = f", MFU {record.mfu:.1%}" if record.mfu is not None else ""
         comm = f", comm {record.parallel.comm_share:.0%}" if record.parallel else ""
+        left = self.cfg.max_steps - done
         self.say(f"step {done}/{self.cfg.max_steps}: loss {result.loss:.4f}, lr {lr:.2e}, "
-                 f"{record.tokens_per_s:,.0f} tokens/s{mfu}{comm}")
+                 f"{record.tokens_per_s:,.0f} tokens/s{mfu}{comm}" + (f", {self.estimate.left(left)} left" if left else ""))
