@@ -28,7 +28,7 @@ import weakref
 import torch
 
 from model.gpt import GPT, KVCache
-from model.packed_linear import PackedLinear
+from model.packed_linear import PackedLinear, packed_while
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +97,9 @@ def _trace(model: GPT, tokens: torch.Tensor, masked: bool, keys: list[torch.Tens
         # Python values derived from shapes (nn.Linear's row count, say) become constants: by design, as each
         # trace serves one row count.
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-        step = torch.jit.trace(_DecodeStep(model, masked), (tokens, torch.zeros_like(tokens), *mask, *sample),
-                               check_trace=False)
+        with packed_while(model):  # the trace multiplies through oneDNN-packed weights, whether or not the model does
+            step = torch.jit.trace(_DecodeStep(model, masked), (tokens, torch.zeros_like(tokens), *mask, *sample),
+                                   check_trace=False)
     log.info("traced the decode step for %d row(s)%s in %.2fs", rows, " with a mask" if masked else "",
              time.perf_counter() - started)
     return step

@@ -7,7 +7,6 @@ from model.config import EOT_TOKEN
 from model.decode_graph import CudaGraphDecoder
 from model.decode_trace import TracedDecoder
 from model.gpt import GPT, ContextOverflow, KVCache, StaticKVCache
-from model.packed_linear import pack_for_inference
 from model.sampling import SamplingParams, row_generators, sample_rows
 
 # auto: the fastest for the device (fastest_decode); dynamic: the cache's keys grow with the sequence (the fastest
@@ -17,11 +16,19 @@ from model.sampling import SamplingParams, row_generators, sample_rows
 DECODE_MODES = ("auto", "dynamic", "static", "cuda-graph", "traced")
 
 
-def fastest_decode(device: torch.device) -> str:
-    """What `auto` runs on `device`.  CPU: the traced steps over oneDNN-packed linears, the fastest path measured
-    there (`python -m bench.experiments generate_speed`).  CUDA: one captured graph per step, which a probe on an
-    H100 ran at 3.7x eager steps at batch 1 (shared/device/README.md) and tests/test_cuda.py checks token for
-    token; the traced steps are not tested on CUDA, so they are not chosen there.  Elsewhere: eager steps."""
+def fastest_decode(model: torch.nn.Module, device: torch.device) -> str:
+    """What `auto` runs for `model` on `device`.  CPU: the traced steps, whose graph multiplies through
+    oneDNN-packed weights, the fastest path measured there (`python -m bench.experiments generate_speed`).  CUDA:
+    one captured graph per step, which a probe on an H100 ran at 3.7x eager steps at batch 1
+    (shared/device/README.md) and tests/test_cuda.py checks token for token; the traced steps are not tested on
+    CUDA, so they are not chosen there.  Eager steps elsewhere, in a process group of several ranks (a sharded
+    model's collectives can be neither traced nor captured), and for a model with a layer that says the tracer
+    cannot record it (`traceable = False`, as prune/csr.py's sparse products do)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized() \
+            and torch.distributed.get_world_size() > 1:
+        return "dynamic"
+    if not all(getattr(m, "traceable", True) for m in model.modules()):
+        return "dynamic"
     return {"cpu": "traced", "cuda": "cuda-graph"}.get(device.type, "dynamic")
 
 
@@ -33,9 +40,8 @@ def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: b
     Rows that emit end-of-text stop growing (later positions are filled with
     end-of-text); generation ends early when every row has stopped.  `on_token`
     is called with each new column of tokens, for streaming and timing.
-    `decode` picks how the cached steps run (DECODE_MODES); the tokens are the same.  `auto` on the CPU also
-    packs the model's float32 linears for oneDNN in place, as the tools do when they load a model
-    (model/packed_linear.py: a derived copy of each weight; training and gradients keep nn.Linear's product).
+    `decode` picks how the cached steps run (DECODE_MODES); the tokens are the same.  The model is not changed:
+    the traced steps hold their own oneDNN-packed copies of its float32 weights.
     """
     model.eval()
     B, T = idx.shape
@@ -46,9 +52,7 @@ def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: b
     if decode not in DECODE_MODES:
         raise ValueError(f"decode {decode!r} is not one of {DECODE_MODES}")
     if decode == "auto":
-        decode = fastest_decode(idx.device)
-        if decode == "traced" and use_cache:
-            pack_for_inference(model)
+        decode = fastest_decode(model, idx.device)
     if decode == "cuda-graph" and idx.device.type != "cuda":
         raise ValueError(f"decode 'cuda-graph' needs a CUDA device; the model is on {idx.device}")
     generators = row_generators(params.seed, B, idx.device)

@@ -15,6 +15,7 @@ product (the packed one has no backward), and so do other devices and dtypes.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -60,15 +61,33 @@ class PackedLinear(nn.Module):
             self._packed_version = version
         return self._packed
 
+    def __getstate__(self) -> dict:
+        # The packed copy is an opaque oneDNN tensor that can be neither copied nor pickled; a copy of the layer
+        # (copy.deepcopy, torch.save of a model) repacks on first use instead.
+        state = super().__getstate__()
+        return {**state, "_packed": None, "_packed_version": None}
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def _float_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
+    return [(name, m) for name, m in model.named_modules() if type(m) is not PackedLinear
+            and isinstance(m, nn.Linear) and m.weight.dtype == torch.float32]
+
+
+def _swap(model: nn.Module, name: str, layer: nn.Module) -> nn.Module:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    previous = getattr(parent, child)
+    setattr(parent, child, layer)
+    return previous
 
 
 def pack_for_inference(model: nn.Module) -> str:
     """Swap every float nn.Linear of `model` (attention, MLP, the output head) for a PackedLinear, in place,
     when the model is float32 on a CPU whose PyTorch has oneDNN; returns one line saying what was done."""
-    linears = [(name, m) for name, m in model.named_modules() if type(m) is not PackedLinear
-               and isinstance(m, nn.Linear) and m.weight.dtype == torch.float32]
+    linears = _float_linears(model)
     if not linears:
         return "no float32 linear layers to pack"
     device = linears[0][1].weight.device
@@ -77,6 +96,21 @@ def pack_for_inference(model: nn.Module) -> str:
     if not torch.backends.mkldnn.is_available():
         return "linear layers run as nn.Linear: this PyTorch build has no oneDNN to pack them for"
     for name, linear in linears:
-        parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, child, PackedLinear(linear))
+        _swap(model, name, PackedLinear(linear))
     return f"{len(linears)} linear layers packed for oneDNN (float32, CPU)"
+
+
+@contextlib.contextmanager
+def packed_while(model: nn.Module):
+    """`model` with its float32 CPU linears packed for the block's duration, then given back as it was: a trace
+    made inside keeps the packed products and their packed weights, and the model itself is not changed."""
+    linears = [(name, linear) for name, linear in _float_linears(model) if linear.weight.device.type == "cpu"]
+    if not torch.backends.mkldnn.is_available():
+        linears = []
+    for name, linear in linears:
+        _swap(model, name, PackedLinear(linear))
+    try:
+        yield
+    finally:
+        for name, linear in linears:
+            _swap(model, name, linear)

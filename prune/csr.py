@@ -14,6 +14,8 @@ from model.gpt import GPT
 
 
 class CsrLinear(nn.Module):
+    traceable = False  # TorchScript's tracer cannot record torch.sparse.mm over a CSR weight: decoded eagerly
+
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.weight = linear.weight.detach().to_sparse_csr()

@@ -26,6 +26,7 @@ import torch
 
 from model.config import EOT_TOKEN
 from model.decode_trace import TracedSteps
+from model.generate import fastest_decode
 from model.gpt import KVCache
 from model.sampling import SamplingParams, sample_rows
 from serve.config import DECODE_MODES
@@ -139,7 +140,10 @@ class Engine:
                  request_timeout_s: float, metrics: ServerMetrics | None = None, decode: str = "auto"):
         if decode not in DECODE_MODES:
             raise ValueError(f"decode {decode!r} is not one of {DECODE_MODES}")
-        self.decode = decode if decode != "auto" else "traced" if device.type == "cpu" else "dynamic"
+        # auto: traced where generate() would trace; the engine has no CUDA-graph steps, so eager on CUDA.
+        if decode == "auto":
+            decode = "traced" if fastest_decode(model, device) == "traced" else "dynamic"
+        self.decode = decode
         self.model = model.eval()
         self.config = model.config
         self.device = device

@@ -49,7 +49,8 @@ TOOLS = {
     "serve": lambda f, out: serve_main.main(["--checkpoint", f]),
     "prune": lambda f, out: iterative.main(["--checkpoint", f, "--target", "0.5", "--out-dir", out]),
     "quantize": lambda f, out: dynamic.main(["--checkpoint", f, "--out-dir", out]),
-    "leaderboard": lambda f, out: leaderboard.main(["--checkpoint", f, "--out", f"{out}/score.json"]),
+    "leaderboard": lambda f, out: leaderboard.main(["--checkpoint", f, "--dataset", "builtin", "--out",
+                                                    f"{out}/score.json"]),
     "perplexity": lambda f, out: perplexity.main(["--checkpoint", f]),
     "export": lambda f, out: export.main(["--checkpoint", f, "--out", out]),
 }

@@ -39,7 +39,7 @@ from bench.experiment import Experiment, SettingsError, at_least
 from bench.record import plt
 from bench.report_page import Page, spread
 from model.config import PRESETS, preset
-from model.generate import DECODE_MODES, generate
+from model.generate import DECODE_MODES, fastest_decode, generate
 from model.gpt import GPT
 from model.hf import export_hf_gpt2
 from model.int8 import HEAD_FORMATS, Fp16WeightLinear, quantize_model
@@ -232,6 +232,7 @@ def measure(settings: Settings, work_dir: Path) -> GenerateSpeed:
     kernels = pack_for_inference(ours)
     print(f"ours: {kernels}", file=sys.stderr)
     params = SamplingParams(max_new_tokens=settings.new_tokens, temperature=0, stop_at_eot=False)
+    decode = fastest_decode(ours, device) if settings.decode == "auto" else settings.decode
     rows = []
     for batch in settings.batch_sizes:
         prompt = torch.randint(0, model.config.vocab_size, (batch, settings.prompt_tokens), device=device)
@@ -242,10 +243,10 @@ def measure(settings: Settings, work_dir: Path) -> GenerateSpeed:
                                        max_new_tokens=settings.new_tokens, min_new_tokens=settings.new_tokens,
                                        pad_token_id=EOT, use_cache=True)
 
-        calls = {"ours": lambda: generate(ours, prompt, params, decode=settings.decode)}
+        calls = {"ours": lambda: generate(ours, prompt, params, decode=decode)}
         if int8 is not None:
-            calls["ours int8"] = lambda: generate(int8, prompt, params, decode=settings.decode)
-        eager = settings.decode != "dynamic"
+            calls["ours int8"] = lambda: generate(int8, prompt, params, decode=decode)
+        eager = decode != "dynamic"
         if eager:
             calls["ours eager"] = lambda: generate(ours, prompt, params, decode="dynamic")
             if int8 is not None:
@@ -320,7 +321,7 @@ def measure(settings: Settings, work_dir: Path) -> GenerateSpeed:
     if ort:
         from bench.onnx_peer import INT8_SETTINGS
         ort_version, ort_int8 = sys.modules["onnxruntime"].__version__, INT8_SETTINGS
-    return GenerateSpeed(settings.model, settings.prompt_tokens, settings.new_tokens, kernels, settings.decode,
+    return GenerateSpeed(settings.model, settings.prompt_tokens, settings.new_tokens, kernels, decode,
                          settings.int8_head if int8 is not None else None, ort_version, ort_int8,
                          sys.modules["llama_cpp"].__version__ if llama else None,
                          sys.modules["transformers"].__version__ if theirs else None, rows, bandwidth,
