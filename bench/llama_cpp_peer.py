@@ -146,12 +146,15 @@ class LlamaCppDecoder:
         return torch.cat([idx, torch.tensor([out], dtype=idx.dtype)], dim=1)
 
 
+def gguf_files(model: GPT, folder: Path) -> dict[str, Path]:
+    """{"F32": ..., "Q8_0": ...}: `model` written as GGUF into `folder`, and quantized by llama.cpp."""
+    folder.mkdir(parents=True, exist_ok=True)
+    f32 = write_gguf(model, folder / "model.f32.gguf")
+    return {"F32": f32, "Q8_0": quantize_q8_0(f32, folder / "model.q8_0.gguf")}
+
+
 def llama_cpp_decoders(model: GPT, threads: int, work_dir: Path | None = None) -> dict[str, LlamaCppDecoder]:
     """{"F32": ..., "Q8_0": ...} llama.cpp decoders for `model` (its GGUF files in `work_dir`, or a temporary
     folder)."""
-    folder = Path(work_dir or tempfile.mkdtemp(prefix="llama-cpp-peer-"))
-    folder.mkdir(parents=True, exist_ok=True)
-    f32 = write_gguf(model, folder / "model.f32.gguf")
-    q8 = quantize_q8_0(f32, folder / "model.q8_0.gguf")
-    context = model.config.block_size
-    return {"F32": LlamaCppDecoder.load(f32, threads, context), "Q8_0": LlamaCppDecoder.load(q8, threads, context)}
+    files = gguf_files(model, Path(work_dir or tempfile.mkdtemp(prefix="llama-cpp-peer-")))
+    return {name: LlamaCppDecoder.load(path, threads, model.config.block_size) for name, path in files.items()}

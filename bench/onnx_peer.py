@@ -148,11 +148,16 @@ class OrtDecoder:
         return torch.from_numpy(np.concatenate(out, axis=1))
 
 
+def ort_files(model: GPT, folder: Path) -> dict[str, tuple[Path, Path]]:
+    """{"fp32": (prompt graph, decode graph), "int8": (...)}: `model` exported into `folder` and quantized."""
+    folder.mkdir(parents=True, exist_ok=True)
+    prompt, decode = export(model, folder)
+    int8 = tuple(quantize_int8(g, folder / f"{g.stem}.int8.onnx") for g in (prompt, decode))
+    return {"fp32": (prompt, decode), "int8": int8}
+
+
 def ort_decoders(model: GPT, threads: int, work_dir: Path | None = None) -> dict[str, OrtDecoder]:
     """{"fp32": ..., "int8": ...} ONNX Runtime decoders for `model` (exported into `work_dir`, or a
     temporary folder)."""
-    folder = Path(work_dir or tempfile.mkdtemp(prefix="onnx-peer-"))
-    folder.mkdir(parents=True, exist_ok=True)
-    prompt, decode = export(model, folder)
-    int8 = [quantize_int8(g, folder / f"{g.stem}.int8.onnx") for g in (prompt, decode)]
-    return {"fp32": OrtDecoder.load(prompt, decode, threads), "int8": OrtDecoder.load(*int8, threads)}
+    files = ort_files(model, Path(work_dir or tempfile.mkdtemp(prefix="onnx-peer-")))
+    return {name: OrtDecoder.load(*graphs, threads) for name, graphs in files.items()}

@@ -15,6 +15,7 @@ import torch
 
 from bench import leaderboard, report, run_all
 from bench.experiment import Workspace
+from bench.decode_sides import SideError, Sides, SideSpec
 from bench.experiments import EXPERIMENTS
 from bench.experiments.__main__ import main as run_experiment
 from bench.experiments.__main__ import parser as experiments_parser
@@ -74,8 +75,9 @@ def results(tmp_path_factory):
         "1", "--new-tokens", "4", "--speed-seq-len", "16")
     run("train_speed", "--shapes", "tiny:2x16", "tiny:1x8", "--steps", "1", "--repeats", "1",
         "--device", "cpu")
-    run("generate_speed", "--model", "tiny", "--prompt-tokens", "4", "--new-tokens", "2", "--batch-sizes", "1", "2",
-        "--repeats", "1", "--device", "cpu", "--no-onnx", "--no-llama-cpp")  # the peers have their own tests
+    run("generate_speed", "--model", "tiny", "--prompt-tokens", "4", "--new-tokens", "4", "--batch-sizes", "1", "2",
+        "--repeats", "1", "--device", "cpu", "--decode", "dynamic", "--no-onnx", "--no-llama-cpp", "--no-transformers")
+    # (the peers and the traced steps have tests of their own)
     run("serve_speed", "--model", "tiny", "--new-tokens", "3", "--clients", "2", "--repeats", "1", "--device", "cpu")
     run("prune_speed", "--preset", "tiny", "--seq-len", "8", "--generation-tokens", "2", "--repeats", "1",
         "--csr-sparsities", "0.9", "--device", "cpu")
@@ -208,19 +210,18 @@ def test_speed_comparisons_time_each_side_in_the_same_run(results):
     for shape in train.shapes:  # no nanoGPT checkout given
         assert list(shape.tokens_per_s) == ["ours"] and shape.tokens_per_s["ours"].n == 1
         assert shape.ratio_ours_over_nanogpt is None
-    generation = results["generate_speed"]
-    assert [r.batch for r in generation.results] == [1, 2]
+    generation = results["generate_speed"]  # every side in its own process
+    assert [r.batch for r in generation.results] == [1, 2] and generation.decode == "dynamic"
     assert generation.linear_kernels.endswith("linear layers packed for oneDNN (float32, CPU)")
     for row in generation.results:
-        assert row.ours_tokens_per_s.median > 0 and row.ours_int8_tokens_per_s.median > 0
-        assert 0 <= row.ours_int8_token_agreement <= 1 and row.ort_fp32 is None and row.ort_int8 is None
-        # Greedy decoding of the same weights: transformers must produce exactly our tokens.
-        assert row.identical_tokens is (True if HAS_TRANSFORMERS else None)
-        # Our traced steps beside the eager ones, same tokens
-        assert generation.decode == "traced" and row.decode_identical_tokens is True
-        assert row.eager_tokens_per_s.median > 0 and row.decode_speedup > 0 and row.decode_int8_speedup > 0
+        assert set(row.sides) == {"ours fp32", "ours int8"} and len(row.load_average) == 1
+        for side in row.sides.values():
+            assert side.tokens_per_s.median > 0 and side.tokens_per_s.n == 1 and side.first_token_s.median > 0
+            assert 0 <= side.token_agreement <= 1
+        assert row.sides["ours fp32"].identical_tokens and row.comparisons == []  # no peer, no eager twin
     bandwidth = generation.bandwidth  # batch 1: weight bytes per step against the machine's read bandwidth
-    assert bandwidth.read_gb_per_s.median > 0 and bandwidth.read_gb_per_s.n == 10 and 0 < bandwidth.int8_step_bytes < bandwidth.fp32_step_bytes
+    assert bandwidth.read_gb_per_s.median > 0 and bandwidth.read_gb_per_s.n == 10
+    assert 0 < bandwidth.int8_step_bytes < bandwidth.fp32_step_bytes
     assert set(bandwidth.gb_per_s) == {"ours fp32", "ours int8"}
     served = results["serve_speed"]  # a server with traced steps beside one with eager (dynamic) steps
     assert [d.decode for d in served.decodes] == ["traced", "dynamic"] and served.weights == "fp32"
@@ -351,3 +352,8 @@ def test_plot_legends_name_runs_by_the_path_parts_that_tell_them_apart():
     assert run_labels([Path("out/demo/train"), Path("out/demo/fsdp"), Path("out/train")]) == \
         ["demo/train", "fsdp", "out/train"]
     assert run_labels([Path("runs/ddp"), Path("runs/fsdp")]) == ["ddp", "fsdp"]
+
+
+def test_a_side_that_cannot_start_is_named_with_its_error():
+    with pytest.raises(SideError, match="side 'broken' failed:(.|\n)*unknown runtime 'no such runtime'"):
+        Sides([SideSpec("broken", "no such runtime", (), threads=1)])

@@ -26,37 +26,39 @@ decoding is also timed with its decode steps replayed as one captured CUDA graph
 """
 from __future__ import annotations
 
-import copy
+import importlib.util
+import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
+from bench.decode_sides import Sides, SideSpec
 from bench.experiment import Experiment, SettingsError, at_least
 from bench.record import plt
 from bench.report_page import Page, spread
+from data.corpus import builtin_documents
+from data.tokenizer import encode
+from model.artifact import save_artifact
 from model.config import PRESETS, preset
-from model.generate import DECODE_MODES, fastest_decode, generate
+from model.generate import DECODE_MODES, fastest_decode
 from model.gpt import GPT
 from model.hf import export_hf_gpt2
-from model.int8 import HEAD_FORMATS, Fp16WeightLinear, quantize_model
-from model.packed_linear import pack_for_inference
-from model.sampling import SamplingParams
+from model.int8 import HEAD_FORMATS
 from runtime.cli import option
 from runtime.device import choose_device
-from runtime.timing import Environment, Spread, environment, paired_ratio, time_interleaved
-
-EOT = 50256
+from runtime.provenance import provenance
+from runtime.timing import Environment, Spread, environment, paired_ratio
 
 
 @dataclass
 class Settings:
     model: str = option("gpt2", "model preset (random weights)", choices=tuple(PRESETS))
-    prompt_tokens: int = option(32, "random prompt length")
-    new_tokens: int = option(64, "tokens generated per row")
+    prompt_tokens: int = option(32, "prompt length (English text: the built-in corpus's validation split)")
+    new_tokens: int = option(128, "tokens generated per row")
     batch_sizes: list[int] = option([1, 12], "rows generated together")
     repeats: int = option(5, "timed repeats of each side (interleaved)")
     onnx: bool = option(True, "time ONNX Runtime beside ours when onnxruntime is installed (its export takes "
@@ -66,55 +68,54 @@ class Settings:
     int8_head: str = option("int8", "head format of our int8 model (quantize/dynamic.py --head): int8 matches "
                                     "llama.cpp's Q8_0, which quantizes the tied output matrix too",
                             choices=HEAD_FORMATS)
+    transformers: bool = option(True, "time Hugging Face transformers beside ours when it is installed")
     decode: str = option("auto", "how our decode steps run (sample.py --decode; auto: its default)",
                          choices=DECODE_MODES)
     device: str = option("auto", "auto, cpu, cuda, ...")
 
     def __post_init__(self):
-        at_least(self, 1, "prompt_tokens", "new_tokens", "repeats", "batch_sizes")
+        at_least(self, 1, "prompt_tokens", "repeats", "batch_sizes")
+        at_least(self, 2, "new_tokens")  # the decode-only rate is that of the tokens after the first
 
 
 @dataclass
-class Peer:
-    """One other runtime's figures at one batch size."""
-    tokens_per_s: Spread
-    ours_over_peer: float  # our new tokens/s over theirs, per-round median (the int8 peer against our int8)
-    token_agreement: float  # the share of its new tokens equal to our fp32 ones
-    identical_tokens: bool
+class SideSpeed:
+    """One side (a runtime and format) at one batch size."""
+    tokens_per_s: Spread  # new tokens / s, the prompt's prefill included (end to end)
+    decode_tokens_per_s: Spread  # the tokens after the first / the time after the first: decode steps alone
+    first_token_s: Spread  # the prompt's prefill and the first new token
+    identical_tokens: bool  # its tokens are our fp32 side's
+    token_agreement: float  # the share of its new tokens equal to our fp32 side's
+
+
+@dataclass
+class Comparison:
+    """`side` over `against` at one batch size: the median over rounds of against's time / side's time."""
+    side: str
+    against: str
+    end_to_end: float
+    decode_only: float
 
 
 @dataclass
 class GenerationRow:
     batch: int
-    ours_tokens_per_s: Spread  # fp32
-    ours_int8_tokens_per_s: Spread | None = None  # CPU only
-    ours_int8_token_agreement: float | None = None  # with our fp32 tokens
-    ort_fp32: Peer | None = None  # None: onnxruntime not installed (or --no-onnx, or not on the CPU)
-    ort_int8: Peer | None = None
-    llama_f32: Peer | None = None  # batch 1 only; None: llama-cpp-python not installed (or --no-llama-cpp)
-    llama_q8_0: Peer | None = None  # against our int8
-    hf_tokens_per_s: Spread | None = None  # None: transformers is not installed
-    speedup: float | None = None  # ours over transformers
-    identical_tokens: bool | None = None
-    # Our decode steps as eager PyTorch (the dynamic cache), beside --decode's; None when that is dynamic.
-    eager_tokens_per_s: Spread | None = None
-    eager_int8_tokens_per_s: Spread | None = None
-    decode_speedup: float | None = None  # --decode's steps over the eager ones, fp32
-    decode_int8_speedup: float | None = None
-    decode_identical_tokens: bool | None = None  # fp32 tokens of both the same
-    # On CUDA: decode steps replayed as one captured CUDA graph (model/decode_graph.py); None elsewhere.
-    graph_tokens_per_s: Spread | None = None
-    graph_speedup: float | None = None  # over our eager decoding
-    graph_identical_tokens: bool | None = None
+    sides: dict[str, SideSpeed]
+    comparisons: list[Comparison]
+    load_average: list[float]  # the 1-minute load average as each timed round began
+
+    def ratio(self, side: str, against: str) -> Comparison | None:
+        return next((c for c in self.comparisons if (c.side, c.against) == (side, against)), None)
 
 
 @dataclass
 class Bandwidth:
-    """Batch 1: the weight bytes one decoding step reads, and each side's rate of reading them."""
+    """Batch 1: the weight bytes one decoding step reads, and each side's rate of reading them in its decode
+    steps (the decode-only rate: a step reads every weight once)."""
     read_gb_per_s: Spread  # the machine's, measured in this run (before and after the timed rounds)
     fp32_step_bytes: int
-    int8_step_bytes: int
-    gb_per_s: dict[str, float]  # side -> weight bytes x new tokens/s / 1e9
+    int8_step_bytes: int | None
+    gb_per_s: dict[str, float]  # side -> weight bytes x decode-only tokens/s / 1e9
     share_of_read: dict[str, float]
 
 
@@ -123,60 +124,87 @@ class GenerateSpeed:
     model: str
     prompt_tokens: int
     new_tokens: int
+    prompts: str  # where the prompts' tokens come from
     linear_kernels: str  # what pack_for_inference did to our fp32 model
     decode: str  # how our decode steps ran (model/generate.py's DECODE_MODES)
     int8_head: str | None
-    onnxruntime: str | None  # its version; None when not measured
+    versions: dict[str, str]  # runtime -> its version, for every runtime measured
     ort_int8_settings: str | None
-    llama_cpp: str | None  # llama-cpp-python's version; None when not measured
-    transformers: str | None  # its version; None when not installed
     results: list[GenerationRow]
     bandwidth: Bandwidth | None
     environment: Environment
 
 
-def hf_model(ours: GPT, device: torch.device):
-    """transformers' GPT2LMHeadModel with our weights, or None when transformers is not installed."""
-    try:
-        import transformers
-    except ImportError:
-        print("transformers is not installed (pip install transformers): not measured", file=sys.stderr)
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        export_hf_gpt2(ours, tmp)
-        return transformers.GPT2LMHeadModel.from_pretrained(tmp).to(device).eval()
+# The pairs compared at every batch size both sides ran: our side first.
+COMPARED = (("ours fp32", "ONNX Runtime fp32"), ("ours fp32", "llama.cpp F32"), ("ours int8", "ONNX Runtime int8"),
+            ("ours int8", "llama.cpp Q8_0"), ("ours fp32", "transformers"), ("ours fp32", "ours fp32 eager"),
+            ("ours int8", "ours int8 eager"))
 
 
-def ort_peers(ours: GPT, settings: Settings, device: torch.device, work_dir: Path):
-    """ONNX Runtime decoders {"fp32", "int8"} on our weights, or None when not measured (said why)."""
-    if not settings.onnx or device.type != "cpu":
-        return None
-    try:
-        import onnxruntime  # noqa: F401
-        from bench.onnx_peer import ort_decoders
-    except ImportError:
-        print("onnxruntime is not installed (pip install onnxruntime onnx onnxscript): not measured",
-              file=sys.stderr)
-        return None
-    print("exporting the model to ONNX and quantizing it with ONNX Runtime", file=sys.stderr, flush=True)
-    return ort_decoders(ours, torch.get_num_threads(), work_dir / "onnx")
+def real_prompts(rows: int, length: int) -> torch.Tensor:
+    """`rows` prompts of `length` tokens of English: consecutive windows of the built-in corpus's validation
+    text (data/corpus.py), the same in every run."""
+    tokens: list[int] = []
+    for document in builtin_documents("validation"):
+        tokens += encode(document)
+        if len(tokens) >= rows * length:
+            return torch.tensor(tokens[:rows * length]).view(rows, length)
+    raise SettingsError(f"the built-in validation text has fewer than {rows} x {length} tokens")
 
 
-def llama_cpp_peers(ours: GPT, settings: Settings, device: torch.device, work_dir: Path):
-    """llama.cpp decoders {"F32", "Q8_0"} on our weights, or None when not measured (said why)."""
-    if not settings.llama_cpp or device.type != "cpu" or 1 not in settings.batch_sizes:
-        return None
-    try:
-        import gguf  # noqa: F401
-        import llama_cpp  # noqa: F401
+def installed(*modules: str) -> bool:
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"{', '.join(missing)} not installed: the side that needs it is not measured (this module's "
+              f"docstring says what to install)", file=sys.stderr)
+    return not missing
 
-        from bench.llama_cpp_peer import llama_cpp_decoders
-    except ImportError:
-        print("llama-cpp-python or gguf is not installed (pip install gguf llama-cpp-python): not measured",
-              file=sys.stderr)
-        return None
-    print("writing the model as GGUF and quantizing it with llama.cpp", file=sys.stderr, flush=True)
-    return llama_cpp_decoders(ours, torch.get_num_threads(), work_dir / "gguf")
+
+def side_specs(model: GPT, settings: Settings, device: torch.device, decode: str, work_dir: Path) -> list[SideSpec]:
+    """Every side to time, with the files it loads written here once: our artifact, the ONNX graphs, the GGUF
+    files, the Hugging Face folder (each peer when installed and asked for)."""
+    threads, cpu = torch.get_num_threads(), device.type == "cpu"
+    ours = work_dir / "ours"
+    save_artifact(ours, model, model.config, "float", provenance("generate_speed"))
+    run = lambda name, **kw: SideSpec(name, "ours", (str(ours),), threads, str(device), **kw)
+    specs = [run("ours fp32", decode=decode)]
+    if cpu:
+        specs.append(run("ours int8", decode=decode, int8_head=settings.int8_head))
+    if decode != "dynamic":
+        specs.append(run("ours fp32 eager"))
+        if cpu:
+            specs.append(run("ours int8 eager", int8_head=settings.int8_head))
+    if settings.onnx and cpu and installed("onnxruntime", "onnx", "onnxscript"):
+        print("exporting the model to ONNX and quantizing it with ONNX Runtime", file=sys.stderr, flush=True)
+        from bench.onnx_peer import ort_files
+        for name, graphs in ort_files(model, work_dir / "onnx").items():
+            specs.append(SideSpec(f"ONNX Runtime {name}", "onnxruntime", tuple(map(str, graphs)), threads))
+    if settings.llama_cpp and cpu and 1 in settings.batch_sizes and installed("llama_cpp", "gguf"):
+        print("writing the model as GGUF and quantizing it with llama.cpp", file=sys.stderr, flush=True)
+        from bench.llama_cpp_peer import gguf_files
+        for name, path in gguf_files(model, work_dir / "gguf").items():
+            specs.append(SideSpec(f"llama.cpp {name}", "llama.cpp", (str(path),), threads,
+                                  context=model.config.block_size))
+    if settings.transformers and installed("transformers"):
+        export_hf_gpt2(model, work_dir / "hf")
+        specs.append(SideSpec("transformers", "transformers", (str(work_dir / "hf"),), threads, str(device)))
+    return specs
+
+
+def time_rounds(sides: Sides, names: list[str], prompt: torch.Tensor, new_tokens: int, repeats: int):
+    """Each side's tokens (from an untimed first call), and per round the seconds of a one-token call (the
+    prefill and the first token) and of a `new_tokens` call, the sides in turns whose order reverses every other
+    round; the load average as each round began."""
+    tokens = {name: sides.generate(name, prompt, new_tokens)[1] for name in names}  # warm-up: traces, caches
+    first: dict[str, list[float]] = {name: [] for name in names}
+    whole: dict[str, list[float]] = {name: [] for name in names}
+    loads = []
+    for round_ in tqdm(range(repeats), desc=f"batch {prompt.size(0)}", unit="round", leave=False):
+        loads.append(os.getloadavg()[0])
+        for name in names[::-1] if round_ % 2 else names:
+            first[name].append(sides.generate(name, prompt, 1)[0])
+            whole[name].append(sides.generate(name, prompt, new_tokens)[0])
+    return tokens, first, whole, loads
 
 
 def read_bandwidth(repeats: int = 5) -> list[float]:
@@ -192,22 +220,6 @@ def read_bandwidth(repeats: int = 5) -> list[float]:
     return rates
 
 
-def step_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the parameters and buffers a decoding step reads in full: all but the embeddings' tables,
-    except the token embedding when it is also the output head (tied); a tensor shared by two modules
-    counts once, and a derived fp16 head copy counts instead of the fp32 table it was made from."""
-    seen, total = set(), 0
-    tensors = list(model.named_parameters()) + list(model.named_buffers())
-    for name, t in tensors:
-        if t.data_ptr() in seen or name.startswith("transformer.wpe"):
-            continue
-        seen.add(t.data_ptr())
-        total += t.numel() * t.element_size()
-    if isinstance(model.lm_head, Fp16WeightLinear):  # it reads its half-precision copy, not the fp32 table
-        total -= model.transformer.wte.weight.numel() * 2
-    return total
-
-
 def agreement(reference: torch.Tensor, candidate: torch.Tensor, prompt_tokens: int) -> float:
     return float((reference[:, prompt_tokens:] == candidate[:, prompt_tokens:]).float().mean())
 
@@ -215,206 +227,124 @@ def agreement(reference: torch.Tensor, candidate: torch.Tensor, prompt_tokens: i
 def measure(settings: Settings, work_dir: Path) -> GenerateSpeed:
     device = choose_device(settings.device)
     torch.manual_seed(0)
-    read_before = read_bandwidth() if device.type == "cpu" else []
-    model = GPT(preset(settings.model)).to(device).eval()
+    model = GPT(preset(settings.model)).eval()
     if settings.prompt_tokens + settings.new_tokens > model.config.block_size:
         raise SettingsError(f"--prompt-tokens + --new-tokens exceed the {settings.model} context of "
                             f"{model.config.block_size}")
-    theirs = hf_model(model, device)
-    ort = ort_peers(model, settings, device, Path(work_dir))
-    llama = llama_cpp_peers(model, settings, device, Path(work_dir))
-    int8 = None
-    if device.type == "cpu":
-        int8 = copy.deepcopy(model)
-        quantize_model(int8, head=settings.int8_head)
-        pack_for_inference(int8)
-    ours = model
-    kernels = pack_for_inference(ours)
-    print(f"ours: {kernels}", file=sys.stderr)
-    params = SamplingParams(max_new_tokens=settings.new_tokens, temperature=0, stop_at_eot=False)
-    decode = fastest_decode(ours, device) if settings.decode == "auto" else settings.decode
-    rows = []
-    for batch in settings.batch_sizes:
-        prompt = torch.randint(0, model.config.vocab_size, (batch, settings.prompt_tokens), device=device)
-
-        def run_theirs():
-            with torch.inference_mode():
-                return theirs.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-                                       max_new_tokens=settings.new_tokens, min_new_tokens=settings.new_tokens,
-                                       pad_token_id=EOT, use_cache=True)
-
-        calls = {"ours": lambda: generate(ours, prompt, params, decode=decode)}
-        if int8 is not None:
-            calls["ours int8"] = lambda: generate(int8, prompt, params, decode=decode)
-        eager = decode != "dynamic"
-        if eager:
-            calls["ours eager"] = lambda: generate(ours, prompt, params, decode="dynamic")
-            if int8 is not None:
-                calls["ours int8 eager"] = lambda: generate(int8, prompt, params, decode="dynamic")
-        if ort:
-            calls["ort fp32"] = lambda: ort["fp32"].generate(prompt, settings.new_tokens)
-            calls["ort int8"] = lambda: ort["int8"].generate(prompt, settings.new_tokens)
-        if llama and batch == 1:
-            calls["llama.cpp F32"] = lambda: llama["F32"].generate(prompt, settings.new_tokens)
-            calls["llama.cpp Q8_0"] = lambda: llama["Q8_0"].generate(prompt, settings.new_tokens)
-        if theirs:
-            calls["theirs"] = run_theirs
-        if device.type == "cuda":
-            calls["graph"] = lambda: generate(ours, prompt, params, decode="cuda-graph")
-        tokens = {name: call() for name, call in calls.items()}
-        seconds = time_interleaved(calls, settings.repeats, warmup=0, device=device, alternate=True,
-                                   progress=f"batch {batch}")
-        new = batch * settings.new_tokens
-        speed = {name: Spread.of([new / t for t in times]) for name, times in seconds.items()}
-        same = lambda name: bool(torch.equal(tokens["ours"].cpu(), tokens[name].cpu()))
-        agree = lambda name: agreement(tokens["ours"].cpu(), tokens[name].cpu(), settings.prompt_tokens)
-        row = GenerationRow(batch, speed["ours"])
-        if int8 is not None:
-            row.ours_int8_tokens_per_s = speed["ours int8"]
-            row.ours_int8_token_agreement = agree("ours int8")
-        if ort:
-            row.ort_fp32 = Peer(speed["ort fp32"], paired_ratio(seconds["ort fp32"], seconds["ours"]),
-                                agree("ort fp32"), same("ort fp32"))
-            row.ort_int8 = Peer(speed["ort int8"], paired_ratio(seconds["ort int8"], seconds["ours int8"]),
-                                agree("ort int8"), same("ort int8"))
-        if "llama.cpp F32" in calls:
-            row.llama_f32 = Peer(speed["llama.cpp F32"], paired_ratio(seconds["llama.cpp F32"], seconds["ours"]),
-                                 agree("llama.cpp F32"), same("llama.cpp F32"))
-            row.llama_q8_0 = Peer(speed["llama.cpp Q8_0"],
-                                  paired_ratio(seconds["llama.cpp Q8_0"], seconds["ours int8"]),
-                                  agree("llama.cpp Q8_0"), same("llama.cpp Q8_0"))
-        if eager:
-            row.eager_tokens_per_s = speed["ours eager"]
-            row.decode_speedup = paired_ratio(seconds["ours eager"], seconds["ours"])
-            row.decode_identical_tokens = same("ours eager")
-            if int8 is not None:
-                row.eager_int8_tokens_per_s = speed["ours int8 eager"]
-                row.decode_int8_speedup = paired_ratio(seconds["ours int8 eager"], seconds["ours int8"])
-        if "graph" in calls:
-            row.graph_tokens_per_s = speed["graph"]
-            row.graph_speedup = paired_ratio(seconds["ours eager" if eager else "ours"], seconds["graph"])
-            row.graph_identical_tokens = same("graph")
-        if theirs:
-            row.hf_tokens_per_s = speed["theirs"]
-            row.speedup = paired_ratio(seconds["theirs"], seconds["ours"])
-            row.identical_tokens = same("theirs")
-        rows.append(row)
-        print(f"batch {batch:>2}: " + ", ".join(f"{name} {s.median:.1f}" for name, s in speed.items())
-              + " new tokens/s" + (f"; ONNX Runtime fp32 tokens identical: {row.ort_fp32.identical_tokens}"
-                                   if ort else ""), flush=True)
-    bandwidth = None
-    if device.type == "cpu" and 1 in settings.batch_sizes:
-        row = rows[settings.batch_sizes.index(1)]
-        fp32_bytes, int8_bytes = step_bytes(ours), step_bytes(int8)
-        sides = {"ours fp32": (row.ours_tokens_per_s, fp32_bytes),
-                 "ours int8": (row.ours_int8_tokens_per_s, int8_bytes)}
-        if ort:
-            sides["onnxruntime fp32"] = (row.ort_fp32.tokens_per_s, fp32_bytes)
-        if row.llama_f32:  # the same tensors (its head has the 50,257 rows, not our padded 50,304: 0.1% fewer bytes)
-            sides["llama.cpp F32"] = (row.llama_f32.tokens_per_s, fp32_bytes)
-        read = Spread.of(read_before + read_bandwidth())
-        gb = {name: s.median * size / 1e9 for name, (s, size) in sides.items()}
-        bandwidth = Bandwidth(read, fp32_bytes, int8_bytes, gb, {name: v / read.median for name, v in gb.items()})
-        print(f"read bandwidth {read.median:.1f} GB/s; at batch 1 " + ", ".join(
-            f"{name} {v:.1f} GB/s ({v / read.median:.0%})" for name, v in gb.items()), flush=True)
-    ort_version = ort_int8 = None
-    if ort:
-        from bench.onnx_peer import INT8_SETTINGS
-        ort_version, ort_int8 = sys.modules["onnxruntime"].__version__, INT8_SETTINGS
-    return GenerateSpeed(settings.model, settings.prompt_tokens, settings.new_tokens, kernels, decode,
-                         settings.int8_head if int8 is not None else None, ort_version, ort_int8,
-                         sys.modules["llama_cpp"].__version__ if llama else None,
-                         sys.modules["transformers"].__version__ if theirs else None, rows, bandwidth,
-                         environment(device))
+    decode = fastest_decode(model, device) if settings.decode == "auto" else settings.decode
+    prompts = real_prompts(max(settings.batch_sizes), settings.prompt_tokens)
+    specs = side_specs(model, settings, device, decode, Path(work_dir))
+    del model  # each side loads its own copy
+    print(f"starting {len(specs)} sides, each in its own process: {', '.join(s.name for s in specs)}",
+          file=sys.stderr, flush=True)
+    with Sides(specs) as sides:
+        read_before = read_bandwidth() if device.type == "cpu" else []  # the sides wait, idle, on their pipes
+        rows = []
+        for batch in settings.batch_sizes:
+            names = [s.name for s in specs if not (s.runtime == "llama.cpp" and batch > 1)]  # one sequence only
+            tokens, first, whole, loads = time_rounds(sides, names, prompts[:batch], settings.new_tokens,
+                                                      settings.repeats)
+            new, later = batch * settings.new_tokens, batch * (settings.new_tokens - 1)
+            decode_s = {name: [w - f for w, f in zip(whole[name], first[name])] for name in names}
+            reference = tokens["ours fp32"]
+            speeds = {name: SideSpeed(Spread.of([new / t for t in whole[name]]),
+                                      Spread.of([later / t for t in decode_s[name]]), Spread.of(first[name]),
+                                      bool(torch.equal(tokens[name], reference)),
+                                      agreement(reference, tokens[name], settings.prompt_tokens)) for name in names}
+            comparisons = [Comparison(side, against, paired_ratio(whole[against], whole[side]),
+                                      paired_ratio(decode_s[against], decode_s[side]))
+                           for side, against in COMPARED if side in speeds and against in speeds]
+            rows.append(GenerationRow(batch, speeds, comparisons, loads))
+            print(f"batch {batch:>2}, new tokens/s end to end (decode only): " + ", ".join(
+                f"{name} {s.tokens_per_s.median:.1f} ({s.decode_tokens_per_s.median:.1f})"
+                for name, s in speeds.items()) + f"; load average {min(loads):.2f}-{max(loads):.2f}", flush=True)
+        bandwidth = None
+        one = next((r for r in rows if r.batch == 1), None)
+        if device.type == "cpu" and one is not None:
+            read = Spread.of(read_before + read_bandwidth())
+            step = {name: about["step_bytes"] for name, about in sides.about.items() if "step_bytes" in about}
+            # Every fp32 side reads the same tensors (llama.cpp's head has 50,257 rows, not our padded 50,304:
+            # 0.1% fewer bytes); the int8 peers' formats differ from ours, so only ours is counted.
+            sizes = {name: step["ours fp32"] for name in ("ours fp32", "ONNX Runtime fp32", "llama.cpp F32")
+                     if name in one.sides}
+            if "ours int8" in step:
+                sizes["ours int8"] = step["ours int8"]
+            gb = {name: one.sides[name].decode_tokens_per_s.median * size / 1e9 for name, size in sizes.items()}
+            bandwidth = Bandwidth(read, step["ours fp32"], step.get("ours int8"), gb,
+                                  {name: v / read.median for name, v in gb.items()})
+            print(f"read bandwidth {read.median:.1f} GB/s ({read.min:.1f}-{read.max:.1f}); at batch 1, decode steps: "
+                  + ", ".join(f"{name} {v:.1f} GB/s ({v / read.median:.0%})" for name, v in gb.items()), flush=True)
+        versions = {spec.runtime: sides.about[spec.name]["version"] for spec in specs if spec.runtime != "ours"}
+        kernels = sides.about["ours fp32"]["kernels"]
+    ort_int8 = None
+    if "onnxruntime" in versions:
+        from bench.onnx_peer import INT8_SETTINGS as ort_int8
+    return GenerateSpeed(settings.model, settings.prompt_tokens, settings.new_tokens,
+                         "the built-in corpus's validation text (Python's documentation), consecutive windows",
+                         kernels, decode, settings.int8_head if device.type == "cpu" else None,
+                         {"torch": torch.__version__, **versions}, ort_int8, rows, bandwidth, environment(device))
 
 
 def plot(result: GenerateSpeed):
-    sides = [("ours fp32", lambda r: r.ours_tokens_per_s),
-             ("ONNX Runtime fp32", lambda r: r.ort_fp32 and r.ort_fp32.tokens_per_s),
-             ("ours int8", lambda r: r.ours_int8_tokens_per_s),
-             ("ONNX Runtime int8", lambda r: r.ort_int8 and r.ort_int8.tokens_per_s),
-             ("llama.cpp F32", lambda r: r.llama_f32 and r.llama_f32.tokens_per_s),
-             ("llama.cpp Q8_0", lambda r: r.llama_q8_0 and r.llama_q8_0.tokens_per_s),
-             (f"transformers {result.transformers}", lambda r: r.hf_tokens_per_s)]
-    sides = [(label, get) for label, get in sides if any(get(r) for r in result.results)]
-    fig, axes = plt.subplots(1, len(result.results), figsize=(4.5 * len(result.results), 3.8), squeeze=False)
+    order = ["ours fp32", "ONNX Runtime fp32", "llama.cpp F32", "ours int8", "ONNX Runtime int8", "llama.cpp Q8_0",
+             "transformers"]
+    names = [n for n in order if any(n in r.sides for r in result.results)]
+    fig, axes = plt.subplots(1, len(result.results), figsize=(5 * len(result.results), 3.8), squeeze=False)
     for ax, row in zip(axes[0], result.results):
-        values = [get(row).median if get(row) else 0.0 for _, get in sides]
-        bars = ax.bar(range(len(sides)), values, color=[f"C{i}" for i in range(len(sides))])
-        # llama.cpp runs one sequence only: its batch-12 bars are absent, not zero
-        ax.bar_label(bars, labels=[f"{v:.0f}" if get(row) else "not run" for v, (_, get) in zip(values, sides)],
-                     fontsize=8)
-        ax.set_xticks(range(len(sides)), [label for label, _ in sides], rotation=25, ha="right", fontsize=8)
+        x = range(len(names))
+        for offset, label, rate in ((-0.2, "end to end", lambda s: s.tokens_per_s),
+                                    (0.2, "decode steps only", lambda s: s.decode_tokens_per_s)):
+            values = [rate(row.sides[n]).median if n in row.sides else 0.0 for n in names]
+            bars = ax.bar([i + offset for i in x], values, width=0.4, label=label,
+                          yerr=[[v - rate(row.sides[n]).min if n in row.sides else 0 for n, v in zip(names, values)],
+                                [rate(row.sides[n]).max - v if n in row.sides else 0 for n, v in zip(names, values)]],
+                          capsize=2)
+            # llama.cpp runs one sequence only: its batch-12 bars are absent, not zero
+            ax.bar_label(bars, labels=[f"{v:.0f}" if n in row.sides else "not run" for n, v in zip(names, values)],
+                         fontsize=7)
+        ax.set_xticks(list(x), names, rotation=25, ha="right", fontsize=8)
         ax.set_title(f"batch {row.batch}")
         ax.set_ylabel("new tokens / s")
         ax.grid(alpha=0.3, axis="y")
-    fig.suptitle(f"{result.model}: {result.prompt_tokens}-token prompts, {result.new_tokens} new tokens, greedy")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"{result.model}: {result.prompt_tokens}-token prompts, {result.new_tokens} new tokens, greedy, "
+                 f"each runtime in its own process")
     fig.tight_layout()
     return fig
 
 
 def section(res: GenerateSpeed, page: Page) -> None:
-    page.add(f"`{res.model}` with random weights, {res.prompt_tokens}-token prompts, {res.new_tokens} new tokens, "
-             f"greedy with a KV cache, new tokens/s with the prefill included (median, range). "
+    versions = ", ".join(f"{name} {v}" for name, v in res.versions.items())
+    page.add(f"`{res.model}` with random weights; {res.prompt_tokens}-token prompts from {res.prompts}; "
+             f"{res.new_tokens} new tokens, greedy with a KV cache. Each runtime runs in a process of its own, kept "
+             f"loaded, and the sides are called in turns (the order reversed every other round): per round, a "
+             f"one-token call (the prompt's prefill and the first token) and a {res.new_tokens}-token call. End to "
+             f"end: new tokens / the whole call; decode only: the tokens after the first / the time after the "
+             f"first token. Medians and ranges over the rounds; each ratio is the median of per-round ratios. "
              f"Ours: {res.linear_kernels}, decode steps {res.decode}"
-             + (f"; int8 with the {res.int8_head} head" if res.int8_head else "")
-             + (f". ONNX Runtime {res.onnxruntime} on the same weights (int8: {res.ort_int8_settings})"
-                if res.onnxruntime else ". ONNX Runtime was not measured")
-             + (f"; transformers {res.transformers}.\n" if res.transformers else "; transformers was not installed.\n"))
-    ratio = lambda v: "n/a" if v is None else f"{v:.2f}x"
-    page.table(["batch", "ours fp32", "ONNX Runtime fp32", "ours / ORT fp32", "fp32 tokens identical",
-                "ours int8", "ONNX Runtime int8", "ours / ORT int8", "int8 agreement with fp32 (ours / ORT)"],
-               [[r.batch, spread(r.ours_tokens_per_s), spread(r.ort_fp32 and r.ort_fp32.tokens_per_s),
-                 ratio(r.ort_fp32 and r.ort_fp32.ours_over_peer),
-                 "n/a" if r.ort_fp32 is None else "yes" if r.ort_fp32.identical_tokens else "**no**",
-                 spread(r.ours_int8_tokens_per_s), spread(r.ort_int8 and r.ort_int8.tokens_per_s),
-                 ratio(r.ort_int8 and r.ort_int8.ours_over_peer),
-                 "n/a" if r.ours_int8_token_agreement is None else
-                 f"{r.ours_int8_token_agreement:.0%} / "
-                 + ("n/a" if r.ort_int8 is None else f"{r.ort_int8.token_agreement:.0%}")]
-                for r in res.results])
-    with_llama = [r for r in res.results if r.llama_f32]
-    if with_llama:
-        page.add(f"llama.cpp (llama-cpp-python {res.llama_cpp}) on the same weights written as GGUF, F32 and its own "
-                 f"Q8_0, one sequence:\n")
-        page.table(["batch", "llama.cpp F32", "ours fp32 / llama.cpp F32", "F32 tokens identical", "llama.cpp Q8_0",
-                    "ours int8 / llama.cpp Q8_0", "Q8_0 agreement with our fp32"],
-                   [[r.batch, spread(r.llama_f32.tokens_per_s), ratio(r.llama_f32.ours_over_peer),
-                     "yes" if r.llama_f32.identical_tokens else f"**no** ({r.llama_f32.token_agreement:.0%} agree)",
-                     spread(r.llama_q8_0.tokens_per_s), ratio(r.llama_q8_0.ours_over_peer),
-                     f"{r.llama_q8_0.token_agreement:.0%}"] for r in with_llama])
-    else:
-        page.add("llama.cpp was not measured (llama-cpp-python and gguf not installed, or --no-llama-cpp).\n")
+             + (f", int8 with the {res.int8_head} head" if res.int8_head else "")
+             + (f"; ONNX Runtime's int8: {res.ort_int8_settings}" if res.ort_int8_settings else "")
+             + f". Versions: {versions}.\n")
+    for row in res.results:
+        page.add(f"Batch {row.batch} (1-minute load average as the rounds began: "
+                 f"{', '.join(f'{v:.2f}' for v in row.load_average)}):\n")
+        page.table(["side", "new tokens/s end to end", "decode only", "first token (s)",
+                    "tokens = ours fp32"],
+                   [[name, spread(s.tokens_per_s), spread(s.decode_tokens_per_s), spread(s.first_token_s, 3),
+                     "yes" if s.identical_tokens else f"no ({s.token_agreement:.0%} agree)"]
+                    for name, s in row.sides.items()])
+        if row.comparisons:
+            page.table(["ours", "against", "speed-up end to end", "decode only"],
+                       [[c.side, c.against, f"{c.end_to_end:.2f}x", f"{c.decode_only:.2f}x"] for c in row.comparisons])
     if res.bandwidth:
         b = res.bandwidth
-        page.add(f"Batch 1 against the machine's read bandwidth, {spread(b.read_gb_per_s)} GB/s (sums over 1 GiB "
-                 f"before and after the timed rounds); a step reads {b.fp32_step_bytes / 1e6:,.0f} MB of weights in "
-                 f"fp32 and "
-                 f"{b.int8_step_bytes / 1e6:,.0f} MB in int8:\n")
+        page.add(f"Batch 1 decode steps against the machine's read bandwidth, {spread(b.read_gb_per_s)} GB/s (sums "
+                 f"over 1 GiB before and after the timed rounds, with the sides idle); a step reads "
+                 f"{b.fp32_step_bytes / 1e6:,.0f} MB of weights in fp32"
+                 + (f" and {b.int8_step_bytes / 1e6:,.0f} MB in our int8" if b.int8_step_bytes else "") + ":\n")
         page.table(["side", "GB/s", "share of read bandwidth"],
                    [[name, f"{v:.1f}", f"{b.share_of_read[name]:.0%}"] for name, v in b.gb_per_s.items()])
-    if any(r.hf_tokens_per_s for r in res.results):
-        page.table(["batch", "transformers new tokens/s", "ours fp32 / transformers", "identical tokens"],
-                   [[r.batch, spread(r.hf_tokens_per_s), ratio(r.speedup),
-                     "n/a" if r.identical_tokens is None else "yes" if r.identical_tokens else "**no**"]
-                    for r in res.results])
-    traced = [r for r in res.results if r.eager_tokens_per_s is not None]
-    if traced:
-        page.add(f"Our decode steps {res.decode} against the same steps as eager PyTorch (`--decode dynamic`), in the "
-                 f"same rounds:\n")
-        page.table(["batch", f"fp32 {res.decode}", "fp32 eager", "speed-up", "tokens identical",
-                    f"int8 {res.decode}", "int8 eager", "speed-up"],
-                   [[r.batch, spread(r.ours_tokens_per_s), spread(r.eager_tokens_per_s), ratio(r.decode_speedup),
-                     "yes" if r.decode_identical_tokens else "**no**", spread(r.ours_int8_tokens_per_s),
-                     spread(r.eager_int8_tokens_per_s), ratio(r.decode_int8_speedup)] for r in traced])
-    graphed = [r for r in res.results if r.graph_tokens_per_s is not None]
-    if graphed:
-        page.add("Decode steps replayed as one captured CUDA graph (`sample.py --decode cuda-graph`), against our "
-                 "eager decoding in the same run:\n")
-        page.table(["batch", "CUDA graph new tokens/s", "over eager", "tokens identical to eager"],
-                   [[r.batch, spread(r.graph_tokens_per_s), f"{r.graph_speedup:.2f}x",
-                     "yes" if r.graph_identical_tokens else "**no**"] for r in graphed])
-    else:
+    if res.environment.device_type != "cuda":
         page.add("The CUDA-graph decoding (`--decode cuda-graph`) is measured only on a CUDA device.\n")
 
 
