@@ -3,7 +3,7 @@
     python sample.py --prompt "The history of"                  # the most-trained checkpoint under out/
     echo "Once upon a time" | python sample.py --checkpoint out/train --num-samples 3 --top-p 0.9
     python sample.py --prompts-file prompts.jsonl --output out.jsonl --batch-size 8
-    python sample.py --checkpoint out/train --draft out/prune/row --prompt "The history of"   # speculative
+    python sample.py --checkpoint out/train --draft out/prune --prompt "The history of"   # speculative
 
 A prompts file holds one JSON object per line: {"prompt": "...", and optionally "max_new_tokens",
 "temperature", "top_k", "top_p", "seed"}; missing settings come from the flags.  Prompts with the same
@@ -80,10 +80,10 @@ class SampleConfig:
                                      "folder or hub name, e.g. a pruned checkpoint of this one) proposes tokens "
                                      "that the model checks in one pass; greedy tokens are the model's own, sampled "
                                      "ones follow its distribution; prints the acceptance rate")
-    draft_tokens: int = option(DEFAULT_DRAFT_TOKENS, f"with --draft: tokens the draft proposes per step (default "
-                                                     f"{DEFAULT_DRAFT_TOKENS}, the middle of the range Leviathan et "
-                                                     f"al. 2023 found best for acceptance rates of 0.6-0.8; not "
-                                                     f"measured on this project's models)")
+    draft_tokens: int = option(DEFAULT_DRAFT_TOKENS, "with --draft: tokens the draft proposes per step; the default "
+                                                     "is the count Chen et al. (2023) used, the best one depending "
+                                                     "on the draft's acceptance rate and cost, which are not "
+                                                     "measured on this project's models yet")
 
     def __post_init__(self):
         if sum(x is not None for x in (self.prompt, self.prompt_file, self.prompts_file)) > 1:

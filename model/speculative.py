@@ -25,8 +25,8 @@ from model.gpt import GPT, RaggedKVCache
 from model.sampling import SamplingParams, draw, filter_logits, row_generators
 from runtime.errors import UserError
 
-# Draft tokens per step.  4 is the default: Leviathan et al.'s analysis puts the best K for acceptance rates of
-# 0.6-0.8 with a draft ~10x cheaper than the target at 3-5; it has not been measured on this project's models.
+# Draft tokens per step: the count Chen et al. (2023) used.  The best count grows with the draft's acceptance rate
+# and falls with its cost relative to the target's (Leviathan et al. 2023); neither is measured here yet.
 DEFAULT_DRAFT_TOKENS = 4
 
 
