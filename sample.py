@@ -3,6 +3,7 @@
     python sample.py --prompt "The history of"                  # the most-trained checkpoint under out/
     echo "Once upon a time" | python sample.py --checkpoint out/train --num-samples 3 --top-p 0.9
     python sample.py --prompts-file prompts.jsonl --output out.jsonl --batch-size 8
+    python sample.py --checkpoint out/train --draft out/prune --prompt "The history of"   # speculative
 
 A prompts file holds one JSON object per line: {"prompt": "...", and optionally "max_new_tokens",
 "temperature", "top_k", "top_p", "seed"}; missing settings come from the flags.  Prompts with the same
@@ -30,6 +31,7 @@ from model.generate import DECODE_MODES, generate
 from model.packed_linear import pack_for_inference
 from model.run_folder import pick_checkpoint
 from model.sampling import SamplingParams
+from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats
 from runtime.cli import option, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
@@ -74,15 +76,25 @@ class SampleConfig:
                                  "TorchScript graph with no Python between operators, after a trace of 0.2-0.5 s "
                                  "per batch size for GPT-2 124M on 2 CPU cores); the tokens are the same",
                          choices=DECODE_MODES)
+    draft: str | None = option(None, "speculative decoding: a smaller model with the same vocabulary (artifact "
+                                     "folder or hub name, e.g. a pruned checkpoint of this one) proposes tokens "
+                                     "that the model checks in one pass; greedy tokens are the model's own, sampled "
+                                     "ones follow its distribution; prints the acceptance rate")
+    draft_tokens: int = option(DEFAULT_DRAFT_TOKENS, "with --draft: tokens the draft proposes per step; the default "
+                                                     "is the count Chen et al. (2023) used, the best one depending "
+                                                     "on the draft's acceptance rate and cost, which are not "
+                                                     "measured on this project's models yet")
 
     def __post_init__(self):
         if sum(x is not None for x in (self.prompt, self.prompt_file, self.prompts_file)) > 1:
             raise SampleError("give one of --prompt, --prompt-file and --prompts-file")
         if self.output is not None and self.prompts_file is None:
             raise SampleError("--output writes the results of --prompts-file; give one, or drop --output")
-        for name in ("num_samples", "max_new_tokens", "batch_size"):
+        for name in ("num_samples", "max_new_tokens", "batch_size", "draft_tokens"):
             if getattr(self, name) < 1:
                 raise SampleError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.draft is not None and self.decode not in ("auto", "dynamic"):
+            raise SampleError(f"--draft decodes with eager steps; drop --decode {self.decode} or use --decode dynamic")
         for name in ("prompt_file", "prompts_file"):
             path = getattr(self, name)
             if path is not None and not Path(path).is_file():
@@ -125,11 +137,13 @@ def completion(prompt_ids: list[int], row: list[int], params: SamplingParams) ->
     return generated, "length"
 
 
-def sample_one(cfg: SampleConfig, model, device) -> None:
+def sample_one(cfg: SampleConfig, model, device, draft=None) -> None:
     prompt_ids = encode(read_prompt(cfg)) or [EOT_TOKEN]
     params = cfg.sampling()
+    stats = SpeculativeStats()
     start = time.perf_counter()
-    out = generate(model, torch.tensor([prompt_ids] * cfg.num_samples, device=device), params, decode=cfg.decode)
+    out = generate(model, torch.tensor([prompt_ids] * cfg.num_samples, device=device), params, decode=cfg.decode,
+                   draft=draft, draft_tokens=cfg.draft_tokens, stats=stats)
     elapsed = time.perf_counter() - start
     new_tokens = 0
     for i, row in enumerate(out.tolist()):
@@ -139,6 +153,8 @@ def sample_one(cfg: SampleConfig, model, device) -> None:
         print(decode(prompt_ids) + decode(generated))
     print(f"--- {new_tokens} new tokens in {elapsed:.2f}s: {new_tokens / elapsed:.1f} tokens/s "
           f"(batch {cfg.num_samples})", file=sys.stderr)
+    if draft is not None:
+        print(stats.summary(), file=sys.stderr)
 
 
 def line_settings(entry: dict) -> dict:
@@ -202,7 +218,7 @@ def open_output(cfg: SampleConfig):
         yield out
 
 
-def sample_many(cfg: SampleConfig, model, device, out) -> None:
+def sample_many(cfg: SampleConfig, model, device, out, draft=None) -> None:
     def write(result: dict) -> None:  # at once: a later crash keeps every line already done
         out.write(json.dumps(result) + "\n")
         out.flush()
@@ -215,6 +231,7 @@ def sample_many(cfg: SampleConfig, model, device, out) -> None:
         number, ids, params = job
         groups.setdefault((len(ids), tuple(getattr(params, k) for k in PROMPT_SETTINGS)), []).append(job)
     failed = len(errors)
+    stats = SpeculativeStats()  # summed over batches
     with tqdm(total=len(jobs), desc="prompts", unit="prompt", file=sys.stderr) as bar:
         for group in groups.values():
             for first in range(0, len(group), cfg.batch_size):
@@ -223,7 +240,7 @@ def sample_many(cfg: SampleConfig, model, device, out) -> None:
                 start = time.perf_counter()
                 try:
                     rows = generate(model, torch.tensor([ids for _, ids, _ in batch], device=device), params,
-                                   decode=cfg.decode)
+                                   decode=cfg.decode, draft=draft, draft_tokens=cfg.draft_tokens, stats=stats)
                 except UserError as e:  # e.g. a prompt too long for the context: these lines alone fail
                     for number, _, _ in batch:
                         write({"line": number, "error": str(e)})
@@ -236,6 +253,8 @@ def sample_many(cfg: SampleConfig, model, device, out) -> None:
                     write({"line": number, "text": decode(tokens), "tokens": tokens, "finish_reason": reason,
                            "latency_s": round(latency, 4)})
                 bar.update(len(batch))
+    if draft is not None:
+        print(stats.summary(), file=sys.stderr)
     if cfg.output:
         print(f"wrote {len(jobs) + len(errors)} results ({failed} errors) to {cfg.output}", file=sys.stderr)
 
@@ -252,10 +271,15 @@ def main(argv=None) -> None:
                                   f"--decode dynamic")
             model, meta = load_model(folder, device)
             print(f"loaded {meta['artifact']} model from {folder}; {pack_for_inference(model)}", file=sys.stderr)
+            draft = None
+            if cfg.draft is not None:
+                draft, draft_meta = load_model(cfg.draft, device)
+                print(f"loaded {draft_meta['artifact']} draft model from {cfg.draft}; {pack_for_inference(draft)}",
+                      file=sys.stderr)
             if cfg.prompts_file:
-                sample_many(cfg, model, device, out)
+                sample_many(cfg, model, device, out, draft)
             else:
-                sample_one(cfg, model, device)
+                sample_one(cfg, model, device, draft)
     except UserError as e:
         sys.exit(f"error: {e}")
 

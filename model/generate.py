@@ -8,6 +8,7 @@ from model.decode_graph import CudaGraphDecoder
 from model.decode_trace import TracedDecoder
 from model.gpt import GPT, ContextOverflow, KVCache, StaticKVCache
 from model.sampling import SamplingParams, row_generators, sample_rows
+from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats, speculative_generate
 
 # auto: the fastest for the device (fastest_decode); dynamic: the cache's keys grow with the sequence (the fastest
 # eager steps); static: fixed shapes, attention over every slot with a mask (what a CUDA graph needs); cuda-graph:
@@ -34,7 +35,8 @@ def fastest_decode(model: torch.nn.Module, device: torch.device) -> str:
 
 @torch.inference_mode()
 def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: bool = True,
-             on_token=None, decode: str = "auto") -> torch.Tensor:
+             on_token=None, decode: str = "auto", draft: GPT | None = None,
+             draft_tokens: int = DEFAULT_DRAFT_TOKENS, stats: SpeculativeStats | None = None) -> torch.Tensor:
     """Extend the prompts `idx` (B, T) by up to `params.max_new_tokens` tokens.
 
     Rows that emit end-of-text stop growing (later positions are filled with
@@ -42,6 +44,10 @@ def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: b
     is called with each new column of tokens, for streaming and timing.
     `decode` picks how the cached steps run (DECODE_MODES); the tokens are the same.  The model is not changed:
     the traced steps hold their own oneDNN-packed copies of its float32 weights.
+
+    With a `draft` model, decoding is speculative (model/speculative.py): the draft proposes `draft_tokens` tokens
+    per step and the model checks them in one pass; greedy tokens are the model's own, sampled ones follow the
+    model's distribution.  `stats`, a SpeculativeStats, is then filled with the acceptance counts.
     """
     model.eval()
     B, T = idx.shape
@@ -51,6 +57,11 @@ def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: b
                          f"model's context of {block_size}")
     if decode not in DECODE_MODES:
         raise ValueError(f"decode {decode!r} is not one of {DECODE_MODES}")
+    if draft is not None:
+        if decode not in ("auto", "dynamic") or not use_cache:
+            raise ValueError(f"speculative decoding (a draft model) runs eager steps with the KV cache; use decode "
+                             f"'auto' or 'dynamic' (got {decode!r}) and use_cache=True")
+        return speculative_generate(model, draft, idx, params, draft_tokens, on_token, stats)
     if decode == "auto":
         decode = fastest_decode(model, idx.device)
     if decode == "cuda-graph" and idx.device.type != "cuda":

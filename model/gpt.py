@@ -94,6 +94,52 @@ class StaticKVCache(KVCache):
         self.position.add_(T)  # on the device: a captured step advances it at every replay
 
 
+class RaggedKVCache(KVCache):
+    """A KV cache whose rows hold different numbers of tokens, each row from column 0 (`lengths`): speculative
+    decoding keeps a different number of tokens in each row after a step (model/speculative.py).  A row's new
+    tokens go to its own next columns, at its own positions; the mask lets each query see its row's columns up to
+    its own, which hides later tokens and what `truncate` dropped (stale until overwritten).  `length` is the
+    longest row, the columns a step reads."""
+
+    def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device, dtype=torch.float32):
+        super().__init__(config, batch_size, max_len, device, dtype)
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
+
+    def columns(self, T: int) -> torch.Tensor:
+        """(B, T): where each row's next T tokens go, which are also their positions."""
+        return self.lengths[:, None] + torch.arange(T, device=self.lengths.device)
+
+    def attention_inputs(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        self.check_room(T)
+        positions = self.columns(T)
+        keys = torch.arange(self.length + T, device=device)
+        return positions, (keys <= positions[:, :, None])[:, None]  # (B, 1, T, length + T)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        self.check_room(k.size(2))
+        index = self.columns(k.size(2))[:, None, :, None].expand_as(k)
+        self.k[layer].scatter_(2, index, k)
+        self.v[layer].scatter_(2, index, v)
+        end = self.length + k.size(2)
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+    def advance(self, T: int) -> None:
+        self.lengths += T
+        self.length = int(self.lengths.max())
+
+    def truncate(self, lengths: torch.Tensor) -> None:
+        """Keep the first `lengths[i]` tokens of row i (at most the ones it holds)."""
+        self.lengths = torch.minimum(self.lengths, lengths.to(self.lengths.device))
+        self.length = int(self.lengths.max())
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` (indices, in that order); the others leave the batch."""
+        self.k = [k.index_select(0, rows) for k in self.k]
+        self.v = [v.index_select(0, rows) for v in self.v]
+        self.lengths = self.lengths.index_select(0, rows)
+        self.length = int(self.lengths.max())
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, n_head: int):
         super().__init__()

@@ -1,0 +1,220 @@
+"""Speculative decoding (Leviathan et al. 2023, Chen et al. 2023): a smaller draft model proposes K tokens one at
+a time, the target scores all K + 1 positions in one forward pass, and each row keeps the proposals the target
+agrees with, then one token of the target's own (the correction at the first disagreement, or a bonus token when
+all K are kept).  A step costs the target one pass however many tokens it keeps.
+
+Greedy: a proposal is kept when it is the target's argmax, and the token after the kept ones is the target's
+argmax, so the tokens are those the target alone decodes.  Sampling: a proposal x drawn from the draft's
+distribution q is kept with probability min(1, p(x) / q(x)) (p: the target's); at the first rejection the row
+draws from normalize(max(0, p - q)), after K acceptances from p.  Every kept token is then distributed as the
+target's own sampler draws it.  p and q are the distributions model/sampling.py draws from (the same temperature,
+top-k and top-p), and every row draws from its own seeded generator, so a seed gives the same tokens again.
+
+Rows keep different numbers of tokens at each step, so both models keep their KV cache in a RaggedKVCache
+(model/gpt.py): each row at its own length, positions and an attention mask per row, rejected tokens truncated.
+A row that is done (end-of-text, or max_new_tokens) leaves the batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from model.config import EOT_TOKEN
+from model.gpt import GPT, RaggedKVCache
+from model.sampling import SamplingParams, draw, filter_logits, row_generators
+from runtime.errors import UserError
+
+# Draft tokens per step: the count Chen et al. (2023) used.  The best count grows with the draft's acceptance rate
+# and falls with its cost relative to the target's (Leviathan et al. 2023); neither is measured here yet.
+DEFAULT_DRAFT_TOKENS = 4
+
+
+class DraftMismatch(UserError, ValueError):
+    """A draft model that cannot serve the target; the message names the difference and the fix."""
+
+
+@dataclass
+class SpeculativeStats:
+    """What a speculative generation did, summed over rows: pass an instance to generate() to have it filled."""
+    proposed: int = 0  # draft tokens proposed
+    accepted: int = 0  # of those, the ones the target's check kept
+    target_passes: int = 0  # target forward passes (each scores K + 1 positions of every row still generating)
+    row_steps: int = 0  # rows in those passes, summed: each gained its accepted tokens plus one of the target's
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_target_pass(self) -> float:
+        """Mean tokens a row gained per target pass (1 is plain decoding; K + 1 the most)."""
+        return (self.accepted + self.row_steps) / self.row_steps if self.row_steps else 0.0
+
+    def summary(self) -> str:
+        return (f"speculative decoding: {self.accepted} of {self.proposed} draft tokens accepted "
+                f"({self.acceptance_rate:.1%}), {self.tokens_per_target_pass:.2f} tokens per row per target pass, "
+                f"{self.target_passes} target passes")
+
+
+def check_draft(model: GPT, draft: GPT, tokens_needed: int, draft_tokens: int) -> None:
+    if draft.config.vocab_size != model.config.vocab_size:
+        raise DraftMismatch(f"the draft model's vocabulary has {draft.config.vocab_size} tokens and the target's "
+                            f"{model.config.vocab_size}; a draft must share the target's vocabulary: use one "
+                            f"trained with the same tokenizer (e.g. a pruned or smaller copy of the target)")
+    if draft.config.block_size < tokens_needed:
+        raise DraftMismatch(f"the draft model's context of {draft.config.block_size} tokens is shorter than the "
+                            f"{tokens_needed} that the prompt + max_new_tokens need; ask for fewer new tokens or "
+                            f"use a draft with a longer context (block_size)")
+    if draft_tokens < 1:
+        raise DraftMismatch(f"draft_tokens must be at least 1, got {draft_tokens}")
+
+
+def cache_dtype(model: GPT) -> torch.dtype:
+    dtype = next(model.parameters()).dtype
+    return dtype if dtype.is_floating_point else torch.float32  # an int8 model computes in float32
+
+
+def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """(rows, vocab): the distribution model/sampling.py's sample_rows draws from for non-greedy `params`,
+    with the same cleaning of NaN and infinite logits and exactly the k best tokens under top-k."""
+    logits = torch.nan_to_num(logits.float(), nan=float("-inf"), posinf=torch.finfo(torch.float32).max,
+                              neginf=float("-inf"))
+    if params.top_k is not None and params.top_k < logits.size(-1):
+        best = torch.topk(logits, params.top_k, dim=-1)
+        probs = filter_logits(best.values, params.temperature, None, params.top_p).softmax(-1)
+        return torch.zeros_like(logits).scatter(-1, best.indices, probs)
+    return filter_logits(logits, params.temperature, None, params.top_p).softmax(-1)
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """The argmax that sample_rows takes for greedy decoding (NaN never wins)."""
+    return torch.nan_to_num(logits.float(), nan=float("-inf")).argmax(-1)
+
+
+def catch_up_inputs(cache: RaggedKVCache, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The tokens (rows, W) that bring row i of `cache` to `lengths[i]` tokens of `tokens`.  One forward pass
+    feeds every row the same number W, so a row that lacks fewer is first truncated to re-feed some it holds."""
+    width = int((lengths - cache.lengths).max())
+    start = lengths - width
+    cache.truncate(start)
+    return tokens.gather(1, start[:, None] + torch.arange(width, device=tokens.device))
+
+
+def propose(draft: GPT, cache: RaggedKVCache, tokens: torch.Tensor, lengths: torch.Tensor, k: int,
+            params: SamplingParams, generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """k draft tokens per row (rows, k), drawn one at a time, and the distributions they were drawn from
+    (rows, k, vocab; None when greedy)."""
+    step_input = catch_up_inputs(cache, tokens, lengths)
+    proposals, dists = [], []
+    for _ in range(k):
+        logits, _ = draft(step_input, cache=cache, last_only=True)
+        if params.greedy:
+            token = greedy_tokens(logits[:, -1])
+        else:
+            q = sampling_probs(logits[:, -1], params)
+            token = draw(q.double().cumsum(-1), generators)
+            dists.append(q)
+        proposals.append(token)
+        step_input = token[:, None]
+    return torch.stack(proposals, 1), torch.stack(dists, 1) if dists else None
+
+
+def score(model: GPT, cache: RaggedKVCache, tokens: torch.Tensor, lengths: torch.Tensor,
+          proposals: torch.Tensor) -> torch.Tensor:
+    """The target's logits (rows, k + 1, vocab) after each row's last token and after each of its proposals, from
+    one forward pass."""
+    inputs = torch.cat([catch_up_inputs(cache, tokens, lengths), proposals], 1)
+    hidden = model.hidden_states(inputs, cache)
+    # The output head on the last k + 1 positions only: the first pass also feeds the whole prompt.
+    return model.lm_head(hidden[:, -(proposals.size(1) + 1):])[..., :model.config.vocab_size]
+
+
+def judge(proposals: torch.Tensor, q: torch.Tensor | None, logits: torch.Tensor, params: SamplingParams,
+          generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+    """How many proposals each row keeps (rows,), and the target's token that follows them (rows,)."""
+    rows, k = proposals.shape
+    if params.greedy:
+        best = greedy_tokens(logits)
+        kept = (proposals == best[:, :k]).long().cumprod(1).sum(1)
+        return kept, best.gather(1, kept[:, None])[:, 0]
+    p = sampling_probs(logits.reshape(rows * (k + 1), -1), params).view(rows, k + 1, -1)
+    p_x = p[:, :k].gather(-1, proposals[..., None])[..., 0].double()
+    q_x = q.gather(-1, proposals[..., None])[..., 0].double()
+    u = torch.stack([torch.rand(k, dtype=torch.float64, generator=g, device=p.device) for g in generators])
+    kept = (u * q_x < p_x).long().cumprod(1).sum(1)  # u < p(x) / q(x), without dividing by a q(x) of 0
+    # The next token: from max(0, p - q) at the first rejection, from p (q padded with zeros) after k acceptances.
+    rows_index = torch.arange(rows, device=p.device)
+    p_next = p[rows_index, kept]
+    q_next = torch.cat([q, torch.zeros_like(q[:, :1])], 1)[rows_index, kept]
+    residual = (p_next - q_next).clamp(min=0)
+    # Rounding can leave no mass where p and q agree to the last bit; then the rejection had probability ~0.
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_next)
+    return kept, draw(residual.double().cumsum(-1), generators)
+
+
+@torch.inference_mode()
+def speculative_generate(model: GPT, draft: GPT, idx: torch.Tensor, params: SamplingParams,
+                         draft_tokens: int = DEFAULT_DRAFT_TOKENS, on_token=None,
+                         stats: SpeculativeStats | None = None) -> torch.Tensor:
+    """generate()'s result for `model` (see model/generate.py), decoded with `draft` proposing `draft_tokens`
+    tokens per step; `stats`, when given, is filled in.  The target's context is checked by generate()."""
+    model.eval()
+    draft.eval()
+    B, T = idx.shape
+    end = T + params.max_new_tokens
+    check_draft(model, draft, end, draft_tokens)
+    stats = stats if stats is not None else SpeculativeStats()
+    device = idx.device
+    generators = row_generators(params.seed, B, device)
+    target_cache = RaggedKVCache(model.config, B, end, device, cache_dtype(model))
+    draft_cache = RaggedKVCache(draft.config, B, end, device, cache_dtype(draft))
+    tokens = torch.full((B, end), EOT_TOKEN, dtype=idx.dtype, device=device)  # end-of-text after a row's end
+    tokens[:, :T] = idx
+    lengths = torch.full((B,), T, device=device)  # tokens each row holds
+    active = torch.arange(B, device=device)  # rows still generating, in the caches' order
+    emitted = T
+    while active.numel() and params.max_new_tokens:
+        held, n = tokens[active], lengths[active]
+        k = min(draft_tokens, int((end - n).min()))  # no position beyond the context asked for
+        proposals, q = propose(draft, draft_cache, held, n, k, params, generators)
+        kept, next_token = judge(proposals, q, score(model, target_cache, held, n, proposals), params, generators)
+        stats.proposed += k * active.numel()
+        stats.accepted += int(kept.sum())
+        stats.target_passes += 1
+        stats.row_steps += active.numel()
+
+        new = torch.cat([proposals, torch.zeros_like(proposals[:, :1])], 1)
+        new.scatter_(1, kept[:, None], next_token[:, None])
+        offsets = torch.arange(k + 1, device=device)
+        columns = n[:, None] + offsets
+        written = (offsets <= kept[:, None]) & (columns < end)
+        new_lengths = n + written.sum(1)
+        finished = new_lengths >= end
+        if params.stop_at_eot:
+            eot = written & (new == EOT_TOKEN)
+            stopped = eot.any(1)
+            # A row ends at its first end-of-text: what it kept after one stays end-of-text.
+            new_lengths = torch.where(stopped, n + eot.long().argmax(1) + 1, new_lengths)
+            written &= columns < new_lengths[:, None]
+            finished |= stopped
+        tokens[active[:, None].expand_as(columns)[written], columns[written]] = new[written]
+        lengths[active] = new_lengths
+        # Each cache keeps the tokens up to the last kept proposal; the target's own token is fed next step.
+        target_cache.truncate(n + kept)
+        draft_cache.truncate(n + kept)
+
+        if bool(finished.any()):
+            stay = (~finished).nonzero()[:, 0]
+            active = active[stay]
+            generators = [generators[i] for i in stay.tolist()]
+            if active.numel():
+                target_cache.keep_rows(stay)
+                draft_cache.keep_rows(stay)
+        if on_token is not None:
+            # A column is whole when every row still generating has reached it; finished rows hold end-of-text.
+            whole = int(lengths[active].min()) if active.numel() else int(lengths.max())
+            for column in range(emitted, whole):
+                on_token(tokens[:, column])
+            emitted = max(emitted, whole)
+    return tokens[:, :int(lengths.max())]
