@@ -1,28 +1,32 @@
-"""Decoding speed against the runtimes a CPU user would pick, on the same weights in the same run: ONNX
-Runtime in fp32 and dynamic int8 (bench/onnx_peer.py), llama.cpp in F32 and Q8_0 at batch 1
-(bench/llama_cpp_peer.py), and Hugging Face transformers, each when installed.
+"""Decoding speed against the runtimes a CPU user would pick, on the same weights: ONNX Runtime in fp32 and
+dynamic int8 (bench/onnx_peer.py), llama.cpp in F32 and Q8_0 at batch 1 (bench/llama_cpp_peer.py), and Hugging
+Face transformers, each when installed.
 
     pip install onnxruntime onnx onnxscript transformers   # the peers; each is optional
     pip install gguf llama-cpp-python                      # builds llama.cpp from source: 4.5 min on 2 cores
-    python -m bench.experiments generate_speed           # GPT-2 124M config, random weights, 32-token prompts,
-                                                         # 64 new tokens, greedy, batches 1 and 12
+    python -m bench.experiments generate_speed           # GPT-2 124M config, random weights, 32-token English
+                                                         # prompts, 128 new tokens, greedy, batches 1 and 12
 
 Ours is `generate()` on the model as sample.py runs it: float32 linears packed for oneDNN
 (model/packed_linear.py), and the int8 artifact's model (model/int8.py) with the tied embedding / output head
 in int8 too (`quantize/dynamic.py --head int8`; `--int8-head` picks another format), as llama.cpp's Q8_0
-quantizes GPT-2's tied token-embedding / output matrix. Its decode steps run as one traced graph each
-(`sample.py --decode traced`, model/decode_trace.py; `--decode` picks another mode); the trace, under a
-second once per batch size, is made in the untimed first call, as ONNX Runtime's export and llama.cpp's
-conversion are. Every side decodes greedily with a KV cache from identical weights; the calls are timed in
-interleaved rounds whose order alternates, so that machine noise hits all alike, and each ratio is the median
-of per-round ratios. Speeds
-are new tokens per second with the prompt's prefill included. The fp32 tokens of every peer are compared with
-ours; the int8 sides are compared with our fp32 tokens (agreement: the share of equal new tokens).
+quantizes GPT-2's tied token-embedding / output matrix; its decode steps as `--decode` says (auto: what
+generate() picks), and the same steps eager beside them.
+
+Every side runs in a process of its own, kept loaded (bench/decode_sides.py), and is called in turns whose order
+reverses every other round, so that machine noise hits all alike and no runtime's threads or caches are in
+another's way. A side's first call is untimed (our traces, ONNX Runtime's and llama.cpp's first allocations);
+then each round times a one-token call (the prompt's prefill and the first token) and a whole call: end-to-end
+new tokens/s, and decode-only tokens/s (the tokens after the first over the time after the first). Each ratio is
+the median of per-round ratios; the 1-minute load average is recorded as each round begins. The fp32 tokens of
+every peer are compared with ours; the int8 sides are compared with our fp32 tokens (agreement: the share of
+equal new tokens).
 
 Effective bandwidth at batch 1: the bytes of the matrices a decoding step reads (block linears, layer norms
-and the output head; not the one embedding row per token) times the steps per second, against the machine's
-read bandwidth measured in the same run (a sum over 1 GiB of float32, median of 5). On a CUDA device our
-decoding is also timed with its decode steps replayed as one captured CUDA graph (model/decode_graph.py).
+and the output head; not the one embedding row per token) times the decode-only steps per second, against the
+machine's read bandwidth measured in the same run with the sides idle (a sum over 1 GiB of float32, 5 before
+and 5 after the rounds). On a CUDA device our default decoding is one captured CUDA graph per step
+(model/decode_graph.py), timed beside the eager steps.
 """
 from __future__ import annotations
 
