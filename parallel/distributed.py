@@ -25,7 +25,7 @@ from parallel.errors import ParallelError
 from runtime.device import distributed_backend
 
 FAILURE_KEY = "parallel/failed_rank"
-NODE_LEADER_POLL_S = 0.2
+NODE_LEADER_POLL_S = 0.05
 _node_leader_calls = itertools.count()  # every rank makes the same calls in the same order
 
 
