@@ -308,7 +308,8 @@ def test_a_stop_signal_on_one_rank_stops_both_after_the_same_micro_batch_and_res
     from safetensors.torch import load_file
     results = _launch("stop", 2, tmp_path)
     assert [(r["exit_status"], r["batches"], r["saved_step"]) for r in results] == [(143, 5, 1)] * 2
-    whole, resumed = load_file(tmp_path / "whole" / "model.safetensors"), load_file(tmp_path / "stopped" / "model.safetensors")
+    whole = load_file(tmp_path / "whole" / "model.safetensors")
+    resumed = load_file(tmp_path / "stopped" / "model.safetensors")
     assert all(torch.equal(whole[name], resumed[name]) for name in whole)
 
 

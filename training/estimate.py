@@ -42,8 +42,8 @@ class RunEstimate:
                  f"{self.grad_accum} micro-batch{'es' if self.grad_accum > 1 else ''}, about {duration(total)} for the "
                  f"{self.steps_to_go:,} step{'s' if self.steps_to_go != 1 else ''} to go"]
         if self.device.type == "cpu" and total > GPU_SIZED_S:
-            lines.append(f"this run is sized for a GPU: about {duration(step)} per step here, {duration(total)} in all; "
-                         f"on the CPU use a smaller preset (--model small-cpu or tiny) or a smaller --batch-size, "
+            lines.append(f"this run is sized for a GPU: about {duration(step)} per step here, {duration(total)} in "
+                         f"all; on the CPU use a smaller preset (--model small-cpu or tiny) or a smaller --batch-size, "
                          f"--block-size or --grad-accum (Ctrl-C or SIGTERM stops within a micro-batch, saving the "
                          f"last whole step)")
         return lines

@@ -278,4 +278,5 @@ class Trainer:
         comm = f", comm {record.parallel.comm_share:.0%}" if record.parallel else ""
         left = self.cfg.max_steps - done
         self.say(f"step {done}/{self.cfg.max_steps}: loss {result.loss:.4f}, lr {lr:.2e}, "
-                 f"{record.tokens_per_s:,.0f} tokens/s{mfu}{comm}" + (f", {self.estimate.left(left)} left" if left else ""))
+                 f"{record.tokens_per_s:,.0f} tokens/s{mfu}{comm}"
+                 + (f", {self.estimate.left(left)} left" if left else ""))
