@@ -62,10 +62,6 @@ class TrainRun:
     def step_records(self) -> list[dict]:
         return [r for r in self.records if "tokens_per_s" in r]
 
-    @property
-    def eval_records(self) -> list[dict]:
-        return [r for r in self.records if "val_loss" in r]
-
     def timed_windows(self, skip: int = 1) -> list[dict]:
         """The log windows after the first `skip` (warm-up: allocator, thread pools, first collectives)."""
         return self.step_records[skip:]

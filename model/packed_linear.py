@@ -1,11 +1,11 @@
 """Float linear layers for inference on the CPU, with the weight reordered once into oneDNN's blocked layout.
 
 A decoding step multiplies each weight matrix by one row per sequence, so it is bound by reading the
-weights from memory. PyTorch's default CPU path for that product (MKL) read GPT-2 124M's matrices at 16-21
-GB/s on one row and 10-14 GB/s on 12 rows here (a 2-core AMD EPYC whose sum over 1 GiB reads 46 GB/s; on an
-earlier 2-core EPYC, MKL's one-row product ran on one of the two cores). oneDNN's product over a weight packed
-ahead of time read them at 30-41 GB/s on one row and 25-38 GB/s on 12 (bench/results/decode_profile.md, from
-bench/decode_profile.py, with the per-operator profile of a step). The packed copy is derived and never saved:
+weights from memory. PyTorch's default CPU path for that product (MKL) does not stream a weight at the machine's
+read rate on every host (on one 2-core EPYC its one-row product ran on one of the two cores); oneDNN's product
+over a weight packed ahead of time read GPT-2 124M's matrices faster on the hosts measured. How much, per
+product and per host: bench/decode_profile.py (bench/results/decode_profile.md), and the whole step against
+ONNX Runtime and llama.cpp: bench/experiments/generate_speed.py. The packed copy is derived and never saved:
 the module keeps the original parameter, so a tied head stays tied and checkpoints, exports and state dicts are
 unchanged.
 

@@ -2,8 +2,8 @@
 
 1. raw collectives on the last dimension (all-reduce, split, gather);
 2. autograd pairs: copy-to (identity forward, all-reduce backward), reduce-from (all-reduce forward,
-   identity backward), scatter-to (split forward, gather backward), gather-from (gather forward,
-   split backward);
+   identity backward), gather-from (gather forward, split backward): what the GPT plan takes (Megatron's
+   scatter-to, for a row-parallel layer whose input is not already split, has no such layer here);
 3. thin wrappers.  Every op returns its input untouched when the group has one rank.
 """
 from __future__ import annotations
@@ -58,17 +58,6 @@ class _ReduceFromParallelRegion(torch.autograd.Function):
         return grad, None, None
 
 
-class _ScatterToParallelRegion(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group, meter):
-        ctx.group, ctx.meter = group, meter
-        return _split_last(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _gather_last(grad, ctx.group, ctx.meter), None, None
-
-
 class _GatherFromParallelRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group, meter):
@@ -87,10 +76,6 @@ def copy_to_tensor_parallel_region(x, group, meter=None):
 
 def reduce_from_tensor_parallel_region(x, group, meter=None):
     return x if dist.get_world_size(group) == 1 else _ReduceFromParallelRegion.apply(x, group, meter)
-
-
-def scatter_to_tensor_parallel_region(x, group, meter=None):
-    return x if dist.get_world_size(group) == 1 else _ScatterToParallelRegion.apply(x, group, meter)
 
 
 def gather_from_tensor_parallel_region(x, group, meter=None):

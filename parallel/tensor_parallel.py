@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from model.gpt import GPT, KVCache
 from parallel.comms import CommsMeter, counted_all_reduce
 from parallel.mappings import (copy_to_tensor_parallel_region, gather_from_tensor_parallel_region,
-                               reduce_from_tensor_parallel_region, scatter_to_tensor_parallel_region)
+                               reduce_from_tensor_parallel_region)
 
 # Module name -> style, in the order they are applied (torchtitan's plan form).  Styles:
 #   colwise_per_head: output features split per attention head across [q|k|v] (fused QKV)
@@ -55,34 +55,31 @@ class ShardSpec:
 
 
 class ColumnParallelLinear(nn.Module):
-    """y = x A^T + b with A's rows (output features) split across ranks; the input is replicated."""
+    """y = x A^T + b with A's rows (output features) split across ranks; the input is replicated and the output
+    stays split, for the row-parallel layer after it (attention's heads and the MLP's hidden features)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group, meter: CommsMeter | None = None,
-                 gather_output: bool = False):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group, meter: CommsMeter | None = None):
         super().__init__()
         self.weight = nn.Parameter(weight)
         self.bias = nn.Parameter(bias) if bias is not None else None
-        self.group, self.meter, self.gather_output = group, meter, gather_output
+        self.group, self.meter = group, meter
 
     def forward(self, x):
-        y = F.linear(copy_to_tensor_parallel_region(x, self.group, self.meter), self.weight, self.bias)
-        return gather_from_tensor_parallel_region(y, self.group, self.meter) if self.gather_output else y
+        return F.linear(copy_to_tensor_parallel_region(x, self.group, self.meter), self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
-    """y = x A^T + b with A's columns (input features) split; partial products are all-reduced and the
-    replicated bias is added after the reduction (once, not once per rank)."""
+    """y = x A^T + b with A's columns (input features) split, its input the split output of a column-parallel
+    layer; partial products are all-reduced and the replicated bias is added after the reduction (once, not once
+    per rank)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group, meter: CommsMeter | None = None,
-                 input_is_parallel: bool = True):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group, meter: CommsMeter | None = None):
         super().__init__()
         self.weight = nn.Parameter(weight)
         self.bias = nn.Parameter(bias) if bias is not None else None
-        self.group, self.meter, self.input_is_parallel = group, meter, input_is_parallel
+        self.group, self.meter = group, meter
 
     def forward(self, x):
-        if not self.input_is_parallel:
-            x = scatter_to_tensor_parallel_region(x, self.group, self.meter)
         y = reduce_from_tensor_parallel_region(F.linear(x, self.weight), self.group, self.meter)
         return y + self.bias if self.bias is not None else y
 

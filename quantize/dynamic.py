@@ -13,11 +13,12 @@ the list of quantized layers, model.safetensors with int8 weights and float32 sc
 quant_report.json; `sample.py --checkpoint OUT` and `serve/` load it.
 
 Why PyTorch's own quantized engine (fbgemm/x86 `quantized::linear_dynamic`) and not torchao or a
-hand-written `torch._int_mm` layer: on this project's 2-core CPU, for a 768->3072->768 MLP at 1 and
-12 rows (decoding), the engine ran 2.8x and 7x faster than float, while torchao 0.18's
-Int8DynamicActivationInt8Weight ran 0.8x and 2.8x (its CPU path is not its focus), torch._int_mm
-with per-row activation scales 0.9x and 2.9x, and the weight-only `_weight_int8pack_mm` slower than
-float.  The engine is marked deprecated in torch 2.13 but works in the pinned version.
+hand-written `torch._int_mm` layer: on this project's 2-core CPU, for a GPT-2 MLP at 1 and 12 rows (decoding),
+the engine was the only one of them well ahead of float at both (torchao 0.18's
+Int8DynamicActivationInt8Weight, whose CPU path is not its focus, and torch._int_mm with per-row activation scales
+were not ahead at one row; the weight-only `_weight_int8pack_mm` was slower than float).  The figures of the
+engine against float and the peers are measured by this tool's report and bench/experiments/generate_speed.py.
+The engine is marked deprecated in torch 2.13 but works in the pinned version.
 
 Measurements run on CPU (that is where the int8 kernels are); on a CUDA machine the tool says so
 and still measures on CPU.

@@ -94,8 +94,8 @@ def off_the_main_thread(fn: Callable[[], T]) -> T:
 
     The server's torch work then runs on the engine's thread alone.  OpenMP gives every thread that runs
     parallel work a pool of workers of its own, and a pool left on the main thread by loading the model
-    slowed the engine's decoding on a 2-core CPU to 0.75x (GPT-2 124M, 2 torch threads: 34 against
-    46 new tokens/s); a pool that ends with its thread costs nothing."""
+    competes with the engine's for the same cores (on a 2-core CPU it slowed decoding by a quarter); a pool that
+    ends with its thread costs nothing."""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="serve-load") as pool:
         return pool.submit(fn).result()
 
