@@ -147,7 +147,11 @@ class Sides:
             pickle.dump(spec, process.stdin)
             process.stdin.flush()
             self.processes[spec.name] = process
-        self.about = {name: self._answer(name) for name in self.names}  # each side's own description
+        try:
+            self.about = {name: self._answer(name) for name in self.names}  # each side's own description
+        except SideError:
+            self.__exit__()  # the sides that did start are ended, not left waiting on their pipes
+            raise
 
     def __enter__(self) -> Sides:
         return self

@@ -8,7 +8,7 @@ from model.decode_graph import CudaGraphDecoder
 from model.decode_trace import TracedDecoder
 from model.gpt import GPT, ContextOverflow, KVCache, StaticKVCache
 from model.sampling import SamplingParams, row_generators, sample_rows
-from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats, speculative_generate
+from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats, cache_dtype, speculative_generate
 
 # auto: the fastest for the device (fastest_decode); dynamic: the cache's keys grow with the sequence (the fastest
 # eager steps); static: fixed shapes, attention over every slot with a mask (what a CUDA graph needs); cuda-graph:
@@ -67,8 +67,7 @@ def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: b
     if decode == "cuda-graph" and idx.device.type != "cuda":
         raise ValueError(f"decode 'cuda-graph' needs a CUDA device; the model is on {idx.device}")
     generators = row_generators(params.seed, B, idx.device)
-    dtype = next(model.parameters()).dtype
-    dtype = dtype if dtype.is_floating_point else torch.float32
+    dtype = cache_dtype(model)
     cache, step = None, None
     if use_cache:
         cache_type = StaticKVCache if decode in ("static", "cuda-graph") else KVCache
