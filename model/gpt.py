@@ -6,6 +6,7 @@ so checkpoints map one-to-one.
 """
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -129,8 +130,17 @@ class RaggedKVCache(KVCache):
 
     def truncate(self, lengths: torch.Tensor) -> None:
         """Keep the first `lengths[i]` tokens of row i (at most the ones it holds)."""
-        self.lengths = torch.minimum(self.lengths, lengths.to(self.lengths.device))
+        torch.minimum(self.lengths, lengths.to(self.lengths.device), out=self.lengths)  # in place: see first_rows
         self.length = int(self.lengths.max())
+
+    def first_rows(self, rows: int) -> RaggedKVCache:
+        """Rows 0..rows-1 as a cache of their own that shares this one's storage (a server's running batch
+        in a cache sized for its most rows): what a step writes, advances or truncates there lands here."""
+        view = copy.copy(self)
+        view.k, view.v = [k[:rows] for k in self.k], [v[:rows] for v in self.v]
+        view.lengths = self.lengths[:rows]
+        view.length = int(view.lengths.max()) if rows else 0
+        return view
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Keep only `rows` (indices, in that order); the others leave the batch."""

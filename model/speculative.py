@@ -22,7 +22,7 @@ import torch
 
 from model.config import EOT_TOKEN
 from model.gpt import GPT, RaggedKVCache
-from model.sampling import SamplingParams, draw, filter_logits, row_generators
+from model.sampling import SamplingParams, draw, filter_logits, row_generators, settings_key
 from runtime.errors import UserError
 
 # Draft tokens per step: the count Chen et al. (2023) used.  The best count grows with the draft's acceptance rate
@@ -41,6 +41,12 @@ class SpeculativeStats:
     accepted: int = 0  # of those, the ones the target's check kept
     target_passes: int = 0  # target forward passes (each scores K + 1 positions of every row still generating)
     row_steps: int = 0  # rows in those passes, summed: each gained its accepted tokens plus one of the target's
+
+    def add(self, other: SpeculativeStats) -> None:
+        self.proposed += other.proposed
+        self.accepted += other.accepted
+        self.target_passes += other.target_passes
+        self.row_steps += other.row_steps
 
     @property
     def acceptance_rate(self) -> float:
@@ -101,18 +107,38 @@ def catch_up_inputs(cache: RaggedKVCache, tokens: torch.Tensor, lengths: torch.T
     return tokens.gather(1, start[:, None] + torch.arange(width, device=tokens.device))
 
 
+def row_distributions(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """(rows, positions, vocab) from logits of that shape: the distribution row i's sampler draws from under
+    params[i], all of it on the argmax for a greedy row.  Rows that share settings are computed together."""
+    rows, positions, vocab = logits.shape
+    probs = torch.empty(rows, positions, vocab, dtype=torch.float32, device=logits.device)
+    groups: dict[tuple, list[int]] = {}
+    for row, p in enumerate(params):
+        groups.setdefault(settings_key(p), []).append(row)
+    for rows_in_group in groups.values():
+        index = torch.tensor(rows_in_group, device=logits.device)
+        group, p = logits.index_select(0, index), params[rows_in_group[0]]
+        if p.greedy:
+            dist = torch.zeros_like(group, dtype=torch.float32).scatter_(-1, greedy_tokens(group)[..., None], 1.0)
+        else:
+            dist = sampling_probs(group.reshape(-1, vocab), p).view(len(rows_in_group), positions, vocab)
+        probs.index_copy_(0, index, dist)
+    return probs
+
+
 def propose(draft: GPT, cache: RaggedKVCache, tokens: torch.Tensor, lengths: torch.Tensor, k: int,
-            params: SamplingParams, generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """k draft tokens per row (rows, k), drawn one at a time, and the distributions they were drawn from
-    (rows, k, vocab; None when greedy)."""
+            params: list[SamplingParams], generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """k draft tokens per row (rows, k), drawn one at a time with row i's params[i], and the distributions they
+    were drawn from (rows, k, vocab; None when every row is greedy)."""
+    all_greedy = all(p.greedy for p in params)
     step_input = catch_up_inputs(cache, tokens, lengths)
     proposals, dists = [], []
     for _ in range(k):
         logits, _ = draft(step_input, cache=cache, last_only=True)
-        if params.greedy:
+        if all_greedy:
             token = greedy_tokens(logits[:, -1])
         else:
-            q = sampling_probs(logits[:, -1], params)
+            q = row_distributions(logits[:, -1:], params)[:, 0]
             token = draw(q.double().cumsum(-1), generators)
             dists.append(q)
         proposals.append(token)
@@ -130,15 +156,17 @@ def score(model: GPT, cache: RaggedKVCache, tokens: torch.Tensor, lengths: torch
     return model.lm_head(hidden[:, -(proposals.size(1) + 1):])[..., :model.config.vocab_size]
 
 
-def judge(proposals: torch.Tensor, q: torch.Tensor | None, logits: torch.Tensor, params: SamplingParams,
+def judge(proposals: torch.Tensor, q: torch.Tensor | None, logits: torch.Tensor, params: list[SamplingParams],
           generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
-    """How many proposals each row keeps (rows,), and the target's token that follows them (rows,)."""
+    """How many proposals each row keeps (rows,), and the target's token that follows them (rows,).  A greedy
+    row's distributions put all their mass on one token, so the rule below keeps exactly the proposals that are
+    the target's argmax there; when every row is greedy that is checked directly."""
     rows, k = proposals.shape
-    if params.greedy:
+    if q is None:
         best = greedy_tokens(logits)
         kept = (proposals == best[:, :k]).long().cumprod(1).sum(1)
         return kept, best.gather(1, kept[:, None])[:, 0]
-    p = sampling_probs(logits.reshape(rows * (k + 1), -1), params).view(rows, k + 1, -1)
+    p = row_distributions(logits, params)
     p_x = p[:, :k].gather(-1, proposals[..., None])[..., 0].double()
     q_x = q.gather(-1, proposals[..., None])[..., 0].double()
     u = torch.stack([torch.rand(k, dtype=torch.float64, generator=g, device=p.device) for g in generators])
@@ -151,6 +179,23 @@ def judge(proposals: torch.Tensor, q: torch.Tensor | None, logits: torch.Tensor,
     # Rounding can leave no mass where p and q agree to the last bit; then the rejection had probability ~0.
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_next)
     return kept, draw(residual.double().cumsum(-1), generators)
+
+
+def speculative_step(model: GPT, draft: GPT, target_cache: RaggedKVCache, draft_cache: RaggedKVCache,
+                     tokens: torch.Tensor, lengths: torch.Tensor, k: int, params: list[SamplingParams],
+                     generators: list[torch.Generator]) -> tuple[torch.Tensor, ...]:
+    """One step for rows holding `lengths[i]` tokens of `tokens` (rows, columns), row i sampling with params[i]
+    and generators[i]: the draft proposes k tokens, the target scores them in one pass, and each row keeps a
+    prefix.  Returns the proposals (rows, k), the count each row keeps (rows,), the target's token after the
+    kept ones (rows,) and the target's logits (rows, k + 1, vocab), position j the distribution of the row's
+    token j of this step.  Both caches are left holding each row's tokens up to its last kept proposal; the
+    target's own token is fed at the next step."""
+    proposals, q = propose(draft, draft_cache, tokens, lengths, k, params, generators)
+    logits = score(model, target_cache, tokens, lengths, proposals)
+    kept, next_token = judge(proposals, q, logits, params, generators)
+    target_cache.truncate(lengths + kept)
+    draft_cache.truncate(lengths + kept)
+    return proposals, kept, next_token, logits
 
 
 @torch.inference_mode()
@@ -177,8 +222,8 @@ def speculative_generate(model: GPT, draft: GPT, idx: torch.Tensor, params: Samp
     while active.numel() and params.max_new_tokens:
         held, n = tokens[active], lengths[active]
         k = min(draft_tokens, int((end - n).min()))  # no position beyond the context asked for
-        proposals, q = propose(draft, draft_cache, held, n, k, params, generators)
-        kept, next_token = judge(proposals, q, score(model, target_cache, held, n, proposals), params, generators)
+        proposals, kept, next_token, _ = speculative_step(model, draft, target_cache, draft_cache, held, n, k,
+                                                          [params] * active.numel(), generators)
         stats.proposed += k * active.numel()
         stats.accepted += int(kept.sum())
         stats.target_passes += 1
@@ -200,9 +245,6 @@ def speculative_generate(model: GPT, draft: GPT, idx: torch.Tensor, params: Samp
             finished |= stopped
         tokens[active[:, None].expand_as(columns)[written], columns[written]] = new[written]
         lengths[active] = new_lengths
-        # Each cache keeps the tokens up to the last kept proposal; the target's own token is fed next step.
-        target_cache.truncate(n + kept)
-        draft_cache.truncate(n + kept)
 
         if bool(finished.any()):
             stay = (~finished).nonzero()[:, 0]

@@ -53,8 +53,13 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     def build() -> tuple[Engine, dict]:
         model, meta = load_model(folder, device)
         log.info("%s", pack_for_inference(model))
+        draft = None
+        if config.draft is not None:
+            draft, draft_meta = load_model(config.draft, device)
+            log.info("draft: %s model from %s, %d tokens per step; %s", draft_meta["artifact"], config.draft,
+                     config.draft_tokens, pack_for_inference(draft))
         engine = Engine(model, device, config.max_batch_size, config.max_queue, config.request_timeout_s, metrics,
-                        config.decode)
+                        config.decode, draft, config.draft_tokens)
         engine.warm_up()
         return engine, meta
 

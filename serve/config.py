@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from model.speculative import DEFAULT_DRAFT_TOKENS
 from runtime.cli import option
 from runtime.errors import UserError
 
@@ -50,6 +51,11 @@ class ServeConfig:
                                  "between its operators; the faster on the CPU), dynamic (eager PyTorch), or auto: "
                                  "traced on the CPU, dynamic elsewhere (the traced steps are not tested on CUDA)",
                          choices=DECODE_MODES)
+    draft: str | None = option(None, "speculative decoding: a smaller model with the same vocabulary and at least "
+                                     "the model's context (artifact folder or hub name, e.g. a row-pruned "
+                                     "checkpoint of this one) proposes tokens that the model checks in one pass; "
+                                     "greedy tokens stay the model's own, sampled ones follow its distribution")
+    draft_tokens: int = option(DEFAULT_DRAFT_TOKENS, "with --draft: tokens the draft proposes per step")
     max_batch_size: int = option(16, "sequences decoded together in one forward pass")
     max_queue: int = option(64, "requests that may wait for a batch slot before new ones get 503")
     request_timeout_s: float = option(120.0, "time limit per request, from arrival to the last token, queueing "
@@ -64,7 +70,7 @@ class ServeConfig:
     graceful_shutdown_s: float = option(60.0, "how long Ctrl-C / SIGTERM waits for in-flight requests")
 
     def __post_init__(self):
-        for name in ("max_batch_size", "max_completions", "retry_after_s", "max_connections"):
+        for name in ("max_batch_size", "max_completions", "retry_after_s", "max_connections", "draft_tokens"):
             if getattr(self, name) < 1:
                 raise ServeConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("max_queue", "max_body_bytes", "threads"):
@@ -73,5 +79,7 @@ class ServeConfig:
         for name in ("request_timeout_s", "graceful_shutdown_s", "read_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ServeConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.draft is not None and self.decode == "traced":
+            raise ServeConfigError("--draft decodes with eager steps; drop --decode traced or use --decode dynamic")
         if not 0 <= self.port <= 65535:
             raise ServeConfigError(f"port must be in 0..65535, got {self.port}")

@@ -3,7 +3,9 @@
 Continuous batching: a request that arrives is prefilled on its own (one forward pass over
 its prompt, batch of one) and then joins the running batch, where every sequence advances
 one token per shared forward pass; a sequence leaves the batch the step it finishes, and its
-row goes to the next waiting request.  Each request samples with its own torch.Generator,
+row goes to the next waiting request.  With a draft model every step is speculative
+(model/speculative.py): the draft proposes K tokens for every row together, the model checks
+them in one pass, and each row keeps as many as its own sampling accepts, plus one.  Each request samples with its own torch.Generator,
 seeded from its `seed` (model/sampling.py), so its random stream does not depend on its
 neighbours in the batch.  Each shared step runs as one traced graph (model/decode_trace.py) over
 the batch padded to a row count it was traced for (serve/slots.py), or eagerly with `decode="dynamic"`.
@@ -29,15 +31,18 @@ from model.decode_trace import TracedSteps
 from model.generate import fastest_decode
 from model.gpt import KVCache
 from model.sampling import SamplingParams, sample_rows
+from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats, cache_dtype, check_draft, speculative_step
 from serve.config import DECODE_MODES
 from serve.metrics import ServerMetrics
-from serve.slots import SlotCache, padded_rows
+from serve.slots import SlotCache, SpeculativeSlots, padded_rows
 from serve.text import TextAssembler
 
 log = logging.getLogger("serve.engine")
 
 # What a client hears when its generation fails: the cause (exception text, internals) goes to the log only.
 REQUEST_FAILED = "generation failed for this request; the server log has the details"
+# How often the log gets a line of the draft's acceptance while requests decode speculatively.
+SPECULATIVE_LOG_INTERVAL_S = 30.0
 
 
 class QueueFull(RuntimeError):
@@ -79,6 +84,7 @@ class DoneEvent:
     finish_reason: str  # "eos" (end-of-text), "stop" (a stop string) or "length"
     latency: Latency
     logprobs: list[TokenLogprob] | None = None  # the prompt's (with echo), then the generated tokens'
+    speculative: SpeculativeStats | None = None  # this request's draft tokens, with a draft model
 
 
 @dataclass
@@ -122,6 +128,7 @@ class _Sequence:
         self.position = len(request.prompt_ids)  # where the next input token sits
         self.finished = False
         self.logprobs: list[TokenLogprob] | None = None if request.logprobs is None else []
+        self.speculative = SpeculativeStats()
 
     def record_logprobs(self, logits: torch.Tensor, tokens: list[int], first: bool = False) -> None:
         """Log-probabilities of `tokens`, each under the row of `logits` (positions, vocab) that predicts it."""
@@ -137,15 +144,24 @@ class _Sequence:
 
 class Engine:
     def __init__(self, model: torch.nn.Module, device: torch.device, max_batch_size: int, max_queue: int,
-                 request_timeout_s: float, metrics: ServerMetrics | None = None, decode: str = "auto"):
+                 request_timeout_s: float, metrics: ServerMetrics | None = None, decode: str = "auto",
+                 draft: torch.nn.Module | None = None, draft_tokens: int = DEFAULT_DRAFT_TOKENS):
         if decode not in DECODE_MODES:
             raise ValueError(f"decode {decode!r} is not one of {DECODE_MODES}")
+        if draft is not None and decode == "traced":
+            raise ValueError("speculative decoding (a draft model) runs eager steps; use decode 'auto' or 'dynamic'")
         # auto: traced where generate() would trace; the engine has no CUDA-graph steps, so eager on CUDA.
         if decode == "auto":
-            decode = "traced" if fastest_decode(model, device) == "traced" else "dynamic"
+            decode = "traced" if draft is None and fastest_decode(model, device) == "traced" else "dynamic"
         self.decode = decode
         self.model = model.eval()
         self.config = model.config
+        self.draft = draft.eval() if draft is not None else None
+        self.draft_tokens = draft_tokens
+        if draft is not None:  # any request the model takes must fit the draft's context too
+            check_draft(model, draft, model.config.block_size, draft_tokens)
+        self.speculative = SpeculativeStats()  # since the last log line
+        self.speculative_logged_at = time.perf_counter()
         self.device = device
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
@@ -153,7 +169,8 @@ class Engine:
         self.metrics = metrics or ServerMetrics()
         # The KV cache takes the dtype of the model's float weights (int8 models keep float norms and embeddings).
         self.dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-        self.slots = SlotCache(self.config, max_batch_size, device, self.dtype)
+        self.slots = SlotCache(self.config, max_batch_size, device, self.dtype) if draft is None else \
+            SpeculativeSlots(self.config, draft.config, max_batch_size, device, self.dtype, cache_dtype(draft))
         # The model's weights stay as loaded while it serves; every padded row count is kept, with and without a mask.
         row_counts = {padded_rows(rows, max_batch_size) for rows in range(1, max_batch_size + 1)}
         self.traced_steps = TracedSteps(model, kept=2 * len(row_counts)) if self.decode == "traced" else None
@@ -262,11 +279,20 @@ class Engine:
             self._fail(seq)
             return
         self._accept(seq, token, logits[:, -1])
-        if not seq.finished:
+        if seq.finished:
+            return
+        if self.draft is None:
             self.slots.add(prefill, prompt_len)
-            self.active.append(seq)
+        else:
+            draft_prefill = KVCache(self.draft.config, 1, prompt_len, self.device, cache_dtype(self.draft))
+            self.draft(idx, cache=draft_prefill, last_only=True)
+            self.slots.add(prefill, draft_prefill, request.prompt_ids + [token])
+        self.active.append(seq)
 
     def _decode_step(self) -> None:
+        if self.draft is not None:
+            self._speculative_step()
+            return
         self.slots.ensure_room()
         active = len(self.active)
         rows = self.slots.step_rows() if self.decode == "traced" else active
@@ -293,6 +319,45 @@ class Engine:
             except Exception:  # noqa: BLE001 - a failure in one request's tokens ends that request alone
                 log.exception("request failed while handling its token %d", token)
                 self._fail(seq)
+        self._remove(lambda s: s.finished)
+
+    def _speculative_step(self) -> None:
+        """Every row gains its kept draft tokens and one of the model's, each accepted in turn as a plain step's
+        token is, so that stop strings, end-of-text and max_tokens end a row at the right token."""
+        target_cache, draft_cache, tokens, lengths = self.slots.views()
+        # No position beyond the context: a row holds fewer tokens than that while it generates.
+        k = min(self.draft_tokens, self.config.block_size - int(lengths.max()))
+        proposals, kept, next_token, logits = speculative_step(
+            self.model, self.draft, target_cache, draft_cache, tokens, lengths.clone(), k,
+            [s.params for s in self.active], [s.generator for s in self.active])
+        self.metrics.decode_batch.observe(len(self.active))
+        self.metrics.speculative_passes.inc()
+        step = SpeculativeStats(target_passes=1)
+        for row, seq in enumerate(self.active):
+            n_kept = int(kept[row])
+            new = proposals[row, :n_kept].tolist() + [int(next_token[row])]
+            used = 0
+            try:
+                for position, token in enumerate(new):
+                    self._accept(seq, token, logits[row, position:position + 1])
+                    used += 1
+                    if seq.finished:
+                        break
+            except Exception:  # noqa: BLE001 - a failure in one request's tokens ends that request alone
+                log.exception("request failed while handling its tokens %s", new)
+                self._fail(seq)
+            # Proposals kept beyond the token that ended a row were never used: they count as not accepted.
+            row_stats = SpeculativeStats(proposed=k, accepted=min(n_kept, used), row_steps=1)
+            seq.speculative.add(row_stats)
+            step.add(row_stats)
+            if not seq.finished:
+                self.slots.extend(row, new)
+        self.metrics.speculative_proposed.inc(step.proposed)
+        self.metrics.speculative_accepted.inc(step.accepted)
+        self.speculative.add(step)
+        if time.perf_counter() - self.speculative_logged_at >= SPECULATIVE_LOG_INTERVAL_S:
+            log.info("%s", self.speculative.summary())
+            self.speculative, self.speculative_logged_at = SpeculativeStats(), time.perf_counter()
         self._remove(lambda s: s.finished)
 
     def _sample(self, logits: torch.Tensor, seqs: list[_Sequence]) -> list[int | None]:
@@ -358,7 +423,8 @@ class Engine:
         self.metrics.total_time.observe(total)
         seq.request.on_event(DoneEvent(text=seq.text.text, tail=tail, tokens=seq.generated,
                                        prompt_tokens=len(seq.request.prompt_ids), finish_reason=reason,
-                                       latency=latency, logprobs=seq.logprobs))
+                                       latency=latency, logprobs=seq.logprobs,
+                                       speculative=seq.speculative if self.draft is not None else None))
 
     def _timeout(self, request: GenerationRequest, generated: int) -> None:
         request.on_event(ErrorEvent("timeout", f"the request exceeded the time limit of {self.request_timeout_s:g}s "

@@ -93,11 +93,21 @@ class ServerMetrics:
                                       BATCH_BUCKETS)
         self.queue_depth = Gauge("serve_queue_depth", "Requests waiting for a batch slot.")
         self.batch_size = Gauge("serve_batch_size", "Sequences in the running batch.")
+        self.speculative_proposed = Counter("serve_draft_tokens_proposed_total",
+                                            "Tokens the draft model proposed (speculative decoding, --draft).")
+        self.speculative_accepted = Counter("serve_draft_tokens_accepted_total",
+                                            "Proposed tokens the model's check kept; over the proposed ones, the "
+                                            "acceptance rate.")
+        self.speculative_passes = Counter("serve_speculative_steps_total",
+                                          "Speculative steps, each one forward pass of the model over every row's "
+                                          "proposals; generated tokens over decode_batch_size's sum per step is "
+                                          "the mean tokens a row gains per pass.")
         self.connections_closed = Counter("serve_connections_closed_total",
                                           "Connections the server closed: over_limit (refused on arrival) or "
                                           "read_timeout (a request's bytes came too slowly).")
 
     def render(self) -> str:
         parts = (self.requests, self.tokens, self.queue_time, self.first_token, self.total_time,
-                 self.decode_batch, self.queue_depth, self.batch_size, self.connections_closed)
+                 self.decode_batch, self.queue_depth, self.batch_size, self.speculative_proposed,
+                 self.speculative_accepted, self.speculative_passes, self.connections_closed)
         return "\n".join(line for metric in parts for line in metric.render()) + "\n"

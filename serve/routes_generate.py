@@ -15,7 +15,7 @@ from fastapi.responses import StreamingResponse
 from model.sampling import SamplingParams
 from serve.engine import DoneEvent, TokenEvent
 from serve.errors import error_body
-from serve.schemas import GenerateRequest, GenerateResponse, LatencyBody
+from serve.schemas import GenerateRequest, GenerateResponse, LatencyBody, SpeculativeBody
 from serve.state import require_api_key, server_state
 from serve.submission import Submission, error_for
 
@@ -29,8 +29,13 @@ def sse(event: str, data: dict) -> str:
 
 
 def response_body(done: DoneEvent) -> GenerateResponse:
+    stats = done.speculative
+    speculative = None if stats is None else SpeculativeBody(
+        draft_tokens_proposed=stats.proposed, draft_tokens_accepted=stats.accepted,
+        acceptance_rate=stats.acceptance_rate, tokens_per_target_pass=stats.tokens_per_target_pass)
     return GenerateResponse(text=done.text, tokens=done.tokens, prompt_tokens=done.prompt_tokens,
-                            finish_reason=done.finish_reason, latency=LatencyBody(**dataclasses.asdict(done.latency)))
+                            finish_reason=done.finish_reason, latency=LatencyBody(**dataclasses.asdict(done.latency)),
+                            speculative=speculative)
 
 
 @router.post("/generate", response_model=GenerateResponse, dependencies=[Depends(require_api_key)])

@@ -19,8 +19,8 @@ from serve.errors import APIError, error_body
 from serve.logprobs import completion_logprobs
 from serve.prompts import Prompt, completion_prompts
 from serve.routes_generate import SSE_HEADERS
-from serve.schemas import (Completion, CompletionChoice, CompletionRequest, CompletionUsage, ModelCard,
-                           ModelList)
+from serve.schemas import (Completion, CompletionChoice, CompletionRequest, CompletionTokensDetails,
+                           CompletionUsage, ModelCard, ModelList)
 from serve.state import ServerState, require_api_key, server_state
 from serve.submission import Submission, error_for
 
@@ -97,7 +97,12 @@ def usage(results: list[DoneEvent], n: int) -> CompletionUsage:
     """Results in choice order; each prompt counts once however many completions it got."""
     completion = sum(r.tokens for r in results)
     prompt = sum(r.prompt_tokens for r in results[::n])
-    return CompletionUsage(completion_tokens=completion, prompt_tokens=prompt, total_tokens=completion + prompt)
+    drafted = [r.speculative for r in results if r.speculative is not None]
+    details = CompletionTokensDetails(
+        accepted_prediction_tokens=sum(s.accepted for s in drafted),
+        rejected_prediction_tokens=sum(s.proposed - s.accepted for s in drafted)) if drafted else None
+    return CompletionUsage(completion_tokens=completion, prompt_tokens=prompt, total_tokens=completion + prompt,
+                           completion_tokens_details=details)
 
 
 async def stream(submission: Submission, completion_id: str, created: int, model_id: str, include_usage: bool,

@@ -50,12 +50,21 @@ class LatencyBody(BaseModel):
     tokens_per_s: float
 
 
+class SpeculativeBody(BaseModel):
+    """A request's speculative decoding (a server started with --draft)."""
+    draft_tokens_proposed: int
+    draft_tokens_accepted: int  # of the proposed tokens, those the model kept and the reply holds
+    acceptance_rate: float
+    tokens_per_target_pass: float  # tokens the request gained per forward pass of the model (1: plain decoding)
+
+
 class GenerateResponse(BaseModel):
     text: str
     tokens: int
     prompt_tokens: int
     finish_reason: str
     latency: LatencyBody
+    speculative: SpeculativeBody | None = None
 
 
 # ---- POST /v1/completions (OpenAI) ----
@@ -167,10 +176,18 @@ class CompletionChoice(BaseModel):
     finish_reason: str | None
 
 
+class CompletionTokensDetails(BaseModel):
+    """OpenAI's fields for tokens predicted ahead (its Predicted Outputs): here the draft model's tokens that the
+    model kept, and those it rejected, with --draft."""
+    accepted_prediction_tokens: int
+    rejected_prediction_tokens: int
+
+
 class CompletionUsage(BaseModel):
     completion_tokens: int
     prompt_tokens: int
     total_tokens: int
+    completion_tokens_details: CompletionTokensDetails | None = None
 
 
 class Completion(BaseModel):

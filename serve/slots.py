@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from model.config import GPTConfig
-from model.gpt import KVCache
+from model.gpt import KVCache, RaggedKVCache
 
 
 def padded_rows(rows: int, max_rows: int) -> int:
@@ -143,3 +143,62 @@ class SlotCache:
         for row in range(n):
             self.start[row] += by
         self.length = new
+
+
+class SpeculativeSlots:
+    """The running batch's rows when a draft model proposes tokens (model/speculative.py): the target's and the
+    draft's KV caches, each row from column 0 at its own length (RaggedKVCache), and the tokens each row holds.
+    Rows keep different numbers of tokens at every step, so they are not aligned to a shared column as in
+    SlotCache.  Active sequences occupy rows 0..n-1; a leaving row is replaced by the last one."""
+
+    def __init__(self, target_config: GPTConfig, draft_config: GPTConfig, max_rows: int, device,
+                 target_dtype, draft_dtype):
+        width = target_config.block_size  # a request's prompt and new tokens fit the target's context
+        self.target = RaggedKVCache(target_config, max_rows, width, device, target_dtype)
+        self.draft = RaggedKVCache(draft_config, max_rows, width, device, draft_dtype)
+        self.tokens = torch.zeros(max_rows, width, dtype=torch.long, device=device)
+        self.lengths = torch.zeros(max_rows, dtype=torch.long, device=device)  # tokens each row holds
+        self.rows = 0
+
+    def views(self) -> tuple[RaggedKVCache, RaggedKVCache, torch.Tensor, torch.Tensor]:
+        """The active rows' target cache, draft cache, tokens and lengths; the caches' writes land here."""
+        return (self.target.first_rows(self.rows), self.draft.first_rows(self.rows), self.tokens[: self.rows],
+                self.lengths[: self.rows])
+
+    def add(self, target_prefill: KVCache, draft_prefill: KVCache, tokens: list[int]) -> None:
+        """A sequence whose prompt both models prefilled in one-row caches, holding `tokens` (the prompt and the
+        first token sampled after it)."""
+        if self.rows >= self.target.k[0].size(0):
+            raise RuntimeError(f"all {self.rows} rows are in use")
+        row = self.rows
+        for cache, prefill in ((self.target, target_prefill), (self.draft, draft_prefill)):
+            for layer in range(len(cache.k)):
+                cache.k[layer][row, :, : prefill.length] = prefill.k[layer][0, :, : prefill.length]
+                cache.v[layer][row, :, : prefill.length] = prefill.v[layer][0, :, : prefill.length]
+            cache.lengths[row] = prefill.length
+        self.tokens[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        self.lengths[row] = len(tokens)
+        self.rows += 1
+
+    def extend(self, row: int, tokens: list[int]) -> None:
+        """Row `row` gained `tokens`."""
+        start = int(self.lengths[row])
+        self.tokens[row, start: start + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        self.lengths[row] = start + len(tokens)
+
+    def remove(self, row: int) -> None:
+        """Free `row`; the last active row moves into its place."""
+        last = self.rows - 1
+        if row != last:
+            for cache in (self.target, self.draft):
+                end = int(cache.lengths[last])
+                for layer in range(len(cache.k)):
+                    cache.k[layer][row, :, :end] = cache.k[layer][last, :, :end]
+                    cache.v[layer][row, :, :end] = cache.v[layer][last, :, :end]
+                cache.lengths[row] = cache.lengths[last]
+            self.tokens[row] = self.tokens[last]
+            self.lengths[row] = self.lengths[last]
+        for cache in (self.target, self.draft):
+            cache.lengths[last] = 0
+        self.lengths[last] = 0
+        self.rows = last
