@@ -32,7 +32,7 @@ TEXT = ("The quick brown fox jumps over the lazy dog while the committee debates
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 
 
-NOT_RUN = ("batch_sweep", "faults")
+NOT_RUN = ("batch_sweep", "faults", "speculative")  # speculative trains its models: tests/test_speculative_bench.py
 
 
 @pytest.fixture(scope="module")

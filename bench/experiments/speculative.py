@@ -1,0 +1,269 @@
+"""Speculative decoding with the project's own drafts: a trained target, drafts row-pruned from it and a smaller
+trained preset, timed against the target decoding alone on its fastest path.
+
+    python -m bench.experiments speculative       # small-cpu trained 1,000 steps; row 50% and 75% drafts; tiny
+
+The models are made by the project's own tools in the work folder (out/bench/speculative/): `train.py` trains
+the target and the smaller draft on the same text, and `prune/iterative.py --method row` prunes the target into
+the other drafts (heads and MLP units removed, fine-tuned after each round).  A folder made by the same command
+(recorded beside it as bench_command.json) is reused; any other is made again.  On random weights acceptance says
+nothing, so every figure here comes from trained models.
+
+Then, for each batch size, every round times the target alone (`generate()`'s default decode, the traced steps
+on the CPU), each draft decoding alone (its cost), and the target with each draft at each --draft-tokens K, in
+turns whose order reverses every other round, on prompts of English from the built-in corpus's validation split
+(a new window per round), greedy, a fixed number of new tokens (end-of-text does not stop a row).  Speed-ups are
+medians of per-round paired ratios; acceptance is summed over the rounds; every speculative run's tokens are
+compared with the target's own.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from bench.experiment import Experiment, ExperimentError, SettingsError, at_least
+from bench.experiments.generate_speed import real_prompts
+from bench.record import plt
+from bench.report_page import Page, num
+from bench.runner import ROOT, TRAIN_SCRIPT, run_command
+from model.artifact import load_model
+from model.config import PRESETS
+from model.generate import generate
+from model.sampling import SamplingParams
+from model.speculative import SpeculativeStats
+from prune.config import PruneConfig
+from runtime.cli import non_default_flags, option
+from runtime.timing import Environment, Spread, environment, paired_ratio, timed_call
+from training.config import TrainConfig
+
+COMMAND_RECORD = "bench_command.json"  # the command that made a model folder, to reuse it only for the same one
+TARGET = "target"
+
+
+@dataclass
+class Settings:
+    dataset: str = option("builtin", "training text of the target and the smaller draft (a dataset name or folder)")
+    target_preset: str = option("small-cpu", "the target's model preset", choices=tuple(PRESETS))
+    draft_preset: str | None = option("tiny", "a smaller preset trained on the same text as a draft (none: only "
+                                              "pruned drafts)", choices=tuple(PRESETS))
+    train_steps: int = option(1000, "training steps of the target and of the smaller draft")
+    train_batch_size: int = option(4, "their training batch")
+    train_block_size: int = option(256, "their training context")
+    prune_targets: list[float] = option([0.5, 0.75], "row-pruning targets of the pruned drafts: the share of each "
+                                                     "layer's heads and MLP units removed")
+    prune_rounds: int = option(2, "prune/iterative.py rounds per pruned draft")
+    prune_finetune_steps: int = option(100, "fine-tuning steps after each pruning round")
+    draft_tokens: list[int] = option([2, 4, 6], "draft tokens per step (K) to time")
+    batch_sizes: list[int] = option([1, 4], "rows decoded together")
+    prompt_tokens: int = option(32, "prompt length")
+    new_tokens: int = option(128, "new tokens per row")
+    rounds: int = option(3, "timed rounds (after one warm-up)")
+    threads: int | None = option(None, "CPU threads for torch (default: torch's choice)")
+
+    def __post_init__(self):
+        at_least(self, 1, "train_steps", "train_batch_size", "train_block_size", "prune_rounds", "draft_tokens",
+                 "batch_sizes", "prompt_tokens", "new_tokens", "rounds", "threads")
+        at_least(self, 0, "prune_finetune_steps")
+        if any(not 0 < t < 1 for t in self.prune_targets):
+            raise SettingsError(f"--prune-targets must each lie between 0 and 1, got {self.prune_targets}")
+        if self.prompt_tokens + self.new_tokens > self.train_block_size:
+            raise SettingsError(f"--prompt-tokens + --new-tokens ({self.prompt_tokens + self.new_tokens}) exceed "
+                                f"the models' context (--train-block-size {self.train_block_size})")
+        if not self.prune_targets and self.draft_preset is None:
+            raise SettingsError("no draft to time: give --prune-targets or --draft-preset")
+
+
+@dataclass
+class ModelRecord:
+    name: str
+    folder: str
+    parameters: int
+    command: str  # what made it
+
+
+@dataclass
+class Variant:
+    draft: str
+    draft_tokens: int
+    tokens_per_s: Spread
+    speedup: float  # median of per-round paired ratios: the target alone's time over this one's
+    acceptance_rate: float
+    tokens_per_target_pass: float  # tokens a row gains per target pass (1: plain decoding; K + 1 the most)
+    identical_tokens: bool  # every round's tokens equal the target's own
+
+
+@dataclass
+class BatchResult:
+    batch_size: int
+    target_tokens_per_s: Spread
+    draft_cost: dict[str, float]  # each draft decoding alone: its time over the target's (median of rounds)
+    variants: list[Variant]
+
+
+@dataclass
+class SpeculativeSpeed:
+    target: ModelRecord
+    drafts: list[ModelRecord]
+    prompt_tokens: int
+    new_tokens: int
+    rounds: int
+    batches: list[BatchResult]
+    environment: Environment
+
+
+def make_model(folder: Path, command: list[str], record: list[str]) -> str:
+    """Run `command` to make the model in `folder`, unless the folder holds one made by the same `record`."""
+    marker = folder / COMMAND_RECORD
+    if marker.exists() and json.loads(marker.read_text()) == record and (folder / "config.json").exists():
+        print(f"reusing {folder} (made by the same command)", flush=True)
+        return " ".join(command)
+    if folder.exists():  # the benchmark's own scratch model, made by other settings
+        shutil.rmtree(folder)
+    print(" ".join(command), flush=True)
+    returncode, output, _ = run_command(command)
+    if returncode != 0:
+        raise ExperimentError(f"making {folder} failed (exit code {returncode}):\n{output[-2000:]}")
+    marker.write_text(json.dumps(record))
+    return " ".join(command)
+
+
+def train_flags(settings: Settings, preset: str, folder: Path) -> list[str]:
+    config = TrainConfig(model=preset, dataset=settings.dataset, max_steps=settings.train_steps,
+                         batch_size=settings.train_batch_size, block_size=settings.train_block_size,
+                         eval_interval=max(1, settings.train_steps // 4), log_interval=50, out_dir=str(folder))
+    return non_default_flags(config)
+
+
+def make_models(settings: Settings, work_dir: Path) -> tuple[dict[str, Path], dict[str, str]]:
+    """{name: folder} of the target and every draft, and {name: the command that made it}."""
+    folders, commands = {TARGET: work_dir / TARGET}, {}
+    target_flags = train_flags(settings, settings.target_preset, folders[TARGET])
+    commands[TARGET] = make_model(folders[TARGET], train_command_for(target_flags), target_flags)
+    for share in settings.prune_targets:
+        name = f"row {share:.0%}"
+        folders[name] = work_dir / f"row-{share:g}"
+        config = PruneConfig(target=share, method="row", checkpoint=str(folders[TARGET]), rounds=settings.prune_rounds,
+                             finetune_steps=settings.prune_finetune_steps, dataset=settings.dataset,
+                             out_dir=str(folders[name]), speed_repeats=1, generation_tokens=8)
+        flags = non_default_flags(config)
+        command = [sys.executable, str(ROOT / "prune" / "iterative.py"), *flags]
+        commands[name] = make_model(folders[name], command, flags + target_flags)  # a new target: new drafts
+    if settings.draft_preset is not None:
+        name = settings.draft_preset
+        folders[name] = work_dir / f"draft-{name}"
+        flags = train_flags(settings, name, folders[name])
+        commands[name] = make_model(folders[name], train_command_for(flags), flags)
+    return folders, commands
+
+
+def train_command_for(flags: list[str]) -> list[str]:
+    return [sys.executable, str(TRAIN_SCRIPT), *flags]
+
+
+def measure(settings: Settings, work_dir: Path) -> SpeculativeSpeed:
+    if settings.threads is not None:
+        torch.set_num_threads(settings.threads)
+    folders, commands = make_models(settings, work_dir)
+    models = {name: load_model(folder)[0] for name, folder in folders.items()}
+    records = {name: ModelRecord(name, str(folder), models[name].num_parameters(), commands[name])
+               for name, folder in folders.items()}
+    drafts = [name for name in models if name != TARGET]
+    target = models[TARGET]
+    params = SamplingParams(max_new_tokens=settings.new_tokens, temperature=0, stop_at_eot=False)
+    batches = []
+    for batch in settings.batch_sizes:
+        prompts = real_prompts(batch * (settings.rounds + 1), settings.prompt_tokens).view(
+            settings.rounds + 1, batch, settings.prompt_tokens)
+        batches.append(time_batch(target, models, drafts, prompts, params, settings.draft_tokens))
+        print_batch(batches[-1])
+    return SpeculativeSpeed(records[TARGET], [records[name] for name in drafts], settings.prompt_tokens,
+                            settings.new_tokens, settings.rounds, batches, environment(torch.device("cpu")))
+
+
+def time_batch(target, models: dict, drafts: list[str], prompts: torch.Tensor, params: SamplingParams,
+               draft_tokens: list[int]) -> BatchResult:
+    """Round r decodes prompts[r] (rounds + 1, batch, length) with every call in turn; round 0 is not timed."""
+    stats = {(name, k): SpeculativeStats() for name in drafts for k in draft_tokens}
+    keys = [(TARGET, 0), *((name, 0) for name in drafts), *stats]  # K 0: decoding alone
+
+    def run(key: tuple, prompt: torch.Tensor, timed: bool) -> torch.Tensor:
+        name, k = key
+        if k == 0:
+            return generate(models[name], prompt, params)
+        return generate(target, prompt, params, draft=models[name], draft_tokens=k,
+                        stats=stats[key] if timed else SpeculativeStats())
+
+    times: dict[tuple, list[float]] = {key: [] for key in keys}
+    identical = {key: True for key in stats}
+    for round_ in tqdm(range(prompts.size(0)), desc=f"speculative, batch {prompts.size(1)}", unit="round"):
+        tokens = {}
+        for key in keys[::-1] if round_ % 2 else keys:  # none always runs first
+            elapsed = timed_call(lambda: tokens.__setitem__(key, run(key, prompts[round_], round_ > 0)))
+            if round_ > 0:
+                times[key].append(elapsed)
+        for key in stats:
+            identical[key] &= torch.equal(tokens[key], tokens[(TARGET, 0)])
+    new = prompts.size(1) * params.max_new_tokens
+    reference = times[(TARGET, 0)]
+    variants = [Variant(name, k, Spread.of([new / t for t in times[(name, k)]]),
+                        paired_ratio(reference, times[(name, k)]), stats[(name, k)].acceptance_rate,
+                        stats[(name, k)].tokens_per_target_pass, identical[(name, k)]) for name, k in stats]
+    cost = {name: Spread.of([d / t for d, t in zip(times[(name, 0)], reference)]).median for name in drafts}
+    return BatchResult(prompts.size(1), Spread.of([new / t for t in reference]), cost, variants)
+
+
+def print_batch(result: BatchResult) -> None:
+    print(f"batch {result.batch_size}: target alone {result.target_tokens_per_s.median:.1f} tokens/s; draft cost "
+          + ", ".join(f"{name} {cost:.2f}" for name, cost in result.draft_cost.items()))
+    for v in result.variants:
+        print(f"  {v.draft:>8s} K={v.draft_tokens}: {v.tokens_per_s.median:7.1f} tokens/s, {v.speedup:.2f}x, "
+              f"acceptance {v.acceptance_rate:.1%}, {v.tokens_per_target_pass:.2f} tokens/pass, "
+              f"{'identical' if v.identical_tokens else 'DIFFERENT'} tokens", flush=True)
+
+
+def plot(result: SpeculativeSpeed):
+    fig, axes = plt.subplots(1, len(result.batches), figsize=(5 * len(result.batches), 3.6), squeeze=False)
+    for ax, batch in zip(axes[0], result.batches):
+        for draft in result.drafts:
+            points = [v for v in batch.variants if v.draft == draft.name]
+            ax.plot([v.draft_tokens for v in points], [v.speedup for v in points], marker="o",
+                    label=f"{draft.name} (cost {batch.draft_cost[draft.name]:.2f})")
+        ax.axhline(1, color="grey", linestyle=":")
+        ax.set_xlabel("draft tokens per step (K)")
+        ax.set_ylabel("speed-up over the target alone")
+        ax.set_title(f"batch {batch.batch_size}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"speculative decoding: target {result.target.parameters:,} parameters, greedy, "
+                 f"{result.new_tokens} new tokens")
+    return fig
+
+
+def section(res: SpeculativeSpeed, page: Page) -> None:
+    page.add(f"Target: `{res.target.command}` ({res.target.parameters:,} parameters). Drafts: "
+             + "; ".join(f"{d.name}, {d.parameters:,} parameters (`{d.command}`)" for d in res.drafts)
+             + f". Greedy, {res.prompt_tokens}-token prompts, {res.new_tokens} new tokens, medians of {res.rounds} "
+             f"rounds interleaved with the target alone (its default decode), {res.environment.threads} "
+             f"thread(s). Cost: a draft decoding alone, its time over the target's.\n")
+    for batch in res.batches:
+        page.add(f"Batch {batch.batch_size}: the target alone decodes {num(batch.target_tokens_per_s.median)} "
+                 f"tokens/s.\n")
+        page.table(["draft", "cost", "K", "acceptance", "tokens per pass", "tokens/s", "speed-up", "tokens"],
+                   [[v.draft, f"{batch.draft_cost[v.draft]:.2f}", str(v.draft_tokens), f"{v.acceptance_rate:.1%}",
+                     f"{v.tokens_per_target_pass:.2f}", num(v.tokens_per_s.median), f"{v.speedup:.2f}x",
+                     "the target's own" if v.identical_tokens else "DIFFERENT"] for v in batch.variants])
+
+
+EXPERIMENT = Experiment(
+    name="speculative", title="Speculative decoding with pruned and smaller drafts", about=__doc__,
+    settings=Settings,
+    quick=Settings(train_steps=100, prune_targets=[0.5], prune_rounds=1, prune_finetune_steps=10, draft_tokens=[4],
+                   batch_sizes=[1], new_tokens=64, rounds=1),
+    full=Settings(),
+    result=SpeculativeSpeed, measure=measure, plot=plot, section=section)
