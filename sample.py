@@ -32,7 +32,7 @@ from model.packed_linear import pack_for_inference
 from model.run_folder import pick_checkpoint
 from model.sampling import SamplingParams
 from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats
-from runtime.cli import option, parse_config
+from runtime.cli import check_options, flag, option, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
 from runtime.text import decode_utf8
@@ -60,9 +60,9 @@ class SampleConfig:
                                             "generate in batches; see above")
     output: str | None = option(None, "with --prompts-file: write the results as JSONL "
                                       "here (default: standard output)")
-    batch_size: int = option(8, "with --prompts-file: prompts decoded together")
-    num_samples: int = option(1, "samples of the prompt")
-    max_new_tokens: int = option(100, "tokens to generate per sample")
+    batch_size: int = option(8, "with --prompts-file: prompts decoded together", min=1)
+    num_samples: int = option(1, "samples of the prompt", min=1)
+    max_new_tokens: int = option(100, "tokens to generate per sample", min=1)
     temperature: float = option(0.8, "0 (or below 1e-4) for greedy decoding")
     top_k: int | None = option(200, "sample among the k most likely tokens")
     top_p: float | None = option(None, "nucleus sampling: the smallest set of tokens "
@@ -83,22 +83,20 @@ class SampleConfig:
     draft_tokens: int = option(DEFAULT_DRAFT_TOKENS, "with --draft: tokens the draft proposes per step; the default "
                                                      "is the count Chen et al. (2023) used, the best one depending "
                                                      "on the draft's acceptance rate and cost, which are not "
-                                                     "measured on this project's models yet")
+                                                     "measured on this project's models yet", min=1)
 
     def __post_init__(self):
         if sum(x is not None for x in (self.prompt, self.prompt_file, self.prompts_file)) > 1:
             raise SampleError("give one of --prompt, --prompt-file and --prompts-file")
         if self.output is not None and self.prompts_file is None:
             raise SampleError("--output writes the results of --prompts-file; give one, or drop --output")
-        for name in ("num_samples", "max_new_tokens", "batch_size", "draft_tokens"):
-            if getattr(self, name) < 1:
-                raise SampleError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        check_options(self, SampleError)
         if self.draft is not None and self.decode not in ("auto", "dynamic"):
             raise SampleError(f"--draft decodes with eager steps; drop --decode {self.decode} or use --decode dynamic")
         for name in ("prompt_file", "prompts_file"):
             path = getattr(self, name)
             if path is not None and not Path(path).is_file():
-                raise SampleError(f"--{name.replace('_', '-')} {path} is not a file")
+                raise SampleError(f"{flag(name)} {path} is not a file")
         try:
             self.sampling()
         except UserError as e:

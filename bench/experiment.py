@@ -88,7 +88,8 @@ class Experiment(Generic[S, R]):
 
 def at_least(settings, minimum: float, *names: str) -> None:
     """For `__post_init__`: each named setting (unless None) is at least `minimum`; a list setting holds at
-    least one value and each is at least `minimum`."""
+    least one value and each is at least `minimum`.  In the form of `runtime.cli.check_options`, which settings
+    declaring their bounds (`option(..., min=1)`) call instead."""
     for name in names:
         value, flag = getattr(settings, name), "--" + name.replace("_", "-")
         if isinstance(value, list) and not value:

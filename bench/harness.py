@@ -31,7 +31,7 @@ from data.tiktoken_cache import fill_cache
 from data.tokenizer import get_tokenizer, ranks_file
 from model.artifact import load_model
 from model.evaluate import evaluate_loss
-from runtime.cli import option, parse_config
+from runtime.cli import check_options, option, parse_config
 from runtime.errors import UserError
 from runtime.provenance import git_commit
 from serve.launch import running_server
@@ -47,13 +47,12 @@ class HarnessError(UserError):
 class HarnessConfig:
     lm_eval: str = option("lm_eval", "the lm_eval command of an environment where lm-eval is installed")
     checkpoint: str = option("out/demo/train", "the artifact to serve and score")
-    items: int = option(50, "cloze items: a sentence's words, then its last word")
+    items: int = option(50, "cloze items: a sentence's words, then its last word", min=1)
     out: str = option("out/harness.json", "where to write the result (the committed one is "
                                           "bench/results/harness.json)")
 
     def __post_init__(self):
-        if self.items < 1:
-            raise HarnessError(f"--items must be at least 1, got {self.items}")
+        check_options(self, HarnessError)
 
 
 def cloze_items(count: int) -> list[dict]:

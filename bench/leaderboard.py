@@ -41,7 +41,7 @@ from model.packed_linear import pack_for_inference
 from model.run_folder import pick_checkpoint
 from model.sampling import SamplingParams
 from parallel.layout import MULTI_PROCESS_MODES
-from runtime.cli import option, parse_config
+from runtime.cli import check_options, option, parse_config
 from runtime.device import choose_device, peak_memory_bytes, precision_policy, synchronize
 from runtime.errors import UserError
 from runtime.provenance import provenance
@@ -81,21 +81,21 @@ class LeaderboardConfig:
     dataset: str = option(DEFAULT_DATASET, f"evaluation corpus, validation split: {', '.join(DATASET_NAMES)} or a local folder")
     eval_text: Path | None = option(None, "evaluate on this local text file instead of "
                                           "--dataset (all of it)")
-    eval_batch_size: int = option(8, "evaluation windows per forward pass")
+    eval_batch_size: int = option(8, "evaluation windows per forward pass", min=1)
     eval_block_size: int | None = option(None, "evaluation window (default: the model's "
-                                               "context)")
-    prompt_tokens: int = option(16, "prompt length for the generation figures")
+                                               "context)", min=1)
+    prompt_tokens: int = option(16, "prompt length for the generation figures", min=1)
     new_tokens: int | None = option(None, f"new tokens per generation (default: {REFERENCE_NEW_TOKENS} as the reference, or as many as the "
-                                          f"model's context leaves after the prompt, whichever is smaller)")
-    repeats: int = option(3, "timed repeats per figure (after one warm-up)")
+                                          f"model's context leaves after the prompt, whichever is smaller)", min=1)
+    repeats: int = option(3, "timed repeats per figure (after one warm-up)", min=1)
     parallel: str = option("none", "training figures: none (one process) or a torchrun mode of train.py", choices=("none", *MULTI_PROCESS_MODES))
-    nproc_per_node: int = option(2, "ranks for --parallel (torchrun)")
+    nproc_per_node: int = option(2, "ranks for --parallel (torchrun)", min=1)
     block_size: int | None = option(None, "training block size (default: the model's "
-                                          "context)")
-    train_steps: int = option(3, "optimizer steps per timed training window")
+                                          "context)", min=1)
+    train_steps: int = option(3, "optimizer steps per timed training window", min=1)
     train_dataset: str = option("builtin", "training text for the throughput runs (content does not change the speed)")
     threads: int | None = option(None, "torch threads per training rank (default: "
-                                       "torch's choice)")
+                                       "torch's choice)", min=1)
     device: str = option("auto", "auto, cpu, cuda, ...")
     protocol: str = option("default", f"reference: the reference scorecard's settings (training: grad accumulation {REFERENCE_GRAD_ACCUM} "
                                       f"x micro-batch 4 or 12 x block {REFERENCE_BLOCK}; generation: batch x {REFERENCE_NEW_TOKENS} new "
@@ -103,10 +103,7 @@ class LeaderboardConfig:
     out: Path | None = option(None, "also write the JSON here")
 
     def __post_init__(self):
-        for name in ("eval_batch_size", "prompt_tokens", "repeats", "nproc_per_node", "train_steps",
-                     "eval_block_size", "new_tokens", "block_size", "threads"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise LeaderboardError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        check_options(self, LeaderboardError)
         if self.eval_text is not None and self.dataset != DEFAULT_DATASET:
             raise LeaderboardError("give --dataset or --eval-text, not both")
         if self.parallel not in ("none", *MULTI_PROCESS_MODES):

@@ -28,7 +28,7 @@ import httpx
 import numpy as np
 from tqdm import tqdm
 
-from runtime.cli import option, parse_config
+from runtime.cli import check_options, option, parse_config
 from runtime.errors import UserError
 
 PROMPTS = [
@@ -186,8 +186,8 @@ class LoadTestConfig:
                                           "instead of using --url")
     server_args: str = option("", "extra flags for the server --checkpoint starts")
     concurrency: str = option("1,4,12,32", "comma-separated levels")
-    min_requests: int = option(12, "requests per level (at least the concurrency)")
-    max_new_tokens: int = option(64, "tokens per request")
+    min_requests: int = option(12, "requests per level (at least the concurrency)", min=1)
+    max_new_tokens: int = option(64, "tokens per request", min=1)
     level_time_limit: float = option(120.0, "seconds; no new requests after it")
     request_timeout: float = option(120.0, "seconds per request")
     json: Path | None = option(None, "also write the results here")
@@ -199,8 +199,9 @@ class LoadTestConfig:
             check_loopback(self.url)
         if not all(part.strip().isdigit() for part in self.concurrency.split(",")):
             raise LoadTestError(f"--concurrency must be comma-separated integers, got {self.concurrency!r}")
-        if min(self.levels) < 1 or self.min_requests < 1 or self.max_new_tokens < 1:
-            raise LoadTestError("concurrency levels, --min-requests and --max-new-tokens must be at least 1")
+        if min(self.levels) < 1:
+            raise LoadTestError(f"--concurrency levels must be at least 1, got {self.concurrency}")
+        check_options(self, LoadTestError)
 
     @property
     def levels(self) -> list[int]:

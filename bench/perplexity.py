@@ -27,7 +27,7 @@ from data.loader import sliding_windows
 from data.shards import load_split
 from data.tokenizer import get_tokenizer
 from model.artifact import load_model
-from runtime.cli import option, parse_config
+from runtime.cli import check_options, option, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
 
@@ -44,22 +44,17 @@ class PerplexityConfig:
                                      f"with wiki.*.raw or hub-layout parquet files")
     split: str = option("validation", "which split", choices=("validation", "test"))
     context: int | None = option(None, "tokens of context per window (default: the "
-                                       "model's block size)")
+                                       "model's block size)", min=2)
     stride: int | None = option(None, "sliding-window step; each window scores this "
-                                      "many new tokens (default: half the context)")
-    batch_size: int = option(8, "windows per forward pass")
+                                      "many new tokens (default: half the context)", min=1)
+    batch_size: int = option(8, "windows per forward pass", min=1)
     max_tokens: int | None = option(None, "score only the split's first N tokens "
-                                          "(default: all)")
+                                          "(default: all)", min=2)
     device: str = option("auto", "auto, cpu, cuda, ...")
     out: str | None = option(None, "also write the result as JSON here")
 
     def __post_init__(self):
-        for name in ("stride", "batch_size"):
-            if getattr(self, name) is not None and getattr(self, name) <= 0:
-                raise PerplexityError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
-        for name in ("context", "max_tokens"):
-            if getattr(self, name) is not None and getattr(self, name) < 2:
-                raise PerplexityError(f"--{name.replace('_', '-')} must be at least 2, got {getattr(self, name)}")
+        check_options(self, PerplexityError)
 
 
 @dataclass

@@ -127,7 +127,8 @@ def row_distributions(logits: torch.Tensor, params: list[SamplingParams]) -> tor
 
 
 def propose(draft: GPT, cache: RaggedKVCache, tokens: torch.Tensor, lengths: torch.Tensor, k: int,
-            params: list[SamplingParams], generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor | None]:
+            params: list[SamplingParams],
+            generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """k draft tokens per row (rows, k), drawn one at a time with row i's params[i], and the distributions they
     were drawn from (rows, k, vocab; None when every row is greedy)."""
     all_greedy = all(p.greedy for p in params)

@@ -140,8 +140,6 @@ def check_divisibility(config: GPTConfig, ctx: DistContext, batch_size: int) -> 
         if config.padded_vocab_size % tp:
             raise ParallelError(f"the padded vocabulary of {config.padded_vocab_size} rows is not divisible by "
                                 f"--tp-size {tp}; use a tp size that divides it (or change vocab_pad_multiple)")
-    if batch_size < 1:
-        raise ParallelError(f"--batch-size must be positive, got {batch_size}")
 
 
 def run_on_node_leader(ctx: DistContext, work: Callable[[], object], what: str) -> None:

@@ -10,31 +10,33 @@ from prune.errors import PruneError
 from prune.methods import METHODS, PruningMethod
 from prune.schedule import SCHEDULES
 from prune.speed import GENERATION_PROMPT_TOKENS
-from runtime.cli import option
+from runtime.cli import check_options, option
 
 DEFAULT_OUT_DIR = "out/prune"
 
 
 @dataclass
 class PruneConfig:
-    target: float | None = option(None, "final sparsity, 0 < F < 1 (row: the share of each layer's heads and MLP "
-                                        "units removed) [required]")
+    target: float | None = option(None, "final sparsity (row: the share of each layer's heads and MLP "
+                                        "units removed) [required]", above=0, below=1)
     method: str = option("magnitude", "magnitude (global unstructured), row (structured: heads and MLP units), "
                                       "wanda (|w| x activation norm); several, comma-separated (magnitude,row), "
                                       "run one after the other from the same checkpoint into one report")
     checkpoint: str | None = option(None, "artifact folder or hub name to prune (default: the train.py checkpoint "
                                           "under out/ trained on the most tokens)")
-    rounds: int = option(4, "pruning rounds, each followed by fine-tuning and evaluation")
+    rounds: int = option(4, "pruning rounds, each followed by fine-tuning and evaluation", min=1)
     schedule: str = option("cubic", "cubic (Zhu & Gupta) or geometric: the sparsity reached after each round",
                            choices=SCHEDULES)
-    finetune_steps: int = option(40, "training steps after each round (0: prune only)")
-    lr: float = option(3e-4, "peak fine-tuning learning rate (cosine decay within each round)")
+    finetune_steps: int = option(40, "training steps after each round (0: prune only)", min=0)
+    lr: float = option(3e-4, "peak fine-tuning learning rate (cosine decay within each round)", above=0)
     weight_decay: float = option(0.1, "fine-tuning AdamW weight decay")
-    warmup_steps: int = option(5, "linear warmup steps at the start of each round's fine-tune")
-    batch_size: int = option(8, "fine-tuning, evaluation and calibration batch size")
-    block_size: int | None = option(None, "fine-tuning and evaluation context (default: min(128, the model's))")
-    eval_batches: int = option(10, "validation batches per evaluation (the same leading windows every time)")
-    calibration_batches: int = option(4, "training batches whose activations wanda scores with")
+    warmup_steps: int = option(5, "linear warmup steps at the start of each round's fine-tune", min=0)
+    batch_size: int = option(8, "fine-tuning, evaluation and calibration batch size", min=1)
+    block_size: int | None = option(None, "fine-tuning and evaluation context (default: min(128, the model's))",
+                                    min=1)
+    eval_batches: int = option(10, "validation batches per evaluation (the same leading windows every time)",
+                               min=1)
+    calibration_batches: int = option(4, "training batches whose activations wanda scores with", min=1)
     prune_params: str = option("linear", "magnitude: comma-separated groups to prune among linear, bias, "
                                          "layernorm, embedding (wanda: linear only; row: ignored)")
     dataset: str | None = option(None, f"{', '.join(DATASET_NAMES)} or a local folder (default: the checkpoint's "
@@ -45,12 +47,13 @@ class PruneConfig:
     device: str = option("auto", "auto (CUDA if present, else CPU), cpu, cuda, cuda:1, ...")
     precision: str = option("auto", "auto (fp32 on CPU, bf16/fp16 autocast on CUDA), fp32, bf16, fp16")
     threads: int | None = option(None, "CPU threads for torch (default: torch's choice); 1 gives steadier timings "
-                                       "on a shared machine")
+                                       "on a shared machine", min=1)
     seed: int = option(1234, "seed of the fine-tuning batches")
-    speed_batch: int = option(4, "batch size of the timed forward passes")
-    speed_seq_len: int = option(128, "sequence length of the timed forward passes")
-    speed_repeats: int = option(5, "timed repeats (after one warm-up); medians are reported")
-    generation_tokens: int = option(16, "new tokens per timed generation (batch 1, greedy, KV cache)")
+    speed_batch: int = option(4, "batch size of the timed forward passes", min=1)
+    speed_seq_len: int = option(128, "sequence length of the timed forward passes", min=1)
+    speed_repeats: int = option(5, "timed repeats (after one warm-up); medians are reported", min=1)
+    generation_tokens: int = option(16, "new tokens per timed generation (batch 1, greedy, KV cache)",
+                                  min=1)
     sparse_format_check: bool = option(True, "magnitude/wanda: also time the model with its weights in sparse "
                                              "CSR format")
     dense_control: bool = option(False, "also fine-tune the unpruned model for the run's total fine-tune steps, "
@@ -60,22 +63,7 @@ class PruneConfig:
         method_names(self)  # names the unknown method
         if self.target is None:
             raise PruneError("--target is required: the final sparsity, e.g. --target 0.8")
-        if not 0 < self.target < 1:
-            raise PruneError(f"--target must be between 0 and 1 (exclusive), got {self.target}; e.g. --target "
-                             f"0.8 prunes 80%")
-        for name in ("rounds", "batch_size", "eval_batches", "calibration_batches", "speed_batch", "speed_seq_len",
-                     "speed_repeats", "generation_tokens"):
-            if getattr(self, name) < 1:
-                raise PruneError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        for name in ("finetune_steps", "warmup_steps"):
-            if getattr(self, name) < 0:
-                raise PruneError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        if self.threads is not None and self.threads < 1:
-            raise PruneError(f"--threads must be at least 1, got {self.threads}")
-        if self.block_size is not None and self.block_size < 1:
-            raise PruneError(f"--block-size must be positive, got {self.block_size}")
-        if not self.lr > 0:
-            raise PruneError(f"--lr must be positive, got {self.lr}")
+        check_options(self, PruneError)
         for name in method_names(self):
             METHODS[name](self.prune_params)  # each refuses a --prune-params it cannot work with
 

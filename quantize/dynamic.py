@@ -42,7 +42,7 @@ from model.int8 import HEAD_FORMATS, default_head_format, quantize_model
 from model.packed_linear import pack_for_inference
 from model.run_folder import pick_checkpoint
 from quantize.measure import generation_speed, greedy_agreement, paired_validation, prompts_from
-from runtime.cli import non_default_flags, option, parse_config
+from runtime.cli import check_options, non_default_flags, option, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
 from runtime.provenance import git_commit, provenance
@@ -71,23 +71,18 @@ class QuantizeConfig:
                                "fp16 GEMM, else fp32), fp32 (unchanged), fp16 (half-precision weight copy for the "
                                "head matmul; floating point, faster), int8 (head and embedding quantized too: "
                                "smallest and fastest, least accurate)", choices=("auto", *HEAD_FORMATS))
-    threads: int | None = option(None, "CPU threads for the measurements (default: PyTorch's choice); both models "
-                                       "get the same")
-    eval_batches: int = option(16, "validation batches (the same leading windows)")
-    eval_batch_size: int = option(4, "sequences per validation batch")
-    eval_block_size: int | None = option(None, "validation window length (default: the model's context)")
-    prompt_tokens: int = option(32, "length of each generation prompt")
-    new_tokens: int = option(32, "greedy tokens generated per prompt")
-    repeats: int = option(5, "timed generation runs per model and batch size")
+    threads: int | None = option(None, "CPU threads for the measurements (default: torch's choice); both models "
+                                       "get the same", min=1)
+    eval_batches: int = option(16, "validation batches (the same leading windows)", min=1)
+    eval_batch_size: int = option(4, "sequences per validation batch", min=1)
+    eval_block_size: int | None = option(None, "validation window length (default: the model's context)",
+                                            min=1)
+    prompt_tokens: int = option(32, "length of each generation prompt", min=1)
+    new_tokens: int = option(32, "greedy tokens generated per prompt", min=1)
+    repeats: int = option(5, "timed generation runs per model and batch size", min=1)
 
     def __post_init__(self):
-        if self.threads is not None and self.threads < 1:
-            raise QuantizeError(f"--threads must be at least 1, got {self.threads}")
-        for name in ("eval_batches", "eval_batch_size", "prompt_tokens", "new_tokens", "repeats"):
-            if getattr(self, name) < 1:
-                raise QuantizeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if self.eval_block_size is not None and self.eval_block_size < 1:
-            raise QuantizeError(f"--eval-block-size must be at least 1, got {self.eval_block_size}")
+        check_options(self, QuantizeError)
 
 
 def refuse_int8_source(folder: Path) -> None:

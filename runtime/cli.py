@@ -3,42 +3,78 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import operator
 import types
 import typing
 
+# The bounds `option` takes: how a message states each, and the test a value within it passes (NaN fails all).
+_BOUNDS = {"min": ("at least", operator.ge), "above": ("above", operator.gt),
+           "max": ("at most", operator.le), "below": ("below", operator.lt)}
 
-def option(default, help_text: str, **metadata):
+
+def option(default, help_text: str, *, min=None, max=None, above=None, below=None, **metadata):
     """A config field whose help (and `choices`, `positional=True`, or `bare=VALUE`: the flag alone means
-    VALUE, as `--resume` means `--resume yes`) the command line shows."""
+    VALUE, as `--resume` means `--resume yes`) the command line shows.  `min`/`max` (inclusive) and
+    `above`/`below` (exclusive) bound its value, or each value of a list; `check_options` enforces them."""
+    bounds = {name: bound for name, bound in (("min", min), ("above", above), ("max", max), ("below", below))
+              if bound is not None}
+    metadata = {"help": help_text, **metadata, **({"bounds": bounds} if bounds else {})}
     if isinstance(default, list):  # mutable: every instance gets its own copy
-        return dataclasses.field(default_factory=lambda: list(default), metadata={"help": help_text, **metadata})
-    return dataclasses.field(default=default, metadata={"help": help_text, **metadata})
+        return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def flag(name: str) -> str:
+    """The flag of a config field, as the user types it: batch_size -> --batch-size."""
+    return "--" + name.replace("_", "-")
+
+
+def check_options(config, error: type[Exception]) -> None:
+    """For `__post_init__`: raise `error` (the tool's UserError) for the first field of the dataclass instance
+    `config` outside its `option` bounds, in one form for every tool: `--batch-size must be at least 1, got 0`.
+    None passes where it is the default (the flag was not given)."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if "bounds" not in f.metadata or value is None and f.default is None:
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            for name, bound in f.metadata["bounds"].items():
+                words, within = _BOUNDS[name]
+                if not within(item, bound):
+                    raise error(f"{flag(f.name)} must be {words} {bound}, got {item}")
+
+
+def _describe_bounds(bounds: dict) -> str:
+    return " and ".join(f"{_BOUNDS[name][0]} {bound}" for name, bound in bounds.items())
 
 
 def add_dataclass_args(parser: argparse.ArgumentParser, cls, defaults: bool = True) -> None:
     """One flag per field; with `defaults=False` a flag not given leaves no attribute (see `given_fields`)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        flag = "--" + f.name.replace("_", "-")
+        name = flag(f.name)
         kind = _base_type(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        notes = [_describe_bounds(f.metadata["bounds"])] if "bounds" in f.metadata else []
+        if default is not None:  # None means "not given", which the help text explains
+            notes.append(f"default: {default}")
         default = default if defaults else argparse.SUPPRESS
         help_text = f.metadata.get("help", "")
-        if default is not None:  # None means "not given", which the help text explains
-            help_text = f"{help_text} (default: {default})".strip()
+        if notes:
+            help_text = f"{help_text} ({'; '.join(notes)})".strip()
         if f.metadata.get("positional"):  # a list of operands, e.g. run folders
             parser.add_argument(f.name, nargs="*", type=typing.get_args(kind)[0], default=default, help=help_text)
         elif kind is bool:
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
+            parser.add_argument(name, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
                                 help=help_text)
         elif typing.get_origin(kind) is list:  # --modes ddp fsdp
-            parser.add_argument(flag, dest=f.name, nargs="+", type=typing.get_args(kind)[0], default=default,
+            parser.add_argument(name, dest=f.name, nargs="+", type=typing.get_args(kind)[0], default=default,
                                 help=help_text, choices=f.metadata.get("choices"))
         elif "bare" in f.metadata:
-            parser.add_argument(flag, dest=f.name, type=kind, default=default, help=help_text, nargs="?",
+            parser.add_argument(name, dest=f.name, type=kind, default=default, help=help_text, nargs="?",
                                 const=f.metadata["bare"], choices=f.metadata.get("choices"))
         else:
-            parser.add_argument(flag, dest=f.name, type=kind, default=default, help=help_text,
+            parser.add_argument(name, dest=f.name, type=kind, default=default, help=help_text,
                                 choices=f.metadata.get("choices"))
 
 
@@ -52,15 +88,14 @@ def to_flags(options: dict) -> list[str]:
     "--modes", "ddp", "tp"]; None values are left out."""
     out = []
     for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
         if value is None:
             continue
         if isinstance(value, bool):
-            out.append(flag if value else "--no-" + key.replace("_", "-"))
+            out.append(flag(key) if value else "--no-" + key.replace("_", "-"))
         elif isinstance(value, (list, tuple)):
-            out += [flag, *map(str, value)]
+            out += [flag(key), *map(str, value)]
         else:
-            out += [flag, str(value)]
+            out += [flag(key), str(value)]
     return out
 
 

@@ -46,7 +46,7 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     folder, why = pick_checkpoint(config.checkpoint)
     log.info("model: %s (%s)", folder, why)
     device = choose_device(config.device)
-    if config.threads:
+    if config.threads is not None:
         torch.set_num_threads(config.threads)
     metrics = ServerMetrics()
 

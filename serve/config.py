@@ -5,7 +5,7 @@ import os
 from dataclasses import dataclass
 
 from model.speculative import DEFAULT_DRAFT_TOKENS
-from runtime.cli import option
+from runtime.cli import check_options, option
 from runtime.errors import UserError
 
 # The environment variable that, when set, holds the API key every generation request must present.
@@ -44,9 +44,10 @@ class ServeConfig:
     served_model_name: str | None = option(None, "the model id /v1/models lists and /v1/completions expects "
                                                  "(default: the artifact folder's name)")
     host: str = option("127.0.0.1", "interface to bind; anything but loopback exposes the server to the network")
-    port: int = option(8000, "TCP port (0: any free one)")
+    port: int = option(8000, "TCP port (0: any free one)", min=0, max=65535)
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
-    threads: int = option(0, "torch intra-op threads (0: torch's default); 1 suits small models on a busy CPU")
+    threads: int | None = option(None, "torch intra-op threads (default: torch's choice); 1 suits small models on a "
+                                       "busy CPU", min=1)
     decode: str = option("auto", "how decode steps run: traced (each step one TorchScript graph, no Python "
                                  "between its operators; the faster on the CPU), dynamic (eager PyTorch), or auto: "
                                  "traced on the CPU, dynamic elsewhere (the traced steps are not tested on CUDA)",
@@ -55,31 +56,22 @@ class ServeConfig:
                                      "the model's context (artifact folder or hub name, e.g. a row-pruned "
                                      "checkpoint of this one) proposes tokens that the model checks in one pass; "
                                      "greedy tokens stay the model's own, sampled ones follow its distribution")
-    draft_tokens: int = option(DEFAULT_DRAFT_TOKENS, "with --draft: tokens the draft proposes per step")
-    max_batch_size: int = option(16, "sequences decoded together in one forward pass")
-    max_queue: int = option(64, "requests that may wait for a batch slot before new ones get 503")
+    draft_tokens: int = option(DEFAULT_DRAFT_TOKENS, "with --draft: tokens the draft proposes per step", min=1)
+    max_batch_size: int = option(16, "sequences decoded together in one forward pass", min=1)
+    max_queue: int = option(64, "requests that may wait for a batch slot before new ones get 503", min=0)
     request_timeout_s: float = option(120.0, "time limit per request, from arrival to the last token, queueing "
-                                             "included")
-    max_body_bytes: int = option(64 * 1024, "larger request bodies get 413")
+                                             "included", above=0)
+    max_body_bytes: int = option(64 * 1024, "larger request bodies get 413", min=0)
     read_timeout_s: float = option(10.0, "seconds a client has to send a request's headers, and again its body; "
-                                         "slower ones get 408")
+                                         "slower ones get 408", above=0)
     max_connections: int = option(128, "open connections at once; one more is answered 503 and closed (keep it "
-                                       "below the open-file limit)")
-    retry_after_s: int = option(1, "the Retry-After header of a 503")
-    max_completions: int = option(8, "the most completions (prompts x n) one /v1/completions request may ask for")
-    graceful_shutdown_s: float = option(60.0, "how long Ctrl-C / SIGTERM waits for in-flight requests")
+                                       "below the open-file limit)", min=1)
+    retry_after_s: int = option(1, "the Retry-After header of a 503", min=1)
+    max_completions: int = option(8, "the most completions (prompts x n) one /v1/completions request may ask for",
+                                  min=1)
+    graceful_shutdown_s: float = option(60.0, "how long Ctrl-C / SIGTERM waits for in-flight requests", above=0)
 
     def __post_init__(self):
-        for name in ("max_batch_size", "max_completions", "retry_after_s", "max_connections", "draft_tokens"):
-            if getattr(self, name) < 1:
-                raise ServeConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("max_queue", "max_body_bytes", "threads"):
-            if getattr(self, name) < 0:
-                raise ServeConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("request_timeout_s", "graceful_shutdown_s", "read_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ServeConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        check_options(self, ServeConfigError)
         if self.draft is not None and self.decode == "traced":
             raise ServeConfigError("--draft decodes with eager steps; drop --decode traced or use --decode dynamic")
-        if not 0 <= self.port <= 65535:
-            raise ServeConfigError(f"port must be in 0..65535, got {self.port}")

@@ -3,12 +3,15 @@
 Continuous batching: a request that arrives is prefilled on its own (one forward pass over
 its prompt, batch of one) and then joins the running batch, where every sequence advances
 one token per shared forward pass; a sequence leaves the batch the step it finishes, and its
-row goes to the next waiting request.  With a draft model every step is speculative
-(model/speculative.py): the draft proposes K tokens for every row together, the model checks
-them in one pass, and each row keeps as many as its own sampling accepts, plus one.  Each request samples with its own torch.Generator,
+row goes to the next waiting request.  Each request samples with its own torch.Generator,
 seeded from its `seed` (model/sampling.py), so its random stream does not depend on its
 neighbours in the batch.  Each shared step runs as one traced graph (model/decode_trace.py) over
 the batch padded to a row count it was traced for (serve/slots.py), or eagerly with `decode="dynamic"`.
+
+With a draft model every step is speculative (model/speculative.py): the draft proposes K tokens
+for every row together, the model checks them in one eager pass, and each row keeps as many as its
+own sampling accepts, plus one.  K is cut for every row when one nears the end of the context, so a
+seeded request's tokens then depend on its neighbours (each still follows the model's distribution).
 
 The engine knows nothing about HTTP or asyncio: a request carries an `on_event` callback
 that the engine calls, from its thread, with a `TokenEvent` per token and then exactly one

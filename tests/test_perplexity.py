@@ -45,7 +45,7 @@ def test_report_holds_both_protocols_with_consistent_arithmetic(tmp_path):
 
 
 def test_bad_settings_are_refused(tmp_path):
-    with pytest.raises(SystemExit, match="--stride must be positive"):
+    with pytest.raises(SystemExit, match="--stride must be at least 1, got 0"):
         main(["--stride", "0"])
 
 

@@ -252,7 +252,7 @@ def test_default_checkpoint_skips_int8_artifacts(tmp_path, small_model):
 @pytest.mark.parametrize("argv, message", [
     (["--repeats", "0"], "--repeats must be at least 1"),
     (["--eval-block-size", "1000"], "exceeds the model's context"),
-    (["--threads", "0"], "--threads must be at least 1"),
+    (["--threads", "0"], "--threads must be at least 1, got 0"),
 ])
 def test_bad_input_gets_a_clear_error(workspace, monkeypatch, argv, message):
     monkeypatch.setenv("GPT2_DATA_CACHE", str(workspace / "cache"))

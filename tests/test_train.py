@@ -141,7 +141,7 @@ def test_checkpoint_round_trip_gives_identical_logits(small_model, small_artifac
 
 @pytest.mark.parametrize("argv, message", [
     (["--block-size", "4096"], "--block-size 4096 is larger than the model's context of 256"),
-    (["--batch-size", "0"], "--batch-size must be positive"),
+    (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
     (["--dataset", "/no/such/folder"], "neither a known name"),
     (["--device", "banana"], "--device 'banana' is not a device"),
 ])

@@ -10,7 +10,7 @@ from data.corpus import DATASET_NAMES
 from model.config import PRESETS
 from parallel import MODES
 from parallel.lr_scaling import RULES as LR_SCALING_RULES
-from runtime.cli import option
+from runtime.cli import check_options, flag, option
 from runtime.errors import UserError
 
 DEFAULT_OUT_DIR = "out/train"
@@ -28,16 +28,17 @@ class TrainConfig:
                                      f"hub-layout parquet files")
     init_from: str | None = option(None, "start from this checkpoint or Hugging Face GPT-2 folder (fine-tuning) "
                                          "instead of random weights")
-    max_steps: int = option(600, "optimizer steps in the whole run")
-    batch_size: int = option(8, "micro-batch size per data-parallel rank")
-    block_size: int | None = option(None, "training context length (default: the model's)")
-    grad_accum: int = option(1, "micro-batches accumulated per optimizer step")
-    lr: float = option(1e-3, "peak learning rate")
-    min_lr_ratio: float = option(0.1, "cosine schedule decays to lr * this")
-    warmup_steps: int = option(50, "steps of linear warmup")
-    weight_decay: float = option(0.1, "AdamW weight decay of matrices (biases and LayerNorm gains do not decay)")
-    grad_clip: float = option(1.0, "clip the global gradient norm to this")
-    dropout: float = option(0.0, "dropout probability")
+    max_steps: int = option(600, "optimizer steps in the whole run", min=1)
+    batch_size: int = option(8, "micro-batch size per data-parallel rank", min=1)
+    block_size: int | None = option(None, "training context length (default: the model's)", min=1)
+    grad_accum: int = option(1, "micro-batches accumulated per optimizer step", min=1)
+    lr: float = option(1e-3, "peak learning rate", above=0)
+    min_lr_ratio: float = option(0.1, "cosine schedule decays to lr * this", min=0, max=1)
+    warmup_steps: int = option(50, "steps of linear warmup", min=0)
+    weight_decay: float = option(0.1, "AdamW weight decay of matrices (biases and LayerNorm gains do not decay)",
+                                 min=0)
+    grad_clip: float = option(1.0, "clip the global gradient norm to this", above=0)
+    dropout: float = option(0.0, "dropout probability", min=0, below=1)
     seed: int = option(1337, "seed of the initial weights and the data order")
     device: str = option("auto", "auto (CUDA if present, else CPU), cpu, cuda, cuda:1, ...")
     precision: str = option("auto", "auto (fp32 on CPU, bf16/fp16 autocast on CUDA), fp32, bf16, fp16",
@@ -52,49 +53,37 @@ class TrainConfig:
     overwrite: bool = option(False, "start a new run in --out-dir even though it holds a run or another tool's "
                                     "artifact (whose files are removed first)")
     eval_interval: int = option(200, "validate (and checkpoint) every N steps; the final validation sweeps the "
-                                     "whole split")
-    eval_batches: int = option(20, "batches in the periodic validations (the same leading windows each time)")
-    log_interval: int = option(10, "log a metrics line every N steps")
-    checkpoint_interval: int | None = option(None, "checkpoint every N steps (default: --eval-interval)")
+                                     "whole split", min=1)
+    eval_batches: int = option(20, "batches in the periodic validations (the same leading windows each time)", min=1)
+    log_interval: int = option(10, "log a metrics line every N steps", min=1)
+    checkpoint_interval: int | None = option(None, "checkpoint every N steps (default: --eval-interval)",
+                                             min=1)
     parallel: str = option("none", "parallelism mode: none (one device); under torchrun ddp, fsdp, tp, allreduce, "
                                    "gather-scatter; dp (nn.DataParallel, one process over several CUDA devices)",
                            choices=tuple(MODES))
     tp_size: int = option(1, "tensor-parallel ranks per group; with ddp/fsdp, data parallelism runs over the "
-                             "rest (2D)")
+                             "rest (2D)", min=1)
     cpu_offload: bool = option(False, "fsdp: keep sharded parameters, gradients and optimizer state in CPU memory")
     scale_lr: str = option("none", "scale --lr with the global batch relative to --reference-batch (linear or "
                                    "sqrt), after warmup", choices=LR_SCALING_RULES)
     reference_batch: int | None = option(None, "global batch (sequences) that --lr was tuned for (default: "
-                                               "--batch-size, one rank)")
+                                               "--batch-size, one rank)", min=1)
     dist_timeout_s: float = option(300.0, "collective timeout: if a rank dies or hangs, the others stop after "
-                                          "this many seconds")
-    final_eval_batches: int | None = option(None, "batches in the final validation (default: the whole split)")
+                                          "this many seconds", above=0)
+    final_eval_batches: int | None = option(None, "batches in the final validation (default: the whole split)",
+                                             min=1)
     tensorboard: bool = option(False, "also write the metrics as TensorBoard event files under OUT/tb/ (needs the "
                                       "tensorboard package)")
     curves: bool = option(True, "redraw OUT/curves.png at every evaluation (about half a second each with "
                                 "matplotlib; with --no-curves, `python -m bench.plot_runs OUT` draws it later)")
     peak_flops: float | None = option(None, "one device's peak FLOP/s for MFU (default: a table of known GPUs; "
-                                            "none on CPU)")
+                                            "none on CPU)", above=0)
 
     def __post_init__(self):
-        for name in ("max_steps", "batch_size", "grad_accum", "eval_interval", "eval_batches", "log_interval",
-                     "tp_size"):
-            self._require(name, getattr(self, name) > 0, "must be positive")
-        for name in ("block_size", "reference_batch", "final_eval_batches", "checkpoint_interval"):
+        check_options(self, TrainingError)
+        for name in ("lr", "grad_clip", "dist_timeout_s", "weight_decay", "peak_flops"):  # their bounds let infinity through
             value = getattr(self, name)
-            self._require(name, value is None or value > 0, "must be positive")
-        self._require("warmup_steps", self.warmup_steps >= 0, "must be 0 or more")
-        for name in ("lr", "grad_clip", "dist_timeout_s"):
-            value = getattr(self, name)
-            self._require(name, math.isfinite(value) and value > 0, "must be a positive finite number")
-        self._require("peak_flops", self.peak_flops is None or (math.isfinite(self.peak_flops)
-                                                               and self.peak_flops > 0),
-                      "must be a positive finite number")
-        self._require("min_lr_ratio", math.isfinite(self.min_lr_ratio) and 0 <= self.min_lr_ratio <= 1,
-                      "must be between 0 and 1")
-        self._require("weight_decay", math.isfinite(self.weight_decay) and self.weight_decay >= 0,
-                      "must be a finite number >= 0")
-        self._require("dropout", 0 <= self.dropout < 1, "must be in [0, 1)")
+            self._require(name, value is None or math.isfinite(value), "must be a finite number")
         self._require("seed", 0 <= self.seed < 2**63, "must be a whole number from 0 to 2**63 - 1")
         self._require("out_dir", self.out_dir.strip() != "", "must name a folder (an empty name would train into "
                                                              "the current directory)")
@@ -111,7 +100,7 @@ class TrainConfig:
 
     def _require(self, name: str, ok: bool, what: str) -> None:
         if not ok:
-            raise TrainingError(f"--{name.replace('_', '-')} {what}, got {getattr(self, name)!r}")
+            raise TrainingError(f"{flag(name)} {what}, got {getattr(self, name)!r}")
 
     @property
     def checkpoint_every(self) -> int:

@@ -21,14 +21,14 @@ from pathlib import Path
 
 import torch
 
-from bench.experiment import Experiment, SettingsError, at_least
+from bench.experiment import Experiment, SettingsError
 from bench.record import plt
 from bench.report_page import Page, mib, num, spread
 from data.loader import WindowSampler
 from data.shards import load_split
 from model.config import PRESETS, preset
 from model.gpt import GPT
-from runtime.cli import option
+from runtime.cli import check_options, option
 from runtime.device import choose_device, is_out_of_memory, peak_memory_bytes, precision_policy, release_memory
 from runtime.timing import Environment, Spread, environment, time_repeats
 from training.step import TrainStep
@@ -39,17 +39,16 @@ class Settings:
     model: str = option("tiny", "model preset", choices=tuple(PRESETS))
     dataset: str = option("builtin", "training text")
     block_size: int | None = option(None, "tokens per sequence (default: the model's "
-                                          "context)")
-    max_batch: int = option(256, "largest micro-batch tried (doubling from 1)")
-    steps: int = option(2, "optimizer steps per timed repeat")
-    repeats: int = option(2, "timed repeats per batch size")
+                                          "context)", min=1)
+    max_batch: int = option(256, "largest micro-batch tried (doubling from 1)", min=1)
+    steps: int = option(2, "optimizer steps per timed repeat", min=1)
+    repeats: int = option(2, "timed repeats per batch size", min=1)
     memory_limit_gib: float = option(6.0, "CPU only: address-space cap above the "
-                                          "starting size (0: no cap)")
+                                          "starting size (0: no cap)", min=0)
     device: str = option("auto", "auto, cpu, cuda, ...")
 
     def __post_init__(self):
-        at_least(self, 1, "block_size", "max_batch", "steps", "repeats")
-        at_least(self, 0, "memory_limit_gib")
+        check_options(self, SettingsError)
 
 
 @dataclass

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.experiment import Experiment, SettingsError, at_least
+from bench.experiment import Experiment, SettingsError
 from bench.parallel_runs import ParallelRow, ParallelSettings, run_parallel
 from bench.record import plt
 from bench.report_page import MiB, Page, mib, num, spread
@@ -42,12 +42,13 @@ DEFINITIONS = {
 @dataclass
 class Settings(ParallelSettings):
     modes: list[str] = option(list(MODES), "--parallel modes of train.py", choices=MODES)
-    world_sizes: list[int] = option([1, 2, 4], "ranks per job")
-    global_batch: int = option(8, "sequences per step, over all ranks")
+    world_sizes: list[int] = option([1, 2, 4], "ranks per job", min=1)
+    global_batch: int = option(8, "sequences per step, over all ranks", min=1)
 
     def __post_init__(self):
-        super().__post_init__()
-        at_least(self, 1, "global_batch", "world_sizes")
+        super().__post_init__()  # checks the bounds of these fields too
+        if not self.world_sizes:
+            raise SettingsError("--world-sizes needs at least one value")
         if not self.modes:
             raise SettingsError("--modes needs at least one mode")
 

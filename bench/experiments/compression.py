@@ -16,12 +16,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.experiment import Experiment, ExperimentError, SettingsError, at_least
+from bench.experiment import Experiment, ExperimentError, SettingsError
 from bench.record import plt
 from bench.report_page import Page, num
 from bench.runner import ROOT, run_command
 from model.run_folder import default_checkpoint
-from runtime.cli import option
+from runtime.cli import check_options, option
 from runtime.device import choose_device
 from runtime.timing import Environment, environment
 
@@ -41,20 +41,18 @@ class Settings:
     dataset: str = option("builtin", "validation text for both tools")
     methods: list[str] = option(["magnitude", "row"], "pruning methods, one prune/ run each", choices=METHODS)
     target: float = option(0.5, "final sparsity of the pruning runs")
-    rounds: int = option(3, "pruning rounds")
-    finetune_steps: int = option(20, "fine-tuning steps after each round")
-    batch_size: int = option(8, "prune/: fine-tuning and evaluation batch")
-    block_size: int | None = option(None, "prune/: fine-tuning and evaluation context")
-    eval_batches: int = option(8, "validation batches for both tools")
-    speed_repeats: int = option(3, "timed repeats for both tools")
-    new_tokens: int = option(32, "both tools: tokens per timed generation")
-    speed_seq_len: int = option(128, "prune/: length of the timed forward passes")
-    timeout_s: float = option(900, "per tool run")
+    rounds: int = option(3, "pruning rounds", min=1)
+    finetune_steps: int = option(20, "fine-tuning steps after each round", min=0)
+    batch_size: int = option(8, "prune/: fine-tuning and evaluation batch", min=1)
+    block_size: int | None = option(None, "prune/: fine-tuning and evaluation context", min=1)
+    eval_batches: int = option(8, "validation batches for both tools", min=1)
+    speed_repeats: int = option(3, "timed repeats for both tools", min=1)
+    new_tokens: int = option(32, "both tools: tokens per timed generation", min=1)
+    speed_seq_len: int = option(128, "prune/: length of the timed forward passes", min=1)
+    timeout_s: float = option(900, "per tool run", min=1)
 
     def __post_init__(self):
-        at_least(self, 1, "rounds", "batch_size", "block_size", "eval_batches", "speed_repeats", "new_tokens",
-                 "speed_seq_len", "timeout_s")
-        at_least(self, 0, "finetune_steps")
+        check_options(self, SettingsError)
         if not self.methods:
             raise SettingsError("--methods needs at least one pruning method")
 

@@ -18,27 +18,26 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from bench.experiment import Experiment, at_least
+from bench.experiment import Experiment, SettingsError
 from bench.record import plt
 from bench.report_page import Page, num, spread
 from data.loader import WindowSampler
 from data.shards import load_split
-from runtime.cli import option
+from runtime.cli import check_options, option
 from runtime.timing import Environment, Spread, environment
 
 
 @dataclass
 class Settings:
     dataset: str = option("builtin", "the corpus whose training split is loaded")
-    block_size: int = option(256, "tokens per sequence")
-    batch_size: int = option(8, "sequences per batch")
-    batches: int = option(200, "batches timed per setting (after the first)")
-    max_workers: int = option(os.cpu_count() or 1, "largest num_workers tried")
-    repeats: int = option(3, "timed repeats per setting")
+    block_size: int = option(256, "tokens per sequence", min=1)
+    batch_size: int = option(8, "sequences per batch", min=1)
+    batches: int = option(200, "batches timed per setting (after the first)", min=1)
+    max_workers: int = option(os.cpu_count() or 1, "largest num_workers tried", min=0)
+    repeats: int = option(3, "timed repeats per setting", min=1)
 
     def __post_init__(self):
-        at_least(self, 1, "block_size", "batch_size", "batches", "repeats")
-        at_least(self, 0, "max_workers")
+        check_options(self, SettingsError)
 
 
 @dataclass

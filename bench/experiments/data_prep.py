@@ -30,10 +30,10 @@ from pathlib import Path
 
 import torch
 
-from bench.experiment import Experiment, ExperimentError, SettingsError, at_least
+from bench.experiment import Experiment, ExperimentError, SettingsError
 from bench.record import plt
 from bench.report_page import Page, num, spread
-from runtime.cli import option
+from runtime.cli import check_options, option
 from runtime.timing import Environment, Spread, environment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,16 +46,17 @@ MB = 1e6
 @dataclass
 class Settings:
     source: Path = option(SHARED_TEXT, "a WikiText raw file whose text is repeated (the shared validation split)")
-    speed_mb: float = option(200.0, "megabytes of text tokenized by each method in the speed rounds")
-    repeats: int = option(3, "speed rounds; the methods take turns within a round")
-    sizes_gb: list[float] = option([1.0], "training-split sizes whose first start's memory is measured")
+    speed_mb: float = option(200.0, "megabytes of text tokenized by each method in the speed rounds", above=0)
+    repeats: int = option(3, "speed rounds; the methods take turns within a round", min=1)
+    sizes_gb: list[float] = option([1.0], "training-split sizes whose first start's memory is measured", above=0)
     ranks: list[int] = option([2, 4], "torchrun process counts started on the first size (0: none)")
     map_processes: int = option(2, "num_proc of the datasets.map preparation (nanoGPT uses 8; this machine has 2 "
-                                   "cores)")
+                                   "cores)", min=1)
 
     def __post_init__(self):
-        at_least(self, 1, "repeats", "map_processes")
-        at_least(self, 1e-6, "speed_mb", "sizes_gb")
+        if not self.sizes_gb:
+            raise SettingsError("--sizes-gb needs at least one value")
+        check_options(self, SettingsError)
         if any(r == 1 or r < 0 for r in self.ranks):
             raise SettingsError(f"--ranks takes process counts of 2 or more (or 0 for none), got {self.ranks}")
 

@@ -46,7 +46,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from bench.experiment import Experiment, ExperimentError, at_least
+from bench.experiment import Experiment, ExperimentError, SettingsError
 from bench.record import plt
 from bench.report_page import Page
 from model.artifact import load_model, save_artifact
@@ -55,7 +55,7 @@ from model.folder import STAGING_DIR
 from model.gpt import GPT
 from model.run_folder import read_training_state
 from model.weights import ArtifactError
-from runtime.cli import non_default_flags, option
+from runtime.cli import check_options, non_default_flags, option
 from runtime.provenance import provenance
 from runtime.timing import Environment, environment
 from serve.launch import LOOPBACK, running_server
@@ -103,24 +103,22 @@ def train_command(**changes) -> list[str]:
 
 @dataclass
 class Settings:
-    reader_steps: int = option(12, "steps of the run read during saves (one save a step)")
-    readers: int = option(2, "reader processes beside that run")
-    kills: int = option(3, "kill -9 drills")
-    kill_steps: int = option(12, "steps of each killed-and-resumed run")
-    poison_batches: int = option(3, "batches with a poison request")
-    greedy_per_batch: int = option(3, "greedy requests batched with each poison one")
-    slow_clients: int = option(20, "connections trickling their headers")
+    reader_steps: int = option(12, "steps of the run read during saves (one save a step)", min=1)
+    readers: int = option(2, "reader processes beside that run", min=1)
+    kills: int = option(3, "kill -9 drills", min=1)
+    kill_steps: int = option(12, "steps of each killed-and-resumed run", min=8)
+    poison_batches: int = option(3, "batches with a poison request", min=1)
+    greedy_per_batch: int = option(3, "greedy requests batched with each poison one", min=1)
+    slow_clients: int = option(20, "connections trickling their headers", min=1)
     read_timeout_s: float = option(2.0, "the server's --read-timeout-s in that drill")
     rank_kills: int = option(1, "2-rank DDP jobs whose second rank is killed (each drill: "
-                                "job ends, job restarts)")
+                                "job ends, job restarts)", min=1)
     dist_timeout_s: float = option(20.0, "those jobs' --dist-timeout-s")
     disk_full_runs: int = option(1, "training runs that fill a small tmpfs")
     seed: int = option(0, "seed of the kill moments")
 
     def __post_init__(self):
-        at_least(self, 1, "reader_steps", "readers", "kills", "poison_batches", "greedy_per_batch", "slow_clients",
-                 "rank_kills")
-        at_least(self, 8, "kill_steps")
+        check_options(self, SettingsError)
 
 
 @dataclass

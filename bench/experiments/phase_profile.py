@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.experiment import Experiment, at_least
+from bench.experiment import Experiment, SettingsError
 from bench.record import plt
 from bench.report_page import Page, num
 from data.loader import WindowSampler, eval_batches
@@ -26,7 +26,7 @@ from data.shards import load_split
 from model.config import PRESETS, preset
 from model.evaluate import evaluate_loss
 from model.gpt import GPT
-from runtime.cli import option
+from runtime.cli import check_options, option
 from runtime.device import choose_device, precision_policy
 from runtime.timing import Environment, environment
 from training.metrics import PHASES, PhaseClock
@@ -37,17 +37,17 @@ from training.step import TrainStep
 class Settings:
     model: str = option("tiny", "model preset", choices=tuple(PRESETS))
     dataset: str = option("builtin", "training and validation text")
-    batch_size: int = option(8, "sequences per step")
+    batch_size: int = option(8, "sequences per step", min=1)
     block_size: int | None = option(None, "tokens per sequence (default: the model's "
-                                          "context)")
-    steps: int = option(30, "timed optimizer steps")
-    eval_interval: int = option(10, "steps between evaluations")
-    eval_batches: int = option(4, "validation batches per evaluation")
-    profile_steps: int = option(3, "steps recorded by torch.profiler")
+                                          "context)", min=1)
+    steps: int = option(30, "timed optimizer steps", min=1)
+    eval_interval: int = option(10, "steps between evaluations", min=1)
+    eval_batches: int = option(4, "validation batches per evaluation", min=1)
+    profile_steps: int = option(3, "steps recorded by torch.profiler", min=1)
     device: str = option("auto", "auto, cpu, cuda, ...")
 
     def __post_init__(self):
-        at_least(self, 1, "batch_size", "block_size", "steps", "eval_interval", "eval_batches", "profile_steps")
+        check_options(self, SettingsError)
 
 
 @dataclass

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-from bench.experiment import Experiment, SettingsError, at_least
+from bench.experiment import Experiment, SettingsError
 from bench.record import plt
 from bench.report_page import Page, mib, num
 from bench.runner import run_train
 from model.config import PRESETS
-from runtime.cli import option
+from runtime.cli import check_options, option
 from runtime.device import choose_device, precision_policy
 from runtime.timing import Environment, environment
 from training.config import TrainConfig
@@ -37,15 +37,15 @@ PRECISIONS = ("fp32", "mixed")
 class Settings:
     model: str = option("tiny", "model preset", choices=tuple(PRESETS))
     dataset: str = option("builtin", "training text")
-    batch_size: int = option(8, "sequences per step")
-    block_size: int = option(256, "tokens per sequence")
-    steps: int = option(20, "optimizer steps per setting")
+    batch_size: int = option(8, "sequences per step", min=1)
+    block_size: int = option(256, "tokens per sequence", min=1)
+    steps: int = option(20, "optimizer steps per setting", min=1)
     precisions: list[str] = option(list(PRECISIONS), "fp32 and/or mixed (autocast)", choices=PRECISIONS)
-    timeout_s: float = option(300, "per setting; slower settings are cut off")
+    timeout_s: float = option(300, "per setting; slower settings are cut off", min=1)
     device: str = option("auto", "auto, cpu, cuda, ...")
 
     def __post_init__(self):
-        at_least(self, 1, "batch_size", "block_size", "steps", "timeout_s")
+        check_options(self, SettingsError)
         if not self.precisions:
             raise SettingsError("--precisions needs at least one of fp32, mixed")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from bench.experiment import Experiment, SettingsError, at_least
+from bench.experiment import Experiment, SettingsError
 from bench.record import plt
 from bench.report_page import Page, num
 from model.config import PRESETS, preset
@@ -28,7 +28,7 @@ from prune.magnitude import magnitude_masks
 from prune.masks import block_linear_weights
 from prune.speed import SpeedSettings, forward_tokens_per_s, generation_tokens_per_s
 from prune.structured import select_units, shrink
-from runtime.cli import option
+from runtime.cli import check_options, option
 from runtime.device import choose_device
 from runtime.timing import Environment, environment
 
@@ -38,24 +38,22 @@ ROW_FIGURES = ("forward_full_logits", "forward_last_logits", "generation")
 @dataclass
 class Settings:
     preset: str = option("gpt2", "model preset (random weights)", choices=tuple(PRESETS))
-    target: float = option(0.5, "share of each layer's heads and MLP units removed")
-    batch_size: int = option(1, "rows per timed forward pass")
-    seq_len: int = option(128, "length of the timed forward passes")
-    generation_tokens: int = option(16, "tokens per timed generation")
-    repeats: int = option(7, "timed repeats (interleaved with dense)")
-    csr_sparsities: list[float] = option([0.5, 0.8, 0.9, 0.95], "unstructured sparsities to time in CSR format")
+    target: float = option(0.5, "share of each layer's heads and MLP units removed", above=0, below=1)
+    batch_size: int = option(1, "rows per timed forward pass", min=1)
+    seq_len: int = option(128, "length of the timed forward passes", min=1)
+    generation_tokens: int = option(16, "tokens per timed generation", min=1)
+    repeats: int = option(7, "timed repeats (interleaved with dense)", min=1)
+    csr_sparsities: list[float] = option([0.5, 0.8, 0.9, 0.95], "unstructured sparsities to time in CSR format",
+                                         min=0, below=1)
     device: str = option("auto", "auto, cpu, cuda, ...")
     threads: int | None = option(None, "CPU threads for torch (default: torch's choice); "
-                                       "1 is steadier on a shared machine")
+                                       "1 is steadier on a shared machine", min=1)
     seed: int = option(0, "seed of the random weights")
 
     def __post_init__(self):
-        at_least(self, 1, "batch_size", "seq_len", "generation_tokens", "repeats", "threads")
-        at_least(self, 0, "csr_sparsities")
-        if not 0 < self.target < 1:
-            raise SettingsError(f"--target must lie between 0 and 1, got {self.target}")
-        if max(self.csr_sparsities) >= 1:
-            raise SettingsError(f"--csr-sparsities must each be below 1, got {self.csr_sparsities}")
+        if not self.csr_sparsities:
+            raise SettingsError("--csr-sparsities needs at least one value")
+        check_options(self, SettingsError)
 
 
 @dataclass

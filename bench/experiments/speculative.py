@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from bench.experiment import Experiment, ExperimentError, SettingsError, at_least
+from bench.experiment import Experiment, ExperimentError, SettingsError
 from bench.experiments.generate_speed import real_prompts
 from bench.record import plt
 from bench.report_page import Page, num
@@ -38,7 +38,7 @@ from model.generate import generate
 from model.sampling import SamplingParams
 from model.speculative import SpeculativeStats
 from prune.config import PruneConfig
-from runtime.cli import non_default_flags, option
+from runtime.cli import check_options, flag, non_default_flags, option
 from runtime.timing import Environment, Spread, environment, paired_ratio, timed_call
 from training.config import TrainConfig
 
@@ -52,26 +52,25 @@ class Settings:
     target_preset: str = option("small-cpu", "the target's model preset", choices=tuple(PRESETS))
     draft_preset: str | None = option("tiny", "a smaller preset trained on the same text as a draft (none: only "
                                               "pruned drafts)", choices=tuple(PRESETS))
-    train_steps: int = option(1000, "training steps of the target and of the smaller draft")
-    train_batch_size: int = option(4, "their training batch")
-    train_block_size: int = option(256, "their training context")
+    train_steps: int = option(1000, "training steps of the target and of the smaller draft", min=1)
+    train_batch_size: int = option(4, "their training batch", min=1)
+    train_block_size: int = option(256, "their training context", min=1)
     prune_targets: list[float] = option([0.5, 0.75], "row-pruning targets of the pruned drafts: the share of each "
-                                                     "layer's heads and MLP units removed")
-    prune_rounds: int = option(2, "prune/iterative.py rounds per pruned draft")
-    prune_finetune_steps: int = option(100, "fine-tuning steps after each pruning round")
-    draft_tokens: list[int] = option([2, 4, 6], "draft tokens per step (K) to time")
-    batch_sizes: list[int] = option([1, 4], "rows decoded together")
-    prompt_tokens: int = option(32, "prompt length")
-    new_tokens: int = option(128, "new tokens per row")
-    rounds: int = option(3, "timed rounds (after one warm-up)")
-    threads: int | None = option(None, "CPU threads for torch (default: torch's choice)")
+                                                     "layer's heads and MLP units removed", above=0, below=1)
+    prune_rounds: int = option(2, "prune/iterative.py rounds per pruned draft", min=1)
+    prune_finetune_steps: int = option(100, "fine-tuning steps after each pruning round", min=0)
+    draft_tokens: list[int] = option([2, 4, 6], "draft tokens per step (K) to time", min=1)
+    batch_sizes: list[int] = option([1, 4], "rows decoded together", min=1)
+    prompt_tokens: int = option(32, "prompt length", min=1)
+    new_tokens: int = option(128, "new tokens per row", min=1)
+    rounds: int = option(3, "timed rounds (after one warm-up)", min=1)
+    threads: int | None = option(None, "CPU threads for torch (default: torch's choice)", min=1)
 
     def __post_init__(self):
-        at_least(self, 1, "train_steps", "train_batch_size", "train_block_size", "prune_rounds", "draft_tokens",
-                 "batch_sizes", "prompt_tokens", "new_tokens", "rounds", "threads")
-        at_least(self, 0, "prune_finetune_steps")
-        if any(not 0 < t < 1 for t in self.prune_targets):
-            raise SettingsError(f"--prune-targets must each lie between 0 and 1, got {self.prune_targets}")
+        check_options(self, SettingsError)
+        for name in ("draft_tokens", "batch_sizes"):
+            if not getattr(self, name):
+                raise SettingsError(f"{flag(name)} needs at least one value")
         if self.prompt_tokens + self.new_tokens > self.train_block_size:
             raise SettingsError(f"--prompt-tokens + --new-tokens ({self.prompt_tokens + self.new_tokens}) exceed "
                                 f"the models' context (--train-block-size {self.train_block_size})")

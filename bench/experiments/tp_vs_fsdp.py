@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.experiment import Experiment, at_least
+from bench.experiment import Experiment, SettingsError
 from bench.parallel_runs import ParallelRow, ParallelSettings, run_parallel
 from bench.record import plt
 from bench.report_page import Page, mib, num, spread
@@ -27,12 +27,13 @@ MODES = ("tp", "fsdp")
 
 @dataclass
 class Settings(ParallelSettings):
-    world_size: int = option(2, "ranks of both jobs")
-    global_batches: list[int] = option([2, 4, 8, 16], "sequences per step, over all ranks")
+    world_size: int = option(2, "ranks of both jobs", min=1)
+    global_batches: list[int] = option([2, 4, 8, 16], "sequences per step, over all ranks", min=1)
 
     def __post_init__(self):
-        super().__post_init__()
-        at_least(self, 1, "world_size", "global_batches")
+        super().__post_init__()  # checks the bounds of these fields too
+        if not self.global_batches:
+            raise SettingsError("--global-batches needs at least one value")
 
 
 @dataclass

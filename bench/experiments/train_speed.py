@@ -21,14 +21,14 @@ from pathlib import Path
 
 import torch
 
-from bench.experiment import Experiment, SettingsError, at_least
+from bench.experiment import Experiment, SettingsError
 from bench.record import plt
 from bench.report_page import Page, spread
 from data.loader import WindowSampler
 from data.shards import load_split
 from model.config import PRESETS, preset
 from model.gpt import GPT
-from runtime.cli import option
+from runtime.cli import check_options, option
 from runtime.device import choose_device, precision_policy
 from runtime.timing import Environment, Spread, environment, paired_ratio, time_interleaved
 from training.step import TrainStep
@@ -58,15 +58,15 @@ class Shape:
 class Settings:
     shapes: list[str] = field(default_factory=lambda: ["small-cpu:8x256", "gpt2:1x1024"], metadata={
         "help": "model preset and batch x block of each configuration timed, as PRESET:BATCHxBLOCK"})
-    steps: int = option(3, "optimizer steps per timed repeat")
-    repeats: int = option(5, "timed repeats of each implementation (interleaved)")
+    steps: int = option(3, "optimizer steps per timed repeat", min=1)
+    repeats: int = option(5, "timed repeats of each implementation (interleaved)", min=1)
     nanogpt: str | None = option(None, "a karpathy/nanoGPT checkout to measure beside "
                                        "ours (its model.py)")
     compile: bool = option(False, "torch.compile both models")
     device: str = option("auto", "auto, cpu, cuda, ...")
 
     def __post_init__(self):
-        at_least(self, 1, "steps", "repeats")
+        check_options(self, SettingsError)
         if not self.shapes:
             raise SettingsError("--shapes needs at least one PRESET:BATCHxBLOCK")
         for text in self.shapes:
