@@ -82,10 +82,11 @@ def _docstrings(source: str) -> list[str]:
     return [d for d in (ast.get_docstring(n) for n in nodes) if d]
 
 
-def builtin_documents(split: str) -> Iterator[str]:
+def builtin_documents(split: str, progress: Progress = lambda n: None) -> Iterator[str]:
     """Python standard library documentation: every docstring of the stdlib sources (read with
     `ast`, nothing imported), one document per module, plus pydoc's topic pages.  About 2.7 MB of
-    English text.  Modules are assigned to splits by a stable hash of their path (90/5/5)."""
+    English text.  Modules are assigned to splits by a stable hash of their path (90/5/5).
+    `progress` gets the characters of each document yielded (the sources' other bytes are not text)."""
     root = _stdlib_root()
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root).as_posix()
@@ -93,17 +94,20 @@ def builtin_documents(split: str) -> Iterator[str]:
             continue
         docs = _docstrings(path.read_text(encoding="utf-8", errors="replace"))
         if docs:
-            yield "\n\n".join(docs)
+            document = "\n\n".join(docs)
+            progress(len(document))
+            yield document
     from pydoc_data.topics import topics
     for name in sorted(topics):
         if _builtin_split(f"pydoc_data/{name}") == split:
+            progress(len(topics[name]))
             yield topics[name]
 
 
 def builtin_corpus() -> Corpus:
     version = ".".join(map(str, sys.version_info[:3]))
     return Corpus("builtin", lambda split: single_split_pass(f"python-stdlib-docs-{version}", split,
-                                                             lambda progress: builtin_documents(split)))
+                                                             lambda progress: builtin_documents(split, progress)))
 
 
 # --- WikiText from the hub ---------------------------------------------------------------------

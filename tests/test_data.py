@@ -160,6 +160,9 @@ def test_builtin_corpus_is_named_for_what_it_is():
     assert "wiki" not in corpus.name and "python-stdlib-docs" in corpus.text_pass("validation").key
     doc = next(corpus.documents("validation"))
     assert isinstance(doc, str) and len(doc) > 0
+    counted = []  # the progress bar and the "MB/s of text" line count what the pass read
+    documents = [doc for _, doc in corpus.text_pass("validation").read(counted.append)]
+    assert sum(counted) == sum(len(d) for d in documents) > 0
 
 
 def test_eval_batches_cover_every_target_once():
