@@ -32,10 +32,10 @@ def flag(name: str) -> str:
 def check_options(config, error: type[Exception]) -> None:
     """For `__post_init__`: raise `error` (the tool's UserError) for the first field of the dataclass instance
     `config` outside its `option` bounds, in one form for every tool: `--batch-size must be at least 1, got 0`.
-    None passes where it is the default (the flag was not given)."""
+    None passes: a field that may be None says "not given" or "none" with it, and bounds are for numbers."""
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
-        if "bounds" not in f.metadata or value is None and f.default is None:
+        if "bounds" not in f.metadata or value is None:
             continue
         for item in value if isinstance(value, list) else [value]:
             for name, bound in f.metadata["bounds"].items():

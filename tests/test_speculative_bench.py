@@ -33,14 +33,20 @@ def test_time_batch_compares_every_draft_and_k_with_the_target_alone(tmp_path):
     itself = [v for v in batch.variants if v.draft == "itself"]
     assert [(v.acceptance_rate, v.tokens_per_target_pass) for v in itself] == [(1.0, 2.0), (1.0, 4.0)]
     assert set(batch.draft_cost) == {"row 50%", "itself"} and all(c > 0 for c in batch.draft_cost.values())
+    assert batch.temperature == 0 and batch.target_text
+
+    sampled = time_batch(target, models, ["row 50%", "itself"], prompts,
+                         SamplingParams(max_new_tokens=12, seed=0, stop_at_eot=False), [2])
+    assert [v.identical_tokens for v in sampled.variants] == [None, None] and sampled.variants[1].acceptance_rate == 1
 
     record = lambda name: ModelRecord(name, f"out/{name}", 1000, f"train.py --name {name}")
-    result = SpeculativeSpeed(record(TARGET), [record("row 50%"), record("itself")], 5, 12, 2, [batch],
+    result = SpeculativeSpeed(record(TARGET), [record("row 50%"), record("itself")], 5, 12, 2, [batch, sampled],
                               environment(torch.device("cpu")))
     page = Page(tmp_path / "REPORT.md")
     section(result, page)
     text = "\n".join(page.parts)
     assert "| row 50% |" in text and "the target's own" in text and "DIFFERENT" not in text
+    assert "sampling at temperature 1 (seeded)" in text and "| sampled |" in text
     plot(result)
 
 

@@ -18,6 +18,7 @@ compared with the target's own.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -32,16 +33,18 @@ from bench.experiments.generate_speed import real_prompts
 from bench.record import plt
 from bench.report_page import Page, num
 from bench.runner import ROOT, TRAIN_SCRIPT, run_command
+from data.tokenizer import decode
 from model.artifact import load_model
 from model.config import PRESETS
 from model.generate import generate
 from model.sampling import SamplingParams
-from model.speculative import SpeculativeStats
+from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats
 from prune.config import PruneConfig
 from runtime.cli import check_options, flag, non_default_flags, option
 from runtime.timing import Environment, Spread, environment, paired_ratio, timed_call
 from training.config import TrainConfig
 
+TOKENS_NOTE = {True: "the target's own", False: "DIFFERENT", None: "sampled"}
 COMMAND_RECORD = "bench_command.json"  # the command that made a model folder, to reuse it only for the same one
 TARGET = "target"
 
@@ -64,6 +67,9 @@ class Settings:
     prompt_tokens: int = option(32, "prompt length", min=1)
     new_tokens: int = option(128, "new tokens per row", min=1)
     rounds: int = option(3, "timed rounds (after one warm-up)", min=1)
+    sampled_temperature: float | None = option(0.8, "also time batch 1 sampling at this temperature (seeded), at "
+                                                    "the default K, for the acceptance of sampled tokens (none: "
+                                                    "greedy only)", above=0)
     threads: int | None = option(None, "CPU threads for torch (default: torch's choice)", min=1)
 
     def __post_init__(self):
@@ -94,12 +100,14 @@ class Variant:
     speedup: float  # median of per-round paired ratios: the target alone's time over this one's
     acceptance_rate: float
     tokens_per_target_pass: float  # tokens a row gains per target pass (1: plain decoding; K + 1 the most)
-    identical_tokens: bool  # every round's tokens equal the target's own
+    identical_tokens: bool | None  # every round's tokens equal the target's own (None: sampled, not compared)
 
 
 @dataclass
 class BatchResult:
     batch_size: int
+    temperature: float  # 0: greedy
+    target_text: str  # the start of what the target alone decoded from the first timed prompt
     target_tokens_per_s: Spread
     draft_cost: dict[str, float]  # each draft decoding alone: its time over the target's (median of rounds)
     variants: list[Variant]
@@ -174,12 +182,16 @@ def measure(settings: Settings, work_dir: Path) -> SpeculativeSpeed:
                for name, folder in folders.items()}
     drafts = [name for name in models if name != TARGET]
     target = models[TARGET]
-    params = SamplingParams(max_new_tokens=settings.new_tokens, temperature=0, stop_at_eot=False)
+    greedy = SamplingParams(max_new_tokens=settings.new_tokens, temperature=0, stop_at_eot=False)
+    runs = [(batch, greedy, settings.draft_tokens) for batch in settings.batch_sizes]
+    if settings.sampled_temperature is not None:
+        sampled = dataclasses.replace(greedy, temperature=settings.sampled_temperature, seed=0)
+        runs.append((1, sampled, [DEFAULT_DRAFT_TOKENS]))
     batches = []
-    for batch in settings.batch_sizes:
+    for batch, params, draft_tokens in runs:
         prompts = real_prompts(batch * (settings.rounds + 1), settings.prompt_tokens).view(
             settings.rounds + 1, batch, settings.prompt_tokens)
-        batches.append(time_batch(target, models, drafts, prompts, params, settings.draft_tokens))
+        batches.append(time_batch(target, models, drafts, prompts, params, draft_tokens))
         print_batch(batches[-1])
     return SpeculativeSpeed(records[TARGET], [records[name] for name in drafts], settings.prompt_tokens,
                             settings.new_tokens, settings.rounds, batches, environment(torch.device("cpu")))
@@ -199,31 +211,37 @@ def time_batch(target, models: dict, drafts: list[str], prompts: torch.Tensor, p
                         stats=stats[key] if timed else SpeculativeStats())
 
     times: dict[tuple, list[float]] = {key: [] for key in keys}
-    identical = {key: True for key in stats}
-    for round_ in tqdm(range(prompts.size(0)), desc=f"speculative, batch {prompts.size(1)}", unit="round"):
+    identical = {key: True if params.greedy else None for key in stats}
+    target_text = ""
+    for round_ in tqdm(range(prompts.size(0)), desc=f"speculative, batch {prompts.size(1)}, temperature "
+                                                    f"{params.temperature:g}", unit="round"):
         tokens = {}
         for key in keys[::-1] if round_ % 2 else keys:  # none always runs first
             elapsed = timed_call(lambda: tokens.__setitem__(key, run(key, prompts[round_], round_ > 0)))
             if round_ > 0:
                 times[key].append(elapsed)
-        for key in stats:
-            identical[key] &= torch.equal(tokens[key], tokens[(TARGET, 0)])
+        if params.greedy:
+            for key in stats:
+                identical[key] &= torch.equal(tokens[key], tokens[(TARGET, 0)])
+        if round_ == 1:
+            target_text = decode(tokens[(TARGET, 0)][0, prompts.size(2):].tolist())[:300]
     new = prompts.size(1) * params.max_new_tokens
     reference = times[(TARGET, 0)]
     variants = [Variant(name, k, Spread.of([new / t for t in times[(name, k)]]),
                         paired_ratio(reference, times[(name, k)]), stats[(name, k)].acceptance_rate,
                         stats[(name, k)].tokens_per_target_pass, identical[(name, k)]) for name, k in stats]
     cost = {name: Spread.of([d / t for d, t in zip(times[(name, 0)], reference)]).median for name in drafts}
-    return BatchResult(prompts.size(1), Spread.of([new / t for t in reference]), cost, variants)
+    return BatchResult(prompts.size(1), params.temperature, target_text, Spread.of([new / t for t in reference]),
+                       cost, variants)
 
 
 def print_batch(result: BatchResult) -> None:
-    print(f"batch {result.batch_size}: target alone {result.target_tokens_per_s.median:.1f} tokens/s; draft cost "
+    print(f"batch {result.batch_size}, temperature {result.temperature:g}: target alone {result.target_tokens_per_s.median:.1f} tokens/s; draft cost "
           + ", ".join(f"{name} {cost:.2f}" for name, cost in result.draft_cost.items()))
     for v in result.variants:
         print(f"  {v.draft:>8s} K={v.draft_tokens}: {v.tokens_per_s.median:7.1f} tokens/s, {v.speedup:.2f}x, "
               f"acceptance {v.acceptance_rate:.1%}, {v.tokens_per_target_pass:.2f} tokens/pass, "
-              f"{'identical' if v.identical_tokens else 'DIFFERENT'} tokens", flush=True)
+              f"{TOKENS_NOTE[v.identical_tokens]} tokens", flush=True)
 
 
 def plot(result: SpeculativeSpeed):
@@ -236,7 +254,8 @@ def plot(result: SpeculativeSpeed):
         ax.axhline(1, color="grey", linestyle=":")
         ax.set_xlabel("draft tokens per step (K)")
         ax.set_ylabel("speed-up over the target alone")
-        ax.set_title(f"batch {batch.batch_size}")
+        ax.set_title(f"batch {batch.batch_size}, " + ("greedy" if batch.temperature == 0 else
+                                                       f"temperature {batch.temperature:g}"))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"speculative decoding: target {result.target.parameters:,} parameters, greedy, "
@@ -251,18 +270,19 @@ def section(res: SpeculativeSpeed, page: Page) -> None:
              f"rounds interleaved with the target alone (its default decode), {res.environment.threads} "
              f"thread(s). Cost: a draft decoding alone, its time over the target's.\n")
     for batch in res.batches:
-        page.add(f"Batch {batch.batch_size}: the target alone decodes {num(batch.target_tokens_per_s.median)} "
-                 f"tokens/s.\n")
+        how = "greedy" if batch.temperature == 0 else f"sampling at temperature {batch.temperature:g} (seeded)"
+        page.add(f"Batch {batch.batch_size}, {how}: the target alone decodes {num(batch.target_tokens_per_s.median)} "
+                 f"tokens/s; its text from the first timed prompt begins {json.dumps(batch.target_text[:160])}.\n")
         page.table(["draft", "cost", "K", "acceptance", "tokens per pass", "tokens/s", "speed-up", "tokens"],
                    [[v.draft, f"{batch.draft_cost[v.draft]:.2f}", str(v.draft_tokens), f"{v.acceptance_rate:.1%}",
                      f"{v.tokens_per_target_pass:.2f}", num(v.tokens_per_s.median), f"{v.speedup:.2f}x",
-                     "the target's own" if v.identical_tokens else "DIFFERENT"] for v in batch.variants])
+                     TOKENS_NOTE[v.identical_tokens]] for v in batch.variants])
 
 
 EXPERIMENT = Experiment(
     name="speculative", title="Speculative decoding with pruned and smaller drafts", about=__doc__,
     settings=Settings,
     quick=Settings(train_steps=100, prune_targets=[0.5], prune_rounds=1, prune_finetune_steps=10, draft_tokens=[4],
-                   batch_sizes=[1], new_tokens=64, rounds=1),
+                   batch_sizes=[1], new_tokens=64, rounds=1, sampled_temperature=None),
     full=Settings(),
     result=SpeculativeSpeed, measure=measure, plot=plot, section=section)
