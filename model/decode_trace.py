@@ -137,6 +137,16 @@ class TracedSteps:
             step = self.traces[key] = _trace(self.model, tokens, mask is not None, keys)
         return step(tokens, positions, *([] if mask is None else [mask]), *keys, *values)
 
+    def step(self, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
+        """`model(tokens, cache=cache, last_only=True)[0]` for (B, 1) tokens when every row's next token goes to
+        column `cache.length` (a KVCache; a RaggedKVCache whose rows are all that long)."""
+        cache.check_room(tokens.size(1))
+        end = cache.length + 1
+        positions = torch.full_like(tokens, cache.length)
+        logits = self(tokens, positions, None, [k[:, :, :end] for k in cache.k], [v[:, :, :end] for v in cache.v])
+        cache.advance(1)
+        return logits
+
 
 class TracedDecoder:
     """Callable like `model(tokens, cache=cache, last_only=True)[0]` for (B, 1) tokens, one step at a time,
@@ -146,10 +156,4 @@ class TracedDecoder:
         self.steps, self.cache = TracedSteps(model), cache
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
-        cache = self.cache
-        cache.check_room(tokens.size(1))
-        end = cache.length + 1
-        positions = torch.full_like(tokens, cache.length)
-        logits = self.steps(tokens, positions, None, [k[:, :, :end] for k in cache.k], [v[:, :, :end] for v in cache.v])
-        cache.advance(1)
-        return logits
+        return self.steps.step(self.cache, tokens)

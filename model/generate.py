@@ -5,7 +5,7 @@ import torch
 
 from model.config import EOT_TOKEN
 from model.decode_graph import CudaGraphDecoder
-from model.decode_trace import TracedDecoder
+from model.decode_trace import TracedDecoder, TracedSteps
 from model.gpt import GPT, ContextOverflow, KVCache, StaticKVCache
 from model.sampling import SamplingParams, row_generators, sample_rows
 from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats, cache_dtype, speculative_generate
@@ -61,7 +61,10 @@ def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: b
         if decode not in ("auto", "dynamic") or not use_cache:
             raise ValueError(f"speculative decoding (a draft model) runs eager steps with the KV cache; use decode "
                              f"'auto' or 'dynamic' (got {decode!r}) and use_cache=True")
-        return speculative_generate(model, draft, idx, params, draft_tokens, on_token, stats)
+        # auto: the draft's one-token steps traced where its plain decoding would be (while the rows are aligned)
+        traced = decode == "auto" and fastest_decode(draft, idx.device) == "traced"
+        return speculative_generate(model, draft, idx, params, draft_tokens, on_token, stats,
+                                    TracedSteps(draft) if traced else None)
     if decode == "auto":
         decode = fastest_decode(model, idx.device)
     if decode == "cuda-graph" and idx.device.type != "cuda":

@@ -142,6 +142,10 @@ class RaggedKVCache(KVCache):
         view.length = int(view.lengths.max()) if rows else 0
         return view
 
+    def aligned(self) -> bool:
+        """Whether every row holds `length` tokens, so that a step writes one column for all of them."""
+        return bool(self.lengths.min() == self.length)
+
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Keep only `rows` (indices, in that order); the others leave the batch."""
         self.k = [k.index_select(0, rows) for k in self.k]

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from model.config import EOT_TOKEN
+from model.decode_trace import TracedSteps
 from model.gpt import GPT, RaggedKVCache
 from model.sampling import SamplingParams, draw, filter_logits, row_generators, settings_key
 from runtime.errors import UserError
@@ -127,15 +128,19 @@ def row_distributions(logits: torch.Tensor, params: list[SamplingParams]) -> tor
 
 
 def propose(draft: GPT, cache: RaggedKVCache, tokens: torch.Tensor, lengths: torch.Tensor, k: int,
-            params: list[SamplingParams],
-            generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor | None]:
+            params: list[SamplingParams], generators: list[torch.Generator],
+            draft_steps: TracedSteps | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """k draft tokens per row (rows, k), drawn one at a time with row i's params[i], and the distributions they
-    were drawn from (rows, k, vocab; None when every row is greedy)."""
+    were drawn from (rows, k, vocab; None when every row is greedy).  With `draft_steps`, the draft's traced
+    steps, a one-token step runs through them when the rows are aligned (always at batch 1)."""
     all_greedy = all(p.greedy for p in params)
     step_input = catch_up_inputs(cache, tokens, lengths)
     proposals, dists = [], []
     for _ in range(k):
-        logits, _ = draft(step_input, cache=cache, last_only=True)
+        if draft_steps is not None and step_input.size(1) == 1 and cache.aligned():
+            logits = draft_steps.step(cache, step_input)
+        else:
+            logits, _ = draft(step_input, cache=cache, last_only=True)
         if all_greedy:
             token = greedy_tokens(logits[:, -1])
         else:
@@ -184,14 +189,15 @@ def judge(proposals: torch.Tensor, q: torch.Tensor | None, logits: torch.Tensor,
 
 def speculative_step(model: GPT, draft: GPT, target_cache: RaggedKVCache, draft_cache: RaggedKVCache,
                      tokens: torch.Tensor, lengths: torch.Tensor, k: int, params: list[SamplingParams],
-                     generators: list[torch.Generator]) -> tuple[torch.Tensor, ...]:
+                     generators: list[torch.Generator], draft_steps: TracedSteps | None = None
+                     ) -> tuple[torch.Tensor, ...]:
     """One step for rows holding `lengths[i]` tokens of `tokens` (rows, columns), row i sampling with params[i]
     and generators[i]: the draft proposes k tokens, the target scores them in one pass, and each row keeps a
     prefix.  Returns the proposals (rows, k), the count each row keeps (rows,), the target's token after the
     kept ones (rows,) and the target's logits (rows, k + 1, vocab), position j the distribution of the row's
     token j of this step.  Both caches are left holding each row's tokens up to its last kept proposal; the
-    target's own token is fed at the next step."""
-    proposals, q = propose(draft, draft_cache, tokens, lengths, k, params, generators)
+    target's own token is fed at the next step.  `draft_steps`: see `propose`."""
+    proposals, q = propose(draft, draft_cache, tokens, lengths, k, params, generators, draft_steps)
     logits = score(model, target_cache, tokens, lengths, proposals)
     kept, next_token = judge(proposals, q, logits, params, generators)
     target_cache.truncate(lengths + kept)
@@ -202,7 +208,8 @@ def speculative_step(model: GPT, draft: GPT, target_cache: RaggedKVCache, draft_
 @torch.inference_mode()
 def speculative_generate(model: GPT, draft: GPT, idx: torch.Tensor, params: SamplingParams,
                          draft_tokens: int = DEFAULT_DRAFT_TOKENS, on_token=None,
-                         stats: SpeculativeStats | None = None) -> torch.Tensor:
+                         stats: SpeculativeStats | None = None,
+                         draft_steps: TracedSteps | None = None) -> torch.Tensor:
     """generate()'s result for `model` (see model/generate.py), decoded with `draft` proposing `draft_tokens`
     tokens per step; `stats`, when given, is filled in.  The target's context is checked by generate()."""
     model.eval()
@@ -224,7 +231,7 @@ def speculative_generate(model: GPT, draft: GPT, idx: torch.Tensor, params: Samp
         held, n = tokens[active], lengths[active]
         k = min(draft_tokens, int((end - n).min()))  # no position beyond the context asked for
         proposals, kept, next_token, _ = speculative_step(model, draft, target_cache, draft_cache, held, n, k,
-                                                          [params] * active.numel(), generators)
+                                                          [params] * active.numel(), generators, draft_steps)
         stats.proposed += k * active.numel()
         stats.accepted += int(kept.sum())
         stats.target_passes += 1

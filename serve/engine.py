@@ -153,7 +153,10 @@ class Engine:
             raise ValueError(f"decode {decode!r} is not one of {DECODE_MODES}")
         if draft is not None and decode == "traced":
             raise ValueError("speculative decoding (a draft model) runs eager steps; use decode 'auto' or 'dynamic'")
-        # auto: traced where generate() would trace; the engine has no CUDA-graph steps, so eager on CUDA.
+        # auto: traced where generate() would trace; the engine has no CUDA-graph steps, so eager on CUDA.  With a
+        # draft, the draft's one-token steps are traced there while the rows are aligned (model/speculative.py).
+        self.draft_steps = TracedSteps(draft) if draft is not None and decode == "auto" and \
+            fastest_decode(draft, device) == "traced" else None
         if decode == "auto":
             decode = "traced" if draft is None and fastest_decode(model, device) == "traced" else "dynamic"
         self.decode = decode
@@ -332,7 +335,7 @@ class Engine:
         k = min(self.draft_tokens, self.config.block_size - int(lengths.max()))
         proposals, kept, next_token, logits = speculative_step(
             self.model, self.draft, target_cache, draft_cache, tokens, lengths.clone(), k,
-            [s.params for s in self.active], [s.generator for s in self.active])
+            [s.params for s in self.active], [s.generator for s in self.active], self.draft_steps)
         self.metrics.decode_batch.observe(len(self.active))
         self.metrics.speculative_passes.inc()
         step = SpeculativeStats(target_passes=1)

@@ -256,3 +256,20 @@ def test_sample_py_with_a_pruned_draft(tmp_path):
     save_artifact(tmp_path / "short", short, short.config, "float", provenance("tests"))
     refused = run_sample(*args, "--draft", str(tmp_path / "short"))
     assert refused.returncode != 0 and "draft model's context of 8 tokens is shorter" in refused.stderr
+
+
+def test_auto_traces_the_drafts_one_token_steps_while_rows_are_aligned(monkeypatch):
+    from model.decode_trace import TracedSteps
+    target = eot_prone_target()
+    draft = draft_for(target, "pruned")
+    traced_steps = []
+    original = TracedSteps.step
+    monkeypatch.setattr(TracedSteps, "step", lambda self, cache, tokens: (traced_steps.append(tokens.size(0)),
+                                                                         original(self, cache, tokens))[1])
+    idx = prompts(1, 5, 2)
+    expected = generate(target, idx, GREEDY, decode="dynamic")
+    assert torch.equal(generate(target, idx, GREEDY, draft=draft, draft_tokens=3), expected)
+    assert traced_steps and set(traced_steps) == {1}
+    traced_steps.clear()
+    assert torch.equal(generate(target, idx, GREEDY, draft=draft, draft_tokens=3, decode="dynamic"), expected)
+    assert not traced_steps  # dynamic: every step eager
