@@ -100,9 +100,11 @@ def to_flags(options: dict) -> list[str]:
 
 
 def non_default_fields(config) -> list[str]:
-    """The fields of the dataclass instance `config` that differ from its class's defaults, in field order."""
-    defaults = type(config)()
-    return [f.name for f in dataclasses.fields(config) if getattr(config, f.name) != getattr(defaults, f.name)]
+    """The fields of the dataclass instance `config` that differ from its class's defaults, in field order.  The
+    defaults are read field by field, not from an instance: a config with a required setting has none."""
+    def default(f: dataclasses.Field):
+        return f.default_factory() if f.default is dataclasses.MISSING else f.default
+    return [f.name for f in dataclasses.fields(config) if getattr(config, f.name) != default(f)]
 
 
 def non_default_flags(config) -> list[str]:

@@ -147,26 +147,33 @@ def train_flags(settings: Settings, preset: str, folder: Path) -> list[str]:
     return non_default_flags(config)
 
 
-def make_models(settings: Settings, work_dir: Path) -> tuple[dict[str, Path], dict[str, str]]:
-    """{name: folder} of the target and every draft, and {name: the command that made it}."""
-    folders, commands = {TARGET: work_dir / TARGET}, {}
-    target_flags = train_flags(settings, settings.target_preset, folders[TARGET])
-    commands[TARGET] = make_model(folders[TARGET], train_command_for(target_flags), target_flags)
+@dataclass(frozen=True)
+class ModelJob:
+    name: str
+    folder: Path
+    command: list[str]
+    record: list[str]  # what the folder's COMMAND_RECORD must hold to be reused
+
+
+def model_jobs(settings: Settings, work_dir: Path) -> list[ModelJob]:
+    """The target first, then every draft: how each is made."""
+    target = work_dir / TARGET
+    target_flags = train_flags(settings, settings.target_preset, target)
+    jobs = [ModelJob(TARGET, target, train_command_for(target_flags), target_flags)]
     for share in settings.prune_targets:
-        name = f"row {share:.0%}"
-        folders[name] = work_dir / f"row-{share:g}"
-        config = PruneConfig(target=share, method="row", checkpoint=str(folders[TARGET]), rounds=settings.prune_rounds,
+        folder = work_dir / f"row-{share:g}"
+        config = PruneConfig(target=share, method="row", checkpoint=str(target), rounds=settings.prune_rounds,
                              finetune_steps=settings.prune_finetune_steps, dataset=settings.dataset,
-                             out_dir=str(folders[name]), speed_repeats=1, generation_tokens=8)
+                             out_dir=str(folder), speed_repeats=1, generation_tokens=8)
         flags = non_default_flags(config)
-        command = [sys.executable, str(ROOT / "prune" / "iterative.py"), *flags]
-        commands[name] = make_model(folders[name], command, flags + target_flags)  # a new target: new drafts
+        # Recorded with the target's flags: a target made again makes its pruned drafts again.
+        jobs.append(ModelJob(f"row {share:.0%}", folder, [sys.executable, str(ROOT / "prune" / "iterative.py"),
+                                                          *flags], flags + target_flags))
     if settings.draft_preset is not None:
-        name = settings.draft_preset
-        folders[name] = work_dir / f"draft-{name}"
-        flags = train_flags(settings, name, folders[name])
-        commands[name] = make_model(folders[name], train_command_for(flags), flags)
-    return folders, commands
+        folder = work_dir / f"draft-{settings.draft_preset}"
+        flags = train_flags(settings, settings.draft_preset, folder)
+        jobs.append(ModelJob(settings.draft_preset, folder, train_command_for(flags), flags))
+    return jobs
 
 
 def train_command_for(flags: list[str]) -> list[str]:
@@ -176,7 +183,9 @@ def train_command_for(flags: list[str]) -> list[str]:
 def measure(settings: Settings, work_dir: Path) -> SpeculativeSpeed:
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)
-    folders, commands = make_models(settings, work_dir)
+    jobs = model_jobs(settings, work_dir)
+    commands = {job.name: make_model(job.folder, job.command, job.record) for job in jobs}
+    folders = {job.name: job.folder for job in jobs}
     models = {name: load_model(folder)[0] for name, folder in folders.items()}
     records = {name: ModelRecord(name, str(folder), models[name].num_parameters(), commands[name])
                for name, folder in folders.items()}
