@@ -31,6 +31,30 @@ def test_packed_product_equals_nn_linear(bias, shape):
 
 
 @needs_onednn
+@pytest.mark.parametrize("bias", [True, False])
+def test_one_row_runs_as_one_block_of_weight_rows_per_thread(bias, monkeypatch):
+    """A decoding step at batch 1: a batched product over blocks of the weight's rows (no copy), the same values as
+    nn.Linear; a width the threads do not divide, and more rows, keep oneDNN's product."""
+    torch.manual_seed(0)
+    blocks = []
+    one_row = PackedLinear._one_row
+    monkeypatch.setattr(PackedLinear, "_one_row", lambda self, x, parts: (blocks.append(parts),
+                                                                          one_row(self, x, parts))[1])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for out_features, rows, expected in ((80, (1, 1), [2]), (81, (1, 1), []), (80, (3,), [])):
+            blocks.clear()
+            linear = nn.Linear(48, out_features, bias=bias)
+            x = torch.randn(*rows, 48)
+            with torch.inference_mode():
+                torch.testing.assert_close(PackedLinear(linear)(x), linear(x), rtol=1e-5, atol=1e-5)
+            assert blocks == expected
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_onednn
 def test_a_weight_changed_in_place_is_repacked():
     torch.manual_seed(0)
     linear = nn.Linear(16, 24)
