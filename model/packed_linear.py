@@ -25,6 +25,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+# What pack_for_inference says it did, after the count of layers.
+PACKED = "linear layers packed for oneDNN (float32, CPU; one row: blocks of weight rows per thread)"
+
+
 @functools.cache
 def _traceable_product():
     """The same product as a TorchScript function, for model/decode_trace.py: the tracer cannot record the
@@ -117,7 +121,7 @@ def pack_for_inference(model: nn.Module) -> str:
         return "linear layers run as nn.Linear: this PyTorch build has no oneDNN to pack them for"
     for name, linear in linears:
         _swap(model, name, PackedLinear(linear))
-    return f"{len(linears)} linear layers packed for oneDNN (float32, CPU)"
+    return f"{len(linears)} {PACKED}"
 
 
 @contextlib.contextmanager

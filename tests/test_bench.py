@@ -22,6 +22,7 @@ from bench.experiments.__main__ import parser as experiments_parser
 from bench.run_all import RunAllConfig
 from bench.record import RESULTS_DIR
 from model.gpt import GPT
+from model.packed_linear import PACKED
 from runtime.cli import dataclass_from_args, to_flags
 from runtime.device import is_out_of_memory
 from runtime.errors import UserError
@@ -212,7 +213,7 @@ def test_speed_comparisons_time_each_side_in_the_same_run(results):
         assert shape.ratio_ours_over_nanogpt is None
     generation = results["generate_speed"]  # every side in its own process
     assert [r.batch for r in generation.results] == [1, 2] and generation.decode == "dynamic"
-    assert generation.linear_kernels.endswith("linear layers packed for oneDNN (float32, CPU)")
+    assert generation.linear_kernels.endswith(PACKED)
     for row in generation.results:
         assert set(row.sides) == {"ours fp32", "ours int8"} and len(row.load_average) == 1
         for side in row.sides.values():

@@ -11,7 +11,7 @@ import torch.nn as nn
 from model.generate import generate
 from model.gpt import GPT
 from model.int8 import Int8Linear, quantize_model
-from model.packed_linear import PackedLinear, pack_for_inference
+from model.packed_linear import PACKED, PackedLinear, pack_for_inference
 from model.sampling import SamplingParams
 from tests.conftest import small_config
 
@@ -86,7 +86,7 @@ def test_a_packed_model_decodes_the_same_tokens_and_keeps_its_weights():
     packed = copy.deepcopy(model)
     note = pack_for_inference(packed)
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    assert note == f"{len(linears)} linear layers packed for oneDNN (float32, CPU)"
+    assert note == f"{len(linears)} {PACKED}"
     assert not any(isinstance(m, nn.Linear) for m in packed.modules())
     assert packed.lm_head.weight is packed.transformer.wte.weight  # still tied
     assert packed.state_dict().keys() == model.state_dict().keys()
@@ -103,7 +103,7 @@ def test_a_packed_model_decodes_the_same_tokens_and_keeps_its_weights():
 def test_an_int8_model_keeps_its_int8_layers_and_packs_only_a_float_head():
     model = GPT(small_config()).eval()
     quantize_model(model, head="fp32")
-    assert pack_for_inference(model) == "1 linear layers packed for oneDNN (float32, CPU)"
+    assert pack_for_inference(model) == f"1 {PACKED}"
     assert isinstance(model.lm_head, PackedLinear) and isinstance(model.transformer.h[0].mlp.c_fc, Int8Linear)
 
 
