@@ -4,7 +4,8 @@ model/packed_linear.py, written as one Markdown page.
     python bench/decode_profile.py                  # GPT-2 124M, random weights -> bench/results/decode_profile.md
 
 1. Each product of a GPT-2 step, on 1 and on 12 rows, through nn.Linear (PyTorch's default CPU path, MKL) and
-   through PackedLinear (oneDNN, weight packed ahead): GB/s of weights read, with enough distinct copies of each
+   through PackedLinear (oneDNN, weight packed ahead; one row: a batched product over blocks of the weight's
+   rows, one per thread): GB/s of weights read, with enough distinct copies of each
    matrix (about 200 MB) that they stream from memory as in a real step, not from cache.
 2. torch.profiler over decode steps at batch 1 and 12 (32 cached positions): eager with nn.Linear, eager
    packed, and the traced steps `generate(decode="traced")` and the server run (model/decode_trace.py), in
@@ -99,7 +100,8 @@ def main(argv=None) -> None:
              f"{env.torch}, commit {env.git_commit}, {env.date}. Read bandwidth (a sum over 1 GiB): "
              f"{statistics.median(read_bandwidth()):.1f} GB/s. Ours packed: {note}.", "",
              "## Each product, weights streamed from memory (GB/s of weights read)", "",
-             "| matrix (out x in) | rows | nn.Linear (MKL) | PackedLinear (oneDNN) | packed / plain |",
+             "| matrix (out x in) | rows | nn.Linear (MKL) | PackedLinear (one row: row blocks; more: oneDNN) "
+             "| packed / plain |",
              "|---|---|---|---|---|"]
     for rows in (1, 12):
         for shape, plain_rate, packed_rate in product_rates(plain, rows):
@@ -108,8 +110,8 @@ def main(argv=None) -> None:
     for batch in (1, 12):
         lines += ["", f"## One decode step at batch {batch}", ""]
         for label, model, traced in (("nn.Linear (MKL), eager", plain, False),
-                                     ("packed (oneDNN), eager", packed, False),
-                                     ("packed (oneDNN), traced", packed, True),
+                                     ("PackedLinear, eager", packed, False),
+                                     ("PackedLinear, traced", packed, True),
                                      ("int8 with the int8 head, traced", int8, True)):
             ms, ops = step_profile(model, batch, traced)
             lines += [f"{label}: {ms:.1f} ms per step (profiler on)", "",
