@@ -82,8 +82,8 @@ class SampleConfig:
                                      "ones follow its distribution; prints the acceptance rate")
     draft_tokens: int = option(DEFAULT_DRAFT_TOKENS, "with --draft: tokens the draft proposes per step; the default "
                                                      "is the count Chen et al. (2023) used, the best one depending "
-                                                     "on the draft's acceptance rate and cost, which are not "
-                                                     "measured on this project's models yet", min=1)
+                                                     "on the draft's acceptance rate and cost (python -m "
+                                                     "bench.experiments speculative measures them)", min=1)
 
     def __post_init__(self):
         if sum(x is not None for x in (self.prompt, self.prompt_file, self.prompts_file)) > 1:
