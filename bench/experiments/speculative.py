@@ -67,9 +67,9 @@ class Settings:
     prompt_tokens: int = option(32, "prompt length", min=1)
     new_tokens: int = option(128, "new tokens per row", min=1)
     rounds: int = option(3, "timed rounds (after one warm-up)", min=1)
-    sampled_temperature: float | None = option(0.8, "also time batch 1 sampling at this temperature (seeded), at "
-                                                    "the default K, for the acceptance of sampled tokens (none: "
-                                                    "greedy only)", above=0)
+    sampled_temperature: float = option(0.8, "also time batch 1 sampling at this temperature (seeded), at the "
+                                             "default K, for the acceptance of sampled tokens (0: greedy only)",
+                                        min=0)
     threads: int | None = option(None, "CPU threads for torch (default: torch's choice)", min=1)
 
     def __post_init__(self):
@@ -193,7 +193,7 @@ def measure(settings: Settings, work_dir: Path) -> SpeculativeSpeed:
     target = models[TARGET]
     greedy = SamplingParams(max_new_tokens=settings.new_tokens, temperature=0, stop_at_eot=False)
     runs = [(batch, greedy, settings.draft_tokens) for batch in settings.batch_sizes]
-    if settings.sampled_temperature is not None:
+    if settings.sampled_temperature > 0:
         sampled = dataclasses.replace(greedy, temperature=settings.sampled_temperature, seed=0)
         runs.append((1, sampled, [DEFAULT_DRAFT_TOKENS]))
     batches = []
@@ -292,6 +292,6 @@ EXPERIMENT = Experiment(
     name="speculative", title="Speculative decoding with pruned and smaller drafts", about=__doc__,
     settings=Settings,
     quick=Settings(train_steps=100, prune_targets=[0.5], prune_rounds=1, prune_finetune_steps=10, draft_tokens=[4],
-                   batch_sizes=[1], new_tokens=64, rounds=1, sampled_temperature=None),
+                   batch_sizes=[1], new_tokens=64, rounds=1, sampled_temperature=0),
     full=Settings(),
     result=SpeculativeSpeed, measure=measure, plot=plot, section=section)
