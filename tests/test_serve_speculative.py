@@ -142,3 +142,22 @@ def test_replies_carry_the_draft_counts():
     assert details.completion_tokens_details.model_dump() == {"accepted_prediction_tokens": 7,
                                                               "rejected_prediction_tokens": 5}
     assert response_body(done(None)).speculative is None and usage([done(None)], 1).completion_tokens_details is None
+
+
+def test_greedy_rows_keep_the_models_tokens_beside_sampled_rows(target):
+    """One step serves rows with different settings: the greedy ones still get the model's own tokens."""
+    draft = shrink(target, *select_units(target, 0.5, target.config)).eval()
+    engine = start(target, draft)
+    greedy = greedy_jobs(3, target.config.block_size)
+    sampled = [([4, 5, 6], SamplingParams(max_new_tokens=20, temperature=0.9, top_p=0.9, seed=i, stop_at_eot=False))
+               for i in range(3)]
+    jobs = [job for pair in zip(greedy, sampled) for job in pair]
+    try:
+        together = run(engine, jobs)
+    finally:
+        engine.stop()
+    for i, (ids, params) in enumerate(jobs):
+        assert together.ends[i].tokens == params.max_new_tokens
+        if params.greedy:
+            expected = generate(target, torch.tensor([ids]), params, decode="dynamic")[0, len(ids):].tolist()
+            assert together.tokens[i] == expected
