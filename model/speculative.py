@@ -136,6 +136,11 @@ def propose(draft: GPT, cache: RaggedKVCache, tokens: torch.Tensor, lengths: tor
     steps, a one-token step runs through them when the rows are aligned (always at batch 1)."""
     all_greedy = all(p.greedy for p in params)
     step_input = catch_up_inputs(cache, tokens, lengths)
+    if draft_steps is not None and step_input.size(1) > 1 and cache.aligned():
+        # A row that kept every proposal lacks two tokens: one traced step each beats one eager pass over both.
+        for column in range(step_input.size(1) - 1):
+            draft_steps.step(cache, step_input[:, column:column + 1])
+        step_input = step_input[:, -1:]
     proposals, dists = [], []
     for _ in range(k):
         if draft_steps is not None and step_input.size(1) == 1 and cache.aligned():
