@@ -33,6 +33,12 @@ def fastest_decode(model: torch.nn.Module, device: torch.device) -> str:
     return {"cpu": "traced", "cuda": "cuda-graph"}.get(device.type, "dynamic")
 
 
+def traced_draft_steps(draft: torch.nn.Module, device: torch.device, decode: str) -> TracedSteps | None:
+    """Under `auto`, a speculative draft's one-token steps run traced where its plain decoding would be (while
+    the batch's rows are aligned, model/speculative.py); None: eager steps."""
+    return TracedSteps(draft) if decode == "auto" and fastest_decode(draft, device) == "traced" else None
+
+
 @torch.inference_mode()
 def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: bool = True,
              on_token=None, decode: str = "auto", draft: GPT | None = None,
@@ -61,10 +67,8 @@ def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: b
         if decode not in ("auto", "dynamic") or not use_cache:
             raise ValueError(f"speculative decoding (a draft model) runs eager steps with the KV cache; use decode "
                              f"'auto' or 'dynamic' (got {decode!r}) and use_cache=True")
-        # auto: the draft's one-token steps traced where its plain decoding would be (while the rows are aligned)
-        traced = decode == "auto" and fastest_decode(draft, idx.device) == "traced"
         return speculative_generate(model, draft, idx, params, draft_tokens, on_token, stats,
-                                    TracedSteps(draft) if traced else None)
+                                    traced_draft_steps(draft, idx.device, decode))
     if decode == "auto":
         decode = fastest_decode(model, idx.device)
     if decode == "cuda-graph" and idx.device.type != "cuda":

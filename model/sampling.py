@@ -86,13 +86,18 @@ def settings_key(params: SamplingParams) -> tuple:
     return (0.0, None, None) if params.greedy else (params.temperature, params.top_k, params.top_p)
 
 
-def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> list[int]:
-    """logits (rows, vocab); one token id per row."""
-    tokens = [0] * logits.size(0)
+def settings_groups(params: list[SamplingParams]) -> dict[tuple, list[int]]:
+    """The rows of each distinct setting (settings_key), so that rows sharing one are computed together."""
     groups: dict[tuple, list[int]] = {}
     for row, p in enumerate(params):
         groups.setdefault(settings_key(p), []).append(row)
-    for (temperature, top_k, top_p), rows in groups.items():
+    return groups
+
+
+def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> list[int]:
+    """logits (rows, vocab); one token id per row."""
+    tokens = [0] * logits.size(0)
+    for (temperature, top_k, top_p), rows in settings_groups(params).items():
         # NaN logits (a broken model) get no probability; +inf ones become the largest float, so that they
         # share the row's mass rather than make it NaN; a row with nothing above -inf decodes token 0.
         group = torch.nan_to_num(logits[rows].float(), nan=float("-inf"), posinf=torch.finfo(torch.float32).max,

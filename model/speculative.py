@@ -23,7 +23,7 @@ import torch
 from model.config import EOT_TOKEN
 from model.decode_trace import TracedSteps
 from model.gpt import GPT, RaggedKVCache
-from model.sampling import SamplingParams, draw, filter_logits, row_generators, settings_key
+from model.sampling import SamplingParams, draw, filter_logits, row_generators, settings_groups
 from runtime.errors import UserError
 
 # Draft tokens per step: the count Chen et al. (2023) used.  The best count grows with the draft's acceptance rate
@@ -79,8 +79,9 @@ def check_draft(model: GPT, draft: GPT, tokens_needed: int, draft_tokens: int) -
 
 
 def cache_dtype(model: GPT) -> torch.dtype:
-    dtype = next(model.parameters()).dtype
-    return dtype if dtype.is_floating_point else torch.float32  # an int8 model computes in float32
+    """The KV cache's dtype: that of the model's float weights (an int8 model keeps float norms and embeddings,
+    and computes in float32)."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
 
 def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -114,10 +115,7 @@ def row_distributions(logits: torch.Tensor, params: list[SamplingParams]) -> tor
     params[i], all of it on the argmax for a greedy row.  Rows that share settings are computed together."""
     rows, positions, vocab = logits.shape
     probs = torch.empty(rows, positions, vocab, dtype=torch.float32, device=logits.device)
-    groups: dict[tuple, list[int]] = {}
-    for row, p in enumerate(params):
-        groups.setdefault(settings_key(p), []).append(row)
-    for rows_in_group in groups.values():
+    for rows_in_group in settings_groups(params).values():
         index = torch.tensor(rows_in_group, device=logits.device)
         group, p = logits.index_select(0, index), params[rows_in_group[0]]
         if p.greedy:

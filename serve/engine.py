@@ -31,7 +31,7 @@ import torch
 
 from model.config import EOT_TOKEN
 from model.decode_trace import TracedSteps
-from model.generate import fastest_decode
+from model.generate import fastest_decode, traced_draft_steps
 from model.gpt import KVCache
 from model.sampling import SamplingParams, sample_rows
 from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats, cache_dtype, check_draft, speculative_step
@@ -154,9 +154,8 @@ class Engine:
         if draft is not None and decode == "traced":
             raise ValueError("speculative decoding (a draft model) runs eager steps; use decode 'auto' or 'dynamic'")
         # auto: traced where generate() would trace; the engine has no CUDA-graph steps, so eager on CUDA.  With a
-        # draft, the draft's one-token steps are traced there while the rows are aligned (model/speculative.py).
-        self.draft_steps = TracedSteps(draft) if draft is not None and decode == "auto" and \
-            fastest_decode(draft, device) == "traced" else None
+        # draft, its one-token steps as generate() runs them.
+        self.draft_steps = traced_draft_steps(draft, device, decode) if draft is not None else None
         if decode == "auto":
             decode = "traced" if draft is None and fastest_decode(model, device) == "traced" else "dynamic"
         self.decode = decode
@@ -173,8 +172,7 @@ class Engine:
         self.max_queue = max_queue
         self.request_timeout_s = request_timeout_s
         self.metrics = metrics or ServerMetrics()
-        # The KV cache takes the dtype of the model's float weights (int8 models keep float norms and embeddings).
-        self.dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+        self.dtype = cache_dtype(model)
         self.slots = SlotCache(self.config, max_batch_size, device, self.dtype) if draft is None else \
             SpeculativeSlots(self.config, draft.config, max_batch_size, device, self.dtype, cache_dtype(draft))
         # The model's weights stay as loaded while it serves; every padded row count is kept, with and without a mask.
@@ -334,7 +332,7 @@ class Engine:
         # No position beyond the context: a row holds fewer tokens than that while it generates.
         k = min(self.draft_tokens, self.config.block_size - int(lengths.max()))
         proposals, kept, next_token, logits = speculative_step(
-            self.model, self.draft, target_cache, draft_cache, tokens, lengths.clone(), k,
+            self.model, self.draft, target_cache, draft_cache, tokens, lengths, k,
             [s.params for s in self.active], [s.generator for s in self.active], self.draft_steps)
         self.metrics.decode_batch.observe(len(self.active))
         self.metrics.speculative_passes.inc()

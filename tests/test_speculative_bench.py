@@ -61,5 +61,9 @@ def test_a_model_folder_is_reused_only_for_the_same_command(tmp_path):
     make_model(folder, write, ["--steps", "2"])  # another: made again
     assert (folder / "config.json").read_text() == "{}"
     assert (folder / COMMAND_RECORD).read_text() == '["--steps", "2"]'
+    (folder / "config.json").write_text("made second")
+    (folder / COMMAND_RECORD).write_text('["--steps", "2"')  # a damaged record: made again, not an error
+    make_model(folder, write, ["--steps", "2"])
+    assert (folder / "config.json").read_text() == "{}"
     with pytest.raises(ExperimentError, match="making .*model failed"):
         make_model(folder, [sys.executable, "-c", "raise SystemExit(3)"], ["--steps", "3"])

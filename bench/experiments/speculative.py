@@ -124,10 +124,17 @@ class SpeculativeSpeed:
     environment: Environment
 
 
+def recorded_command(folder: Path) -> list[str] | None:
+    """What made `folder`, or None where nothing readable says so (a damaged record means: make it again)."""
+    try:
+        return json.loads((folder / COMMAND_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def make_model(folder: Path, command: list[str], record: list[str]) -> str:
     """Run `command` to make the model in `folder`, unless the folder holds one made by the same `record`."""
-    marker = folder / COMMAND_RECORD
-    if marker.exists() and json.loads(marker.read_text()) == record and (folder / "config.json").exists():
+    if recorded_command(folder) == record and (folder / "config.json").exists():
         print(f"reusing {folder} (made by the same command)", flush=True)
         return " ".join(command)
     if folder.exists():  # the benchmark's own scratch model, made by other settings
@@ -136,7 +143,7 @@ def make_model(folder: Path, command: list[str], record: list[str]) -> str:
     returncode, output, _ = run_command(command)
     if returncode != 0:
         raise ExperimentError(f"making {folder} failed (exit code {returncode}):\n{output[-2000:]}")
-    marker.write_text(json.dumps(record))
+    (folder / COMMAND_RECORD).write_text(json.dumps(record))
     return " ".join(command)
 
 
@@ -239,13 +246,14 @@ def time_batch(target, models: dict, drafts: list[str], prompts: torch.Tensor, p
     variants = [Variant(name, k, Spread.of([new / t for t in times[(name, k)]]),
                         paired_ratio(reference, times[(name, k)]), stats[(name, k)].acceptance_rate,
                         stats[(name, k)].tokens_per_target_pass, identical[(name, k)]) for name, k in stats]
-    cost = {name: Spread.of([d / t for d, t in zip(times[(name, 0)], reference)]).median for name in drafts}
+    cost = {name: paired_ratio(times[(name, 0)], reference) for name in drafts}
     return BatchResult(prompts.size(1), params.temperature, target_text, Spread.of([new / t for t in reference]),
                        cost, variants)
 
 
 def print_batch(result: BatchResult) -> None:
-    print(f"batch {result.batch_size}, temperature {result.temperature:g}: target alone {result.target_tokens_per_s.median:.1f} tokens/s; draft cost "
+    print(f"batch {result.batch_size}, temperature {result.temperature:g}: target alone "
+          f"{result.target_tokens_per_s.median:.1f} tokens/s; draft cost "
           + ", ".join(f"{name} {cost:.2f}" for name, cost in result.draft_cost.items()))
     for v in result.variants:
         print(f"  {v.draft:>8s} K={v.draft_tokens}: {v.tokens_per_s.median:7.1f} tokens/s, {v.speedup:.2f}x, "
