@@ -24,7 +24,7 @@ import logging
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -340,20 +340,20 @@ class Engine:
         for row, seq in enumerate(self.active):
             n_kept = int(kept[row])
             new = proposals[row, :n_kept].tolist() + [int(next_token[row])]
-            used = 0
+            # Counted before the tokens are accepted, so that the reply sent as the row ends holds this step too;
+            # proposals kept beyond the token that ends a row never reach it and count as not accepted.
+            accepted_before = seq.speculative.accepted
+            seq.speculative.add(SpeculativeStats(proposed=k, row_steps=1))
             try:
                 for position, token in enumerate(new):
+                    seq.speculative.accepted += position < n_kept
                     self._accept(seq, token, logits[row, position:position + 1])
-                    used += 1
                     if seq.finished:
                         break
             except Exception:  # noqa: BLE001 - a failure in one request's tokens ends that request alone
                 log.exception("request failed while handling its tokens %s", new)
                 self._fail(seq)
-            # Proposals kept beyond the token that ended a row were never used: they count as not accepted.
-            row_stats = SpeculativeStats(proposed=k, accepted=min(n_kept, used), row_steps=1)
-            seq.speculative.add(row_stats)
-            step.add(row_stats)
+            step.add(SpeculativeStats(proposed=k, accepted=seq.speculative.accepted - accepted_before, row_steps=1))
             if not seq.finished:
                 self.slots.extend(row, new)
         self.metrics.speculative_proposed.inc(step.proposed)
@@ -428,7 +428,9 @@ class Engine:
         seq.request.on_event(DoneEvent(text=seq.text.text, tail=tail, tokens=seq.generated,
                                        prompt_tokens=len(seq.request.prompt_ids), finish_reason=reason,
                                        latency=latency, logprobs=seq.logprobs,
-                                       speculative=seq.speculative if self.draft is not None else None))
+                                       # a copy: what the reply says as the request ends
+                                       speculative=replace(seq.speculative) if self.draft is not None
+                                       else None))
 
     def _timeout(self, request: GenerationRequest, generated: int) -> None:
         request.on_event(ErrorEvent("timeout", f"the request exceeded the time limit of {self.request_timeout_s:g}s "
