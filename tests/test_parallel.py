@@ -81,9 +81,9 @@ def _run_layouts(rank, world, root: Path, result):
         from training.checkpoint import Checkpointer
         save = Checkpointer.save
 
-        def save_and_keep_half(checkpointer, step, last=False):
-            save(checkpointer, step, last)
-            if checkpointer.last_saved_step == step == STEPS // 2 and rank == 0:
+        def save_and_keep_half(checkpointer, step):
+            save(checkpointer, step)
+            if step == STEPS // 2 and rank == 0:
                 shutil.copytree(checkpointer.out_dir, root / "tp_half")
         Checkpointer.save = save_and_keep_half
         train(_train_config(root / "tp_checkpointed", parallel="tp", checkpoint_interval=STEPS // 2,

@@ -3,5 +3,6 @@
     train.py (CLI) -> TrainConfig -> layout (sizes, strategy) -> Trainer(cfg, ctx, strategy).fit()
         each step: TrainStep (forward, loss, scaled backward with accumulation, gradient sync, clip, update)
         every log interval: StepRecord -> metrics.jsonl
-        every eval / checkpoint interval: EvalRecord, Checkpointer.save (atomic, training_state/)
+        every eval interval: EvalRecord
+        when a checkpoint is due: the state proves savable, then Checkpointer.save (atomic, training_state/)
 """

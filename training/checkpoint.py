@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -61,10 +60,11 @@ def claim_run_folder(cfg: TrainConfig) -> bool:
 
 
 class Checkpointer:
-    """One run folder from claim to release.  `open` claims it (rank 0) and settles whether the run resumes
-    and with which settings; `restore_weights` and `restore` read the saved state back; `track` names what a
-    save writes; `save(step, last=...)` writes a checkpoint when one is due (every --checkpoint-interval
-    steps, and at the last step); `close` releases the folder.  Every rank calls it (consolidation is
+    """One run folder from claim to release, and the run's state in it.  `open` claims the folder (rank 0)
+    and settles whether the run resumes and with which settings; `saved_model` is a resumed run's model,
+    built once from its weights; `register` names the stateful objects once (the parallelised model, the
+    optimizer, the data sampler); `load` restores them and the RNG from the folder, `save(step)` writes them,
+    when `due(step)` says so; `close` releases the folder.  Every rank calls it (consolidation is
     collective); rank 0 alone writes."""
 
     def __init__(self, out_dir: Path, ctx):
@@ -73,7 +73,8 @@ class Checkpointer:
         self.resuming = False
         self.last_saved_step: int | None = None
         self._claimed = False
-        self._tracked: tuple | None = None
+        self._registered: tuple | None = None
+        self._saved_state: dict | None = None  # a resumed run's state.json, read once
 
     def open(self, cfg: TrainConfig, given: set[str]) -> tuple[TrainConfig, list[str]]:
         """Claim the folder and return the run's config (the saved one when resuming, with the changes
@@ -87,8 +88,8 @@ class Checkpointer:
             self.resuming = decision[0]
         changes: list[str] = []
         if self.resuming:
-            cfg, changes = resumed_config(cfg, given, read_training_state(self.out_dir), self.out_dir / STATE_FILE,
-                                          self.ctx.dp_size)
+            self._saved_state = read_training_state(self.out_dir)
+            cfg, changes = resumed_config(cfg, given, self._saved_state, self.out_dir / STATE_FILE, self.ctx.dp_size)
         self.cfg = cfg
         return cfg, changes
 
@@ -97,18 +98,25 @@ class Checkpointer:
             release_writer_lock(self.out_dir)
             self._claimed = False
 
-    def track(self, par, model_config: GPTConfig, optimizer: torch.optim.Optimizer, sampler: WindowSampler,
-              check: Callable[[int], None]) -> None:
-        """What a save writes: `par` (the parallelised model, consolidated to single-device tensors), the
-        optimizer and the data position; `check(step)` raises if that state must not be saved."""
-        self._tracked = (par, model_config, optimizer, sampler, check)
+    def saved_model(self) -> torch.nn.Module:
+        """The resumed run's model with its saved weights (full, on the CPU, before it is parallelised: every
+        layout slices them the same way)."""
+        model, _ = load_model(self.out_dir, "cpu")
+        return model
 
-    def save(self, step: int, last: bool = False) -> None:
-        """Write the checkpoint of `step` if one is due (or `last`) and not written yet."""
-        if step == self.last_saved_step or not (last or step % self.cfg.checkpoint_every == 0):
-            return
-        par, model_config, optimizer, sampler, check = self._tracked
-        check(step)
+    def register(self, par, model_config: GPTConfig, optimizer: torch.optim.Optimizer,
+                 sampler: WindowSampler) -> None:
+        """The state `load` restores and `save` writes: `par` (the parallelised model, consolidated to
+        single-device tensors when saved), its config, the optimizer and the data position."""
+        self._registered = (par, model_config, optimizer, sampler)
+
+    def due(self, step: int, last: bool = False) -> bool:
+        """Whether `step` is to be saved: every --checkpoint-interval steps and the last, once."""
+        return step != self.last_saved_step and (last or step % self.cfg.checkpoint_every == 0)
+
+    def save(self, step: int) -> None:
+        """Write the registered state as the checkpoint of `step`."""
+        par, model_config, optimizer, sampler = self._registered
         model_state = {k: v.contiguous() for k, v in full_model_state(par).items()}
         optimizer_state = full_optimizer_state(par, optimizer)
         ctx = par.ctx
@@ -145,18 +153,15 @@ class Checkpointer:
             return f"{self.out_dir}: no checkpoint was written in this run yet"
         return f"the checkpoint of step {self.last_saved_step} in {self.out_dir}, which is intact"
 
-    def restore_weights(self, model: GPT) -> None:
-        """The full weights, into the full model, before it is parallelised."""
-        loaded, _ = load_model(self.out_dir, "cpu")
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                p.copy_(loaded.get_parameter(name))
-
-    def restore(self, par, optimizer: torch.optim.Optimizer, sampler: WindowSampler) -> int:
-        """Optimizer, data position and RNG of the saved step; returns that step.  Damage to either file is
-        one error line naming the file."""
+    def load(self) -> int:
+        """Restore the registered optimizer and data position, and the RNG, from the saved step and return
+        that step (0 for a new run; a resumed model already holds its weights, from `saved_model`).  Damage to
+        either file is one error line naming the file."""
+        if not self.resuming:
+            return 0
+        par, _, optimizer, sampler = self._registered
         state_path, optimizer_path = self.out_dir / STATE_FILE, self.out_dir / OPTIMIZER_FILE
-        state = read_training_state(self.out_dir)
+        state = self._saved_state
         missing = [key for key in ("step", "sampler", "torch_rng") if key not in state]
         if missing:
             raise self.damaged(state_path, f"it has no {', '.join(missing)}")

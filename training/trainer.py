@@ -31,14 +31,18 @@ from training.step import NonFiniteStep, TrainStep
 from training.stop_signals import StopRequested, StopSignals
 
 
-def build_model(cfg: TrainConfig) -> GPT:
-    """Random weights from the preset and seed, or the weights of --init-from with this run's dropout."""
-    if not cfg.init_from:
+def build_model(cfg: TrainConfig, checkpointer: Checkpointer) -> GPT:
+    """Random weights from the preset and seed; or, with this run's dropout, the weights a resumed run saved
+    (read once, into the one model built) or those of --init-from."""
+    if checkpointer.resuming:
+        model = checkpointer.saved_model()
+    elif cfg.init_from:
+        model, _ = load_model(cfg.init_from)
+        if not isinstance(model, GPT):
+            raise TrainingError(f"{cfg.init_from} is not a floating-point model; cannot train from it")
+    else:
         torch.manual_seed(cfg.seed)
         return GPT(preset(cfg.model, dropout=cfg.dropout))
-    model, _ = load_model(cfg.init_from)
-    if not isinstance(model, GPT):
-        raise TrainingError(f"{cfg.init_from} is not a floating-point model; cannot train from it")
     model.train()
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
@@ -92,11 +96,9 @@ class Trainer:
             self.say(f"resume: {'; '.join(changes)}")
         self.cfg = cfg
         self.precision = precision_policy(self.device, cfg.precision)
-        model = build_model(cfg)
+        model = build_model(cfg, self.checkpointer)
         self.model_config, self.block = model.config, training_block(cfg, model.config)
         check_divisibility(self.model_config, ctx, cfg.batch_size)
-        if resuming:
-            self.checkpointer.restore_weights(model)  # full weights first; every layout slices them the same way
         model.to(self.device)
         model.gradient_checkpointing = cfg.activation_checkpointing
         # Counted before parallelize: afterwards a tensor-parallel rank holds a shard of the parameters.
@@ -116,14 +118,14 @@ class Trainer:
         self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, device_type=self.device.type)
         self.max_lr = scaled_lr(cfg.lr, self.sampler.global_batch, cfg.reference_batch or cfg.batch_size,
                                 cfg.scale_lr)
-        self.start_step = self.checkpointer.restore(self.par, self.optimizer, self.sampler) if resuming else 0
+        self.checkpointer.register(self.par, self.model_config, self.optimizer, self.sampler)
+        self.start_step = self.checkpointer.load()
         if resuming:
             self.say(f"resumed {self.out_dir} at step {self.start_step}")
         module = torch.compile(self.par.module) if cfg.compile else self.par.module
         self.eval_module = self.par.eval_module if self.par.is_distributed else module
         self.step = TrainStep(module, self.optimizer, self.par.strategy, self.device, self.precision, cfg.grad_accum,
                               cfg.grad_clip)
-        self.checkpointer.track(self.par, self.model_config, self.optimizer, self.sampler, self.check_savable)
         self.step.steps_taken = self.start_step
         self.tokens_per_step = self.sampler.global_batch * cfg.grad_accum * self.block
         self.peak_flops = device_peak_flops(self.device, cfg.peak_flops)
@@ -153,7 +155,7 @@ class Trainer:
             with StopSignals(self.announce_stop) as stop_signals:
                 self.train_steps(stop_signals)
         except StopRequested as e:
-            self.checkpointer.save(self.completed, last=True)
+            self.save_if_due(self.completed, last=True)
             if self.ctx.is_writer:  # one line for the job, not one per rank
                 print(f"stopped by {e} after step {self.completed}; {self.checkpointer.describe_last_good()} "
                       f"(continue with --resume auto); exit status {e.exit_status}", file=sys.stderr)
@@ -210,7 +212,7 @@ class Trainer:
             t0 = time.perf_counter()  # evaluation and checkpointing are kept out of tokens/s
             if done % cfg.eval_interval == 0 and done != cfg.max_steps:
                 self.evaluate(done, cfg.eval_batches)
-            self.checkpointer.save(done, last=done == cfg.max_steps)
+            self.save_if_due(done, last=done == cfg.max_steps)
             stop_signals.check(self.ctx)
             excluded += time.perf_counter() - t0
 
@@ -227,6 +229,12 @@ class Trainer:
 
     def device_rng_state(self) -> torch.Tensor | None:
         return torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+
+    def save_if_due(self, step: int, last: bool = False) -> None:
+        """The checkpoint of `step` when the checkpointer says one is due, once its state proves savable."""
+        if self.checkpointer.due(step, last):
+            self.check_savable(step)
+            self.checkpointer.save(step)
 
     def check_savable(self, step: int) -> None:
         """Only weights that still give a finite loss are saved: a finite but exploded update (a huge
