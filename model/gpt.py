@@ -175,7 +175,7 @@ class CausalSelfAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         if mask is None:
             # Without a cache, or when prefilling an empty one, the plain causal mask is exact. (bool(): when the
-            # step is traced, T is a traced size; each trace serves one-token steps, so the flag is a constant.)
+            # step is traced, T is a traced size; each trace serves one token count, so the flag is a constant.)
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=bool(T > 1))
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)

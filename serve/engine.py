@@ -31,7 +31,7 @@ import torch
 
 from model.config import EOT_TOKEN
 from model.decode_trace import TracedSteps
-from model.generate import fastest_decode, traced_draft_steps
+from model.generate import fastest_decode, speculative_traced_steps
 from model.gpt import KVCache
 from model.sampling import SamplingParams, sample_rows
 from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats, cache_dtype, check_draft, speculative_step
@@ -152,10 +152,13 @@ class Engine:
         if decode not in DECODE_MODES:
             raise ValueError(f"decode {decode!r} is not one of {DECODE_MODES}")
         if draft is not None and decode == "traced":
-            raise ValueError("speculative decoding (a draft model) runs eager steps; use decode 'auto' or 'dynamic'")
+            raise ValueError("speculative decoding (a draft model) runs its own passes (traced under 'auto' where the "
+                             "rows allow, eager under 'dynamic'); use decode 'auto' or 'dynamic'")
         # auto: traced where generate() would trace; the engine has no CUDA-graph steps, so eager on CUDA.  With a
-        # draft, its one-token steps as generate() runs them.
-        self.draft_steps = traced_draft_steps(draft, device, decode) if draft is not None else None
+        # draft, both models' passes as generate() runs them.
+        self.target_steps, self.draft_steps = (speculative_traced_steps(model, device, decode),
+                                               speculative_traced_steps(draft, device, decode)) \
+            if draft is not None else (None, None)
         if decode == "auto":
             decode = "traced" if draft is None and fastest_decode(model, device) == "traced" else "dynamic"
         self.decode = decode
@@ -333,7 +336,7 @@ class Engine:
         k = min(self.draft_tokens, self.config.block_size - int(lengths.max()))
         proposals, kept, next_token, logits = speculative_step(
             self.model, self.draft, target_cache, draft_cache, tokens, lengths, k,
-            [s.params for s in self.active], [s.generator for s in self.active], self.draft_steps)
+            [s.params for s in self.active], [s.generator for s in self.active], self.target_steps, self.draft_steps)
         self.metrics.decode_batch.observe(len(self.active))
         self.metrics.speculative_passes.inc()
         step = SpeculativeStats(target_passes=1)
