@@ -8,12 +8,14 @@ measures it against the eager steps, ONNX Runtime and llama.cpp). generate(decod
 few proposals and the draft's catch-up the same way: a step of W tokens per row.
 
 The graph reads the cache through views that end at the new tokens' last column: every layer's keys and values
-(rows, heads, keys, head size), into whose last W columns the step writes its own keys and values, then attends
-them (through a causal mask given as an input when W > 1). Nothing in the graph depends on the number of keys, so one trace serves every length, and attention
-costs what the eager step's does (a graph over a fixed-size cache would attend every slot). It does depend on
-the number of rows and tokens (nn.Linear's row count is read in Python), so a trace is kept per row count and
-token count, with or without a mask, dtype and device, and per weights: weights changed in place since (a loaded state dict, an optimizer
-step) are traced anew. tests/test_decode_trace.py checks the tokens against the eager steps.
+(rows, heads, keys, head size), into whose last W columns the step writes its own keys and values (or, for rows
+at different lengths, the columns given for each row), then attends them (through a mask given as an input when
+W > 1 or the rows differ). Nothing in the graph depends on the number of keys, so one trace serves every length,
+and attention costs what the eager step's does (a graph over a fixed-size cache would attend every slot). It does
+depend on the number of rows and tokens (nn.Linear's row count is read in Python), so a trace is kept per row
+count and token count, with or without a mask and columns, dtype and device, and per weights: weights changed in
+place since (a loaded state dict, an optimizer step) are traced anew. tests/test_decode_trace.py checks the tokens
+against the eager steps.
 
 Why TorchScript's tracer although torch 2.13 marks it deprecated: torch.compile (Inductor on the CPU) ran the
 fp32 step at half the eager speed (its matmuls are not the oneDNN-packed ones), and cannot trace fbgemm's

@@ -12,7 +12,9 @@ top-k and top-p), and every row draws from its own seeded generator, so a seed g
 
 Rows keep different numbers of tokens at each step, so both models keep their KV cache in a RaggedKVCache
 (model/gpt.py): each row at its own length, positions and an attention mask per row, rejected tokens truncated.
-A row that is done (end-of-text, or max_new_tokens) leaves the batch.
+A row that is done (end-of-text, or max_new_tokens) leaves the batch.  Under decode `auto`, both models' passes
+after the prompt run as traced graphs (model/decode_trace.py): an eager pass over a few tokens spends as long in
+Python between operators as in them, which would eat most of what a step saves.
 """
 from __future__ import annotations
 
@@ -26,9 +28,9 @@ from model.gpt import GPT, RaggedKVCache
 from model.sampling import SamplingParams, draw, filter_logits, row_generators, settings_groups
 from runtime.errors import UserError
 
-# Draft tokens per step: the count Chen et al. (2023) used.  The best count grows with the draft's acceptance rate
-# and falls with its cost relative to the target's (Leviathan et al. 2023); `python -m bench.experiments
-# speculative` times 2, 4 and 6 with this project's trained drafts (on its CPU-sized models none paid yet).
+# Draft tokens per step.  The best count grows with the draft's acceptance rate and falls with its cost relative to
+# the target's (Leviathan et al. 2023) and with the rows checked together; of the counts `python -m bench.experiments
+# speculative` times, 4 is the one that paid in every case it measures (greedy at batch 1 and 4, sampled).
 DEFAULT_DRAFT_TOKENS = 4
 
 

@@ -156,9 +156,9 @@ class Engine:
                              "rows allow, eager under 'dynamic'); use decode 'auto' or 'dynamic'")
         # auto: traced where generate() would trace; the engine has no CUDA-graph steps, so eager on CUDA.  With a
         # draft, both models' passes as generate() runs them.
-        self.target_steps, self.draft_steps = (speculative_traced_steps(model, device, decode),
-                                               speculative_traced_steps(draft, device, decode)) \
-            if draft is not None else (None, None)
+        self.target_steps, self.draft_steps = (
+            speculative_traced_steps(model, device, decode, max_batch_size),
+            speculative_traced_steps(draft, device, decode, max_batch_size)) if draft is not None else (None, None)
         if decode == "auto":
             decode = "traced" if draft is None and fastest_decode(model, device) == "traced" else "dynamic"
         self.decode = decode
