@@ -1,11 +1,13 @@
-"""Speculative decoding with the project's own drafts: a trained target, drafts row-pruned from it and a smaller
-trained preset, timed against the target decoding alone on its fastest path.
+"""Speculative decoding with the project's own drafts: a trained target, drafts row-pruned from it, a smaller
+trained preset and its int8 copy, timed against the target decoding alone on its fastest path.
 
     python -m bench.experiments speculative       # small-cpu trained 1,000 steps; row 50% and 75% drafts; tiny
+                                                  # and tiny int8
 
 The models are made by the project's own tools in the work folder (out/bench/speculative/): `train.py` trains
-the target and the smaller draft on the same text, and `prune/iterative.py --method row` prunes the target into
-the other drafts (heads and MLP units removed, fine-tuned after each round).  A folder made by the same command
+the target and the smaller draft on the same text, `prune/iterative.py --method row` prunes the target into two
+more drafts (heads and MLP units removed, fine-tuned after each round), and `quantize/dynamic.py --head int8`
+quantizes the smaller draft.  A folder made by the same command
 (recorded beside it as bench_command.json) is reused; any other is made again.  On random weights acceptance says
 nothing, so every figure here comes from trained models.
 
@@ -14,9 +16,10 @@ on the CPU), each draft decoding alone (its cost), and the target with each draf
 turns whose order reverses every other round, on prompts of English from the built-in corpus's validation split
 (a new window per round), greedy at each batch size and sampled (seeded) at batch 1, a fixed number of new tokens
 (end-of-text does not stop a row).  Speed-ups are medians of per-round paired ratios; acceptance is summed over the
-rounds; every greedy speculative run's tokens are compared with the target's own.  The text each batch's target
-decodes is reported with it: greedy decoding of a small CPU-trained model can settle into a run of one token (a
-newline), which any draft predicts, so the sampled rows are the ones that show a draft's acceptance on text.
+rounds; every greedy speculative run's tokens are compared with the target's own.  Then `python -m serve --draft`
+is timed against the server alone (bench/speculative_server.py).  The text each batch's target decodes
+is reported with it: greedy decoding of a small CPU-trained model can settle into a run of one token (a newline),
+which any draft predicts, so the sampled rows are the ones that show a draft's acceptance on text.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from tqdm import tqdm
 
 from bench.experiment import Experiment, ExperimentError, SettingsError
 from bench.experiments.generate_speed import real_prompts
+from bench.speculative_server import ServerComparison, compare_servers
 from bench.record import plt
 from bench.report_page import Page, num
 from bench.runner import ROOT, TRAIN_SCRIPT, run_command
@@ -40,8 +44,9 @@ from model.artifact import load_model
 from model.config import PRESETS
 from model.generate import generate
 from model.sampling import SamplingParams
-from model.speculative import SpeculativeStats
+from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats
 from prune.config import PruneConfig
+from quantize.dynamic import QuantizeConfig
 from runtime.cli import check_options, flag, non_default_flags, option
 from runtime.timing import Environment, Spread, environment, paired_ratio, timed_call
 from training.config import TrainConfig
@@ -57,6 +62,8 @@ class Settings:
     target_preset: str = option("small-cpu", "the target's model preset", choices=tuple(PRESETS))
     draft_preset: str | None = option("tiny", "a smaller preset trained on the same text as a draft (none: only "
                                               "pruned drafts)", choices=tuple(PRESETS))
+    int8_draft: bool = option(True, "also time the smaller draft quantized by `quantize/dynamic.py --head int8` "
+                                    "(its linears, embedding and head in int8)")
     train_steps: int = option(1000, "training steps of the target and of the smaller draft", min=1)
     train_batch_size: int = option(4, "their training batch", min=1)
     train_block_size: int = option(256, "their training context", min=1)
@@ -68,9 +75,12 @@ class Settings:
     batch_sizes: list[int] = option([1, 4], "rows decoded together", min=1)
     prompt_tokens: int = option(32, "prompt length", min=1)
     new_tokens: int = option(128, "new tokens per row", min=1)
-    rounds: int = option(5, "timed rounds (after one warm-up)", min=1)
+    rounds: int = option(7, "timed rounds (after one warm-up)", min=1)
     sampled_temperature: float = option(0.8, "also time batch 1 sampling at this temperature (seeded), for the "
                                              "acceptance of sampled tokens (0: greedy only)", min=0)
+    server_clients: list[int] = option([1, 4], "concurrency levels at which `python -m serve --draft` (with the "
+                                               "draft that paid best for one greedy row, at the default K) is timed "
+                                               "against the server alone (none: no servers)", min=1)
     threads: int | None = option(None, "CPU threads for torch (default: torch's choice)", min=1)
 
     def __post_init__(self):
@@ -122,6 +132,7 @@ class SpeculativeSpeed:
     new_tokens: int
     rounds: int
     batches: list[BatchResult]
+    server: ServerComparison | None  # None: --server-clients gave no level
     environment: Environment
 
 
@@ -181,6 +192,14 @@ def model_jobs(settings: Settings, work_dir: Path) -> list[ModelJob]:
         folder = work_dir / f"draft-{settings.draft_preset}"
         flags = train_flags(settings, settings.draft_preset, folder)
         jobs.append(ModelJob(settings.draft_preset, folder, train_command_for(flags), flags))
+        if settings.int8_draft:
+            int8_folder = work_dir / f"draft-{settings.draft_preset}-int8"
+            config = QuantizeConfig(checkpoint=str(folder), out_dir=str(int8_folder), head="int8",
+                                    dataset=settings.dataset, repeats=1, new_tokens=8)
+            int8_flags = non_default_flags(config)
+            jobs.append(ModelJob(f"{settings.draft_preset} int8", int8_folder,
+                                 [sys.executable, str(ROOT / "quantize" / "dynamic.py"), *int8_flags],
+                                 int8_flags + flags))
     return jobs
 
 
@@ -210,8 +229,16 @@ def measure(settings: Settings, work_dir: Path) -> SpeculativeSpeed:
             settings.rounds + 1, batch, settings.prompt_tokens)
         batches.append(time_batch(target, models, drafts, prompts, params, draft_tokens))
         print_batch(batches[-1])
+    server = None
+    if settings.server_clients:
+        # The draft that paid best greedy at the first batch size and the default K (any K, if that is not timed).
+        variants = batches[0].variants
+        name = max([v for v in variants if v.draft_tokens == DEFAULT_DRAFT_TOKENS] or variants,
+                   key=lambda v: v.speedup).draft
+        server = compare_servers(folders[TARGET], name, folders[name], DEFAULT_DRAFT_TOKENS, settings.server_clients,
+                                 settings.new_tokens, settings.rounds, work_dir)
     return SpeculativeSpeed(records[TARGET], [records[name] for name in drafts], settings.prompt_tokens,
-                            settings.new_tokens, settings.rounds, batches, environment(torch.device("cpu")))
+                            settings.new_tokens, settings.rounds, batches, server, environment(torch.device("cpu")))
 
 
 def time_batch(target, models: dict, drafts: list[str], prompts: torch.Tensor, params: SamplingParams,
@@ -295,12 +322,26 @@ def section(res: SpeculativeSpeed, page: Page) -> None:
                    [[v.draft, f"{batch.draft_cost[v.draft]:.2f}", str(v.draft_tokens), f"{v.acceptance_rate:.1%}",
                      f"{v.tokens_per_target_pass:.2f}", num(v.tokens_per_s.median), f"{v.speedup:.2f}x",
                      TOKENS_NOTE[v.identical_tokens]] for v in batch.variants])
+    if res.server is not None:
+        server_section(res.server, page)
+
+
+def server_section(server: ServerComparison, page: Page) -> None:
+    page.add(f"The server: `python -m serve --draft` ({server.draft}, K = {server.draft_tokens}) against the same "
+             f"target served alone, streaming `/generate` requests of {server.new_tokens} new tokens (the load "
+             f"test's prompts; sampled: temperature 0.8, top-k 200), medians of {server.rounds} interleaved rounds "
+             f"(bench/speculative_server.py).\n")
+    page.table(["clients", "decoding", "alone, tokens/s", "with the draft, tokens/s", "speed-up", "acceptance",
+                "latency p50 alone / with the draft, ms"],
+               [[str(lv.clients), lv.decoding, num(lv.alone_tokens_per_s.median),
+                 num(lv.speculative_tokens_per_s.median), f"{lv.speedup:.2f}x", f"{lv.acceptance_rate:.1%}",
+                 f"{lv.alone_latency_ms:.0f} / {lv.speculative_latency_ms:.0f}"] for lv in server.levels])
 
 
 EXPERIMENT = Experiment(
     name="speculative", title="Speculative decoding with pruned and smaller drafts", about=__doc__,
     settings=Settings,
     quick=Settings(train_steps=100, prune_targets=[0.5], prune_rounds=1, prune_finetune_steps=10, draft_tokens=[4],
-                   batch_sizes=[1], new_tokens=64, rounds=1, sampled_temperature=0),
+                   batch_sizes=[1], new_tokens=64, rounds=1, sampled_temperature=0, server_clients=[1]),
     full=Settings(),
     result=SpeculativeSpeed, measure=measure, plot=plot, section=section)
