@@ -53,9 +53,10 @@ class _StepCache(KVCache):
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         if self.columns is not None:
-            index = self.columns[:, None, :, None].expand_as(k)
-            self.k[layer].scatter_(2, index, k)
-            self.v[layer].scatter_(2, index, v)
+            # Indexing by (row, column) pairs writes a few columns of a strided view faster than a scatter does.
+            rows = torch.arange(k.size(0), device=k.device)[:, None]
+            self.k[layer][rows, :, self.columns] = k.transpose(1, 2)
+            self.v[layer][rows, :, self.columns] = v.transpose(1, 2)
         else:
             # The step's last columns, whatever the views' width: a slice from the end is recorded as such, not as
             # a number (the step's own width is a constant: a trace serves one width).
@@ -172,6 +173,22 @@ class TracedSteps:
             logits = self(tokens, positions, mask, keys, values)
         cache.advance(width)
         return logits
+
+
+def last_logits(model: GPT, cache: KVCache, inputs: torch.Tensor, positions: int,
+                steps: TracedSteps | None) -> torch.Tensor:
+    """`model`'s logits (rows, positions, vocab) at the last `positions` of `inputs` (rows, W) fed into `cache` (a
+    RaggedKVCache's rows each at its own length): what the server's steps and speculative decoding run.
+    With `steps`, the model's traced steps, the passes after the prompt (a few tokens per row) run as traced
+    graphs, one per row count and width, where an eager pass would spend as long in Python between operators as
+    in them.  Otherwise, and for the prompt, one eager pass."""
+    if steps is not None and 0 < cache.length:
+        return steps.step(cache, inputs)[:, -positions:]
+    if positions == 1:
+        return model(inputs, cache=cache, last_only=True)[0]
+    hidden = model.hidden_states(inputs, cache)
+    # The output head on the last positions only: the first pass also feeds the whole prompt.
+    return model.lm_head(hidden[:, -positions:])[..., :model.config.vocab_size]
 
 
 class TracedDecoder:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from model.config import EOT_TOKEN
-from model.decode_trace import TracedSteps
+from model.decode_trace import TracedSteps, last_logits
 from model.gpt import GPT, RaggedKVCache
 from model.sampling import SamplingParams, draw, filter_logits, row_generators, settings_groups
 from runtime.errors import UserError
@@ -126,19 +126,6 @@ def row_distributions(logits: torch.Tensor, params: list[SamplingParams]) -> tor
             dist = sampling_probs(group.reshape(-1, vocab), p).view(len(rows_in_group), positions, vocab)
         probs.index_copy_(0, index, dist)
     return probs
-
-
-def last_logits(model: GPT, cache: RaggedKVCache, inputs: torch.Tensor, positions: int,
-                steps: TracedSteps | None) -> torch.Tensor:
-    """`model`'s logits (rows, positions, vocab) at the last `positions` of `inputs` (rows, W) fed into `cache`.
-    With `steps`, the model's traced steps, the passes after the prompt (a few tokens per row) run as traced
-    graphs, one per row count and width, where an eager pass would spend as long in Python between operators as
-    in them.  Otherwise, and for the prompt, one eager pass."""
-    if steps is not None and 0 < cache.length:
-        return steps.step(cache, inputs)[:, -positions:]
-    hidden = model.hidden_states(inputs, cache)
-    # The output head on the last positions only: the first pass also feeds the whole prompt.
-    return model.lm_head(hidden[:, -positions:])[..., :model.config.vocab_size]
 
 
 def propose(draft: GPT, cache: RaggedKVCache, tokens: torch.Tensor, lengths: torch.Tensor, k: int,
