@@ -90,6 +90,25 @@ def request_body(i: int, max_new_tokens: int) -> dict:
             "top_k": 200, "seed": i, "stream": True}
 
 
+def exact_request_body(i: int, max_new_tokens: int) -> dict:
+    """Request i (`request_body`), going on past end-of-text so that it makes exactly `max_new_tokens` tokens:
+    what the benchmarks send, so that every server makes the same tokens."""
+    return {**request_body(i, max_new_tokens), "ignore_eos": True}
+
+
+def level_name(clients: int) -> str:
+    return f"{clients} client{'s' if clients > 1 else ''}"
+
+
+def checked(level: LevelResult, new_tokens: int) -> LevelResult:
+    """A level in which every request made exactly `new_tokens` tokens, or an error naming the first failure."""
+    for outcome in level.outcomes:
+        if outcome.status != 200 or outcome.error or outcome.tokens != new_tokens:
+            raise LoadTestError(f"a request at concurrency {level.concurrency} failed: status {outcome.status}, "
+                                f"{outcome.tokens} of {new_tokens} tokens, {outcome.error or 'no error text'}")
+    return level
+
+
 async def one_request(client: httpx.AsyncClient, url: str, body: dict, timeout_s: float) -> Outcome:
     start = time.perf_counter()
     try:

@@ -4,15 +4,18 @@ At batch 1 on the CPU a GPT-2 124M decode step is ~150 small operators, and in e
 them (module calls, argument checks, dispatch) is a large share of an int8 step, whose products read only 125 MB.
 Traced once, the step runs in TorchScript's interpreter with no Python in between (bench/results/generate_speed.json
 measures it against the eager steps, ONNX Runtime and llama.cpp). generate(decode="traced") and the server
-(serve/engine.py) decode through it.
+(serve/engine.py) decode through it, and speculative decoding (model/speculative.py) runs the target's check of a
+few proposals and the draft's catch-up the same way: a step of W tokens per row.
 
-The graph reads the cache through views that end at the new token's column: every layer's keys and values
-(rows, heads, keys, head size), into whose last column the step writes its own key and value, then attends all
-of them. Nothing in the graph depends on the number of keys, so one trace serves every length, and attention
-costs what the eager step's does (a graph over a fixed-size cache would attend every slot). It does depend on
-the number of rows (nn.Linear's row count is read in Python), so a trace is kept per row count, with or without
-a mask, dtype and device, and per weights: weights changed in place since (a loaded state dict, an optimizer
-step) are traced anew. tests/test_decode_trace.py checks the tokens against the eager steps.
+The graph reads the cache through views that end at the new tokens' last column: every layer's keys and values
+(rows, heads, keys, head size), into whose last W columns the step writes its own keys and values (or, for rows
+at different lengths, the columns given for each row), then attends them (through a mask given as an input when
+W > 1 or the rows differ). Nothing in the graph depends on the number of keys, so one trace serves every length,
+and attention costs what the eager step's does (a graph over a fixed-size cache would attend every slot). It does
+depend on the number of rows and tokens (nn.Linear's row count is read in Python), so a trace is kept per row
+count and token count, with or without a mask and columns, dtype and device, and per weights: weights changed in
+place since (a loaded state dict, an optimizer step) are traced anew. tests/test_decode_trace.py checks the tokens
+against the eager steps.
 
 Why TorchScript's tracer although torch 2.13 marks it deprecated: torch.compile (Inductor on the CPU) ran the
 fp32 step at half the eager speed (its matmuls are not the oneDNN-packed ones), and cannot trace fbgemm's
@@ -27,7 +30,7 @@ import weakref
 
 import torch
 
-from model.gpt import GPT, KVCache
+from model.gpt import GPT, KVCache, RaggedKVCache
 from model.packed_linear import PackedLinear, packed_while
 
 log = logging.getLogger(__name__)
@@ -40,17 +43,25 @@ KEPT_TRACES = 8
 
 class _StepCache(KVCache):
     """One step's cache over the views handed to the graph; the Python-side count of filled positions (and the
-    overflow check) stays with the caller, outside the graph."""
+    overflow check) stays with the caller, outside the graph.  `columns` (B, W), when given: where each row's
+    tokens go (rows at different lengths); else the views' last W columns."""
 
     def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], positions: torch.Tensor,
-                 mask: torch.Tensor | None):
-        self.k, self.v, self.positions, self.mask = k, v, positions, mask
+                 mask: torch.Tensor | None, columns: torch.Tensor | None):
+        self.k, self.v, self.positions, self.mask, self.columns = k, v, positions, mask, columns
         self.max_len, self.length = 0, 0
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        # The last column, whatever the views' width: a slice from -1 is recorded as such, not as a number.
-        self.k[layer][:, :, -1:] = k
-        self.v[layer][:, :, -1:] = v
+        if self.columns is not None:
+            # Indexing by (row, column) pairs writes a few columns of a strided view faster than a scatter does.
+            rows = torch.arange(k.size(0), device=k.device)[:, None]
+            self.k[layer][rows, :, self.columns] = k.transpose(1, 2)
+            self.v[layer][rows, :, self.columns] = v.transpose(1, 2)
+        else:
+            # The step's last columns, whatever the views' width: a slice from the end is recorded as such, not as
+            # a number (the step's own width is a constant: a trace serves one width).
+            self.k[layer][:, :, -k.size(2):] = k
+            self.v[layer][:, :, -v.size(2):] = v
         return self.k[layer], self.v[layer]
 
     def attention_inputs(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -61,21 +72,23 @@ class _StepCache(KVCache):
 
 
 class _DecodeStep(torch.nn.Module):
-    """(tokens (B, 1), positions (B, 1), [mask (B, 1, 1, keys)], every layer's keys, then values) -> logits."""
+    """(tokens (B, W), positions (B, W), [mask (B, 1, W, keys)], [columns (B, W)], every layer's keys, then
+    values) -> logits (B, W, vocab)."""
 
-    def __init__(self, model: GPT, masked: bool):
+    def __init__(self, model: GPT, masked: bool, placed: bool):
         super().__init__()
-        self.model, self.masked = model, masked
+        self.model, self.masked, self.placed = model, masked, placed
         # The oneDNN-packed weights are derived copies outside the model's state; registered here, the trace
         # reads them as its module's state rather than failing to embed them as constants.
         for i, layer in enumerate(m for m in model.modules() if isinstance(m, PackedLinear)):
             self.register_buffer(f"packed_{i}", layer.packed_weight(), persistent=False)
 
     def forward(self, tokens, positions, *tensors):
-        mask, keys_values = (tensors[0], tensors[1:]) if self.masked else (None, tensors)
+        mask, tensors = (tensors[0], tensors[1:]) if self.masked else (None, tensors)
+        columns, keys_values = (tensors[0], tensors[1:]) if self.placed else (None, tensors)
         layers = len(keys_values) // 2
-        cache = _StepCache(list(keys_values[:layers]), list(keys_values[layers:]), positions, mask)
-        return self.model(tokens, cache=cache, last_only=True)[0]
+        cache = _StepCache(list(keys_values[:layers]), list(keys_values[layers:]), positions, mask, columns)
+        return self.model(tokens, cache=cache)[0]
 
 
 def _weights_version(model: GPT) -> tuple:
@@ -85,12 +98,14 @@ def _weights_version(model: GPT) -> tuple:
     return tuple((id(t), None if t.is_inference() else t._version) for t in (*model.parameters(), *model.buffers()))
 
 
-def _trace(model: GPT, tokens: torch.Tensor, masked: bool, keys: list[torch.Tensor]) -> torch.jit.ScriptModule:
-    # Tracing runs the step once, for real: on two columns of zeros, so that the cache is written only by the
-    # calls, and no copy of a long cache is made.
-    rows, device = tokens.size(0), tokens.device
-    sample = [torch.zeros(k.shape[:2] + (2,) + k.shape[3:], dtype=k.dtype, device=device) for k in keys * 2]
-    mask = [torch.ones(rows, 1, 1, 2, dtype=torch.bool, device=device)] if masked else []
+def _trace(model: GPT, tokens: torch.Tensor, masked: bool, placed: bool,
+           keys: list[torch.Tensor]) -> torch.jit.ScriptModule:
+    # Tracing runs the step once, for real: on one more column of zeros than the step's tokens, so that the cache
+    # is written only by the calls, and no copy of a long cache is made.
+    (rows, width), device = tokens.shape, tokens.device
+    sample = [torch.zeros(k.shape[:2] + (width + 1,) + k.shape[3:], dtype=k.dtype, device=device) for k in keys * 2]
+    mask = [torch.ones(rows, 1, width, width + 1, dtype=torch.bool, device=device)] if masked else []
+    columns = [torch.arange(1, width + 1, device=device).expand(rows, width)] if placed else []
     started = time.perf_counter()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*torch.jit")
@@ -98,18 +113,19 @@ def _trace(model: GPT, tokens: torch.Tensor, masked: bool, keys: list[torch.Tens
         # trace serves one row count.
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         with packed_while(model):  # the trace multiplies through oneDNN-packed weights, whether or not the model does
-            step = torch.jit.trace(_DecodeStep(model, masked), (tokens, torch.zeros_like(tokens), *mask, *sample),
-                                   check_trace=False)
-    log.info("traced the decode step for %d row(s)%s in %.2fs", rows, " with a mask" if masked else "",
+            step = torch.jit.trace(_DecodeStep(model, masked, placed),
+                                   (tokens, torch.zeros_like(tokens), *mask, *columns, *sample), check_trace=False)
+    log.info("traced the decode step for %d row(s) of %d token(s)%s%s in %.2fs", rows, width,
+             " with a mask" if masked else "", " at each row's own columns" if placed else "",
              time.perf_counter() - started)
     return step
 
 
 class TracedSteps:
-    """The traced decode steps of `model` as its weights are now, made on first use for each row count (and
-    mask or none), at most `kept` of them (the oldest goes first), and kept with the model for later instances
-    while its weights stay the same. Weights changed after an instance is made are not seen by it: checking
-    walks every parameter (0.2 ms for GPT-2 124M), which is done once, not at every step."""
+    """The traced decode steps of `model` as its weights are now, made on first use for each row count, token
+    count (and mask or none), at most `kept` of them (the oldest goes first), and kept with the model for later
+    instances while its weights stay the same. Weights changed after an instance is made are not seen by it:
+    checking walks every parameter (0.2 ms for GPT-2 124M), which is done once, not at every step."""
 
     def __init__(self, model: GPT, kept: int = KEPT_TRACES):
         self.kept = kept
@@ -121,31 +137,58 @@ class TracedSteps:
         self.model, self.traces = model, traces
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
-                 keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
-        """The logits (B, 1, vocab) of `model(tokens, ...)` for one token per row, run as a traced graph.
+                 keys: list[torch.Tensor], values: list[torch.Tensor],
+                 columns: torch.Tensor | None = None) -> torch.Tensor:
+        """The logits (B, W, vocab) of `model(tokens, ...)` for W tokens per row, run as a traced graph.
 
-        `keys` and `values`: each layer's (B, heads, n, head size) views of a cache, whose first n - 1 columns
-        hold the rows' earlier keys and values and whose last column the step fills with the new token's;
-        `positions` (B, 1): each token's position; `mask` (B, 1, 1, n), True where a row may attend a column
-        (its own included), or None to attend all n.
+        `keys` and `values`: each layer's (B, heads, n, head size) views of a cache, whose first n - W columns
+        hold the rows' earlier keys and values and whose last W columns the step fills with the new tokens'
+        (or, given `columns` (B, W), the columns it names in each row); `positions` (B, W): each token's
+        position; `mask` (B, 1, W, n), True where a token may attend a column (its own included), or None to
+        attend all n (one token per row, written to the last column, only).
         """
-        key = (tokens.size(0), mask is not None, keys[0].dtype, tokens.device)
+        key = (*tokens.shape, mask is not None, columns is not None, keys[0].dtype, tokens.device)
         step = self.traces.get(key)
         if step is None:
             while len(self.traces) >= self.kept:
                 del self.traces[next(iter(self.traces))]  # the oldest
-            step = self.traces[key] = _trace(self.model, tokens, mask is not None, keys)
-        return step(tokens, positions, *([] if mask is None else [mask]), *keys, *values)
+            step = self.traces[key] = _trace(self.model, tokens, mask is not None, columns is not None, keys)
+        return step(tokens, positions, *([] if mask is None else [mask]), *([] if columns is None else [columns]),
+                    *keys, *values)
 
     def step(self, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
-        """`model(tokens, cache=cache, last_only=True)[0]` for (B, 1) tokens when every row's next token goes to
-        column `cache.length` (a KVCache; a RaggedKVCache whose rows are all that long)."""
-        cache.check_room(tokens.size(1))
-        end = cache.length + 1
-        positions = torch.full_like(tokens, cache.length)
-        logits = self(tokens, positions, None, [k[:, :, :end] for k in cache.k], [v[:, :, :end] for v in cache.v])
-        cache.advance(1)
+        """`model(tokens, cache=cache)[0]` for (B, W) tokens: a KVCache's rows take them from column
+        `cache.length` on, a RaggedKVCache's each from its own length."""
+        width = tokens.size(1)
+        cache.check_room(width)
+        end = cache.length + width
+        keys, values = [k[:, :, :end] for k in cache.k], [v[:, :, :end] for v in cache.v]
+        if isinstance(cache, RaggedKVCache) and not cache.aligned():
+            positions, mask = cache.attention_inputs(width, tokens.device)
+            logits = self(tokens, positions, mask, keys, values, columns=positions)
+        else:
+            positions = torch.arange(cache.length, end, device=tokens.device).expand_as(tokens)
+            # Several tokens attend causally among themselves: each sees the columns up to its own.
+            mask = None if width == 1 else (torch.arange(end, device=tokens.device) <= positions[:, :, None])[:, None]
+            logits = self(tokens, positions, mask, keys, values)
+        cache.advance(width)
         return logits
+
+
+def last_logits(model: GPT, cache: KVCache, inputs: torch.Tensor, positions: int,
+                steps: TracedSteps | None) -> torch.Tensor:
+    """`model`'s logits (rows, positions, vocab) at the last `positions` of `inputs` (rows, W) fed into `cache` (a
+    RaggedKVCache's rows each at its own length): what the server's steps and speculative decoding run.
+    With `steps`, the model's traced steps, the passes after the prompt (a few tokens per row) run as traced
+    graphs, one per row count and width, where an eager pass would spend as long in Python between operators as
+    in them.  Otherwise, and for the prompt, one eager pass."""
+    if steps is not None and 0 < cache.length:
+        return steps.step(cache, inputs)[:, -positions:]
+    if positions == 1:
+        return model(inputs, cache=cache, last_only=True)[0]
+    hidden = model.hidden_states(inputs, cache)
+    # The output head on the last positions only: the first pass also feeds the whole prompt.
+    return model.lm_head(hidden[:, -positions:])[..., :model.config.vocab_size]
 
 
 class TracedDecoder:

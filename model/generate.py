@@ -33,10 +33,14 @@ def fastest_decode(model: torch.nn.Module, device: torch.device) -> str:
     return {"cpu": "traced", "cuda": "cuda-graph"}.get(device.type, "dynamic")
 
 
-def traced_draft_steps(draft: torch.nn.Module, device: torch.device, decode: str) -> TracedSteps | None:
-    """Under `auto`, a speculative draft's one-token steps run traced where its plain decoding would be (while
-    the batch's rows are aligned, model/speculative.py); None: eager steps."""
-    return TracedSteps(draft) if decode == "auto" and fastest_decode(draft, device) == "traced" else None
+def speculative_traced_steps(model: torch.nn.Module, device: torch.device, decode: str,
+                             max_rows: int) -> TracedSteps | None:
+    """Under `auto`, a speculative target's or draft's passes of a few tokens run traced where its plain decoding
+    would be (model/speculative.py); None: eager passes.  Up to `max_rows` rows decode together: a trace is kept
+    for each row count (rows leave as they finish), each of two widths (the draft's one or two tokens, the
+    target's K + 1 or fewer near the end of its context) and each placement (rows aligned or not)."""
+    traced = decode == "auto" and fastest_decode(model, device) == "traced"
+    return TracedSteps(model, kept=4 * max_rows) if traced else None
 
 
 @torch.inference_mode()
@@ -65,10 +69,12 @@ def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: b
         raise ValueError(f"decode {decode!r} is not one of {DECODE_MODES}")
     if draft is not None:
         if decode not in ("auto", "dynamic") or not use_cache:
-            raise ValueError(f"speculative decoding (a draft model) runs eager steps with the KV cache; use decode "
-                             f"'auto' or 'dynamic' (got {decode!r}) and use_cache=True")
+            raise ValueError(f"speculative decoding (a draft model) runs its own passes with the KV cache (traced "
+                             f"under 'auto' where the rows allow, eager under 'dynamic'); use decode 'auto' or "
+                             f"'dynamic' (got {decode!r}) and use_cache=True")
         return speculative_generate(model, draft, idx, params, draft_tokens, on_token, stats,
-                                    traced_draft_steps(draft, idx.device, decode))
+                                    speculative_traced_steps(model, idx.device, decode, B),
+                                    speculative_traced_steps(draft, idx.device, decode, B))
     if decode == "auto":
         decode = fastest_decode(model, idx.device)
     if decode == "cuda-graph" and idx.device.type != "cuda":

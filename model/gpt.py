@@ -61,7 +61,8 @@ class KVCache:
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
     def attention_inputs(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Positions and mask for the next T tokens when the cache decides them (StaticKVCache); None here."""
+        """Positions and mask for the next T tokens when the cache decides them (StaticKVCache, RaggedKVCache);
+        None here."""
         return None
 
     def advance(self, T: int) -> None:
@@ -118,9 +119,10 @@ class RaggedKVCache(KVCache):
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         self.check_room(k.size(2))
-        index = self.columns(k.size(2))[:, None, :, None].expand_as(k)
-        self.k[layer].scatter_(2, index, k)
-        self.v[layer].scatter_(2, index, v)
+        # Indexing by (row, column) pairs writes a few columns faster than a scatter does.
+        rows, columns = torch.arange(k.size(0), device=k.device)[:, None], self.columns(k.size(2))
+        self.k[layer][rows, :, columns] = k.transpose(1, 2)
+        self.v[layer][rows, :, columns] = v.transpose(1, 2)
         end = self.length + k.size(2)
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
@@ -175,7 +177,7 @@ class CausalSelfAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         if mask is None:
             # Without a cache, or when prefilling an empty one, the plain causal mask is exact. (bool(): when the
-            # step is traced, T is a traced size; each trace serves one-token steps, so the flag is a constant.)
+            # step is traced, T is a traced size; each trace serves one token count, so the flag is a constant.)
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=bool(T > 1))
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
@@ -245,17 +247,14 @@ class GPT(nn.Module):
             n -= (self.config.padded_vocab_size - self.config.vocab_size) * self.config.n_embd
         return n
 
-    def forward(self, idx, targets=None, cache: KVCache | None = None,
-                positions: torch.Tensor | None = None, key_mask: torch.Tensor | None = None,
-                last_only: bool = False):
+    def forward(self, idx, targets=None, cache: KVCache | None = None, last_only: bool = False):
         """Logits (and the mean cross-entropy when `targets` is given; while training, the loss alone).
 
-        `cache` continues a sequence from `cache.length`; `positions` (B, T) and
-        `key_mask` (B, keys: True where a key may be attended) serve left-padded
-        batches of different prompt lengths.  `last_only` computes logits for the
-        final position only, which is all that sampling needs.
+        `cache` continues its rows: from `cache.length`, or where the cache says (a RaggedKVCache's rows each at
+        its own length).  `last_only` computes logits for the final position only, which is all that sampling
+        needs.
         """
-        x = self.hidden_states(idx, cache, positions, key_mask, last_only)
+        x = self.hidden_states(idx, cache, last_only)
         if targets is not None and self.training and torch.is_grad_enabled() and type(self.lm_head) is Linear:
             # Training: the head and the loss fused (model/head_loss.py); no logits are kept or returned.
             return None, head_cross_entropy(x, self.lm_head.weight, targets, self.config.vocab_size)
@@ -272,21 +271,21 @@ class GPT(nn.Module):
         loss = F.cross_entropy(padded.reshape(-1, padded.size(-1)), targets.reshape(-1), ignore_index=-1)
         return padded[..., :vocab], loss
 
-    def hidden_states(self, idx, cache: KVCache | None = None, positions: torch.Tensor | None = None,
-                      key_mask: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
+    def hidden_states(self, idx, cache: KVCache | None = None, last_only: bool = False) -> torch.Tensor:
         """The final LayerNorm's output, which the output head turns into logits (see `forward`)."""
-        B, T = idx.shape
+        T = idx.size(1)
         start = cache.length if cache is not None else 0
-        static = cache.attention_inputs(T, idx.device) if cache is not None else None
-        if static is not None:
-            positions, mask = static
+        decided = cache.attention_inputs(T, idx.device) if cache is not None else None
+        if decided is not None:
+            positions, mask = decided
         else:
-            if positions is None:
-                if start + T > self.config.block_size:
-                    raise ContextOverflow(f"sequence of {start + T} tokens exceeds block_size="
-                                          f"{self.config.block_size}")
-                positions = torch.arange(start, start + T, device=idx.device)
-            mask = self._attention_mask(B, T, start, key_mask, idx.device)
+            if start + T > self.config.block_size:
+                raise ContextOverflow(f"sequence of {start + T} tokens exceeds block_size={self.config.block_size}")
+            positions = torch.arange(start, start + T, device=idx.device)
+            # SDPA's own causal flag is exact without a cache, for a one-token step, and when prefilling an empty
+            # cache; otherwise the new tokens see every earlier column and each other causally.
+            mask = None if start == 0 or T == 1 else \
+                torch.ones(T, start + T, dtype=torch.bool, device=idx.device).tril(diagonal=start)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(positions))
         for block in self.transformer.h:
             if self.gradient_checkpointing and self.training:
@@ -297,20 +296,3 @@ class GPT(nn.Module):
             cache.advance(T)
         x = self.transformer.ln_f(x)
         return x[:, -1:] if last_only else x
-
-    @staticmethod
-    def _attention_mask(B, T, start, key_mask, device):
-        """Boolean (B, 1, T, keys) mask, or None when SDPA's own causal flag is exact."""
-        if key_mask is None and (start == 0 or T == 1):
-            return None
-        keys = start + T
-        causal = torch.ones(T, keys, dtype=torch.bool, device=device).tril(diagonal=start)
-        mask = causal.expand(B, 1, T, keys)
-        if key_mask is not None:
-            mask = mask & key_mask[:, None, None, :keys]
-            # A padding query that may attend nothing would turn into NaN and leak
-            # into later layers through its value vector; let it attend itself.
-            own = torch.zeros(T, keys, dtype=torch.bool, device=device)
-            own[torch.arange(T), torch.arange(start, keys)] = True
-            mask = mask | own
-        return mask

@@ -12,7 +12,9 @@ top-k and top-p), and every row draws from its own seeded generator, so a seed g
 
 Rows keep different numbers of tokens at each step, so both models keep their KV cache in a RaggedKVCache
 (model/gpt.py): each row at its own length, positions and an attention mask per row, rejected tokens truncated.
-A row that is done (end-of-text, or max_new_tokens) leaves the batch.
+A row that is done (end-of-text, or max_new_tokens) leaves the batch.  Under decode `auto`, both models' passes
+after the prompt run as traced graphs (model/decode_trace.py): an eager pass over a few tokens spends as long in
+Python between operators as in them, which would eat most of what a step saves.
 """
 from __future__ import annotations
 
@@ -21,14 +23,14 @@ from dataclasses import dataclass
 import torch
 
 from model.config import EOT_TOKEN
-from model.decode_trace import TracedSteps
+from model.decode_trace import TracedSteps, last_logits
 from model.gpt import GPT, RaggedKVCache
 from model.sampling import SamplingParams, draw, filter_logits, row_generators, settings_groups
 from runtime.errors import UserError
 
-# Draft tokens per step: the count Chen et al. (2023) used.  The best count grows with the draft's acceptance rate
-# and falls with its cost relative to the target's (Leviathan et al. 2023); `python -m bench.experiments
-# speculative` times 2, 4 and 6 with this project's trained drafts (on its CPU-sized models none paid yet).
+# Draft tokens per step.  The best count grows with the draft's acceptance rate and falls with its cost relative to
+# the target's (Leviathan et al. 2023) and with the rows checked together; of the counts `python -m bench.experiments
+# speculative` times, 4 is the one that paid in every case it measures (greedy at batch 1 and 4, sampled).
 DEFAULT_DRAFT_TOKENS = 4
 
 
@@ -130,21 +132,12 @@ def propose(draft: GPT, cache: RaggedKVCache, tokens: torch.Tensor, lengths: tor
             params: list[SamplingParams], generators: list[torch.Generator],
             draft_steps: TracedSteps | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """k draft tokens per row (rows, k), drawn one at a time with row i's params[i], and the distributions they
-    were drawn from (rows, k, vocab; None when every row is greedy).  With `draft_steps`, the draft's traced
-    steps, a one-token step runs through them when the rows are aligned (always at batch 1)."""
+    were drawn from (rows, k, vocab; None when every row is greedy).  `draft_steps`: see `last_logits`."""
     all_greedy = all(p.greedy for p in params)
     step_input = catch_up_inputs(cache, tokens, lengths)
-    if draft_steps is not None and step_input.size(1) > 1 and cache.aligned():
-        # A row that kept every proposal lacks two tokens: one traced step each beats one eager pass over both.
-        for column in range(step_input.size(1) - 1):
-            draft_steps.step(cache, step_input[:, column:column + 1])
-        step_input = step_input[:, -1:]
     proposals, dists = [], []
     for _ in range(k):
-        if draft_steps is not None and step_input.size(1) == 1 and cache.aligned():
-            logits = draft_steps.step(cache, step_input)
-        else:
-            logits, _ = draft(step_input, cache=cache, last_only=True)
+        logits = last_logits(draft, cache, step_input, 1, draft_steps)
         if all_greedy:
             token = greedy_tokens(logits[:, -1])
         else:
@@ -157,13 +150,11 @@ def propose(draft: GPT, cache: RaggedKVCache, tokens: torch.Tensor, lengths: tor
 
 
 def score(model: GPT, cache: RaggedKVCache, tokens: torch.Tensor, lengths: torch.Tensor,
-          proposals: torch.Tensor) -> torch.Tensor:
+          proposals: torch.Tensor, steps: TracedSteps | None = None) -> torch.Tensor:
     """The target's logits (rows, k + 1, vocab) after each row's last token and after each of its proposals, from
-    one forward pass."""
+    one forward pass (`steps`: see `last_logits`)."""
     inputs = torch.cat([catch_up_inputs(cache, tokens, lengths), proposals], 1)
-    hidden = model.hidden_states(inputs, cache)
-    # The output head on the last k + 1 positions only: the first pass also feeds the whole prompt.
-    return model.lm_head(hidden[:, -(proposals.size(1) + 1):])[..., :model.config.vocab_size]
+    return last_logits(model, cache, inputs, proposals.size(1) + 1, steps)
 
 
 def judge(proposals: torch.Tensor, q: torch.Tensor | None, logits: torch.Tensor, params: list[SamplingParams],
@@ -193,16 +184,17 @@ def judge(proposals: torch.Tensor, q: torch.Tensor | None, logits: torch.Tensor,
 
 def speculative_step(model: GPT, draft: GPT, target_cache: RaggedKVCache, draft_cache: RaggedKVCache,
                      tokens: torch.Tensor, lengths: torch.Tensor, k: int, params: list[SamplingParams],
-                     generators: list[torch.Generator], draft_steps: TracedSteps | None = None
-                     ) -> tuple[torch.Tensor, ...]:
+                     generators: list[torch.Generator], target_steps: TracedSteps | None = None,
+                     draft_steps: TracedSteps | None = None) -> tuple[torch.Tensor, ...]:
     """One step for rows holding `lengths[i]` tokens of `tokens` (rows, columns), row i sampling with params[i]
     and generators[i]: the draft proposes k tokens, the target scores them in one pass, and each row keeps a
     prefix.  Returns the proposals (rows, k), the count each row keeps (rows,), the target's token after the
     kept ones (rows,) and the target's logits (rows, k + 1, vocab), position j the distribution of the row's
     token j of this step.  Both caches are left holding each row's tokens up to its last kept proposal; the
-    target's own token is fed at the next step.  `draft_steps`: see `propose`."""
+    target's own token is fed at the next step.  `target_steps`, `draft_steps`: each model's traced steps (see
+    `last_logits`), or None for eager passes."""
     proposals, q = propose(draft, draft_cache, tokens, lengths, k, params, generators, draft_steps)
-    logits = score(model, target_cache, tokens, lengths, proposals)
+    logits = score(model, target_cache, tokens, lengths, proposals, target_steps)
     kept, next_token = judge(proposals, q, logits, params, generators)
     target_cache.truncate(lengths + kept)
     draft_cache.truncate(lengths + kept)
@@ -213,6 +205,7 @@ def speculative_step(model: GPT, draft: GPT, target_cache: RaggedKVCache, draft_
 def speculative_generate(model: GPT, draft: GPT, idx: torch.Tensor, params: SamplingParams,
                          draft_tokens: int = DEFAULT_DRAFT_TOKENS, on_token=None,
                          stats: SpeculativeStats | None = None,
+                         target_steps: TracedSteps | None = None,
                          draft_steps: TracedSteps | None = None) -> torch.Tensor:
     """generate()'s result for `model` (see model/generate.py), decoded with `draft` proposing `draft_tokens`
     tokens per step; `stats`, when given, is filled in.  The target's context is checked by generate()."""
@@ -224,8 +217,11 @@ def speculative_generate(model: GPT, draft: GPT, idx: torch.Tensor, params: Samp
     stats = stats if stats is not None else SpeculativeStats()
     device = idx.device
     generators = row_generators(params.seed, B, device)
-    target_cache = RaggedKVCache(model.config, B, end, device, cache_dtype(model))
-    draft_cache = RaggedKVCache(draft.config, B, end, device, cache_dtype(draft))
+    # Room for a whole step's proposals past the last token asked for (discarded there), within both contexts: a
+    # step's width then stays the same to the end, and its traced passes (model/decode_trace.py) with it.
+    room = min(end + draft_tokens, model.config.block_size, draft.config.block_size)
+    target_cache = RaggedKVCache(model.config, B, room, device, cache_dtype(model))
+    draft_cache = RaggedKVCache(draft.config, B, room, device, cache_dtype(draft))
     tokens = torch.full((B, end), EOT_TOKEN, dtype=idx.dtype, device=device)  # end-of-text after a row's end
     tokens[:, :T] = idx
     lengths = torch.full((B,), T, device=device)  # tokens each row holds
@@ -233,9 +229,10 @@ def speculative_generate(model: GPT, draft: GPT, idx: torch.Tensor, params: Samp
     emitted = T
     while active.numel() and params.max_new_tokens:
         held, n = tokens[active], lengths[active]
-        k = min(draft_tokens, int((end - n).min()))  # no position beyond the context asked for
+        k = min(draft_tokens, room - int(n.max()))
         proposals, kept, next_token, _ = speculative_step(model, draft, target_cache, draft_cache, held, n, k,
-                                                          [params] * active.numel(), generators, draft_steps)
+                                                          [params] * active.numel(), generators, target_steps,
+                                                          draft_steps)
         stats.proposed += k * active.numel()
         stats.accepted += int(kept.sum())
         stats.target_passes += 1

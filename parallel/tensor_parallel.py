@@ -159,11 +159,10 @@ class TensorParallelGPT(nn.Module):
         # The config this rank's modules see: same widths per head, a tp-th of the heads.
         self.config = dataclasses.replace(model.config, n_head_per_layer=_per_layer_heads_local(model.config, tp))
 
-    def forward(self, idx, targets=None, cache: KVCache | None = None, positions=None, key_mask=None,
-                last_only: bool = False):
+    def forward(self, idx, targets=None, cache: KVCache | None = None, last_only: bool = False):
         m, cfg = self.model, self.model.config
         # The trunk is the GPT's own; its sharded layers communicate inside.
-        x = m.hidden_states(idx, cache, positions, key_mask, last_only)
+        x = m.hidden_states(idx, cache, last_only)
         # Tied head: the embedding shard is also the head shard (logits for this rank's vocabulary range).
         local_logits = F.linear(copy_to_tensor_parallel_region(x, self.group, self.meter), m.lm_head.weight)
         columns = self.vocab_start + torch.arange(local_logits.size(-1), device=idx.device)

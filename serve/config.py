@@ -73,5 +73,3 @@ class ServeConfig:
 
     def __post_init__(self):
         check_options(self, ServeConfigError)
-        if self.draft is not None and self.decode == "traced":
-            raise ServeConfigError("--draft decodes with eager steps; drop --decode traced or use --decode dynamic")

@@ -5,11 +5,13 @@ its prompt, batch of one) and then joins the running batch, where every sequence
 one token per shared forward pass; a sequence leaves the batch the step it finishes, and its
 row goes to the next waiting request.  Each request samples with its own torch.Generator,
 seeded from its `seed` (model/sampling.py), so its random stream does not depend on its
-neighbours in the batch.  Each shared step runs as one traced graph (model/decode_trace.py) over
-the batch padded to a row count it was traced for (serve/slots.py), or eagerly with `decode="dynamic"`.
+neighbours in the batch.  Every row sits in the KV cache from column 0 at its own length (serve/slots.py),
+and each shared step runs as one traced graph (model/decode_trace.py; rows at different lengths are written
+and masked at their own columns inside it) over the batch padded to a row count it was traced for, or eagerly
+with `decode="dynamic"`: the same step runner (`last_logits`) as speculative decoding's.
 
 With a draft model every step is speculative (model/speculative.py): the draft proposes K tokens
-for every row together, the model checks them in one eager pass, and each row keeps as many as its
+for every row together, the model checks them in one pass, and each row keeps as many as its
 own sampling accepts, plus one.  K is cut for every row when one nears the end of the context, so a
 seeded request's tokens then depend on its neighbours (each still follows the model's distribution).
 
@@ -30,14 +32,14 @@ from typing import Callable
 import torch
 
 from model.config import EOT_TOKEN
-from model.decode_trace import TracedSteps
-from model.generate import fastest_decode, traced_draft_steps
+from model.decode_trace import TracedSteps, last_logits
+from model.generate import fastest_decode, speculative_traced_steps
 from model.gpt import KVCache
 from model.sampling import SamplingParams, sample_rows
 from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats, cache_dtype, check_draft, speculative_step
 from serve.config import DECODE_MODES
 from serve.metrics import ServerMetrics
-from serve.slots import SlotCache, SpeculativeSlots, padded_rows
+from serve.slots import Slots, padded_rows
 from serve.text import TextAssembler
 
 log = logging.getLogger("serve.engine")
@@ -127,8 +129,6 @@ class _Sequence:
         self.started = started
         self.first_token_at: float | None = None
         self.generated = 0
-        self.last_token = -1
-        self.position = len(request.prompt_ids)  # where the next input token sits
         self.finished = False
         self.logprobs: list[TokenLogprob] | None = None if request.logprobs is None else []
         self.speculative = SpeculativeStats()
@@ -151,14 +151,17 @@ class Engine:
                  draft: torch.nn.Module | None = None, draft_tokens: int = DEFAULT_DRAFT_TOKENS):
         if decode not in DECODE_MODES:
             raise ValueError(f"decode {decode!r} is not one of {DECODE_MODES}")
-        if draft is not None and decode == "traced":
-            raise ValueError("speculative decoding (a draft model) runs eager steps; use decode 'auto' or 'dynamic'")
         # auto: traced where generate() would trace; the engine has no CUDA-graph steps, so eager on CUDA.  With a
-        # draft, its one-token steps as generate() runs them.
-        self.draft_steps = traced_draft_steps(draft, device, decode) if draft is not None else None
+        # draft, both models' passes as generate() runs them.
         if decode == "auto":
-            decode = "traced" if draft is None and fastest_decode(model, device) == "traced" else "dynamic"
+            decode = "traced" if fastest_decode(model, device) == "traced" else "dynamic"
         self.decode = decode
+        # A trace per row count (padded ones for plain steps, every one for speculative steps), width and placement
+        # (rows at one length or not); the weights stay as loaded while the model serves.
+        kept = 4 * max_batch_size
+        self.traced_steps = TracedSteps(model, kept) if decode == "traced" else None
+        self.draft_steps = speculative_traced_steps(draft, device, "auto", max_batch_size) \
+            if draft is not None and decode == "traced" else None
         self.model = model.eval()
         self.config = model.config
         self.draft = draft.eval() if draft is not None else None
@@ -173,11 +176,8 @@ class Engine:
         self.request_timeout_s = request_timeout_s
         self.metrics = metrics or ServerMetrics()
         self.dtype = cache_dtype(model)
-        self.slots = SlotCache(self.config, max_batch_size, device, self.dtype) if draft is None else \
-            SpeculativeSlots(self.config, draft.config, max_batch_size, device, self.dtype, cache_dtype(draft))
-        # The model's weights stay as loaded while it serves; every padded row count is kept, with and without a mask.
-        row_counts = {padded_rows(rows, max_batch_size) for rows in range(1, max_batch_size + 1)}
-        self.traced_steps = TracedSteps(model, kept=2 * len(row_counts)) if self.decode == "traced" else None
+        models = [model] if draft is None else [model, draft]
+        self.slots = Slots([m.config for m in models], [cache_dtype(m) for m in models], max_batch_size, device)
         self.active: list[_Sequence] = []  # active[i] lives in slot row i
         self.waiting: collections.deque[GenerationRequest] = collections.deque()
         self.wakeup = threading.Condition()
@@ -188,13 +188,18 @@ class Engine:
 
     @torch.inference_mode()
     def warm_up(self) -> None:
-        """Before the engine starts: trace the one-row step now rather than in the first request's time (with its
-        first runs, 0.2-0.5 s for GPT-2 124M on 2 CPU cores), so that a model that cannot be traced fails at
-        startup. The step runs on free row 0 of the empty cache, which a joining sequence overwrites."""
-        if self.decode == "traced":
-            keys, values = self.slots.step_views(1)
-            zero = torch.zeros(1, 1, dtype=torch.long, device=self.device)
-            self.traced_steps(zero, zero, None, keys, values)
+        """Before the engine starts: trace the one-row steps now rather than in the first request's time (with
+        their first runs, 0.2-0.5 s for GPT-2 124M on 2 CPU cores), so that a model that cannot be traced fails at
+        startup: the plain step, or the speculative check of K + 1 tokens and the draft's one-token step.  They run
+        on free row 0 of the empty caches, which a joining sequence overwrites."""
+        if self.traced_steps is None:
+            return
+        widths = [1] if self.draft is None else [self.draft_tokens + 1, 1]
+        caches, _, _ = self.slots.views(1)
+        for steps, cache, width in zip((self.traced_steps, self.draft_steps), caches, widths):
+            if steps is not None:
+                steps.step(cache, torch.zeros(1, width, dtype=torch.long, device=self.device))
+        self.slots.clear_free_rows()
 
     def start(self) -> None:
         self.thread = threading.Thread(target=self._run, name="serve-engine", daemon=True)
@@ -285,36 +290,26 @@ class Engine:
         self._accept(seq, token, logits[:, -1])
         if seq.finished:
             return
-        if self.draft is None:
-            self.slots.add(prefill, prompt_len)
-        else:
-            draft_prefill = KVCache(self.draft.config, 1, prompt_len, self.device, cache_dtype(self.draft))
-            self.draft(idx, cache=draft_prefill, last_only=True)
-            self.slots.add(prefill, draft_prefill, request.prompt_ids + [token])
+        prefills = [prefill]
+        if self.draft is not None:
+            prefills.append(KVCache(self.draft.config, 1, prompt_len, self.device, cache_dtype(self.draft)))
+            self.draft(idx, cache=prefills[1], last_only=True)
+        self.slots.add(prefills, request.prompt_ids + [token])
         self.active.append(seq)
 
     def _decode_step(self) -> None:
         if self.draft is not None:
             self._speculative_step()
             return
-        self.slots.ensure_room()
         active = len(self.active)
-        rows = self.slots.step_rows() if self.decode == "traced" else active
-        padding = [[0]] * (rows - active)  # free rows that pad a traced step: their logits are dropped
-        idx = torch.tensor([[s.last_token] for s in self.active] + padding, dtype=torch.long, device=self.device)
-        positions = torch.tensor([[s.position] for s in self.active] + padding, dtype=torch.long,
-                                 device=self.device)
-        if self.decode == "traced":
-            keys, values = self.slots.step_views(rows)
-            logits = self.traced_steps(idx, positions, self.slots.step_mask(rows), keys, values)[:active]
-        else:
-            logits, _ = self.model(idx, cache=self.slots.view(), positions=positions, key_mask=self.slots.key_mask(),
-                                   last_only=True)
-        self.slots.advance()
-        self.metrics.decode_batch.observe(len(self.active))
+        rows = padded_rows(active, self.max_batch_size) if self.traced_steps is not None else active
+        (cache,), tokens, lengths = self.slots.views(rows)
+        last = tokens.gather(1, (lengths - 1).clamp(min=0)[:, None])  # each row's last token (a free row's: any)
+        logits = last_logits(self.model, cache, last, 1, self.traced_steps)[:active]
+        self.slots.clear_free_rows()
+        self.metrics.decode_batch.observe(active)
         tokens = self._sample(logits[:, -1], self.active)
         for row, (seq, token) in enumerate(zip(self.active, tokens)):
-            seq.position += 1
             if token is None:
                 self._fail(seq)
                 continue
@@ -323,17 +318,19 @@ class Engine:
             except Exception:  # noqa: BLE001 - a failure in one request's tokens ends that request alone
                 log.exception("request failed while handling its token %d", token)
                 self._fail(seq)
+            if not seq.finished:
+                self.slots.extend(row, [token])
         self._remove(lambda s: s.finished)
 
     def _speculative_step(self) -> None:
         """Every row gains its kept draft tokens and one of the model's, each accepted in turn as a plain step's
         token is, so that stop strings, end-of-text and max_tokens end a row at the right token."""
-        target_cache, draft_cache, tokens, lengths = self.slots.views()
+        (target_cache, draft_cache), tokens, lengths = self.slots.views()
         # No position beyond the context: a row holds fewer tokens than that while it generates.
         k = min(self.draft_tokens, self.config.block_size - int(lengths.max()))
         proposals, kept, next_token, logits = speculative_step(
             self.model, self.draft, target_cache, draft_cache, tokens, lengths, k,
-            [s.params for s in self.active], [s.generator for s in self.active], self.draft_steps)
+            [s.params for s in self.active], [s.generator for s in self.active], self.traced_steps, self.draft_steps)
         self.metrics.decode_batch.observe(len(self.active))
         self.metrics.speculative_passes.inc()
         step = SpeculativeStats(target_passes=1)
@@ -411,8 +408,6 @@ class Engine:
             self._finish(seq, "stop", now)
         elif seq.generated >= seq.params.max_new_tokens:
             self._finish(seq, "length", now)
-        else:
-            seq.last_token = token
 
     def _finish(self, seq: _Sequence, reason: str, now: float) -> None:
         seq.finished = True

@@ -49,6 +49,23 @@ def test_the_default_decode_on_the_cpu_traces_packed_products_and_leaves_the_mod
     assert fastest_decode(small_model, torch.device("cuda")) == "cuda-graph"
 
 
+def test_a_traced_step_of_several_tokens_gives_the_eager_pass_and_fills_the_same_cache(small_model):
+    # Speculative decoding's verification: a few tokens per row after a prompt, attending causally among themselves.
+    pack_for_inference(small_model)
+    eager_cache, traced_cache = (KVCache(small_model.config, 2, 16, "cpu") for _ in range(2))
+    tokens = prompt(length=3)
+    with torch.inference_mode():
+        for cache in (eager_cache, traced_cache):
+            small_model(prompt(), cache=cache)
+        expected = small_model(tokens, cache=eager_cache)[0]
+        got = TracedSteps(small_model).step(traced_cache, tokens)
+    assert got.shape == expected.shape == (2, 3, small_model.config.vocab_size)
+    assert torch.allclose(got, expected, atol=1e-4)
+    assert traced_cache.length == eager_cache.length == 8
+    for traced, eager in zip(traced_cache.k + traced_cache.v, eager_cache.k + eager_cache.v):
+        assert torch.allclose(traced[:, :, :8], eager[:, :, :8], atol=1e-5)
+
+
 def test_at_most_the_kept_traces_are_kept_the_oldest_going_first(small_model):
     pack_for_inference(small_model)
     steps = TracedSteps(small_model, kept=2)

@@ -3,7 +3,7 @@ import torch
 
 from model.config import GPTConfig, preset
 from model.generate import generate
-from model.gpt import GPT, KVCache
+from model.gpt import GPT, RaggedKVCache
 from model.sampling import SamplingParams, filter_logits
 from tests.conftest import small_config
 
@@ -89,28 +89,19 @@ def test_seeded_sampling_is_reproducible(small_model):
     assert torch.equal(generate(small_model, prompt, params), generate(small_model, prompt, params))
 
 
-def test_left_padded_batch_matches_single_sequences(small_model):
-    """Prompts of different lengths in one batch (positions + key mask) give each prompt's own logits."""
+def test_rows_of_different_lengths_in_one_cache_match_single_sequences(small_model):
+    """Rows at their own lengths in one RaggedKVCache (the server's running batch) give each row's own logits."""
     short, long = torch.randint(0, 50257, (3,)), torch.randint(0, 50257, (7,))
-    pad = 4
-    idx = torch.stack([torch.cat([torch.zeros(pad, dtype=torch.long), short]), long])
-    key_mask = torch.ones(2, 7, dtype=torch.bool)
-    key_mask[0, :pad] = False
-    positions = torch.stack([torch.cat([torch.zeros(pad, dtype=torch.long), torch.arange(3)]), torch.arange(7)])
-    cache = KVCache(small_model.config, 2, 10, "cpu")
-    batched, _ = small_model(idx, cache=cache, positions=positions, key_mask=key_mask)
-    alone_short, _ = small_model(short[None])
-    alone_long, _ = small_model(long[None])
-    torch.testing.assert_close(batched[0, pad:], alone_short[0], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(batched[1], alone_long[0], atol=1e-5, rtol=1e-5)
-    # One decode step continues both rows correctly from the shared cache.
-    nxt = torch.randint(0, 50257, (2, 1))
-    key_mask = torch.cat([key_mask, torch.ones(2, 1, dtype=torch.bool)], dim=1)
-    step, _ = small_model(nxt, cache=cache, positions=torch.tensor([[3], [7]]), key_mask=key_mask)
+    cache = RaggedKVCache(small_model.config, 2, 10, "cpu")
+    small_model(torch.stack([torch.cat([short, long[3:]]), long]), cache=cache)
+    cache.truncate(torch.tensor([3, 7]))  # row 0 holds the short prompt alone
+    nxt = torch.randint(0, 50257, (2, 2))
+    step, _ = small_model(nxt, cache=cache)
+    assert cache.lengths.tolist() == [5, 9]
     ref_short, _ = small_model(torch.cat([short, nxt[0]])[None])
     ref_long, _ = small_model(torch.cat([long, nxt[1]])[None])
-    torch.testing.assert_close(step[0, -1], ref_short[0, -1], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(step[1, -1], ref_long[0, -1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(step[0], ref_short[0, -2:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(step[1], ref_long[0, -2:], atol=1e-5, rtol=1e-5)
 
 
 def test_top_k_and_top_p_filtering():

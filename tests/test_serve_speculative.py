@@ -12,7 +12,6 @@ from model.gpt import GPT
 from model.sampling import SamplingParams
 from model.speculative import DraftMismatch, SpeculativeStats
 from prune.structured import select_units, shrink
-from serve.config import ServeConfig, ServeConfigError
 from serve.engine import DoneEvent, Engine, Latency
 from serve.routes_generate import response_body
 from serve.routes_openai import usage
@@ -125,10 +124,6 @@ def test_a_draft_that_cannot_serve_the_model_is_refused(target):
     shorter = GPT(small_config(block_size=32, vocab_size=2048)).eval()
     with pytest.raises(DraftMismatch, match="context of 32 tokens is shorter than the 48"):
         Engine(target, CPU, 2, 2, 60, draft=shorter)
-    with pytest.raises(ServeConfigError, match="--draft decodes with eager steps"):
-        ServeConfig(draft="out/prune", decode="traced")
-    with pytest.raises(ValueError, match="runs eager steps"):
-        Engine(target, CPU, 2, 2, 60, decode="traced", draft=target)
 
 
 def test_replies_carry_the_draft_counts():

@@ -258,18 +258,28 @@ def test_sample_py_with_a_pruned_draft(tmp_path):
     assert refused.returncode != 0 and "draft model's context of 8 tokens is shorter" in refused.stderr
 
 
-def test_auto_traces_the_drafts_one_token_steps_while_rows_are_aligned(monkeypatch):
+def test_auto_traces_both_models_passes_after_the_prompt_aligned_or_not(monkeypatch):
     from model.decode_trace import TracedSteps
     target = eot_prone_target()
-    draft = draft_for(target, "pruned")
-    traced_steps = []
+    draft = draft_for(target, "random")
+    traced_steps = []  # (which model, rows, tokens per row, whether the rows were at one length)
     original = TracedSteps.step
-    monkeypatch.setattr(TracedSteps, "step", lambda self, cache, tokens: (traced_steps.append(tokens.size(0)),
-                                                                         original(self, cache, tokens))[1])
-    idx = prompts(1, 5, 2)
-    expected = generate(target, idx, GREEDY, decode="dynamic")
-    assert torch.equal(generate(target, idx, GREEDY, draft=draft, draft_tokens=3), expected)
-    assert traced_steps and set(traced_steps) == {1}
+    monkeypatch.setattr(TracedSteps, "step", lambda self, cache, tokens: (
+        traced_steps.append(("target" if self.model is target else "draft", *tokens.shape, cache.aligned())),
+        original(self, cache, tokens))[1])
+    for batch in (1, 3):
+        traced_steps.clear()
+        idx = prompts(batch, 5, 2)
+        no_stop = SamplingParams(max_new_tokens=16, temperature=0, stop_at_eot=False)
+        expected = generate(target, idx, no_stop, decode="dynamic")
+        assert torch.equal(generate(target, idx, no_stop, draft=draft, draft_tokens=3), expected)
+        # The target checks the 3 proposals and the token before them in one traced pass, to the end (its cache
+        # has room for a whole step); the draft steps one token at a time, two when it catches up.
+        assert {width for model, _, width, _ in traced_steps if model == "target"} == {4}
+        assert {width for model, _, width, _ in traced_steps if model == "draft"} <= {1, 2}
+        assert max(rows for _, rows, _, _ in traced_steps) == batch  # fewer once rows reach the end
+        if batch > 1:  # rows that kept different counts are traced at their own lengths
+            assert {aligned for *_, aligned in traced_steps} == {True, False}
     traced_steps.clear()
-    assert torch.equal(generate(target, idx, GREEDY, draft=draft, draft_tokens=3, decode="dynamic"), expected)
-    assert not traced_steps  # dynamic: every step eager
+    assert torch.equal(generate(target, idx, no_stop, draft=draft, draft_tokens=3, decode="dynamic"), expected)
+    assert not traced_steps  # dynamic: every pass eager

@@ -30,9 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.experiment import Experiment, ExperimentError, SettingsError, at_least
-from bench.loadtest import PROMPTS, LevelResult, run_level
-from bench.loadtest import request_body as load_test_body
+from bench.experiment import Experiment, SettingsError, at_least
+from bench.loadtest import PROMPTS, LevelResult, checked, exact_request_body, level_name, run_level
 from bench.record import plt
 from bench.report_page import Page, spread
 from data.tokenizer import encode
@@ -117,25 +116,6 @@ class ServeSpeed:
     environment: Environment
 
 
-def level_name(clients: int) -> str:
-    return f"{clients} client{'s' if clients > 1 else ''}"
-
-
-def request_body(i: int, max_new_tokens: int) -> dict:
-    """Request i of the load test (its prompt, temperature 0.8, top-k 200, seed i), streamed, and going on past
-    end-of-text so that it makes exactly `max_new_tokens` tokens; request 0 is what generate() is timed on."""
-    return {**load_test_body(i, max_new_tokens), "ignore_eos": True}
-
-
-def checked(level: LevelResult, new_tokens: int) -> LevelResult:
-    """A level in which every request made exactly `new_tokens` tokens, or an error naming the first failure."""
-    for outcome in level.outcomes:
-        if outcome.status != 200 or outcome.error or outcome.tokens != new_tokens:
-            raise ExperimentError(f"a request at concurrency {level.concurrency} failed: status {outcome.status}, "
-                                  f"{outcome.tokens} of {new_tokens} tokens, {outcome.error or 'no error text'}")
-    return level
-
-
 def save_served_artifact(folder: Path, model: GPT, weights: str) -> None:
     """The model as an artifact the server loads: as it is, or quantized as `quantize/dynamic.py --head int8`
     quantizes it."""
@@ -165,7 +145,7 @@ def measure(settings: Settings, work_dir: Path) -> ServeSpeed:
     pack_for_inference(model)  # as the server does
 
     idx = torch.tensor([prompt_ids], device=device)
-    first = request_body(0, settings.new_tokens)
+    first = exact_request_body(0, settings.new_tokens)
     params = SamplingParams(max_new_tokens=settings.new_tokens, temperature=first["temperature"],
                             top_k=first["top_k"], seed=first["seed"], stop_at_eot=False)
     counts = [1, *settings.clients]
@@ -177,7 +157,7 @@ def measure(settings: Settings, work_dir: Path) -> ServeSpeed:
     def clients(url: str, mode: str, n: int):
         def call():
             levels[mode, n].append(checked(asyncio.run(run_level(url, n, n, settings.new_tokens, REQUEST_TIMEOUT_S,
-                                                                 REQUEST_TIMEOUT_S, body=request_body)),
+                                                                 REQUEST_TIMEOUT_S, body=exact_request_body)),
                                            settings.new_tokens))
         return call
 

@@ -1,20 +1,25 @@
-"""Speculative decoding with the project's own drafts: a trained target, drafts row-pruned from it and a smaller
-trained preset, timed against the target decoding alone on its fastest path.
+"""Speculative decoding with the project's own drafts: a trained target, drafts row-pruned from it, a smaller
+trained preset and its int8 copy, timed against the target decoding alone on its fastest path.
 
     python -m bench.experiments speculative       # small-cpu trained 1,000 steps; row 50% and 75% drafts; tiny
+                                                  # and tiny int8
 
 The models are made by the project's own tools in the work folder (out/bench/speculative/): `train.py` trains
-the target and the smaller draft on the same text, and `prune/iterative.py --method row` prunes the target into
-the other drafts (heads and MLP units removed, fine-tuned after each round).  A folder made by the same command
+the target and the smaller draft on the same text, `prune/iterative.py --method row` prunes the target into two
+more drafts (heads and MLP units removed, fine-tuned after each round), and `quantize/dynamic.py --head int8`
+quantizes the smaller draft.  A folder made by the same command
 (recorded beside it as bench_command.json) is reused; any other is made again.  On random weights acceptance says
 nothing, so every figure here comes from trained models.
 
 Then, for each batch size, every round times the target alone (`generate()`'s default decode, the traced steps
 on the CPU), each draft decoding alone (its cost), and the target with each draft at each --draft-tokens K, in
 turns whose order reverses every other round, on prompts of English from the built-in corpus's validation split
-(a new window per round), greedy, a fixed number of new tokens (end-of-text does not stop a row).  Speed-ups are
-medians of per-round paired ratios; acceptance is summed over the rounds; every speculative run's tokens are
-compared with the target's own.
+(a new window per round), greedy at each batch size and sampled (seeded) at batch 1, a fixed number of new tokens
+(end-of-text does not stop a row).  Speed-ups are medians of per-round paired ratios; acceptance is summed over the
+rounds; every greedy speculative run's tokens are compared with the target's own.  Then `python -m serve --draft`
+is timed against the server alone (bench/speculative_server.py).  The text each batch's target decodes
+is reported with it: greedy decoding of a small CPU-trained model can settle into a run of one token (a newline),
+which any draft predicts, so the sampled rows are the ones that show a draft's acceptance on text.
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ from tqdm import tqdm
 
 from bench.experiment import Experiment, ExperimentError, SettingsError
 from bench.experiments.generate_speed import real_prompts
+from bench.speculative_server import ServerComparison, compare_servers
 from bench.record import plt
 from bench.report_page import Page, num
 from bench.runner import ROOT, TRAIN_SCRIPT, run_command
@@ -40,6 +46,7 @@ from model.generate import generate
 from model.sampling import SamplingParams
 from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats
 from prune.config import PruneConfig
+from quantize.dynamic import QuantizeConfig
 from runtime.cli import check_options, flag, non_default_flags, option
 from runtime.timing import Environment, Spread, environment, paired_ratio, timed_call
 from training.config import TrainConfig
@@ -55,6 +62,8 @@ class Settings:
     target_preset: str = option("small-cpu", "the target's model preset", choices=tuple(PRESETS))
     draft_preset: str | None = option("tiny", "a smaller preset trained on the same text as a draft (none: only "
                                               "pruned drafts)", choices=tuple(PRESETS))
+    int8_draft: bool = option(True, "also time the smaller draft quantized by `quantize/dynamic.py --head int8` "
+                                    "(its linears, embedding and head in int8)")
     train_steps: int = option(1000, "training steps of the target and of the smaller draft", min=1)
     train_batch_size: int = option(4, "their training batch", min=1)
     train_block_size: int = option(256, "their training context", min=1)
@@ -62,14 +71,16 @@ class Settings:
                                                      "layer's heads and MLP units removed", above=0, below=1)
     prune_rounds: int = option(2, "prune/iterative.py rounds per pruned draft", min=1)
     prune_finetune_steps: int = option(100, "fine-tuning steps after each pruning round", min=0)
-    draft_tokens: list[int] = option([2, 4, 6], "draft tokens per step (K) to time", min=1)
+    draft_tokens: list[int] = option([2, 4, 6, 8], "draft tokens per step (K) to time", min=1)
     batch_sizes: list[int] = option([1, 4], "rows decoded together", min=1)
     prompt_tokens: int = option(32, "prompt length", min=1)
     new_tokens: int = option(128, "new tokens per row", min=1)
-    rounds: int = option(3, "timed rounds (after one warm-up)", min=1)
-    sampled_temperature: float = option(0.8, "also time batch 1 sampling at this temperature (seeded), at the "
-                                             "default K, for the acceptance of sampled tokens (0: greedy only)",
-                                        min=0)
+    rounds: int = option(7, "timed rounds (after one warm-up)", min=1)
+    sampled_temperature: float = option(0.8, "also time batch 1 sampling at this temperature (seeded), for the "
+                                             "acceptance of sampled tokens (0: greedy only)", min=0)
+    server_clients: list[int] = option([1, 4], "concurrency levels at which `python -m serve --draft` (with the "
+                                               "draft that paid best for one greedy row, at the default K) is timed "
+                                               "against the server alone (none: no servers)", min=1)
     threads: int | None = option(None, "CPU threads for torch (default: torch's choice)", min=1)
 
     def __post_init__(self):
@@ -121,6 +132,7 @@ class SpeculativeSpeed:
     new_tokens: int
     rounds: int
     batches: list[BatchResult]
+    server: ServerComparison | None  # None: --server-clients gave no level
     environment: Environment
 
 
@@ -180,6 +192,14 @@ def model_jobs(settings: Settings, work_dir: Path) -> list[ModelJob]:
         folder = work_dir / f"draft-{settings.draft_preset}"
         flags = train_flags(settings, settings.draft_preset, folder)
         jobs.append(ModelJob(settings.draft_preset, folder, train_command_for(flags), flags))
+        if settings.int8_draft:
+            int8_folder = work_dir / f"draft-{settings.draft_preset}-int8"
+            config = QuantizeConfig(checkpoint=str(folder), out_dir=str(int8_folder), head="int8",
+                                    dataset=settings.dataset, repeats=1, new_tokens=8)
+            int8_flags = non_default_flags(config)
+            jobs.append(ModelJob(f"{settings.draft_preset} int8", int8_folder,
+                                 [sys.executable, str(ROOT / "quantize" / "dynamic.py"), *int8_flags],
+                                 int8_flags + flags))
     return jobs
 
 
@@ -202,15 +222,23 @@ def measure(settings: Settings, work_dir: Path) -> SpeculativeSpeed:
     runs = [(batch, greedy, settings.draft_tokens) for batch in settings.batch_sizes]
     if settings.sampled_temperature > 0:
         sampled = dataclasses.replace(greedy, temperature=settings.sampled_temperature, seed=0)
-        runs.append((1, sampled, [DEFAULT_DRAFT_TOKENS]))
+        runs.append((1, sampled, settings.draft_tokens))
     batches = []
     for batch, params, draft_tokens in runs:
         prompts = real_prompts(batch * (settings.rounds + 1), settings.prompt_tokens).view(
             settings.rounds + 1, batch, settings.prompt_tokens)
         batches.append(time_batch(target, models, drafts, prompts, params, draft_tokens))
         print_batch(batches[-1])
+    server = None
+    if settings.server_clients:
+        # The draft that paid best greedy at the first batch size and the default K (any K, if that is not timed).
+        variants = batches[0].variants
+        name = max([v for v in variants if v.draft_tokens == DEFAULT_DRAFT_TOKENS] or variants,
+                   key=lambda v: v.speedup).draft
+        server = compare_servers(folders[TARGET], name, folders[name], DEFAULT_DRAFT_TOKENS, settings.server_clients,
+                                 settings.new_tokens, settings.rounds, work_dir)
     return SpeculativeSpeed(records[TARGET], [records[name] for name in drafts], settings.prompt_tokens,
-                            settings.new_tokens, settings.rounds, batches, environment(torch.device("cpu")))
+                            settings.new_tokens, settings.rounds, batches, server, environment(torch.device("cpu")))
 
 
 def time_batch(target, models: dict, drafts: list[str], prompts: torch.Tensor, params: SamplingParams,
@@ -275,7 +303,7 @@ def plot(result: SpeculativeSpeed):
                                                        f"temperature {batch.temperature:g}"))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"speculative decoding: target {result.target.parameters:,} parameters, greedy, "
+    fig.suptitle(f"speculative decoding: target {result.target.parameters:,} parameters, "
                  f"{result.new_tokens} new tokens")
     return fig
 
@@ -283,7 +311,7 @@ def plot(result: SpeculativeSpeed):
 def section(res: SpeculativeSpeed, page: Page) -> None:
     page.add(f"Target: `{res.target.command}` ({res.target.parameters:,} parameters). Drafts: "
              + "; ".join(f"{d.name}, {d.parameters:,} parameters (`{d.command}`)" for d in res.drafts)
-             + f". Greedy, {res.prompt_tokens}-token prompts, {res.new_tokens} new tokens, medians of {res.rounds} "
+             + f". {res.prompt_tokens}-token prompts, {res.new_tokens} new tokens, medians of {res.rounds} "
              f"rounds interleaved with the target alone (its default decode), {res.environment.threads} "
              f"thread(s). Cost: a draft decoding alone, its time over the target's.\n")
     for batch in res.batches:
@@ -294,12 +322,26 @@ def section(res: SpeculativeSpeed, page: Page) -> None:
                    [[v.draft, f"{batch.draft_cost[v.draft]:.2f}", str(v.draft_tokens), f"{v.acceptance_rate:.1%}",
                      f"{v.tokens_per_target_pass:.2f}", num(v.tokens_per_s.median), f"{v.speedup:.2f}x",
                      TOKENS_NOTE[v.identical_tokens]] for v in batch.variants])
+    if res.server is not None:
+        server_section(res.server, page)
+
+
+def server_section(server: ServerComparison, page: Page) -> None:
+    page.add(f"The server: `python -m serve --draft` ({server.draft}, K = {server.draft_tokens}) against the same "
+             f"target served alone, streaming `/generate` requests of {server.new_tokens} new tokens (the load "
+             f"test's prompts; sampled: temperature 0.8, top-k 200), medians of {server.rounds} interleaved rounds "
+             f"(bench/speculative_server.py).\n")
+    page.table(["clients", "decoding", "alone, tokens/s", "with the draft, tokens/s", "speed-up", "acceptance",
+                "latency p50 alone / with the draft, ms"],
+               [[str(lv.clients), lv.decoding, num(lv.alone_tokens_per_s.median),
+                 num(lv.speculative_tokens_per_s.median), f"{lv.speedup:.2f}x", f"{lv.acceptance_rate:.1%}",
+                 f"{lv.alone_latency_ms:.0f} / {lv.speculative_latency_ms:.0f}"] for lv in server.levels])
 
 
 EXPERIMENT = Experiment(
     name="speculative", title="Speculative decoding with pruned and smaller drafts", about=__doc__,
     settings=Settings,
     quick=Settings(train_steps=100, prune_targets=[0.5], prune_rounds=1, prune_finetune_steps=10, draft_tokens=[4],
-                   batch_sizes=[1], new_tokens=64, rounds=1, sampled_temperature=0),
+                   batch_sizes=[1], new_tokens=64, rounds=1, sampled_temperature=0, server_clients=[1]),
     full=Settings(),
     result=SpeculativeSpeed, measure=measure, plot=plot, section=section)
