@@ -25,17 +25,17 @@ import torch
 from tqdm import tqdm
 
 from data.tokenizer import decode, encode
-from model.artifact import load_model
 from model.config import EOT_TOKEN
 from model.generate import DECODE_MODES, generate
 from model.packed_linear import pack_for_inference
-from model.run_folder import pick_checkpoint
 from model.sampling import SamplingParams
 from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats
 from runtime.cli import check_options, flag, option, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
 from runtime.text import decode_utf8
+from storage.artifact import load_model
+from storage.run_folder import pick_checkpoint
 
 PROMPT_SETTINGS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
 INTEGER_SETTINGS = ("max_new_tokens", "top_k", "seed")
@@ -268,11 +268,11 @@ def main(argv=None) -> None:
                 raise SampleError(f"--decode cuda-graph needs a CUDA device, and this run is on {device}; use "
                                   f"--decode dynamic")
             model, meta = load_model(folder, device)
-            print(f"loaded {meta['artifact']} model from {folder}; {pack_for_inference(model)}", file=sys.stderr)
+            print(f"loaded {meta.kind} model from {folder}; {pack_for_inference(model)}", file=sys.stderr)
             draft = None
             if cfg.draft is not None:
                 draft, draft_meta = load_model(cfg.draft, device)
-                print(f"loaded {draft_meta['artifact']} draft model from {cfg.draft}; {pack_for_inference(draft)}",
+                print(f"loaded {draft_meta.kind} draft model from {cfg.draft}; {pack_for_inference(draft)}",
                       file=sys.stderr)
             if cfg.prompts_file:
                 sample_many(cfg, model, device, out, draft)

@@ -58,11 +58,11 @@ def step_bytes(model: torch.nn.Module) -> int:
 
 
 def _ours(spec: SideSpec) -> tuple[Callable[[torch.Tensor, int], torch.Tensor], dict]:
-    from model.artifact import load_model
     from model.generate import generate
     from model.int8 import quantize_model
     from model.packed_linear import pack_for_inference
     from model.sampling import SamplingParams
+    from storage.artifact import load_model
     model, _ = load_model(spec.files[0], spec.device)
     if spec.int8_head is not None:
         quantize_model(model, head=spec.int8_head)

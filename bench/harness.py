@@ -29,12 +29,13 @@ import torch
 from data.corpus import builtin_documents
 from data.tiktoken_cache import fill_cache
 from data.tokenizer import get_tokenizer, ranks_file
-from model.artifact import load_model
 from model.evaluate import evaluate_loss
 from runtime.cli import check_options, option, parse_config
 from runtime.errors import UserError
 from runtime.provenance import git_commit
 from serve.launch import running_server
+from storage.artifact import load_model
+from storage.run_folder import pick_checkpoint
 
 TASK = "cloze_builtin"
 
@@ -46,7 +47,7 @@ class HarnessError(UserError):
 @dataclass
 class HarnessConfig:
     lm_eval: str = option("lm_eval", "the lm_eval command of an environment where lm-eval is installed")
-    checkpoint: str = option("out/demo/train", "the artifact to serve and score")
+    checkpoint: str | None = option(None, "the artifact to serve and score (default: the train.py checkpoint under out/ trained on the most tokens)")
     items: int = option(50, "cloze items: a sentence's words, then its last word", min=1)
     out: str = option("out/harness.json", "where to write the result (the committed one is "
                                           "bench/results/harness.json)")
@@ -124,6 +125,8 @@ def say(what: str) -> None:
 
 
 def harness(cfg: HarnessConfig) -> dict:
+    folder, why = pick_checkpoint(cfg.checkpoint)
+    say(f"harness: model {folder} ({why})")
     items = cloze_items(cfg.items)
     say(f"harness: {len(items)} cloze items from the built-in validation split")
     with tempfile.TemporaryDirectory() as tmp:
@@ -132,14 +135,14 @@ def harness(cfg: HarnessConfig) -> dict:
         cache = work / "tiktoken-cache"
         get_tokenizer()  # says how to fetch the ranks file when it is missing
         fill_cache(ranks_file(), cache)
-        say(f"harness: starting `python -m serve` on {cfg.checkpoint}")
-        with running_server(cfg.checkpoint, work / "server.log", ["--served-model-name", "gpt2"]) as server:
+        say(f"harness: starting `python -m serve` on {folder}")
+        with running_server(folder, work / "server.log", ["--served-model-name", "gpt2"]) as server:
             say(f"harness: server at {server.url}; running {cfg.lm_eval} (its start-up alone takes some 20 s)")
             started = time.perf_counter()
             results, samples, version = run_harness(cfg, work, server.url, cache)
             say(f"harness: lm-eval {version} scored {len(samples)} items in {time.perf_counter() - started:.0f} s")
     say("harness: scoring the same items with model/evaluate.py")
-    ours = our_scores(cfg.checkpoint, items)
+    ours = our_scores(str(folder), items)
     theirs = [(float(s["resps"][0][0][0]), str(s["resps"][0][0][1]) == "True") for s in samples]  # logged as text
     differences = [abs(a[0] - b[0]) for a, b in zip(ours, theirs)]
     metrics = results["results"][TASK]
@@ -151,7 +154,7 @@ def harness(cfg: HarnessConfig) -> dict:
         "agreement": {"items_compared": len(differences), "max_abs_loglikelihood_difference": max(differences),
                       "greedy_flags_equal": sum(a[1] == b[1] for a, b in zip(ours, theirs)),
                       "ours": "model/evaluate.py evaluate_loss on the harness's token split"},
-        "checkpoint": cfg.checkpoint, "torch": torch.__version__, "git_commit": git_commit(),
+        "checkpoint": str(folder), "torch": torch.__version__, "git_commit": git_commit(),
         "command": " ".join(["python bench/harness.py", *sys.argv[1:]]),
     }
 

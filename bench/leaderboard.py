@@ -29,16 +29,13 @@ from tqdm import tqdm
 from bench.runner import run_train, window_summary
 from data.corpus import DATASET_NAMES, Corpus
 from data.documents import text_blocks
-from data.local_files import TEXT_FIX, whole_file_corpus
 from data.loader import eval_batches
+from data.local_files import TEXT_FIX, whole_file_corpus
 from data.shards import load_split, prepare_split
-from model.artifact import load_model, save_artifact
-from model.config import GPTConfig
 from model.evaluate import evaluate_loss
 from model.generate import generate
 from model.gpt import GPT
 from model.packed_linear import pack_for_inference
-from model.run_folder import pick_checkpoint
 from model.sampling import SamplingParams
 from parallel.layout import MULTI_PROCESS_MODES
 from runtime.cli import check_options, option, parse_config
@@ -46,6 +43,8 @@ from runtime.device import choose_device, peak_memory_bytes, precision_policy, s
 from runtime.errors import UserError
 from runtime.provenance import provenance
 from runtime.timing import Spread, environment, time_repeats
+from storage.artifact import load_model, save_artifact
+from storage.run_folder import pick_checkpoint
 from training.config import TrainConfig
 
 GENERATION_BATCHES = (1, 12)
@@ -173,9 +172,9 @@ def generation_figures(model, tokens, prompt_tokens: int, new_tokens: int, repea
 
 def trainable_source(folder: Path, meta: dict, workdir: Path) -> Path:
     """The folder train.py starts from: the artifact itself, or for int8 its float architecture."""
-    if meta["artifact"] != "int8":
+    if meta.kind != "int8":
         return folder
-    config = GPTConfig.from_dict(meta["model"])
+    config = meta.model
     float_copy = workdir / "float-architecture"
     save_artifact(float_copy, GPT(config), config, "float", provenance("bench/leaderboard.py", folder))
     return float_copy
@@ -322,8 +321,8 @@ def record(args: LeaderboardConfig, m: Measured) -> dict:
                    **{f"training_throughput_{b}": asdict(training[b]["tokens_per_s"]) for b in TRAINING_BATCHES},
                    "time_to_first_token_s": asdict(generation[1]["time_to_first_token_s"]),
                    "ms_per_token_batch_1": asdict(generation[1]["ms_per_token"])},
-        "artifact": {"path": str(m.folder), "kind": m.meta["artifact"], "produced_by": m.meta.get("produced_by"),
-                     "model": m.meta["model"]},
+        "artifact": {"path": str(m.folder), "kind": m.meta.kind, "produced_by": asdict(m.meta.produced_by),
+                     "model": m.meta.model.to_dict()},
         "evaluation": {"text": m.described, "tokens": m.eval_tokens, "targets": m.validation["val_tokens"],
                        "block_size": p.eval_block, "batch_size": args.eval_batch_size,
                        "val_ppl": m.validation["val_ppl"],
@@ -341,7 +340,7 @@ def record(args: LeaderboardConfig, m: Measured) -> dict:
                                                     for b in TRAINING_BATCHES},
                      "topology": training[TRAINING_BATCHES[0]]["topology"],
                      "commands": {b: training[b]["command"] for b in TRAINING_BATCHES},
-                     "architecture_only": m.meta["artifact"] == "int8"},
+                     "architecture_only": m.meta.kind == "int8"},
         "environment": {**asdict(environment(m.device)), "world_size": world},
     }
     score["timestamp"] = score["environment"]["date"]

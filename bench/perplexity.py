@@ -26,10 +26,11 @@ from data.corpus import DATASET_NAMES
 from data.loader import sliding_windows
 from data.shards import load_split
 from data.tokenizer import get_tokenizer
-from model.artifact import load_model
 from runtime.cli import check_options, option, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
+from storage.artifact import load_model
+from storage.run_folder import pick_checkpoint
 
 
 class PerplexityError(UserError):
@@ -38,8 +39,8 @@ class PerplexityError(UserError):
 
 @dataclass
 class PerplexityConfig:
-    checkpoint: str = option("out/demo/train", "artifact folder (float, pruned, int8) "
-                                               "or Hugging Face GPT-2 folder")
+    checkpoint: str | None = option(None, "artifact folder (float, pruned, int8) or Hugging Face GPT-2 "
+                                          "folder (default: the train.py checkpoint under out/ trained on the most tokens)")
     dataset: str = option("builtin", f"{', '.join(DATASET_NAMES)}, or a local folder "
                                      f"with wiki.*.raw or hub-layout parquet files")
     split: str = option("validation", "which split", choices=("validation", "test"))
@@ -98,7 +99,9 @@ def measure(model, tokens, context: int, stride: int, batch_size: int, device, n
 
 def run(cfg: PerplexityConfig) -> dict:
     device = choose_device(cfg.device)
-    model, meta = load_model(cfg.checkpoint, device)
+    folder, why = pick_checkpoint(cfg.checkpoint)
+    print(f"model: {folder} ({why})", file=sys.stderr)
+    model, meta = load_model(folder, device)
     context = cfg.context or model.config.block_size
     if context > model.config.block_size:
         raise PerplexityError(f"--context {context} exceeds the model's {model.config.block_size} positions")
@@ -114,7 +117,7 @@ def run(cfg: PerplexityConfig) -> dict:
     else:
         skipped["sliding"] = (f"--stride {stride} is not below the context of {context}, so its windows would be "
                               f"the non-overlapping ones; give a smaller --stride (or none: half the context)")
-    return {"checkpoint": str(cfg.checkpoint), "artifact": meta.get("artifact"), "dataset": cfg.dataset,
+    return {"checkpoint": str(folder), "artifact": meta.kind, "dataset": cfg.dataset,
             "split": cfg.split, "tokens": len(tokens), "bytes": n_bytes, "bytes_per_token": n_bytes / (len(tokens) - 1),
             "protocols": [asdict(p) for p in protocols], "skipped": skipped}
 

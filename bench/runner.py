@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from model.run_folder import is_training_checkpoint
 from runtime.cli import non_default_flags
 from runtime.timing import Spread
+from storage.run_folder import is_training_checkpoint
 from training.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""Int8 modules for dynamic quantization, and rebuilding an int8 artifact into a ready GPT.
+"""Int8 modules for dynamic quantization (an int8 artifact is stored and rebuilt by storage/int8_weights.py).
 
 Weights are int8 per output channel, symmetric (zero point 0, scale = max|w| / 127), so the artifact
 holds only `<layer>.weight` (int8), `<layer>.weight_scale` (float32) and the float bias.  On CPU the
@@ -18,9 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.config import GPTConfig
 from model.gpt import GPT
-from model.weights import ArtifactError, load_weights
 
 INT8_MAX = 127
 # The head is tied to the token embedding: quantizing it quantizes the embedding rows too.
@@ -135,7 +133,7 @@ class Fp16WeightLinear(nn.Module):
         return F.linear(x, self.weight.to(x.dtype))
 
 
-def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
+def replace_module(model: nn.Module, name: str, module: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
 
@@ -158,10 +156,10 @@ def quantize_model(model: GPT, head: str = "fp32") -> dict:
         raise ValueError(f"head format {head!r} is not one of {HEAD_FORMATS}")
     layers = block_linear_names(model)
     for name in layers:
-        _replace(model, name, Int8Linear.from_float(model.get_submodule(name)))
+        replace_module(model, name, Int8Linear.from_float(model.get_submodule(name)))
     if head == "int8":
         weight, scale = quantize_per_channel(model.transformer.wte.weight)
-        _tie_int8_head(model, weight, scale)
+        tie_int8_head(model, weight, scale)
     elif head == "fp16":
         model.lm_head = Fp16WeightLinear(model.transformer.wte.weight)
     return quantization_description(layers, head)
@@ -173,69 +171,9 @@ def quantization_description(layers: list[str], head: str) -> dict:
             "layers": layers, "head": head}
 
 
-def _tie_int8_head(model: GPT, weight: torch.Tensor, scale: torch.Tensor) -> None:
+def tie_int8_head(model: GPT, weight: torch.Tensor, scale: torch.Tensor) -> None:
     model.transformer.wte = Int8Embedding(weight, scale)
     model.lm_head = Int8Linear(weight, scale, None)
     # One int8 tensor and one scale vector serve both, as the float model shares one matrix.
     model.lm_head.weight = model.transformer.wte.weight
     model.lm_head.weight_scale = model.transformer.wte.weight_scale
-
-
-def int8_state_for_saving(model: GPT) -> dict[str, torch.Tensor]:
-    """Weights to store: the tied head (weight and scale) is stored once, as the embedding."""
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    for key in (f"{HEAD_NAME}.weight", f"{HEAD_NAME}.weight_scale"):
-        state.pop(key, None)
-    return state
-
-
-def _take(state: dict[str, torch.Tensor], key: str, dtype: torch.dtype, shape: tuple, source: str) -> torch.Tensor:
-    if key not in state:
-        raise ArtifactError(f"{source}: the int8 weights are missing {key}")
-    tensor = state.pop(key)
-    if tensor.dtype != dtype or tuple(tensor.shape) != tuple(shape):
-        raise ArtifactError(f"{source}: {key} is {tensor.dtype} {tuple(tensor.shape)}, expected {dtype} "
-                            f"{tuple(shape)} for this config")
-    return tensor
-
-
-def build_int8_model(config: GPTConfig, state: dict[str, torch.Tensor], meta: dict, source: str = "weights") -> GPT:
-    """A GPT whose quantized layers (as listed in meta["quantization"]) are int8 modules, from stored tensors;
-    `source` names the weights in error messages."""
-    quantization = meta.get("quantization")
-    if not isinstance(quantization, dict) or not isinstance(quantization.get("layers"), list):
-        raise ArtifactError("config.json of this int8 artifact has no 'quantization' section listing the "
-                            "quantized layers; re-create it with `python quantize/dynamic.py`")
-    state = dict(state)
-    with torch.device("meta"):
-        model = GPT(config)
-    for name in quantization["layers"]:
-        if not isinstance(name, str):
-            raise ArtifactError(f"config.json lists {name!r} as a quantized layer; expected layer names")
-        try:
-            linear = model.get_submodule(name)
-        except AttributeError:
-            linear = None
-        if not isinstance(linear, nn.Linear):
-            raise ArtifactError(f"config.json lists {name!r} as quantized, but the model has no linear layer there")
-        out_features, in_features = linear.weight.shape
-        weight = _take(state, f"{name}.weight", torch.int8, (out_features, in_features), source)
-        scale = _take(state, f"{name}.weight_scale", torch.float32, (out_features,), source)
-        bias = None
-        if linear.bias is not None:
-            bias = _take(state, f"{name}.bias", torch.float32, (out_features,), source)
-        _replace(model, name, Int8Linear(weight, scale, bias))
-    head = quantization.get("head")
-    if head not in HEAD_FORMATS:
-        raise ArtifactError(f"config.json names head format {head!r}; expected one of {HEAD_FORMATS}")
-    if head == "int8":
-        shape = tuple(model.transformer.wte.weight.shape)
-        weight = _take(state, f"{EMBEDDING_NAME}.weight", torch.int8, shape, source)
-        scale = _take(state, f"{EMBEDDING_NAME}.weight_scale", torch.float32, shape[:1], source)
-        _tie_int8_head(model, weight, scale)
-    load_weights(model, state, source)
-    if head == "fp16":
-        model.lm_head = Fp16WeightLinear(model.transformer.wte.weight)
-    return model
-
-

@@ -26,13 +26,9 @@ from tqdm import tqdm
 
 from data.loader import WindowSampler, eval_batches
 from data.shards import load_split
-from model.artifact import (artifact_writers, claim_output_folder, load_model, model_state_for_saving,
-                            write_folder_atomically)
 from model.evaluate import evaluate_loss
 from model.gpt import GPT
-from model.run_folder import pick_checkpoint
 from prune.config import PruneConfig, method_names, validate_against_model
-from prune.errors import PruneError
 from prune.finetune import FinetuneSettings, finetune
 from prune.masks import MaskSet
 from prune.methods import METHODS, PruningMethod, ScoringInputs
@@ -44,20 +40,20 @@ from runtime.cli import parse_config
 from runtime.device import choose_device, precision_policy
 from runtime.errors import UserError
 from runtime.provenance import provenance
+from storage.artifact import artifact_writers, load_model, model_state_for_saving, write_folder_atomically
+from storage.claim import claim_output_folder
+from storage.meta import ArtifactMeta
+from storage.run_folder import pick_checkpoint
 
 
-def load_source(cfg: PruneConfig, device) -> tuple[GPT, Path, dict]:
+def load_source(cfg: PruneConfig, device) -> tuple[GPT, Path, ArtifactMeta]:
     """The model to prune, loaded and announced, with its folder and stored metadata."""
     folder, found = pick_checkpoint(cfg.checkpoint)
-    if Path(cfg.out_dir).resolve() == folder.resolve():
-        raise PruneError(f"--out-dir {cfg.out_dir} is the checkpoint being pruned; choose another folder")
-    claim_output_folder(cfg.out_dir, "prune/iterative.py", cfg.overwrite)
-    model, meta = load_model(folder, device)
-    if not isinstance(model, GPT) or meta["artifact"] == "int8":
-        raise PruneError(f"{folder} holds a {meta['artifact']} model; pruning needs a floating-point checkpoint")
+    model, meta = load_model(folder, device, kinds=("float", "pruned"), why="pruning needs a floating-point model")
+    claim_output_folder(cfg.out_dir, "prune/iterative.py", cfg.overwrite, source=folder)
     config = model.config
-    print(f"loaded {meta['artifact']} checkpoint {folder} ({found}"
-          f"{', step ' + str(meta['step']) if 'step' in meta else ''}): {config.n_layer} layers, "
+    print(f"loaded {meta.kind} checkpoint {folder} ({found}"
+          f"{', step ' + str(meta.step) if meta.step is not None else ''}): {config.n_layer} layers, "
           f"{config.n_head} heads, n_embd {config.n_embd}, {model.num_parameters(padded_vocab=False):,} parameters")
     return model.eval(), folder, meta
 

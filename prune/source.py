@@ -3,17 +3,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from model.run_folder import trained_dataset
+from storage.meta import ArtifactMeta
+from storage.run_folder import trained_dataset
 
 DEFAULT_DATASET = "builtin"
 
 
-def checkpoint_dataset(folder: Path, meta: dict) -> str | None:
+def checkpoint_dataset(folder: Path, meta: ArtifactMeta) -> str | None:
     """The dataset the checkpoint was trained (or last pruned) on, when it records one."""
-    return trained_dataset(folder) or (meta.get("pruning") or {}).get("dataset")
+    return trained_dataset(folder) or (meta.pruning or {}).get("dataset")
 
 
-def resolve_dataset(requested: str | None, folder: Path, meta: dict) -> str:
+def resolve_dataset(requested: str | None, folder: Path, meta: ArtifactMeta) -> str:
     """--dataset if given, else the checkpoint's own, else the builtin one; says which and why."""
     if requested:
         print(f"dataset {requested} (from --dataset)")

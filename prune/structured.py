@@ -4,7 +4,7 @@ A hidden unit j of a block is row j of `mlp.c_fc` (weight and bias) and column j
 `mlp.c_proj`; a head h is its rows in each of the q, k and v blocks of the fused
 `attn.c_attn` and its columns of `attn.c_proj`.  Removing them gives a model whose
 config records the remaining widths per layer (`mlp_hidden`, `n_head_per_layer`), so
-it really computes less and loads through `model.artifact.load_model`.
+it really computes less and loads through `storage.artifact.load_model`.
 
 Units are ranked within each layer (every layer keeps the same share), by
 ||input rows||_2 * ||output columns||_2: a unit with a tiny output column contributes
@@ -19,8 +19,8 @@ import torch
 
 from model.config import GPTConfig
 from model.gpt import GPT
-from model.weights import load_weights
 from runtime.errors import UserError
+from storage.weights import model_from_weights
 
 
 class StructureError(UserError, ValueError):
@@ -102,9 +102,7 @@ def shrink(model: GPT, keep_hidden: list[torch.Tensor], keep_heads: list[torch.T
         for name, (dim, index) in slices.items():
             if prefix + name in state:  # biases are absent with bias=False
                 state[prefix + name] = state[prefix + name].index_select(dim, index).contiguous()
-    with torch.device("meta"):
-        smaller = GPT(config)
-    load_weights(smaller, state)
+    smaller = model_from_weights(config, state, "the shrunk weights")
     smaller.train(model.training)
     smaller.gradient_checkpointing = model.gradient_checkpointing
     return smaller

@@ -36,17 +36,17 @@ import torch
 from data.corpus import DATASET_NAMES
 from data.loader import eval_batches
 from data.shards import load_split
-from model.artifact import (DEFAULT_OUT_ROOT, WEIGHTS_FILE, ArtifactError, claim_output_folder, int8_artifact_writers,
-                            load_model, read_config, write_folder_atomically)
 from model.int8 import HEAD_FORMATS, default_head_format, quantize_model
 from model.packed_linear import pack_for_inference
-from model.run_folder import pick_checkpoint
 from quantize.measure import generation_speed, greedy_agreement, paired_validation, prompts_from
 from runtime.cli import check_options, non_default_flags, option, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
 from runtime.provenance import git_commit, provenance
 from runtime.timing import cpu_model
+from storage.artifact import DEFAULT_OUT_ROOT, WEIGHTS_FILE, int8_artifact_writers, load_model, write_folder_atomically
+from storage.claim import claim_output_folder
+from storage.run_folder import pick_checkpoint
 
 DEFAULT_OUT_DIR = str(DEFAULT_OUT_ROOT / "int8")
 REPORT_FILE = "quant_report.json"
@@ -85,16 +85,6 @@ class QuantizeConfig:
         check_options(self, QuantizeError)
 
 
-def refuse_int8_source(folder: Path) -> None:
-    meta = read_config(folder)
-    if meta.get("artifact") == "int8":
-        source = (meta.get("produced_by") or {}).get("source")
-        hint = f"quantize its float source instead: --checkpoint {source}" if source else \
-            "quantize the float or pruned checkpoint it came from instead"
-        raise ArtifactError(f"{folder} is already an int8 artifact; quantizing it again would only add "
-                            f"error. {hint}")
-
-
 def json_writer(report: dict):
     return lambda path: path.write_text(json.dumps(report, indent=2) + "\n")
 
@@ -128,16 +118,14 @@ def quantize(cfg: QuantizeConfig) -> dict:
     source, why = pick_checkpoint(cfg.checkpoint)
     print(f"model: {source} ({why})", file=sys.stderr)
     out_dir = Path(cfg.out_dir)
-    if out_dir.resolve() == Path(source).resolve():
-        raise QuantizeError(f"--out-dir {cfg.out_dir} is the source checkpoint; choose another folder")
-    refuse_int8_source(source)
-    claim_output_folder(out_dir, "quantize/dynamic.py", cfg.overwrite)
+    float_model, source_meta = load_model(source, "cpu", kinds=("float", "pruned"),
+                                          why="quantizing it again would only add error")
+    claim_output_folder(out_dir, "quantize/dynamic.py", cfg.overwrite, source=source)
     device = choose_device("auto")
     if device.type != "cpu":
         print(f"note: {device} found, but PyTorch's dynamic int8 kernels run on CPU only; quantizing and "
               f"measuring on CPU (on {device} the int8 artifact runs weight-only)", file=sys.stderr)
-    float_model, source_meta = load_model(source, "cpu")
-    print(f"quantizing {source_meta['artifact']} model from {source}", file=sys.stderr)
+    print(f"quantizing {source_meta.kind} model from {source}", file=sys.stderr)
     context = float_model.config.block_size
     block = cfg.eval_block_size or context
     if block > context:
@@ -173,7 +161,7 @@ def quantize(cfg: QuantizeConfig) -> dict:
     generation, outputs = generation_speed({"float": float_model, "int8": int8_model}, prompts, BATCH_SIZES,
                                            cfg.new_tokens, cfg.repeats)
     return {
-        "source": str(source), "source_artifact": source_meta["artifact"], "artifact": str(out_dir),
+        "source": str(source), "source_artifact": source_meta.kind, "artifact": str(out_dir),
         "quantization": {"head": cfg.head, "layers": len(quantization["layers"]),
                          "scheme": quantization["scheme"]},
         "dataset": cfg.dataset, "split": "validation", "eval_block_size": block,

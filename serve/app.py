@@ -17,9 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 
 from data.tokenizer import get_tokenizer
-from model.artifact import CONFIG_FILE, load_model
 from model.packed_linear import pack_for_inference
-from model.run_folder import pick_checkpoint
 from runtime.device import choose_device
 from serve import routes_generate, routes_openai
 from serve.body_limit import BodySizeLimit
@@ -31,6 +29,8 @@ from serve.request_log import RequestLog
 from serve.schemas import CompletionRequest, GenerateRequest
 from serve.slow_clients import BodyReadDeadline
 from serve.state import ServerState, server_state
+from storage.artifact import CONFIG_FILE, load_model
+from storage.run_folder import pick_checkpoint
 
 log = logging.getLogger("serve")
 T = TypeVar("T")
@@ -56,7 +56,7 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         draft = None
         if config.draft is not None:
             draft, draft_meta = load_model(config.draft, device)
-            log.info("draft: %s model from %s, %d tokens per step; %s", draft_meta["artifact"], config.draft,
+            log.info("draft: %s model from %s, %d tokens per step; %s", draft_meta.kind, config.draft,
                      config.draft_tokens, pack_for_inference(draft))
         engine = Engine(model, device, config.max_batch_size, config.max_queue, config.request_timeout_s, metrics,
                         config.decode, draft, config.draft_tokens)
@@ -65,9 +65,9 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
 
     engine, meta = off_the_main_thread(build)
     get_tokenizer()  # loaded now, so a missing tokenizer fails at startup rather than on the first request
-    log.info("loaded %s model from %s on %s", meta["artifact"], folder, device)
+    log.info("loaded %s model from %s on %s", meta.kind, folder, device)
     state = ServerState(config=config, engine=engine, metrics=metrics, checkpoint=folder,
-                        artifact_kind=meta["artifact"], model_id=config.served_model_name or folder.resolve().name,
+                        artifact_kind=meta.kind, model_id=config.served_model_name or folder.resolve().name,
                         created=int((folder / CONFIG_FILE).stat().st_mtime), device=device,
                         api_key=api_key)
 

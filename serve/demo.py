@@ -15,11 +15,12 @@ import httpx
 from runtime.cli import option, parse_config
 from runtime.errors import UserError
 from serve.launch import running_server
+from storage.run_folder import pick_checkpoint
 
 
 @dataclass
 class DemoConfig:
-    checkpoint: Path = option(Path("out/demo/train"), "artifact folder to serve")
+    checkpoint: str | None = option(None, "artifact folder to serve (default: the train.py checkpoint under out/ trained on the most tokens)")
     prompt: str = option("The module", "the one prompt sent")
     max_new_tokens: int = option(40, "tokens generated for it")
     seed: int = option(1, "sampling seed (temperature 0.8, top-k 200)")
@@ -30,13 +31,15 @@ class DemoError(UserError):
 
 
 def demo(args: DemoConfig) -> None:
-    if not args.checkpoint.is_dir():
-        raise DemoError(f"checkpoint folder {args.checkpoint} does not exist; train one first (`make demo` does)")
+    folder, why = pick_checkpoint(args.checkpoint)
+    if not folder.is_dir():
+        raise DemoError(f"checkpoint folder {folder} does not exist; train one first (`make demo` does)")
+    print(f"model: {folder} ({why})")
     request = {"prompt": args.prompt, "max_new_tokens": args.max_new_tokens, "temperature": 0.8, "top_k": 200,
                "seed": args.seed}
     with tempfile.TemporaryDirectory() as tmp, \
-            running_server(args.checkpoint, Path(tmp) / "server.log") as server:
-        print(f"server on {server.url} serving {args.checkpoint}; POST /generate {request}")
+            running_server(folder, Path(tmp) / "server.log") as server:
+        print(f"server on {server.url} serving {folder}; POST /generate {request}")
         start = time.perf_counter()
         response = httpx.post(f"{server.url}/generate", json=request, timeout=120)
         client_ms = 1000 * (time.perf_counter() - start)

@@ -10,10 +10,10 @@ import torch
 # fair share.
 torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))))
 
-from model.artifact import save_artifact  # noqa: E402
 from model.config import GPTConfig  # noqa: E402
 from model.gpt import GPT  # noqa: E402
 from runtime.provenance import provenance  # noqa: E402
+from storage.artifact import save_artifact  # noqa: E402
 
 
 def small_config(**overrides) -> GPTConfig:

@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from bench import leaderboard, report, run_all
-from bench.experiment import Workspace
 from bench.decode_sides import SideError, Sides, SideSpec
+from bench.experiment import Workspace
 from bench.experiments import EXPERIMENTS
 from bench.experiments.__main__ import main as run_experiment
 from bench.experiments.__main__ import parser as experiments_parser
-from bench.run_all import RunAllConfig
 from bench.record import RESULTS_DIR
+from bench.run_all import RunAllConfig
 from model.gpt import GPT
 from model.packed_linear import PACKED
 from runtime.cli import dataclass_from_args, to_flags
@@ -44,8 +44,8 @@ def results(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench")
     results_dir = root / "results"
     torch.manual_seed(0)
-    from model.artifact import save_artifact
     from runtime.provenance import provenance
+    from storage.artifact import save_artifact
     from tests.conftest import small_config
     model = GPT(small_config())
     save_artifact(root / "artifact", model, model.config, "float", provenance("tests"))

@@ -94,9 +94,9 @@ def test_cuda_graph_decoding_gives_the_tokens_of_eager_decoding(small_model):
 def test_an_int8_artifact_runs_weight_only_on_cuda(tmp_path, small_model):
     import copy
 
-    from model.artifact import int8_artifact_writers, load_model, write_folder_atomically
     from model.int8 import quantize_model
     from runtime.provenance import provenance
+    from storage.artifact import int8_artifact_writers, load_model, write_folder_atomically
     quantized = copy.deepcopy(small_model)
     quantization = quantize_model(quantized, head="fp32")
     write_folder_atomically(tmp_path / "int8", int8_artifact_writers(quantized, provenance("tests"), quantization))
@@ -105,7 +105,7 @@ def test_an_int8_artifact_runs_weight_only_on_cuda(tmp_path, small_model):
         idx = torch.randint(0, 50257, (2, 8), device="cuda")
         logits, _ = model(idx)
     reference, _ = small_model.cuda()(idx)
-    assert meta["artifact"] == "int8" and logits.device.type == "cuda"
+    assert meta.kind == "int8" and logits.device.type == "cuda"
     assert float((logits - reference).abs().max()) < 0.05 * float(reference.abs().max())
 
 

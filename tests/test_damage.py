@@ -8,10 +8,10 @@ import pytest
 import sample
 import train
 from bench import leaderboard, perplexity
-from model import export
 from prune import iterative
 from quantize import dynamic
 from serve import __main__ as serve_main
+from storage import export
 from tests.conftest import save_small_artifact
 from tests.test_train import FAST
 from train import TrainConfig

@@ -1,12 +1,12 @@
-"""python -m model.export: a folder transformers loads; artifacts it cannot represent are refused with the reason."""
+"""python -m storage.export: a folder transformers loads; artifacts it cannot represent are refused with the reason."""
 import json
 
 import pytest
 import torch
 
-from model.artifact import load_model, save_artifact
-from model.export import main
 from runtime.provenance import provenance
+from storage.artifact import load_model, save_artifact
+from storage.export import main
 from tests.conftest import save_small_artifact, small_config
 
 

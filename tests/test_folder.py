@@ -1,4 +1,4 @@
-"""The artifact folder protocol (model/folder.py): one writer, readers that change nothing, saves that are
+"""The artifact folder protocol (storage/folder.py): one writer, readers that change nothing, saves that are
 all or nothing even while other processes read."""
 import json
 import subprocess
@@ -11,18 +11,18 @@ import torch
 
 import train
 from bench.experiments.faults import READER
-from model.artifact import STAGING_DIR, load_model, read_config, save_artifact
-from model.folder import (FILE_MODE, DiskFull, FolderBusy, acquire_writer_lock, holds_writer_lock, reading,
-                          release_writer_lock, write_folder_atomically)
 from quantize.dynamic import main as quantize_main
 from runtime.provenance import provenance
+from storage.artifact import STAGING_DIR, load_model, read_meta, save_artifact
+from storage.folder import (FILE_MODE, DiskFull, FolderBusy, acquire_writer_lock, holds_writer_lock, reading,
+                          release_writer_lock, write_folder_atomically)
 from tests.conftest import interrupt_training_at_batch, save_small_artifact
 from tests.test_train import FAST, losses
 from train import TrainConfig
 
 HOLD_LOCK = textwrap.dedent("""
     import sys, time
-    from model.folder import acquire_writer_lock
+    from storage.folder import acquire_writer_lock
     acquire_writer_lock(sys.argv[1])
     print("locked", flush=True)
     time.sleep(120)
@@ -61,7 +61,7 @@ def test_a_reader_never_touches_a_live_writers_staging(tmp_path, small_model, ot
     save_artifact(folder, small_model, small_model.config, "float", provenance("tests"))
     other_writer(folder)
     staged_save(folder, journal)
-    read_config(folder)
+    read_meta(folder)
     load_model(folder)
     assert (folder / STAGING_DIR / "extra.txt").read_text() == "new"
     assert not (folder / "extra.txt").exists()
@@ -71,7 +71,7 @@ def test_a_reader_finishes_a_save_whose_writer_is_gone(tmp_path, small_model):
     folder = tmp_path / "ckpt"
     save_artifact(folder, small_model, small_model.config, "float", provenance("tests"))
     staged_save(folder, journal=True)
-    read_config(folder)
+    read_meta(folder)
     assert (folder / "extra.txt").read_text() == "new" and not (folder / STAGING_DIR).exists()
     assert not holds_writer_lock(folder)  # it stood in for the writer only while finishing
 
@@ -81,7 +81,7 @@ def test_an_incomplete_or_cut_journal_is_discarded_by_the_next_writer(tmp_path, 
     save_artifact(folder, small_model, small_model.config, "float", provenance("tests"))
     staged_save(folder, journal=True)
     (folder / STAGING_DIR / "COMPLETE").write_text("")  # killed while writing the journal
-    assert read_config(folder)["artifact"] == "float"  # readers are not blocked by it
+    assert read_meta(folder).kind == "float"  # readers are not blocked by it
     save_artifact(folder, small_model, small_model.config, "float", provenance("tests"))
     assert not (folder / STAGING_DIR).exists() and not (folder / "extra.txt").exists()
 
@@ -145,10 +145,10 @@ def test_a_tool_refuses_another_tools_artifact_unless_told_to_overwrite(tmp_path
     with pytest.raises(SystemExit, match=rf"error: {run} already holds a float artifact written by train.py; pass "
                                          r"--overwrite"):
         quantize_main(quantize)
-    assert read_config(run)["artifact"] == "float" and (run / "training_state/state.json").exists()
+    assert read_meta(run).kind == "float" and (run / "training_state/state.json").exists()
 
     quantize_main([*quantize, "--overwrite"])
-    assert read_config(run)["artifact"] == "int8" and not (run / "training_state").exists()
+    assert read_meta(run).kind == "int8" and not (run / "training_state").exists()
     assert {p.name for p in run.iterdir() if not p.name.startswith(".")} == {"config.json", "model.safetensors",
                                                                              "quant_report.json"}
     with pytest.raises(SystemExit, match=r"already holds an int8 artifact written by quantize/dynamic.py"):
@@ -161,10 +161,11 @@ def test_a_nested_read_does_not_wait_behind_a_waiting_writer(tmp_path, small_mod
     folder = tmp_path / "ckpt"
     save_artifact(folder, small_model, small_model.config, "float", provenance("tests"))
     writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import dataclasses
         import sys
-        from model.artifact import load_model, save_artifact
+        from storage.artifact import load_model, save_artifact
         model, meta = load_model(sys.argv[1])
-        save_artifact(sys.argv[1], model, model.config, "float", meta["produced_by"])
+        save_artifact(sys.argv[1], model, model.config, "float", dataclasses.asdict(meta.produced_by))
     """), str(folder)])
     with reading(folder):
         deadline = time.monotonic() + 60
@@ -204,7 +205,7 @@ def test_contents_naming_a_place_outside_the_folder_deletes_nothing(tmp_path, sm
     message = str(exit_info.value.code)
     assert message.startswith(f"error: {folder / '.contents'} lists {entry!r}, which is not a file inside")
     assert (victim / "precious.txt").read_text() == "keep me"
-    assert read_config(folder)["artifact"] == "float"  # the folder itself is untouched too
+    assert read_meta(folder).kind == "float"  # the folder itself is untouched too
 
 
 @pytest.mark.parametrize("kind", ["dotdot", "absolute", "hidden dotdot", "symlink"])
@@ -236,7 +237,7 @@ def test_a_full_disk_during_a_save_is_one_error_and_keeps_the_previous_save(tmp_
 
     with pytest.raises(DiskFull, match=rf"the disk holding {folder} is full \(ENOSPC\); this save was discarded"):
         write_folder_atomically(folder, {"config.json": lambda p: p.write_text("{}"), "opt.pt": write_to_full_disk})
-    assert read_config(folder)["artifact"] == "float" and not (folder / STAGING_DIR).exists()
+    assert read_meta(folder).kind == "float" and not (folder / STAGING_DIR).exists()
 
 
 def test_training_on_a_full_disk_names_the_last_good_checkpoint(tmp_path, monkeypatch, capsys):

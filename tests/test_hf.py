@@ -4,9 +4,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from model.artifact import load_model
 from model.gpt import GPT
-from model.hf import export_hf_gpt2, hf_to_ours, ours_to_hf
+from storage.artifact import load_model
+from storage.hf import export_hf_gpt2, hf_to_ours, ours_to_hf
 from tests.conftest import small_config
 
 
@@ -27,7 +27,7 @@ def test_round_trip_through_hugging_face_format_is_exact(tmp_path, small_model):
     loaded, meta = load_model(tmp_path)
     idx = torch.randint(0, 50257, (2, 12))
     assert torch.equal(small_model(idx)[0], loaded(idx)[0])
-    assert meta["produced_by"]["tool"] == "huggingface"
+    assert meta.produced_by.tool == "huggingface"
 
 
 def test_key_mapping_is_inverse_up_to_vocabulary_padding():

@@ -4,10 +4,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.artifact import load_model
-from model.hf import export_hf_gpt2
-from model.hub import resolve_checkpoint
-from model.weights import ArtifactError
+from storage.artifact import load_model
+from storage.hf import export_hf_gpt2
+from storage.hub import resolve_checkpoint
+from storage.weights import ArtifactError
 
 
 
@@ -45,7 +45,7 @@ def test_a_hub_name_loads_from_the_cache_in_every_tool(offline_hub, small_model,
     train.train(train.TrainConfig(init_from="tiny-org/tiny-gpt2", device="cpu", dataset="builtin", block_size=32,
                                   batch_size=2, max_steps=1, eval_batches=1, final_eval_batches=1, curves=False,
                                   out_dir=str(out)))
-    assert load_model(out)[1]["produced_by"]["source"] == "tiny-org/tiny-gpt2"
+    assert load_model(out)[1].produced_by.source == "tiny-org/tiny-gpt2"
 
 
 def test_an_uncached_name_offline_says_how_to_get_the_files(offline_hub):

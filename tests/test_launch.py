@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import train
-from model.artifact import load_model
 from parallel.distributed import ParallelError, check_restartable_launch
+from storage.artifact import load_model
 from train import TrainConfig
 
 STEPS = 16

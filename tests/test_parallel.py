@@ -274,11 +274,11 @@ def test_counted_communication_equals_theory(runs):
 
 def test_checkpoints_are_consolidated_and_resume_across_layouts(runs):
     root, _, _ = runs
-    from model.artifact import load_model
+    from storage.artifact import load_model
     single, _ = load_model(root / "none")
     for name in ("tp_4", "fsdp_tp2_4", "gather-scatter_2"):
         model, meta = load_model(root / name)  # one device loads whatever layout wrote it
-        assert meta["step"] == STEPS
+        assert meta.step == STEPS
         for key, value in single.state_dict().items():
             torch.testing.assert_close(model.state_dict()[key], value, rtol=1e-3, atol=1e-3)  # ten Adam steps amplify fp32 rounding on tiny gradients
     # Trained 5 steps with tp on 4 ranks, resumed with fsdp on 2: the same losses as uninterrupted.

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from data.loader import WindowSampler
-from model.artifact import load_model, save_artifact
 from model.config import GPTConfig
 from model.generate import generate
 from model.gpt import GPT
@@ -25,7 +24,9 @@ from prune.structured import StructureError, head_columns, select_units, shrink
 from prune.wanda import input_feature_norms, wanda_masks
 from runtime.device import precision_policy
 from runtime.provenance import provenance
-from model.run_folder import default_checkpoint
+from storage.artifact import load_model, save_artifact
+from storage.run_folder import default_checkpoint
+from storage.training_state import STATE_FILE, TrainingState
 
 CPU = torch.device("cpu")
 
@@ -203,7 +204,8 @@ def workspace(tmp_path_factory):
     model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=64))
     save_artifact(checkpoint, model, model.config, "float", provenance("train.py"), extra={"step": 1})
     (checkpoint / "training_state").mkdir()
-    (checkpoint / "training_state" / "state.json").write_text(json.dumps({"train_config": {"dataset": str(data)}}))
+    TrainingState(step=1, sampler={}, global_batch=1, torch_rng=[], train_config={"dataset": str(data)}).write(
+        checkpoint / STATE_FILE)
     yield root, checkpoint
     mp.undo()
 
@@ -236,7 +238,7 @@ def test_row_pruning_end_to_end_and_methods_accumulate(workspace, capsys):
     printed = capsys.readouterr().out
     assert f"loaded float checkpoint {checkpoint}" in printed and "training dataset" in printed
     model, meta = load_model(out)
-    assert meta["artifact"] == "pruned" and meta["pruning"]["method"] == "row"
+    assert meta.kind == "pruned" and meta.pruning["method"] == "row"
     assert model.config.n_head_per_layer == [2, 2] and model.config.mlp_hidden == [64, 64]
     text = generate(model, torch.tensor([[1, 2, 3]]), SamplingParams(max_new_tokens=5, temperature=0, stop_at_eot=False))
     assert text.shape == (1, 8)
@@ -261,7 +263,7 @@ def test_row_pruning_end_to_end_and_methods_accumulate(workspace, capsys):
     model, meta = load_model(out)
     weights = block_linear_weights(model).values()
     nonzero, total = count_nonzero(weights)
-    assert meta["pruning"]["method"] == "magnitude" and total - nonzero == round(0.8 * total)
+    assert meta.pruning["method"] == "magnitude" and total - nonzero == round(0.8 * total)
 
 
 def test_wanda_without_finetuning_and_default_checkpoint(workspace, monkeypatch, capsys):
@@ -292,7 +294,7 @@ def test_ctrl_c_keeps_the_last_finished_round(workspace, monkeypatch):
         run_cli("--target", "0.5", "--method", "row", "--checkpoint", str(checkpoint), "--out-dir", str(out))
     assert exit_info.value.code == 130
     model, meta = load_model(out)
-    assert meta["pruning"]["round"] == 1
+    assert meta.pruning["round"] == 1
     assert [r["round"] for r in json.loads((out / "prune_report.json").read_text())["methods"]["row"]["rounds"]] == [0, 1]
 
 

@@ -10,16 +10,17 @@ import torch
 import torch.nn.functional as F
 
 import sample
-from model.artifact import (CONFIG_FILE, WEIGHTS_FILE, ArtifactError, artifact_writers, int8_artifact_writers,
-                            load_model, save_artifact, write_folder_atomically)
 from model.generate import generate
 from model.gpt import GPT
 from model.int8 import (HEAD_FORMATS, Fp16WeightLinear, Int8Embedding, Int8Linear, default_head_format,
-                        int8_state_for_saving, quantize_model, quantize_per_channel)
+                        quantize_model, quantize_per_channel)
 from model.sampling import SamplingParams
 from quantize import dynamic
 from quantize.measure import greedy_agreement
 from runtime.provenance import provenance
+from storage.artifact import (CONFIG_FILE, WEIGHTS_FILE, ArtifactError, artifact_writers, int8_artifact_writers,
+                            load_model, save_artifact, write_folder_atomically)
+from storage.int8_weights import int8_state_for_saving
 from tests.conftest import small_config
 
 VOCAB = 256
@@ -236,13 +237,14 @@ def test_quantizing_an_int8_artifact_is_refused(workspace, monkeypatch, capsys):
     out = workspace / "int8_head"
     run_cli(workspace, out, "--head", "int8")
     assert json.loads((out / CONFIG_FILE).read_text())["quantization"]["head"] == "int8"
-    with pytest.raises(SystemExit, match="already an int8 artifact.*--checkpoint .*float"):
+    with pytest.raises(SystemExit, match="is an int8 artifact; quantizing it again would only add error. Use the float or pruned checkpoint it "
+                                         "was made from: --checkpoint .*float"):
         dynamic.main(["--checkpoint", str(out), "--out-dir", str(workspace / "again")])
     assert not (workspace / "again").exists()
 
 
 def test_default_checkpoint_skips_int8_artifacts(tmp_path, small_model):
-    from model.run_folder import default_checkpoint
+    from storage.run_folder import default_checkpoint
     save_artifact(tmp_path / "train", small_model, small_model.config, "float", provenance("train.py"))
     int8_model, quantization = quantized(small_model)
     save_int8(tmp_path / "int8", int8_model, quantization)  # newer, but not quantizable

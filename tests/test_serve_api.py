@@ -201,8 +201,8 @@ def test_time_limit_answers_504_and_ends_a_stream_with_an_error(checkpoint):
 
 @pytest.mark.parametrize("quantize_head", [False, True])
 def test_int8_artifact_is_served(tmp_path, quantize_head):
-    from model.artifact import int8_artifact_writers, write_folder_atomically
     from model.int8 import quantize_model
+    from storage.artifact import int8_artifact_writers, write_folder_atomically
     torch.manual_seed(0)
     model = GPT(small_config(block_size=BLOCK_SIZE))
     quantization = quantize_model(model, head="int8" if quantize_head else "fp32")
@@ -229,8 +229,8 @@ def test_logprobs_and_echo_score_text_as_evaluation_does(client, checkpoint):
     """echo + max_tokens 0 returns the prompt's own log-probabilities; their sum is minus the summed
     cross-entropy that model/evaluate.py computes on the same text."""
     from data.tokenizer import encode
-    from model.artifact import load_model
     from model.evaluate import evaluate_loss
+    from storage.artifact import load_model
     text = "The quick brown fox jumps over the lazy dog."
     name = Path(checkpoint).name
     reply = client.post("/v1/completions", json={"model": name, "prompt": text, "max_tokens": 0, "echo": True,

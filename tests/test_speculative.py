@@ -237,8 +237,8 @@ def test_ragged_cache_rows_continue_from_their_own_lengths():
 # --- sample.py ---------------------------------------------------------------------------------------------------
 
 def test_sample_py_with_a_pruned_draft(tmp_path):
-    from model.artifact import save_artifact
     from runtime.provenance import provenance
+    from storage.artifact import save_artifact
     target = eot_prone_target()
     draft = draft_for(target, "pruned")
     save_artifact(tmp_path / "target", target, target.config, "float", provenance("tests"))

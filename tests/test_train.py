@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -6,8 +7,9 @@ import torch
 import model.gpt
 import train
 from bench.plot_runs import main as plot_runs_main
-from model.artifact import STAGING_DIR, load_model, save_artifact
 from runtime.provenance import provenance
+from storage.artifact import STAGING_DIR, load_model, save_artifact
+from storage.training_state import STATE_FILE, TrainingState
 from tests.conftest import interrupt_training_at_batch
 from train import TrainConfig, TrainingError
 
@@ -112,7 +114,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
         train.train(TrainConfig(**FAST, max_steps=10, eval_interval=100, checkpoint_interval=2,
                                 out_dir=str(out)))
     loaded, meta = load_model(out)
-    assert meta["step"] == 2 and all(torch.isfinite(p).all() for p in loaded.parameters())
+    assert meta.step == 2 and all(torch.isfinite(p).all() for p in loaded.parameters())
 
 
 def test_crash_during_save_keeps_previous_checkpoint(tmp_path, small_model):
@@ -120,7 +122,7 @@ def test_crash_during_save_keeps_previous_checkpoint(tmp_path, small_model):
     save_artifact(folder, small_model, small_model.config, "float", provenance("tests"))
     before = load_model(folder)[0].state_dict()
 
-    from model import artifact
+    from storage import artifact
     writers = artifact.artifact_writers(artifact.model_state_for_saving(small_model), small_model.config,
                                         "float", provenance("tests"))
     writers["zz_crash"] = lambda p: (_ for _ in ()).throw(KeyboardInterrupt())
@@ -135,7 +137,7 @@ def test_checkpoint_round_trip_gives_identical_logits(small_model, small_artifac
     loaded, meta = load_model(small_artifact)
     idx = torch.randint(0, 50257, (2, 9))
     assert torch.equal(small_model(idx)[0], loaded(idx)[0])
-    assert meta["artifact"] == "float" and meta["produced_by"]["tool"] == "tests"
+    assert meta.kind == "float" and meta.produced_by.tool == "tests"
     assert loaded.lm_head.weight is loaded.transformer.wte.weight
 
 
@@ -163,9 +165,10 @@ def test_a_run_cannot_write_over_the_checkpoint_it_starts_from(tmp_path, small_a
     for out_dir in (small_artifact, small_artifact + "/", f"{tmp_path}/./artifact", str(init)):
         with pytest.raises(SystemExit) as exit_info:
             train.main(["--init-from", small_artifact, "--out-dir", out_dir, "--overwrite", "--max-steps", "1"])
-        assert str(exit_info.value.code).startswith(f"error: --init-from {small_artifact} and --out-dir {out_dir} "
-                                                    f"are the same folder")
-    assert load_model(small_artifact)[1]["produced_by"]["tool"] == "tests"  # nothing was removed
+        assert str(exit_info.value.code) == (f"error: the output folder {Path(out_dir)} is the source {small_artifact}: "
+                                             f"writing there would replace the model being read; choose another "
+                                             f"output folder")
+    assert load_model(small_artifact)[1].produced_by.tool == "tests"  # nothing was removed
 
 
 @pytest.mark.parametrize("flag, value, message", [
@@ -210,7 +213,7 @@ def test_exploding_update_never_becomes_the_last_good_checkpoint(tmp_path):
                                 checkpoint_interval=1, out_dir=str(out)))
     if (out / "config.json").exists():  # any checkpoint left behind gives a finite loss
         loaded, meta = load_model(out)
-        assert f"step {meta['step']}" in str(failure.value)
+        assert f"step {meta.step}" in str(failure.value)
         _, loss = loaded(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))
         assert torch.isfinite(loss)
     else:
@@ -229,15 +232,13 @@ def test_impossible_numbers_are_refused_by_name(tmp_path, flag, value):
 def test_tools_without_checkpoint_pick_the_most_trained_run_of_the_demo(tmp_path, small_model, monkeypatch):
     """make demo's layout: out/demo/train (200 steps x 2,048 tokens), then an int8 copy and a 20-step FSDP
     run written after it.  With no --checkpoint the tools take the trained model and say why."""
-    from pathlib import Path
-
-    from model.run_folder import default_checkpoint
+    from storage.run_folder import default_checkpoint
 
     def training_run(folder, step, global_batch, block):
         save_artifact(folder, small_model, small_model.config, "float", provenance("train.py"), extra={"step": step})
         (folder / "training_state").mkdir()
-        (folder / "training_state" / "state.json").write_text(json.dumps(
-            {"step": step, "global_batch": global_batch, "train_config": {"grad_accum": 1, "block_size": block}}))
+        TrainingState(step=step, sampler={}, global_batch=global_batch, torch_rng=[],
+                      train_config={"grad_accum": 1, "block_size": block}).write(folder / STATE_FILE)
 
     demo = tmp_path / "out" / "demo"
     training_run(demo / "train", 200, 8, 256)

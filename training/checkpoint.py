@@ -1,29 +1,30 @@
-"""Training checkpoints: the one owner of the `training_state/` layout.
+"""Training checkpoints: what a run saves and resumes from (the files are written and read by storage/).
 
 A checkpoint is an ordinary float artifact (config.json + model.safetensors, consolidated under the
 single-device names whatever the layout) plus `training_state/`: `optimizer.pt` (the optimizer state by
-parameter name, full tensors) and `state.json` (step, data position, RNG, the run's TrainConfig).  That
-is enough to resume exactly under any parallel layout.  Saves are atomic (model/artifact.py), and
+parameter name, full tensors) and `state.json` (storage/training_state.py: step, data position, RNG, the
+run's TrainConfig).  That
+is enough to resume exactly under any parallel layout.  Saves are atomic (storage/artifact.py), and
 nothing non-finite is ever saved.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from data.loader import WindowSampler
-from model.artifact import artifact_writers, claim_output_folder, load_model, write_folder_atomically
 from model.config import GPTConfig
-from model.folder import DiskFull, acquire_writer_lock, previous_contents, release_writer_lock, remove_files
-from model.gpt import GPT
-from model.run_folder import OPTIMIZER_FILE, STATE_FILE, is_training_checkpoint, read_training_state
 from parallel.errors import ParallelError
 from parallel.state import full_model_state, full_optimizer_state, load_optimizer_state
 from runtime.provenance import provenance
+from storage.artifact import artifact_writers, load_model, write_folder_atomically
+from storage.claim import claim_output_folder
+from storage.folder import DiskFull, acquire_writer_lock, release_writer_lock
+from storage.run_folder import TRAINING_TOOL, is_training_checkpoint
+from storage.training_state import OPTIMIZER_FILE, STATE_FILE, TrainingState
 from training.config import TrainConfig, TrainingError
 from training.resume import resumed_config
 
@@ -40,22 +41,20 @@ def first_non_finite(state: dict[str, torch.Tensor]) -> str | None:
 
 
 def claim_run_folder(cfg: TrainConfig) -> bool:
-    """Make this process the one writer of --out-dir (model/folder.py) before anything in it is read, and
+    """Make this process the one writer of --out-dir (storage/folder.py) before anything in it is read, and
     refuse a folder that holds another run or another tool's artifact unless --resume or --overwrite.
     Returns whether the run resumes: always with --resume, with --resume auto when the folder holds a run."""
     out_dir = Path(cfg.out_dir)
     if cfg.resume == "yes" or (cfg.resume == "auto" and is_training_checkpoint(out_dir)):
         acquire_writer_lock(out_dir)
-        if read_training_state(out_dir) is None:
+        if not (out_dir / STATE_FILE).exists():
             raise TrainingError(f"--resume: {cfg.out_dir} has no {STATE_FILE}; nothing to resume (use --resume "
                                 f"auto to start a new run there, or drop --resume)")
         return True
-    claim_output_folder(out_dir, "train.py", cfg.overwrite)
-    if is_training_checkpoint(out_dir) and not cfg.overwrite:
+    claim_output_folder(out_dir, TRAINING_TOOL, cfg.overwrite, source=cfg.init_from or None)
+    if is_training_checkpoint(out_dir):  # only without --overwrite, which has removed it
         raise TrainingError(f"{out_dir} already holds a training run; pass --resume to continue it, --overwrite "
                             f"to replace it, or --out-dir to start a new one")
-    if cfg.overwrite:
-        remove_files(out_dir, previous_contents(out_dir))
     return False
 
 
@@ -74,7 +73,7 @@ class Checkpointer:
         self.last_saved_step: int | None = None
         self._claimed = False
         self._registered: tuple | None = None
-        self._saved_state: dict | None = None  # a resumed run's state.json, read once
+        self._saved_state: TrainingState | None = None  # a resumed run's state.json, read once
 
     def open(self, cfg: TrainConfig, given: set[str]) -> tuple[TrainConfig, list[str]]:
         """Claim the folder and return the run's config (the saved one when resuming, with the changes
@@ -88,7 +87,7 @@ class Checkpointer:
             self.resuming = decision[0]
         changes: list[str] = []
         if self.resuming:
-            self._saved_state = read_training_state(self.out_dir)
+            self._saved_state = TrainingState.read(self.out_dir)
             cfg, changes = resumed_config(cfg, given, self._saved_state, self.out_dir / STATE_FILE, self.ctx.dp_size)
         self.cfg = cfg
         return cfg, changes
@@ -127,19 +126,15 @@ class Checkpointer:
             if bad:
                 raise TrainingError(f"step {step}: {bad} holds NaN or infinite values; not saving it over "
                                     f"{self.describe_last_good()}")
-            state = {
-                "step": step,
-                "sampler": sampler.state_dict(),
-                "global_batch": sampler.global_batch,
-                "parallel": {"mode": self.cfg.parallel, "world_size": ctx.world_size, "tp_size": ctx.tp_size},
-                "train_config": dataclasses.asdict(self.cfg),
-                "torch_rng": torch.get_rng_state().tolist(),
-                "cuda_rng": [s.tolist() for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
-            }
-            writers = artifact_writers(model_state, model_config, "float", provenance("train.py", self.cfg.init_from),
+            state = TrainingState(
+                step=step, sampler=sampler.state_dict(), global_batch=sampler.global_batch,
+                train_config=dataclasses.asdict(self.cfg), torch_rng=torch.get_rng_state().tolist(),
+                cuda_rng=[s.tolist() for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
+                parallel={"mode": self.cfg.parallel, "world_size": ctx.world_size, "tp_size": ctx.tp_size})
+            writers = artifact_writers(model_state, model_config, "float", provenance(TRAINING_TOOL, self.cfg.init_from),
                                        extra={"step": step})
             writers[OPTIMIZER_FILE] = lambda p: save_through_python(optimizer_state, p)
-            writers[STATE_FILE] = lambda p: p.write_text(json.dumps(state))
+            writers[STATE_FILE] = state.write
             try:
                 write_folder_atomically(self.out_dir, writers)
             except DiskFull as e:
@@ -162,9 +157,6 @@ class Checkpointer:
         par, _, optimizer, sampler = self._registered
         state_path, optimizer_path = self.out_dir / STATE_FILE, self.out_dir / OPTIMIZER_FILE
         state = self._saved_state
-        missing = [key for key in ("step", "sampler", "torch_rng") if key not in state]
-        if missing:
-            raise self.damaged(state_path, f"it has no {', '.join(missing)}")
         if not optimizer_path.exists():
             raise self.damaged(optimizer_path, "it is missing")
         try:
@@ -178,16 +170,15 @@ class Checkpointer:
             raise self.damaged(optimizer_path, f"it does not fit this model's optimizer ({type(e).__name__}: "
                                                f"{str(e).splitlines()[0][:160]})") from e
         try:
-            sampler.load_state_dict(state["sampler"])
-            torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
-            step = int(state["step"])
+            sampler.load_state_dict(state.sampler)
+            torch.set_rng_state(torch.tensor(state.torch_rng, dtype=torch.uint8))
         except (RuntimeError, KeyError, TypeError, ValueError) as e:
-            raise self.damaged(state_path, f"its sampler, RNG or step cannot be used ({type(e).__name__}: "
+            raise self.damaged(state_path, f"its sampler or RNG cannot be used ({type(e).__name__}: "
                                            f"{str(e).splitlines()[0][:160]})") from e
-        if state.get("cuda_rng") and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda_rng"]])
-        self.last_saved_step = step
-        return step
+        if state.cuda_rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state.cuda_rng])
+        self.last_saved_step = state.step
+        return state.step
 
     @staticmethod
     def damaged(path: Path, what: str) -> TrainingError:

@@ -3,7 +3,6 @@ every checkpoint (`training_state/state.json`), so a resumed run continues with 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 from data.corpus import DATASET_NAMES
@@ -90,10 +89,6 @@ class TrainConfig:
         if self.resume != "no" and self.overwrite:  # under a restarting launcher, each restart would wipe the run
             raise TrainingError(f"--resume {self.resume} continues the run in --out-dir and --overwrite replaces it; "
                                 f"give one of them")
-        if self.init_from and same_folder(self.init_from, self.out_dir):
-            # --overwrite would empty the folder before --init-from reads it.
-            raise TrainingError(f"--init-from {self.init_from} and --out-dir {self.out_dir} are the same folder; "
-                                f"write the new run to another --out-dir")
         for name, choices in (("model", PRESETS), ("parallel", MODES), ("scale_lr", LR_SCALING_RULES),
                               ("precision", ("auto", "fp32", "bf16", "fp16")), ("resume", RESUME_MODES)):
             self._require(name, getattr(self, name) in choices, f"must be one of {', '.join(choices)}")
@@ -105,8 +100,3 @@ class TrainConfig:
     @property
     def checkpoint_every(self) -> int:
         return self.checkpoint_interval or self.eval_interval
-
-
-def same_folder(a: str, b: str) -> bool:
-    """Whether two paths name one folder, however spelt (symlinks, `./`, a trailing slash)."""
-    return os.path.realpath(a) == os.path.realpath(b)

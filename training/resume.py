@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from storage.training_state import TrainingState
 from training.config import TrainConfig, TrainingError
 
 # Settings of the launch, not of the run.
@@ -33,15 +34,12 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def resumed_config(cfg: TrainConfig, given: set[str], state: dict, state_path: Path,
+def resumed_config(cfg: TrainConfig, given: set[str], state: TrainingState, state_path: Path,
                    dp_size: int) -> tuple[TrainConfig, list[str]]:
     """The saved run's config under this launch, with the changes `given` asks for; and one phrase per
     change.  The per-rank batch is re-derived so the global batch stays the same under another layout."""
-    saved_fields = state.get("train_config")
-    if not isinstance(saved_fields, dict):
-        raise TrainingError(f"{state_path} has no train_config; the checkpoint is damaged")
     try:
-        saved = TrainConfig(**{**saved_fields, **{name: getattr(cfg, name) for name in LAUNCH_SETTINGS}})
+        saved = TrainConfig(**{**state.train_config, **{name: getattr(cfg, name) for name in LAUNCH_SETTINGS}})
     except TypeError as e:  # a setting this version does not know (or lacks)
         raise TrainingError(f"{state_path}: its train_config cannot be read ({e}); the checkpoint is damaged "
                             f"or was written by another version of train.py") from e
@@ -56,10 +54,7 @@ def resumed_config(cfg: TrainConfig, given: set[str], state: dict, state_path: P
         raise TrainingError(f"{cfg.out_dir} holds a run trained with {was}; a resumed run cannot change that "
                             f"({asked} asked). Drop {'the flag' if len(different) == 1 else 'those flags'} to "
                             f"continue the run, or start a new one with another --out-dir")
-    step, global_batch = state.get("step"), state.get("global_batch", saved.batch_size)
-    if not isinstance(step, int) or not isinstance(global_batch, int) or step < 0 or global_batch < 1:
-        raise TrainingError(f"{state_path}: its step ({step!r}) or global batch ({global_batch!r}) is not a "
-                            f"count; the checkpoint is damaged")
+    step, global_batch = state.step, state.global_batch or saved.batch_size  # older checkpoints lack the latter
     changes = {name: getattr(cfg, name) for name in CHANGEABLE_SETTINGS
                if name in given and getattr(cfg, name) != getattr(saved, name)}
     if changes.get("max_steps", saved.max_steps) < step:

@@ -12,7 +12,6 @@ from tqdm import tqdm
 
 from data.loader import WindowSampler, eval_batches
 from data.shards import load_split, prepare_split
-from model.artifact import load_model
 from model.config import GPTConfig, preset
 from model.evaluate import evaluate_loss
 from model.gpt import GPT
@@ -22,6 +21,7 @@ from parallel.distributed import run_on_node_leader
 from parallel.state import local_state_bytes
 from runtime.cli import non_default_fields
 from runtime.device import is_out_of_memory, precision_policy
+from storage.artifact import load_model
 from training.checkpoint import Checkpointer
 from training.config import TrainConfig, TrainingError
 from training.estimate import RunEstimate
@@ -37,9 +37,7 @@ def build_model(cfg: TrainConfig, checkpointer: Checkpointer) -> GPT:
     if checkpointer.resuming:
         model = checkpointer.saved_model()
     elif cfg.init_from:
-        model, _ = load_model(cfg.init_from)
-        if not isinstance(model, GPT):
-            raise TrainingError(f"{cfg.init_from} is not a floating-point model; cannot train from it")
+        model, _ = load_model(cfg.init_from, kinds=("float", "pruned"), why="train.py trains floating-point models")
     else:
         torch.manual_seed(cfg.seed)
         return GPT(preset(cfg.model, dropout=cfg.dropout))

@@ -20,10 +20,10 @@ from bench.experiment import Experiment, ExperimentError, SettingsError
 from bench.record import plt
 from bench.report_page import Page, num
 from bench.runner import ROOT, run_command
-from model.run_folder import default_checkpoint
 from runtime.cli import check_options, option
 from runtime.device import choose_device
 from runtime.timing import Environment, environment
+from storage.run_folder import default_checkpoint
 
 PRUNE_REPORT = "prune_report.json"
 QUANT_REPORT = "quant_report.json"

@@ -49,35 +49,35 @@ import torch
 from bench.experiment import Experiment, ExperimentError, SettingsError
 from bench.record import plt
 from bench.report_page import Page
-from model.artifact import load_model, save_artifact
 from model.config import GPTConfig
-from model.folder import STAGING_DIR
 from model.gpt import GPT
-from model.run_folder import read_training_state
-from model.weights import ArtifactError
 from runtime.cli import check_options, non_default_flags, option
 from runtime.provenance import provenance
 from runtime.timing import Environment, environment
 from serve.launch import LOOPBACK, running_server
+from storage.artifact import load_model, save_artifact
+from storage.folder import STAGING_DIR
+from storage.training_state import TrainingState
+from storage.weights import ArtifactError
 from training.config import TrainConfig
 
 # A reader in its own process: load the checkpoint (config, weights, training state as one save) until
 # the stop file appears; print the number of reads and the first errors as JSON.
 READER = textwrap.dedent("""
     import json, pathlib, sys
-    from model.artifact import load_model
-    from model.folder import reading
-    from model.run_folder import read_training_state
-    from model.weights import ArtifactError
+    from storage.artifact import load_model
+    from storage.folder import reading
+    from storage.training_state import TrainingState
+    from storage.weights import ArtifactError
     folder, stop = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
     reads, errors = 0, []
     while not stop.exists():
         try:
             with reading(folder):
                 model, meta = load_model(folder)
-                state = read_training_state(folder)
-            if state["step"] != meta["step"]:
-                errors.append(f"config.json of step {meta['step']} beside state.json of step {state['step']}")
+                state = TrainingState.read(folder)
+            if state.step != meta.step:
+                errors.append(f"config.json of step {meta.step} beside state.json of step {state.step}")
             reads += 1
         except ArtifactError as e:  # before the first save there is nothing to read
             if reads or "has no config.json" not in str(e) and "does not exist" not in str(e):
@@ -160,7 +160,8 @@ def logged_losses(folder: Path) -> dict[int, float]:
 
 def saved_step(folder: Path) -> int:
     try:
-        return int((read_training_state(folder) or {}).get("step", 0))
+        state = TrainingState.read(folder)
+        return state.step if state else 0
     except ArtifactError:  # read while the first save was being written
         return 0
 
@@ -413,7 +414,7 @@ def disk_full_during_a_save(s: Settings, work: Path) -> Drill:
             run = run_quietly(train_command(max_steps=4, checkpoint_interval=2, out_dir=str(out)))
             error = next((line for line in run.stderr.splitlines() if line.startswith("error:")), "no error line")
             try:
-                intact = saved_step(out) == 2 and load_model(out)[1]["step"] == 2
+                intact = saved_step(out) == 2 and load_model(out)[1].step == 2
             except Exception as e:
                 intact, error = False, f"{error}; the checkpoint does not load: {e}"
             ok = (run.returncode == 1 and "Traceback" not in run.stderr and "(ENOSPC)" in error

@@ -46,16 +46,16 @@ from bench.record import plt
 from bench.report_page import Page, spread
 from data.corpus import builtin_documents
 from data.tokenizer import encode
-from model.artifact import save_artifact
 from model.config import PRESETS, preset
 from model.generate import DECODE_MODES, fastest_decode
 from model.gpt import GPT
-from model.hf import export_hf_gpt2
 from model.int8 import HEAD_FORMATS
 from runtime.cli import option
 from runtime.device import choose_device
 from runtime.provenance import provenance
 from runtime.timing import Environment, Spread, environment, paired_ratio
+from storage.artifact import save_artifact
+from storage.hf import export_hf_gpt2
 
 
 @dataclass

@@ -35,8 +35,6 @@ from bench.loadtest import PROMPTS, LevelResult, checked, exact_request_body, le
 from bench.record import plt
 from bench.report_page import Page, spread
 from data.tokenizer import encode
-from model.artifact import int8_artifact_writers, load_model, save_artifact
-from model.folder import write_folder_atomically
 from model.config import PRESETS, preset
 from model.generate import generate
 from model.gpt import GPT
@@ -49,6 +47,8 @@ from runtime.provenance import provenance
 from runtime.timing import Environment, Spread, environment, paired_ratio, time_interleaved
 from serve.config import DECODE_MODES
 from serve.launch import running_server
+from storage.artifact import int8_artifact_writers, load_model, save_artifact
+from storage.folder import write_folder_atomically
 
 REQUEST_TIMEOUT_S = 600.0
 

@@ -40,7 +40,6 @@ from bench.record import plt
 from bench.report_page import Page, num
 from bench.runner import ROOT, TRAIN_SCRIPT, run_command
 from data.tokenizer import decode
-from model.artifact import load_model
 from model.config import PRESETS
 from model.generate import generate
 from model.sampling import SamplingParams
@@ -49,6 +48,7 @@ from prune.config import PruneConfig
 from quantize.dynamic import QuantizeConfig
 from runtime.cli import check_options, flag, non_default_flags, option
 from runtime.timing import Environment, Spread, environment, paired_ratio, timed_call
+from storage.artifact import load_model
 from training.config import TrainConfig
 
 TOKENS_NOTE = {True: "the target's own", False: "DIFFERENT", None: "sampled"}

@@ -11,24 +11,30 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from model.config import GPTConfig
-from model.folder import write_folder_atomically
+from model.config import ConfigError, GPTConfig
 from model.gpt import GPT
-from model.weights import ArtifactError, load_weights, read_safetensors
+from storage.folder import write_folder_atomically
+from storage.weights import ArtifactError, model_from_weights, read_safetensors
 
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 # Causal-mask buffers some transformers versions save (`h.0.attn.bias`); they are not weights.
 IGNORED_BUFFERS = ("bias", "masked_bias")
 
 
-def config_from_hf(hf: dict) -> GPTConfig:
+def config_from_hf(hf: dict, path: Path) -> GPTConfig:
+    """The GPTConfig of a Hugging Face GPT-2 config.json (`path`, named in errors)."""
     if hf.get("model_type") != "gpt2":
         raise ArtifactError(f"config.json has model_type {hf.get('model_type')!r}; only GPT-2 is supported")
     if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
         raise ArtifactError(f"activation {hf['activation_function']!r} is not GPT-2's tanh GELU")
-    return GPTConfig(n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"], block_size=hf["n_positions"],
-                     vocab_size=hf["vocab_size"], layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-                     dropout=0.0)
+    try:
+        return GPTConfig(n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
+                         block_size=hf["n_positions"], vocab_size=hf["vocab_size"],
+                         layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5), dropout=0.0)
+    except KeyError as e:
+        raise ArtifactError(f"{path} has no {e}; it is not a complete Hugging Face GPT-2 config") from e
+    except (ConfigError, TypeError, ValueError) as e:
+        raise ArtifactError(f"{path}: {e}; it is not a usable Hugging Face GPT-2 config") from e
 
 
 def hf_to_ours(hf_state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
@@ -61,18 +67,14 @@ def ours_to_hf(state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, t
     return hf
 
 
-def load_hf_gpt2(folder: str | Path) -> GPT:
-    folder = Path(folder)
-    config = config_from_hf(json.loads((folder / "config.json").read_text()))
+def load_hf_gpt2(folder: Path, config: GPTConfig) -> GPT:
+    """The Hugging Face GPT-2 folder whose config.json gave `config`."""
     weights = folder / "model.safetensors"
     if not weights.exists():
         raise ArtifactError(f"{folder} has no model.safetensors (pickled pytorch_model.bin is not loaded; "
                                 f"convert it with transformers' save_pretrained(safe_serialization=True))")
     state = hf_to_ours(read_safetensors(weights), config)
-    with torch.device("meta"):
-        model = GPT(config)
-    load_weights(model, state)
-    return model
+    return model_from_weights(config, state, str(weights))
 
 
 def export_hf_gpt2(model: GPT, folder: str | Path) -> None:

@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from model.weights import ArtifactError
+from storage.weights import ArtifactError
 
 # OpenAI's checkpoints live under this organisation on the hub; the bare names are what nanoGPT users type.
 GPT2_NAMES = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")}

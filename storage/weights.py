@@ -1,5 +1,5 @@
-"""The bottom of model/: reading stored weights into a model, and the error for a folder that cannot be
-loaded.  artifact.py, hf.py and int8.py build on it; it imports none of them."""
+"""The bottom of storage/: reading stored weights into a model, and the error for a folder that cannot be
+loaded.  artifact.py, hf.py and int8_weights.py build on it; it imports none of them."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,6 +8,8 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file
 
+from model.config import GPTConfig
+from model.gpt import GPT
 from runtime.errors import UserError
 
 HEAD_WEIGHT = "lm_head.weight"
@@ -24,6 +26,15 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         return load_file(str(path))
     except Exception as e:  # safetensors raises several types for damaged files
         raise ArtifactError(f"could not read {path}: {e}; the file is damaged, re-create it") from e
+
+
+def model_from_weights(config: GPTConfig, state: dict[str, torch.Tensor], source: str = "weights") -> GPT:
+    """A GPT of `config` holding `state`: built on the meta device (no random initialisation to throw away),
+    then filled by `load_weights`."""
+    with torch.device("meta"):
+        model = GPT(config)
+    load_weights(model, state, source)
+    return model
 
 
 def load_weights(model: nn.Module, state: dict[str, torch.Tensor], source: str = "weights") -> None:
