@@ -41,15 +41,16 @@ _TRACES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 KEPT_TRACES = 8
 
 
-class _StepCache(KVCache):
-    """One step's cache over the views handed to the graph; the Python-side count of filled positions (and the
-    overflow check) stays with the caller, outside the graph.  `columns` (B, W), when given: where each row's
-    tokens go (rows at different lengths); else the views' last W columns."""
+class _StepCache:
+    """One step's cache over the views handed to the graph: what GPT.hidden_states and its attention layers ask of
+    a cache (`length`, `attention_inputs`, `update`, `advance`), with the positions and mask given.  The count of
+    filled positions (and the overflow check) stays with the caller's KVCache, outside the graph.  `columns`
+    (B, W), when given: where each row's tokens go (rows at different lengths); else the views' last W columns."""
+    length = 0  # read by GPT.hidden_states, which then takes the given positions
 
     def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], positions: torch.Tensor,
                  mask: torch.Tensor | None, columns: torch.Tensor | None):
         self.k, self.v, self.positions, self.mask, self.columns = k, v, positions, mask, columns
-        self.max_len, self.length = 0, 0
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         if self.columns is not None:
