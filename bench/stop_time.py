@@ -9,8 +9,6 @@ in a fresh folder, waits for step 1 to finish (so the save holds optimizer state
 """
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
 import sys
@@ -25,6 +23,7 @@ from bench.record import RESULTS_DIR, write_result
 from runtime.cli import option, parse_config
 from runtime.errors import UserError
 from runtime.timing import Environment, Spread, environment
+from storage.training_state import TrainingState
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMAND = ["train.py", "--model", "gpt2", "--dataset", "builtin", "--batch-size", "4", "--grad-accum", "32",
@@ -72,7 +71,7 @@ def stop_once(cfg: StopTimeConfig, out: Path) -> tuple[float, float, int, int, s
         said = line.strip() if line.startswith("SIGTERM:") else said
     status = proc.wait()
     exit_s = time.perf_counter() - sent
-    saved = json.loads((out / "training_state" / "state.json").read_text())["step"]
+    saved = TrainingState.read(out).step
     return exit_s, step_s, status, saved, estimate, said
 
 

@@ -29,7 +29,8 @@ from serve.request_log import RequestLog
 from serve.schemas import CompletionRequest, GenerateRequest
 from serve.slow_clients import BodyReadDeadline
 from serve.state import ServerState, server_state
-from storage.artifact import CONFIG_FILE, load_model
+from storage.artifact import load_model
+from storage.meta import CONFIG_FILE
 from storage.run_folder import pick_checkpoint
 
 log = logging.getLogger("serve")

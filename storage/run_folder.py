@@ -1,6 +1,7 @@
-"""A run folder's files, as every tool reads them: which checkpoint a tool means when given none, and what a
-training checkpoint's state says.  train.py writes `training_state/` (training/checkpoint.py); the tools
-that only load artifacts read it here, so none of them imports training/ or parallel/ to find a model.
+"""A run folder, as every tool reads it: which checkpoint a tool means when given none (`pick_checkpoint`,
+the one default-checkpoint policy), and what a training checkpoint says about its run.  train.py writes
+`training_state/` through storage/training_state.py; the tools that only load artifacts read it here, so
+none of them imports training/ or parallel/ to find a model.
 """
 from __future__ import annotations
 
