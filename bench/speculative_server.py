@@ -19,9 +19,10 @@ import httpx
 
 from bench.loadtest import checked, exact_request_body, level_name, run_level
 from runtime.timing import Spread, paired_ratio, time_interleaved
-from serve.launch import running_server
+from serve.launch import ServerProcess
 
 REQUEST_TIMEOUT_S = 600.0
+STARTUP_TIMEOUT_S = 120.0
 SAMPLED = "sampled"
 GREEDY = "greedy"
 
@@ -86,10 +87,14 @@ def compare_servers(target: Path, draft_name: str, draft: Path, draft_tokens: in
         return call
 
     with contextlib.ExitStack() as servers:
-        alone = servers.enter_context(running_server(target, work_dir / "server_alone.log", server_args))
-        speculative = servers.enter_context(running_server(
+        # Both start at once (each loads its models and traces its steps), then each is waited for.
+        alone, speculative = ServerProcess(target, work_dir / "server_alone.log", server_args), ServerProcess(
             target, work_dir / "server_speculative.log",
-            [*server_args, "--draft", str(draft), "--draft-tokens", str(draft_tokens)]))
+            [*server_args, "--draft", str(draft), "--draft-tokens", str(draft_tokens)])
+        for server in (alone, speculative):
+            servers.callback(server.stop)
+        for server in (alone, speculative):
+            server.wait_until_healthy(STARTUP_TIMEOUT_S)
         calls = {}
         for decoding, n in keys:
             calls["alone", decoding, n] = level("alone", alone.url, decoding, n)

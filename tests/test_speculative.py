@@ -47,8 +47,9 @@ GREEDY = SamplingParams(max_new_tokens=16, temperature=0)
 CASES = [(1, 1, 0, 1), (2, 6, 34, 4), (4, 9, 1, 7), (5, 3, 3, 3)]
 
 
-@pytest.mark.parametrize("kind", ["random", "itself", "pruned"])
-def test_greedy_tokens_are_the_targets_own(kind):
+# Each draft with one way of running the passes: traced (decode auto, the default) or eager (dynamic).
+@pytest.mark.parametrize("kind, decode", [("random", "dynamic"), ("itself", "dynamic"), ("pruned", "auto")])
+def test_greedy_tokens_are_the_targets_own(kind, decode):
     target = eot_prone_target()
     draft = draft_for(target, kind)
     stopped_early = ran_to_the_end = all_stopped = 0
@@ -56,7 +57,8 @@ def test_greedy_tokens_are_the_targets_own(kind):
         idx = prompts(batch, length, seed)
         expected = generate(target, idx, GREEDY, decode="dynamic")
         stats = SpeculativeStats()
-        assert torch.equal(generate(target, idx, GREEDY, draft=draft, draft_tokens=k, stats=stats), expected)
+        assert torch.equal(generate(target, idx, GREEDY, draft=draft, draft_tokens=k, stats=stats, decode=decode),
+                           expected)
         # A pass gives a row at most k + 1 tokens; rows leave the batch when they end.
         assert stats.row_steps >= stats.target_passes >= -(-(expected.size(1) - length) // (k + 1))
         if kind == "itself":
