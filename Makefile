@@ -14,9 +14,7 @@ setup: $(STAMP) $(TOKENIZER)
 $(STAMP): requirements.txt requirements-test.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools
-	# --no-compile: byte-compiling every installed module (all of torch) took 34 of 47 s; Python compiles what a
-	# command imports, once, on first use.
-	$(PY) -m pip install --quiet --no-compile -r requirements.txt -r requirements-test.txt
+	$(PY) -m pip install --quiet -r requirements.txt -r requirements-test.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
