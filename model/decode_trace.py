@@ -30,7 +30,7 @@ import weakref
 
 import torch
 
-from model.gpt import GPT, KVCache, RaggedKVCache
+from model.gpt import GPT, KVCache, RaggedKVCache, write_columns
 from model.packed_linear import PackedLinear, packed_while
 
 log = logging.getLogger(__name__)
@@ -54,10 +54,8 @@ class _StepCache:
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         if self.columns is not None:
-            # Indexing by (row, column) pairs writes a few columns of a strided view faster than a scatter does.
-            rows = torch.arange(k.size(0), device=k.device)[:, None]
-            self.k[layer][rows, :, self.columns] = k.transpose(1, 2)
-            self.v[layer][rows, :, self.columns] = v.transpose(1, 2)
+            write_columns(self.k[layer], self.columns, k)
+            write_columns(self.v[layer], self.columns, v)
         else:
             # The step's last columns, whatever the views' width: a slice from the end is recorded as such, not as
             # a number (the step's own width is a constant: a trace serves one width).

@@ -39,6 +39,13 @@ class Linear(nn.Linear):
         return out.t().contiguous().view(*x.shape[:-1], self.out_features)
 
 
+def write_columns(cache: torch.Tensor, columns: torch.Tensor, new: torch.Tensor) -> None:
+    """Write `new` (B, heads, W, head size) into `cache` (B, heads, n, head size) at row i's columns `columns[i]`
+    (B, W).  Indexing by (row, column) pairs writes a few columns of a strided view faster than a scatter does."""
+    rows = torch.arange(new.size(0), device=new.device)[:, None]
+    cache[rows, :, columns] = new.transpose(1, 2)
+
+
 class KVCache:
     """Preallocated keys and values for every layer; `length` tokens are filled."""
 
@@ -119,10 +126,9 @@ class RaggedKVCache(KVCache):
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         self.check_room(k.size(2))
-        # Indexing by (row, column) pairs writes a few columns faster than a scatter does.
-        rows, columns = torch.arange(k.size(0), device=k.device)[:, None], self.columns(k.size(2))
-        self.k[layer][rows, :, columns] = k.transpose(1, 2)
-        self.v[layer][rows, :, columns] = v.transpose(1, 2)
+        columns = self.columns(k.size(2))
+        write_columns(self.k[layer], columns, k)
+        write_columns(self.v[layer], columns, v)
         end = self.length + k.size(2)
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
