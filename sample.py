@@ -26,7 +26,8 @@ from tqdm import tqdm
 
 from data.tokenizer import decode, encode
 from model.config import EOT_TOKEN
-from model.generate import DECODE_MODES, generate
+from model.decode_steps import DECODE_MODES
+from model.generate import generate
 from model.packed_linear import pack_for_inference
 from model.sampling import SamplingParams
 from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats
@@ -70,7 +71,7 @@ class SampleConfig:
     seed: int = option(1337, "random seed (sample i uses seed + i)")
     device: str = option("auto", "auto, cpu, cuda, ...")
     decode: str = option("auto", "how cached decode steps run: auto (the fastest for the device: traced on the "
-                                 "CPU, cuda-graph on CUDA), dynamic (eager, the keys grow), static (fixed shapes), "
+                                 "CPU, cuda-graph on CUDA, where speculative steps run eagerly), dynamic (eager, the keys grow), static (fixed shapes), "
                                  "cuda-graph (static, each step replayed as one captured CUDA graph: fewer kernel "
                                  "launches at small batch on a GPU), traced (dynamic, each step one traced "
                                  "TorchScript graph with no Python between operators, after a trace of 0.2-0.5 s "
@@ -91,8 +92,6 @@ class SampleConfig:
         if self.output is not None and self.prompts_file is None:
             raise SampleError("--output writes the results of --prompts-file; give one, or drop --output")
         check_options(self, SampleError)
-        if self.draft is not None and self.decode not in ("auto", "dynamic"):
-            raise SampleError(f"--draft decodes with eager steps; drop --decode {self.decode} or use --decode dynamic")
         for name in ("prompt_file", "prompts_file"):
             path = getattr(self, name)
             if path is not None and not Path(path).is_file():

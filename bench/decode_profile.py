@@ -27,8 +27,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench.experiments.generate_speed import read_bandwidth
 from model.config import PRESETS, preset
-from model.decode_trace import TracedDecoder
-from model.gpt import GPT, KVCache
+from model.decode_steps import DecodeSteps
+from model.gpt import GPT
 from model.int8 import quantize_model
 from model.packed_linear import PackedLinear, pack_for_inference
 from runtime.timing import environment
@@ -67,10 +67,11 @@ def product_rates(model: GPT, rows: int) -> list[tuple[str, float, float]]:
 def step_profile(model: GPT, batch: int, traced: bool, steps: int = 20) -> tuple[float, list[tuple[str, float, int]]]:
     """(ms per decode step, [(operator, own CPU ms per step, calls per step)]) after a 32-token prompt."""
     with torch.inference_mode():
-        cache = KVCache(model.config, batch, 32 + steps + 8, "cpu")
-        model(torch.randint(0, 50257, (batch, 32)), cache=cache, last_only=True)
+        decode_steps = DecodeSteps(model, torch.device("cpu"), "traced" if traced else "dynamic", batch)
+        cache = decode_steps.new_cache(batch, 32 + steps + 8)
+        decode_steps.logits(cache, torch.randint(0, 50257, (batch, 32)), 1)
         token = torch.randint(0, 50257, (batch, 1))
-        step = TracedDecoder(model, cache) if traced else lambda t: model(t, cache=cache, last_only=True)
+        step = lambda t: decode_steps.logits(cache, t, 1)
         for _ in range(3):  # warm-up (and the trace)
             step(token)
         with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -1,4 +1,5 @@
 from model.config import PRESETS, GPTConfig, preset
-from model.gpt import GPT, KVCache
+from model.gpt import GPT
+from model.kv_cache import KVCache
 
 __all__ = ["GPT", "GPTConfig", "KVCache", "PRESETS", "preset"]

@@ -1,42 +1,57 @@
-"""Decode steps replayed as one CUDA graph, for batch sizes where launching kernels costs more than running
+"""Decode steps replayed as CUDA graphs, for batch sizes where launching kernels costs more than running
 them (GPT-2 124M at batch 1 on an H100 spent 3.7 ms a token mostly launching ~150 small kernels).
 
-A StaticKVCache keeps every tensor shape fixed from step to step and advances its write position on the
-device, so one decode step can be captured once and replayed for every later token: the first decode step
-runs eagerly on a side stream (which also warms up cuBLAS and the caching allocator, as capture requires),
-the second is captured, and each step after copies the new tokens into the captured input and replays.
+A StaticKVCache keeps every tensor shape fixed from step to step and advances its rows' lengths on the device,
+so one step can be captured once and replayed for every later one: the first step of a shape runs eagerly on a
+side stream (which also warms up cuBLAS and the caching allocator, as capture requires), the second is captured,
+and each step after copies its tokens into the captured input and replays.  A graph reads and writes the memory
+it was captured on, so it is kept per cache storage, row count and token count: generate() makes one cache per
+call, the server one for its life, whose first rows each of its padded row counts uses.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from model.gpt import GPT, StaticKVCache
+from model.gpt import GPT
+from model.kv_cache import StaticKVCache
 
 
-class CudaGraphDecoder:
-    """Callable like `model(tokens, cache=cache, last_only=True)[0]` for (B, 1) tokens, one step at a time."""
+@dataclass
+class _Captured:
+    tokens: torch.Tensor  # the graph's input, copied into before each replay
+    graph: torch.cuda.CUDAGraph | None = None
+    logits: torch.Tensor | None = None  # its output, overwritten at every replay
 
-    def __init__(self, model: GPT, cache: StaticKVCache):
-        self.model, self.cache = model, cache
-        self.tokens: torch.Tensor | None = None  # the captured graph's input
-        self.logits: torch.Tensor | None = None  # and its output, overwritten at every replay
-        self.graph: torch.cuda.CUDAGraph | None = None
 
-    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
-        if self.tokens is None:
-            self.tokens = tokens.clone()
+class CapturedSteps:
+    """`model(tokens, cache=cache)[0]` for (B, W) tokens over a StaticKVCache, as CUDA graphs."""
+
+    def __init__(self, model: GPT):
+        self.model = model
+        self.captured: dict[tuple, _Captured] = {}
+
+    def step(self, cache: StaticKVCache, tokens: torch.Tensor) -> torch.Tensor:
+        cache.check_room(tokens.size(1))  # a replay runs no Python that would check it
+        key = (*tokens.shape, cache.lengths.data_ptr(), *(t.data_ptr() for t in cache.k + cache.v))
+        entry = self.captured.get(key)
+        if entry is None:
+            entry = self.captured[key] = _Captured(tokens.clone())
             side = torch.cuda.Stream(device=tokens.device)
             side.wait_stream(torch.cuda.current_stream(tokens.device))
             with torch.cuda.stream(side):
-                logits = self.model(self.tokens, cache=self.cache, last_only=True)[0]
+                logits = self.model(entry.tokens, cache=cache)[0]
             torch.cuda.current_stream(tokens.device).wait_stream(side)
             return logits
-        self.tokens.copy_(tokens)
-        if self.graph is None:
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.logits = self.model(self.tokens, cache=self.cache, last_only=True)[0]
-            self.cache.length -= 1  # capture ran the step's Python once without running it; replays count below
-        self.graph.replay()
-        self.cache.length += 1
-        return self.logits
+        entry.tokens.copy_(tokens)
+        if entry.graph is None:
+            # Capture runs the step's Python once (its host-side advance of `cache.length` included) and records its
+            # kernels without running them; the replay below runs them.
+            entry.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(entry.graph):
+                entry.logits = self.model(entry.tokens, cache=cache)[0]
+        else:
+            cache.length += tokens.size(1)  # the host's count; the replay advances the rows' lengths
+        entry.graph.replay()
+        return entry.logits

@@ -30,7 +30,8 @@ import weakref
 
 import torch
 
-from model.gpt import GPT, KVCache, RaggedKVCache, write_columns
+from model.gpt import GPT
+from model.kv_cache import AttentionInputs, KVCache, write_columns
 from model.packed_linear import PackedLinear, packed_while
 
 log = logging.getLogger(__name__)
@@ -41,30 +42,23 @@ _TRACES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 KEPT_TRACES = 8
 
 
-class _StepCache:
-    """One step's cache over the views handed to the graph: what GPT.hidden_states and its attention layers ask of
-    a cache (`length`, `attention_inputs`, `update`, `advance`), with the positions and mask given.  The count of
-    filled positions (and the overflow check) stays with the caller's KVCache, outside the graph.  `columns`
-    (B, W), when given: where each row's tokens go (rows at different lengths); else the views' last W columns."""
-    length = 0  # read by GPT.hidden_states, which then takes the given positions
+class _CacheViews:
+    """One traced step's cache: the views of a cache's columns handed to the graph, into which the step writes its
+    tokens' keys and values at the columns the attention inputs name, or else at their last W columns (a slice
+    from the end is recorded as such, not as a number: one trace serves every length).  The count of filled
+    positions (and the overflow check) stays with the caller's KVCache, outside the graph."""
 
-    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], positions: torch.Tensor,
-                 mask: torch.Tensor | None, columns: torch.Tensor | None):
-        self.k, self.v, self.positions, self.mask, self.columns = k, v, positions, mask, columns
+    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor]):
+        self.k, self.v = k, v
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        if self.columns is not None:
-            write_columns(self.k[layer], self.columns, k)
-            write_columns(self.v[layer], self.columns, v)
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, attention: AttentionInputs):
+        if attention.columns is not None:
+            write_columns(self.k[layer], attention.columns, k)
+            write_columns(self.v[layer], attention.columns, v)
         else:
-            # The step's last columns, whatever the views' width: a slice from the end is recorded as such, not as
-            # a number (the step's own width is a constant: a trace serves one width).
             self.k[layer][:, :, -k.size(2):] = k
             self.v[layer][:, :, -v.size(2):] = v
         return self.k[layer], self.v[layer]
-
-    def attention_inputs(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return self.positions, self.mask
 
     def advance(self, T: int) -> None:
         pass
@@ -86,8 +80,8 @@ class _DecodeStep(torch.nn.Module):
         mask, tensors = (tensors[0], tensors[1:]) if self.masked else (None, tensors)
         columns, keys_values = (tensors[0], tensors[1:]) if self.placed else (None, tensors)
         layers = len(keys_values) // 2
-        cache = _StepCache(list(keys_values[:layers]), list(keys_values[layers:]), positions, mask, columns)
-        return self.model(tokens, cache=cache)[0]
+        cache = _CacheViews(list(keys_values[:layers]), list(keys_values[layers:]))
+        return self.model(tokens, cache=cache, attention=AttentionInputs(positions, mask, columns))[0]
 
 
 def _weights_version(model: GPT) -> tuple:
@@ -156,46 +150,15 @@ class TracedSteps:
                     *keys, *values)
 
     def step(self, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
-        """`model(tokens, cache=cache)[0]` for (B, W) tokens: a KVCache's rows take them from column
-        `cache.length` on, a RaggedKVCache's each from its own length."""
+        """`model(tokens, cache=cache)[0]` for (B, W) tokens, each row's from its own length on."""
         width = tokens.size(1)
         cache.check_room(width)
         end = cache.length + width
         keys, values = [k[:, :, :end] for k in cache.k], [v[:, :, :end] for v in cache.v]
-        if isinstance(cache, RaggedKVCache) and not cache.aligned():
-            positions, mask = cache.attention_inputs(width, tokens.device)
-            logits = self(tokens, positions, mask, keys, values, columns=positions)
-        else:
-            positions = torch.arange(cache.length, end, device=tokens.device).expand_as(tokens)
-            # Several tokens attend causally among themselves: each sees the columns up to its own.
-            mask = None if width == 1 else (torch.arange(end, device=tokens.device) <= positions[:, :, None])[:, None]
-            logits = self(tokens, positions, mask, keys, values)
+        attention = cache.attention_inputs(width)
+        positions, mask = attention.positions.expand_as(tokens), attention.mask
+        if attention.columns is None and width > 1:  # the graph's (B, 1, W, keys) mask: causal among the new tokens
+            mask = (torch.arange(end, device=tokens.device) <= positions[:, :, None])[:, None]
+        logits = self(tokens, positions, mask, keys, values, columns=attention.columns)
         cache.advance(width)
         return logits
-
-
-def last_logits(model: GPT, cache: KVCache, inputs: torch.Tensor, positions: int,
-                steps: TracedSteps | None) -> torch.Tensor:
-    """`model`'s logits (rows, positions, vocab) at the last `positions` of `inputs` (rows, W) fed into `cache` (a
-    RaggedKVCache's rows each at its own length): what the server's steps and speculative decoding run.
-    With `steps`, the model's traced steps, the passes after the prompt (a few tokens per row) run as traced
-    graphs, one per row count and width, where an eager pass would spend as long in Python between operators as
-    in them.  Otherwise, and for the prompt, one eager pass."""
-    if steps is not None and 0 < cache.length:
-        return steps.step(cache, inputs)[:, -positions:]
-    if positions == 1:
-        return model(inputs, cache=cache, last_only=True)[0]
-    hidden = model.hidden_states(inputs, cache)
-    # The output head on the last positions only: the first pass also feeds the whole prompt.
-    return model.lm_head(hidden[:, -positions:])[..., :model.config.vocab_size]
-
-
-class TracedDecoder:
-    """Callable like `model(tokens, cache=cache, last_only=True)[0]` for (B, 1) tokens, one step at a time,
-    once the cache holds the prompt."""
-
-    def __init__(self, model: GPT, cache: KVCache):
-        self.steps, self.cache = TracedSteps(model), cache
-
-    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.steps.step(self.cache, tokens)

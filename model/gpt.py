@@ -6,7 +6,6 @@ so checkpoints map one-to-one.
 """
 from __future__ import annotations
 
-import copy
 import math
 
 import torch
@@ -15,11 +14,7 @@ import torch.nn.functional as F
 
 from model.config import GPTConfig
 from model.head_loss import head_cross_entropy, padded_cross_entropy
-from runtime.errors import UserError
-
-
-class ContextOverflow(UserError, ValueError):
-    """More positions than the model (or its KV cache) has."""
+from model.kv_cache import AttentionInputs, ContextOverflow, KVCache
 
 
 class Linear(nn.Linear):
@@ -39,129 +34,6 @@ class Linear(nn.Linear):
         return out.t().contiguous().view(*x.shape[:-1], self.out_features)
 
 
-def write_columns(cache: torch.Tensor, columns: torch.Tensor, new: torch.Tensor) -> None:
-    """Write `new` (B, heads, W, head size) into `cache` (B, heads, n, head size) at row i's columns `columns[i]`
-    (B, W).  Indexing by (row, column) pairs writes a few columns of a strided view faster than a scatter does."""
-    rows = torch.arange(new.size(0), device=new.device)[:, None]
-    cache[rows, :, columns] = new.transpose(1, 2)
-
-
-class KVCache:
-    """Preallocated keys and values for every layer; `length` tokens are filled."""
-
-    def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device, dtype=torch.float32):
-        self.max_len = max_len
-        shape = lambda layer: (batch_size, config.layer_n_head(layer), max_len, config.head_dim)
-        self.k = [torch.zeros(shape(i), device=device, dtype=dtype) for i in range(config.n_layer)]
-        self.v = [torch.zeros(shape(i), device=device, dtype=dtype) for i in range(config.n_layer)]
-        self.length = 0
-
-    def check_room(self, T: int) -> None:
-        if self.length + T > self.max_len:
-            raise ContextOverflow(f"KV cache holds {self.max_len} positions; {self.length + T} requested")
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        self.check_room(k.size(2))
-        end = self.length + k.size(2)
-        self.k[layer][:, :, self.length:end] = k
-        self.v[layer][:, :, self.length:end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
-
-    def attention_inputs(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Positions and mask for the next T tokens when the cache decides them (StaticKVCache, RaggedKVCache);
-        None here."""
-        return None
-
-    def advance(self, T: int) -> None:
-        self.length += T
-
-
-class StaticKVCache(KVCache):
-    """A KV cache whose every tensor shape stays the same from step to step, so that a decode step can be
-    captured once as a CUDA graph and replayed (model/decode_graph.py).  The write position is a device
-    tensor that the step itself advances, and attention reads all `max_len` slots through a mask that
-    hides the unfilled ones."""
-
-    def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device, dtype=torch.float32):
-        super().__init__(config, batch_size, max_len, device, dtype)
-        self.position = torch.zeros((), dtype=torch.long, device=device)
-        self.slots = torch.arange(max_len, device=device)
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        index = self.position + torch.arange(k.size(2), device=k.device)
-        self.k[layer].index_copy_(2, index, k)
-        self.v[layer].index_copy_(2, index, v)
-        return self.k[layer], self.v[layer]
-
-    def attention_inputs(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        self.check_room(T)
-        positions = self.position + torch.arange(T, device=device)
-        return positions, (self.slots[None, :] <= positions[:, None])[None, None]  # (1, 1, T, max_len)
-
-    def advance(self, T: int) -> None:
-        super().advance(T)
-        self.position.add_(T)  # on the device: a captured step advances it at every replay
-
-
-class RaggedKVCache(KVCache):
-    """A KV cache whose rows hold different numbers of tokens, each row from column 0 (`lengths`): speculative
-    decoding keeps a different number of tokens in each row after a step (model/speculative.py).  A row's new
-    tokens go to its own next columns, at its own positions; the mask lets each query see its row's columns up to
-    its own, which hides later tokens and what `truncate` dropped (stale until overwritten).  `length` is the
-    longest row, the columns a step reads."""
-
-    def __init__(self, config: GPTConfig, batch_size: int, max_len: int, device, dtype=torch.float32):
-        super().__init__(config, batch_size, max_len, device, dtype)
-        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
-
-    def columns(self, T: int) -> torch.Tensor:
-        """(B, T): where each row's next T tokens go, which are also their positions."""
-        return self.lengths[:, None] + torch.arange(T, device=self.lengths.device)
-
-    def attention_inputs(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        self.check_room(T)
-        positions = self.columns(T)
-        keys = torch.arange(self.length + T, device=device)
-        return positions, (keys <= positions[:, :, None])[:, None]  # (B, 1, T, length + T)
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        self.check_room(k.size(2))
-        columns = self.columns(k.size(2))
-        write_columns(self.k[layer], columns, k)
-        write_columns(self.v[layer], columns, v)
-        end = self.length + k.size(2)
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
-
-    def advance(self, T: int) -> None:
-        self.lengths += T
-        self.length = int(self.lengths.max())
-
-    def truncate(self, lengths: torch.Tensor) -> None:
-        """Keep the first `lengths[i]` tokens of row i (at most the ones it holds)."""
-        torch.minimum(self.lengths, lengths.to(self.lengths.device), out=self.lengths)  # in place: see first_rows
-        self.length = int(self.lengths.max())
-
-    def first_rows(self, rows: int) -> RaggedKVCache:
-        """Rows 0..rows-1 as a cache of their own that shares this one's storage (a server's running batch
-        in a cache sized for its most rows): what a step writes, advances or truncates there lands here."""
-        view = copy.copy(self)
-        view.k, view.v = [k[:rows] for k in self.k], [v[:rows] for v in self.v]
-        view.lengths = self.lengths[:rows]
-        view.length = int(view.lengths.max()) if rows else 0
-        return view
-
-    def aligned(self) -> bool:
-        """Whether every row holds `length` tokens, so that a step writes one column for all of them."""
-        return bool(self.lengths.min() == self.length)
-
-    def keep_rows(self, rows: torch.Tensor) -> None:
-        """Keep only `rows` (indices, in that order); the others leave the batch."""
-        self.k = [k.index_select(0, rows) for k in self.k]
-        self.v = [v.index_select(0, rows) for v in self.v]
-        self.lengths = self.lengths.index_select(0, rows)
-        self.length = int(self.lengths.max())
-
-
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, n_head: int):
         super().__init__()
@@ -174,13 +46,14 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
 
-    def forward(self, x, layer: int = 0, cache: KVCache | None = None, mask: torch.Tensor | None = None):
+    def forward(self, x, attention: AttentionInputs, layer: int = 0, cache: KVCache | None = None):
         B, T, _ = x.shape
         q, k, v = self.c_attn(x).split(self.n_head * self.head_dim, dim=2)
         q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))
         if cache is not None:
-            k, v = cache.update(layer, k, v)
+            k, v = cache.update(layer, k, v, attention)
         dropout_p = self.dropout if self.training else 0.0
+        mask = attention.mask
         if mask is None:
             # Without a cache, or when prefilling an empty one, the plain causal mask is exact. (bool(): when the
             # step is traced, T is a traced size; each trace serves one token count, so the flag is a constant.)
@@ -211,8 +84,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
         self.mlp = MLP(config, config.layer_mlp_hidden(layer))
 
-    def forward(self, x, cache: KVCache | None = None, mask: torch.Tensor | None = None):
-        x = x + self.attn(self.ln_1(x), self.layer, cache, mask)
+    def forward(self, x, attention: AttentionInputs, cache: KVCache | None = None):
+        x = x + self.attn(self.ln_1(x), attention, self.layer, cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -253,14 +126,14 @@ class GPT(nn.Module):
             n -= (self.config.padded_vocab_size - self.config.vocab_size) * self.config.n_embd
         return n
 
-    def forward(self, idx, targets=None, cache: KVCache | None = None, last_only: bool = False):
+    def forward(self, idx, targets=None, cache: KVCache | None = None, last_only: bool = False,
+                attention: AttentionInputs | None = None):
         """Logits (and the mean cross-entropy when `targets` is given; while training, the loss alone).
 
-        `cache` continues its rows: from `cache.length`, or where the cache says (a RaggedKVCache's rows each at
-        its own length).  `last_only` computes logits for the final position only, which is all that sampling
-        needs.
+        `cache` continues its rows, each from its own length.  `last_only` computes logits for the final position
+        only, which is all that sampling needs.  `attention`: see `hidden_states`.
         """
-        x = self.hidden_states(idx, cache, last_only)
+        x = self.hidden_states(idx, cache, last_only, attention)
         if targets is not None and self.training and torch.is_grad_enabled() and type(self.lm_head) is Linear:
             # Training: the head and the loss fused (model/head_loss.py); no logits are kept or returned.
             return None, head_cross_entropy(x, self.lm_head.weight, targets, self.config.vocab_size)
@@ -277,27 +150,23 @@ class GPT(nn.Module):
         loss = F.cross_entropy(padded.reshape(-1, padded.size(-1)), targets.reshape(-1), ignore_index=-1)
         return padded[..., :vocab], loss
 
-    def hidden_states(self, idx, cache: KVCache | None = None, last_only: bool = False) -> torch.Tensor:
-        """The final LayerNorm's output, which the output head turns into logits (see `forward`)."""
+    def hidden_states(self, idx, cache: KVCache | None = None, last_only: bool = False,
+                      attention: AttentionInputs | None = None) -> torch.Tensor:
+        """The final LayerNorm's output, which the output head turns into logits (see `forward`).  `attention`:
+        the tokens' positions, mask and cache columns (model/kv_cache.py), as a traced step takes them for its
+        inputs; by default the cache's (causal from position 0 without one)."""
         T = idx.size(1)
-        start = cache.length if cache is not None else 0
-        decided = cache.attention_inputs(T, idx.device) if cache is not None else None
-        if decided is not None:
-            positions, mask = decided
-        else:
+        if attention is None:
+            start = cache.length if cache is not None else 0
             if start + T > self.config.block_size:
                 raise ContextOverflow(f"sequence of {start + T} tokens exceeds block_size={self.config.block_size}")
-            positions = torch.arange(start, start + T, device=idx.device)
-            # SDPA's own causal flag is exact without a cache, for a one-token step, and when prefilling an empty
-            # cache; otherwise the new tokens see every earlier column and each other causally.
-            mask = None if start == 0 or T == 1 else \
-                torch.ones(T, start + T, dtype=torch.bool, device=idx.device).tril(diagonal=start)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(positions))
+            attention = cache.attention_inputs(T) if cache is not None else AttentionInputs.causal(T, idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(attention.positions))
         for block in self.transformer.h:
             if self.gradient_checkpointing and self.training:
-                x = torch.utils.checkpoint.checkpoint(block, x, cache, mask, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(block, x, attention, cache, use_reentrant=False)
             else:
-                x = block(x, cache, mask)
+                x = block(x, attention, cache)
         if cache is not None:
             cache.advance(T)
         x = self.transformer.ln_f(x)

@@ -10,11 +10,12 @@ draws from normalize(max(0, p - q)), after K acceptances from p.  Every kept tok
 target's own sampler draws it.  p and q are the distributions model/sampling.py draws from (the same temperature,
 top-k and top-p), and every row draws from its own seeded generator, so a seed gives the same tokens again.
 
-Rows keep different numbers of tokens at each step, so both models keep their KV cache in a RaggedKVCache
-(model/gpt.py): each row at its own length, positions and an attention mask per row, rejected tokens truncated.
-A row that is done (end-of-text, or max_new_tokens) leaves the batch.  Under decode `auto`, both models' passes
-after the prompt run as traced graphs (model/decode_trace.py): an eager pass over a few tokens spends as long in
-Python between operators as in them, which would eat most of what a step saves.
+Rows keep different numbers of tokens at each step, which the KV cache allows (model/kv_cache.py): each row at
+its own length, positions and an attention mask per row, rejected tokens truncated.  A row that is done
+(end-of-text, or max_new_tokens) leaves the batch.  Each model's passes run through its DecodeSteps
+(model/decode_steps.py); on the CPU under decode `auto` the passes after the prompt are traced graphs: an eager
+pass over a few tokens spends as long in Python between operators as in them, which would eat most of what a
+step saves.
 """
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ from dataclasses import dataclass
 import torch
 
 from model.config import EOT_TOKEN
-from model.decode_trace import TracedSteps, last_logits
-from model.gpt import GPT, RaggedKVCache
+from model.decode_steps import DecodeSteps
+from model.gpt import GPT
+from model.kv_cache import KVCache
 from model.sampling import SamplingParams, draw, filter_logits, row_generators, settings_groups
 from runtime.errors import UserError
 
@@ -80,12 +82,6 @@ def check_draft(model: GPT, draft: GPT, tokens_needed: int, draft_tokens: int) -
         raise DraftMismatch(f"draft_tokens must be at least 1, got {draft_tokens}")
 
 
-def cache_dtype(model: GPT) -> torch.dtype:
-    """The KV cache's dtype: that of the model's float weights (an int8 model keeps float norms and embeddings,
-    and computes in float32)."""
-    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-
-
 def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """(rows, vocab): the distribution model/sampling.py's sample_rows draws from for non-greedy `params`,
     with the same cleaning of NaN and infinite logits and exactly the k best tokens under top-k."""
@@ -103,7 +99,7 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(logits.float(), nan=float("-inf")).argmax(-1)
 
 
-def catch_up_inputs(cache: RaggedKVCache, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+def catch_up_inputs(cache: KVCache, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """The tokens (rows, W) that bring row i of `cache` to `lengths[i]` tokens of `tokens`.  One forward pass
     feeds every row the same number W, so a row that lacks fewer is first truncated to re-feed some it holds."""
     width = int((lengths - cache.lengths).max())
@@ -128,16 +124,15 @@ def row_distributions(logits: torch.Tensor, params: list[SamplingParams]) -> tor
     return probs
 
 
-def propose(draft: GPT, cache: RaggedKVCache, tokens: torch.Tensor, lengths: torch.Tensor, k: int,
-            params: list[SamplingParams], generators: list[torch.Generator],
-            draft_steps: TracedSteps | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """k draft tokens per row (rows, k), drawn one at a time with row i's params[i], and the distributions they
-    were drawn from (rows, k, vocab; None when every row is greedy).  `draft_steps`: see `last_logits`."""
+def propose(draft_steps: DecodeSteps, cache: KVCache, tokens: torch.Tensor, lengths: torch.Tensor, k: int,
+            params: list[SamplingParams], generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """k draft tokens per row (rows, k), drawn one at a time with row i's params[i] by the draft's steps, and the
+    distributions they were drawn from (rows, k, vocab; None when every row is greedy)."""
     all_greedy = all(p.greedy for p in params)
     step_input = catch_up_inputs(cache, tokens, lengths)
     proposals, dists = [], []
     for _ in range(k):
-        logits = last_logits(draft, cache, step_input, 1, draft_steps)
+        logits = draft_steps.logits(cache, step_input, 1)
         if all_greedy:
             token = greedy_tokens(logits[:, -1])
         else:
@@ -149,12 +144,12 @@ def propose(draft: GPT, cache: RaggedKVCache, tokens: torch.Tensor, lengths: tor
     return torch.stack(proposals, 1), torch.stack(dists, 1) if dists else None
 
 
-def score(model: GPT, cache: RaggedKVCache, tokens: torch.Tensor, lengths: torch.Tensor,
-          proposals: torch.Tensor, steps: TracedSteps | None = None) -> torch.Tensor:
+def score(target_steps: DecodeSteps, cache: KVCache, tokens: torch.Tensor, lengths: torch.Tensor,
+          proposals: torch.Tensor) -> torch.Tensor:
     """The target's logits (rows, k + 1, vocab) after each row's last token and after each of its proposals, from
-    one forward pass (`steps`: see `last_logits`)."""
+    one pass of the target's steps."""
     inputs = torch.cat([catch_up_inputs(cache, tokens, lengths), proposals], 1)
-    return last_logits(model, cache, inputs, proposals.size(1) + 1, steps)
+    return target_steps.logits(cache, inputs, proposals.size(1) + 1)
 
 
 def judge(proposals: torch.Tensor, q: torch.Tensor | None, logits: torch.Tensor, params: list[SamplingParams],
@@ -182,19 +177,17 @@ def judge(proposals: torch.Tensor, q: torch.Tensor | None, logits: torch.Tensor,
     return kept, draw(residual.double().cumsum(-1), generators)
 
 
-def speculative_step(model: GPT, draft: GPT, target_cache: RaggedKVCache, draft_cache: RaggedKVCache,
-                     tokens: torch.Tensor, lengths: torch.Tensor, k: int, params: list[SamplingParams],
-                     generators: list[torch.Generator], target_steps: TracedSteps | None = None,
-                     draft_steps: TracedSteps | None = None) -> tuple[torch.Tensor, ...]:
+def speculative_step(target_steps: DecodeSteps, draft_steps: DecodeSteps, target_cache: KVCache,
+                     draft_cache: KVCache, tokens: torch.Tensor, lengths: torch.Tensor, k: int,
+                     params: list[SamplingParams], generators: list[torch.Generator]) -> tuple[torch.Tensor, ...]:
     """One step for rows holding `lengths[i]` tokens of `tokens` (rows, columns), row i sampling with params[i]
     and generators[i]: the draft proposes k tokens, the target scores them in one pass, and each row keeps a
     prefix.  Returns the proposals (rows, k), the count each row keeps (rows,), the target's token after the
     kept ones (rows,) and the target's logits (rows, k + 1, vocab), position j the distribution of the row's
     token j of this step.  Both caches are left holding each row's tokens up to its last kept proposal; the
-    target's own token is fed at the next step.  `target_steps`, `draft_steps`: each model's traced steps (see
-    `last_logits`), or None for eager passes."""
-    proposals, q = propose(draft, draft_cache, tokens, lengths, k, params, generators, draft_steps)
-    logits = score(model, target_cache, tokens, lengths, proposals, target_steps)
+    target's own token is fed at the next step."""
+    proposals, q = propose(draft_steps, draft_cache, tokens, lengths, k, params, generators)
+    logits = score(target_steps, target_cache, tokens, lengths, proposals)
     kept, next_token = judge(proposals, q, logits, params, generators)
     target_cache.truncate(lengths + kept)
     draft_cache.truncate(lengths + kept)
@@ -202,13 +195,13 @@ def speculative_step(model: GPT, draft: GPT, target_cache: RaggedKVCache, draft_
 
 
 @torch.inference_mode()
-def speculative_generate(model: GPT, draft: GPT, idx: torch.Tensor, params: SamplingParams,
-                         draft_tokens: int = DEFAULT_DRAFT_TOKENS, on_token=None,
-                         stats: SpeculativeStats | None = None,
-                         target_steps: TracedSteps | None = None,
-                         draft_steps: TracedSteps | None = None) -> torch.Tensor:
-    """generate()'s result for `model` (see model/generate.py), decoded with `draft` proposing `draft_tokens`
-    tokens per step; `stats`, when given, is filled in.  The target's context is checked by generate()."""
+def speculative_generate(target_steps: DecodeSteps, draft_steps: DecodeSteps, idx: torch.Tensor,
+                         params: SamplingParams, draft_tokens: int = DEFAULT_DRAFT_TOKENS, on_token=None,
+                         stats: SpeculativeStats | None = None) -> torch.Tensor:
+    """generate()'s result for the target model (see model/generate.py), decoded with the draft proposing
+    `draft_tokens` tokens per step, each model's passes run by its steps; `stats`, when given, is filled in.  The
+    target's context is checked by generate()."""
+    model, draft = target_steps.model, draft_steps.model
     model.eval()
     draft.eval()
     B, T = idx.shape
@@ -220,8 +213,7 @@ def speculative_generate(model: GPT, draft: GPT, idx: torch.Tensor, params: Samp
     # Room for a whole step's proposals past the last token asked for (discarded there), within both contexts: a
     # step's width then stays the same to the end, and its traced passes (model/decode_trace.py) with it.
     room = min(end + draft_tokens, model.config.block_size, draft.config.block_size)
-    target_cache = RaggedKVCache(model.config, B, room, device, cache_dtype(model))
-    draft_cache = RaggedKVCache(draft.config, B, room, device, cache_dtype(draft))
+    target_cache, draft_cache = target_steps.new_cache(B, room), draft_steps.new_cache(B, room)
     tokens = torch.full((B, end), EOT_TOKEN, dtype=idx.dtype, device=device)  # end-of-text after a row's end
     tokens[:, :T] = idx
     lengths = torch.full((B,), T, device=device)  # tokens each row holds
@@ -230,9 +222,8 @@ def speculative_generate(model: GPT, draft: GPT, idx: torch.Tensor, params: Samp
     while active.numel() and params.max_new_tokens:
         held, n = tokens[active], lengths[active]
         k = min(draft_tokens, room - int(n.max()))
-        proposals, kept, next_token, _ = speculative_step(model, draft, target_cache, draft_cache, held, n, k,
-                                                          [params] * active.numel(), generators, target_steps,
-                                                          draft_steps)
+        proposals, kept, next_token, _ = speculative_step(target_steps, draft_steps, target_cache, draft_cache,
+                                                          held, n, k, [params] * active.numel(), generators)
         stats.proposed += k * active.numel()
         stats.accepted += int(kept.sum())
         stats.target_passes += 1

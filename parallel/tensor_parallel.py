@@ -20,7 +20,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.gpt import GPT, KVCache
+from model.gpt import GPT
+from model.kv_cache import KVCache
 from parallel.comms import CommsMeter, counted_all_reduce
 from parallel.mappings import (copy_to_tensor_parallel_region, gather_from_tensor_parallel_region,
                                reduce_from_tensor_parallel_region)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from model.decode_steps import DECODE_MODES
 from model.speculative import DEFAULT_DRAFT_TOKENS
 from runtime.cli import check_options, option
 from runtime.errors import UserError
@@ -13,9 +14,6 @@ API_KEY_ENV = "GPT2_SERVE_API_KEY"
 # The environment variable the uvicorn app factory (`uvicorn --factory serve.app:create_app`) reads
 # the checkpoint folder from, since a factory takes no arguments.
 CHECKPOINT_ENV = "GPT2_SERVE_CHECKPOINT"
-# traced: each decode step runs as one TorchScript graph, without Python between its operators
-# (model/decode_trace.py; the faster on the CPU, bench/results/serve_speed.json); dynamic: eagerly.
-DECODE_MODES = ("auto", "traced", "dynamic")
 
 
 class ServeConfigError(UserError, ValueError):
@@ -48,10 +46,10 @@ class ServeConfig:
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     threads: int | None = option(None, "torch intra-op threads (default: torch's choice); 1 suits small models on a "
                                        "busy CPU", min=1)
-    decode: str = option("auto", "how decode steps run: traced (each step one TorchScript graph, no Python "
-                                 "between its operators; the faster on the CPU), dynamic (eager PyTorch), or auto: "
-                                 "traced on the CPU, dynamic elsewhere (the traced steps are not tested on CUDA)",
-                         choices=DECODE_MODES)
+    decode: str = option("auto", "how decode steps run, as in sample.py: auto (traced on the CPU, a captured CUDA "
+                                 "graph per batch size on a GPU, eager for speculative steps there), traced (each "
+                                 "step one TorchScript graph, no Python between its operators), cuda-graph, dynamic "
+                                 "(eager PyTorch) or static (eager, fixed shapes)", choices=DECODE_MODES)
     draft: str | None = option(None, "speculative decoding: a smaller model with the same vocabulary and at least "
                                      "the model's context (artifact folder or hub name, e.g. a row-pruned "
                                      "checkpoint of this one) proposes tokens that the model checks in one pass; "

@@ -6,9 +6,10 @@ one token per shared forward pass; a sequence leaves the batch the step it finis
 row goes to the next waiting request.  Each request samples with its own torch.Generator,
 seeded from its `seed` (model/sampling.py), so its random stream does not depend on its
 neighbours in the batch.  Every row sits in the KV cache from column 0 at its own length (serve/slots.py),
-and each shared step runs as one traced graph (model/decode_trace.py; rows at different lengths are written
-and masked at their own columns inside it) over the batch padded to a row count it was traced for, or eagerly
-with `decode="dynamic"`: the same step runner (`last_logits`) as speculative decoding's.
+and each shared step runs through the model's DecodeSteps (model/decode_steps.py), the step runner generate()
+uses: under `auto` one traced graph on the CPU (rows at different lengths are written and masked at their own
+columns inside it) and one captured CUDA graph on a GPU, either made per row count, so the batch is padded to
+one of a few counts; eager steps with `decode="dynamic"` or `"static"`.
 
 With a draft model every step is speculative (model/speculative.py): the draft proposes K tokens
 for every row together, the model checks them in one pass, and each row keeps as many as its
@@ -32,12 +33,10 @@ from typing import Callable
 import torch
 
 from model.config import EOT_TOKEN
-from model.decode_trace import TracedSteps, last_logits
-from model.generate import fastest_decode, speculative_traced_steps
-from model.gpt import KVCache
+from model.decode_steps import DecodeSteps, cache_dtype
+from model.kv_cache import KVCache
 from model.sampling import SamplingParams, sample_rows
-from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats, cache_dtype, check_draft, speculative_step
-from serve.config import DECODE_MODES
+from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats, check_draft, speculative_step
 from serve.metrics import ServerMetrics
 from serve.slots import Slots, padded_rows
 from serve.text import TextAssembler
@@ -149,19 +148,11 @@ class Engine:
     def __init__(self, model: torch.nn.Module, device: torch.device, max_batch_size: int, max_queue: int,
                  request_timeout_s: float, metrics: ServerMetrics | None = None, decode: str = "auto",
                  draft: torch.nn.Module | None = None, draft_tokens: int = DEFAULT_DRAFT_TOKENS):
-        if decode not in DECODE_MODES:
-            raise ValueError(f"decode {decode!r} is not one of {DECODE_MODES}")
-        # auto: traced where generate() would trace; the engine has no CUDA-graph steps, so eager on CUDA.  With a
-        # draft, both models' passes as generate() runs them.
-        if decode == "auto":
-            decode = "traced" if fastest_decode(model, device) == "traced" else "dynamic"
-        self.decode = decode
-        # A trace per row count (padded ones for plain steps, every one for speculative steps), width and placement
-        # (rows at one length or not); the weights stay as loaded while the model serves.
-        kept = 4 * max_batch_size
-        self.traced_steps = TracedSteps(model, kept) if decode == "traced" else None
-        self.draft_steps = speculative_traced_steps(draft, device, "auto", max_batch_size) \
-            if draft is not None and decode == "traced" else None
+        # With a draft, each model's passes as generate() runs them; the weights stay as loaded while they serve.
+        speculative = draft is not None
+        self.steps = DecodeSteps(model, device, decode, max_batch_size, speculative)
+        self.draft_steps = DecodeSteps(draft, device, decode, max_batch_size, speculative) if speculative else None
+        self.decode = self.steps.mode
         self.model = model.eval()
         self.config = model.config
         self.draft = draft.eval() if draft is not None else None
@@ -176,8 +167,8 @@ class Engine:
         self.request_timeout_s = request_timeout_s
         self.metrics = metrics or ServerMetrics()
         self.dtype = cache_dtype(model)
-        models = [model] if draft is None else [model, draft]
-        self.slots = Slots([m.config for m in models], [cache_dtype(m) for m in models], max_batch_size, device)
+        # A request's prompt and new tokens fit the served model's context.
+        self.slots = Slots([steps.new_cache(max_batch_size, model.config.block_size) for steps in self._all_steps()])
         self.active: list[_Sequence] = []  # active[i] lives in slot row i
         self.waiting: collections.deque[GenerationRequest] = collections.deque()
         self.wakeup = threading.Condition()
@@ -188,18 +179,19 @@ class Engine:
 
     @torch.inference_mode()
     def warm_up(self) -> None:
-        """Before the engine starts: trace the one-row steps now rather than in the first request's time (with
-        their first runs, 0.2-0.5 s for GPT-2 124M on 2 CPU cores), so that a model that cannot be traced fails at
-        startup: the plain step, or the speculative check of K + 1 tokens and the draft's one-token step.  They run
-        on free row 0 of the empty caches, which a joining sequence overwrites."""
-        if self.traced_steps is None:
-            return
+        """Before the engine starts: make the one-row steps now (traces or captures, with their first runs 0.2-0.5 s
+        for GPT-2 124M on 2 CPU cores) rather than in the first request's time, so that a model that cannot be
+        traced or captured fails at startup: the plain step, or the speculative check of K + 1 tokens and the
+        draft's one-token step.  They run on free row 0 of the empty caches, which a joining sequence overwrites."""
         widths = [1] if self.draft is None else [self.draft_tokens + 1, 1]
         caches, _, _ = self.slots.views(1)
-        for steps, cache, width in zip((self.traced_steps, self.draft_steps), caches, widths):
-            if steps is not None:
-                steps.step(cache, torch.zeros(1, width, dtype=torch.long, device=self.device))
+        for steps, cache, width in zip(self._all_steps(), caches, widths):
+            steps.prepare(cache, width)
         self.slots.clear_free_rows()
+
+    def _all_steps(self) -> list[DecodeSteps]:
+        """The served model's steps, then the draft's: in the order of the slots' caches."""
+        return [self.steps] if self.draft_steps is None else [self.steps, self.draft_steps]
 
     def start(self) -> None:
         self.thread = threading.Thread(target=self._run, name="serve-engine", daemon=True)
@@ -272,7 +264,7 @@ class Engine:
             return
         seq = _Sequence(request, self.device, started=now)
         prompt_len = len(request.prompt_ids)
-        prefill = KVCache(self.config, 1, prompt_len, self.device, self.dtype)
+        prefill = KVCache.allocate(self.config, 1, prompt_len, self.device, self.dtype)
         idx = torch.tensor([request.prompt_ids], dtype=torch.long, device=self.device)
         # With echo the prompt's own positions are scored too: logits at every position, not just the last.
         logits, _ = self.model(idx, cache=prefill, last_only=not (request.echo and seq.logprobs is not None))
@@ -292,7 +284,7 @@ class Engine:
             return
         prefills = [prefill]
         if self.draft is not None:
-            prefills.append(KVCache(self.draft.config, 1, prompt_len, self.device, cache_dtype(self.draft)))
+            prefills.append(KVCache.allocate(self.draft.config, 1, prompt_len, self.device, cache_dtype(self.draft)))
             self.draft(idx, cache=prefills[1], last_only=True)
         self.slots.add(prefills, request.prompt_ids + [token])
         self.active.append(seq)
@@ -302,10 +294,10 @@ class Engine:
             self._speculative_step()
             return
         active = len(self.active)
-        rows = padded_rows(active, self.max_batch_size) if self.traced_steps is not None else active
+        rows = padded_rows(active, self.max_batch_size) if self.steps.compiled else active
         (cache,), tokens, lengths = self.slots.views(rows)
         last = tokens.gather(1, (lengths - 1).clamp(min=0)[:, None])  # each row's last token (a free row's: any)
-        logits = last_logits(self.model, cache, last, 1, self.traced_steps)[:active]
+        logits = self.steps.logits(cache, last, 1)[:active]
         self.slots.clear_free_rows()
         self.metrics.decode_batch.observe(active)
         tokens = self._sample(logits[:, -1], self.active)
@@ -329,8 +321,8 @@ class Engine:
         # No position beyond the context: a row holds fewer tokens than that while it generates.
         k = min(self.draft_tokens, self.config.block_size - int(lengths.max()))
         proposals, kept, next_token, logits = speculative_step(
-            self.model, self.draft, target_cache, draft_cache, tokens, lengths, k,
-            [s.params for s in self.active], [s.generator for s in self.active], self.traced_steps, self.draft_steps)
+            self.steps, self.draft_steps, target_cache, draft_cache, tokens, lengths, k,
+            [s.params for s in self.active], [s.generator for s in self.active])
         self.metrics.decode_batch.observe(len(self.active))
         self.metrics.speculative_passes.inc()
         step = SpeculativeStats(target_passes=1)

@@ -1,8 +1,8 @@
 """The running batch's rows: sequences that join and leave between decode steps.
 
-Each row holds one sequence from column 0 at its own length, in each model's KV cache (a RaggedKVCache: the
-served model's, and a draft's when decoding speculatively), beside the tokens it holds.  A step feeds each row its
-next tokens at its own columns and positions, attending its own columns alone (model/gpt.py), so rows are never
+Each row holds one sequence from column 0 at its own length, in each model's KV cache (the served model's, and a
+draft's when decoding speculatively), beside the tokens it holds.  A step feeds each row its next tokens at its
+own columns and positions, attending its own columns alone (model/kv_cache.py), so rows are never
 aligned or shifted, and a row spans no more than its prompt and new tokens, within the model's context.  Active
 sequences occupy rows 0..n-1: a leaving row is replaced by the last one, so a step runs on a plain slice of the
 caches.
@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from model.config import GPTConfig
-from model.gpt import KVCache, RaggedKVCache
+from model.kv_cache import KVCache
 
 
 def padded_rows(rows: int, max_rows: int) -> int:
@@ -26,9 +25,10 @@ class Slots:
     """Rows of the running batch in each model's KV cache (the served model's first), with their tokens.  The
     caches hold each row's tokens but its last, which the next step feeds."""
 
-    def __init__(self, configs: list[GPTConfig], dtypes: list[torch.dtype], max_rows: int, device):
-        width = configs[0].block_size  # a request's prompt and new tokens fit the served model's context
-        self.caches = [RaggedKVCache(config, max_rows, width, device, dtype) for config, dtype in zip(configs, dtypes)]
+    def __init__(self, caches: list[KVCache]):
+        """Over empty `caches` (the served model's first), whose rows and columns bound the batch and a row."""
+        self.caches = caches
+        max_rows, width, device = caches[0].lengths.numel(), caches[0].max_len, caches[0].lengths.device
         self.tokens = torch.zeros(max_rows, width, dtype=torch.long, device=device)
         self.lengths = torch.zeros(max_rows, dtype=torch.long, device=device)  # tokens each row holds
         self.rows = 0
@@ -37,7 +37,7 @@ class Slots:
     def max_rows(self) -> int:
         return self.tokens.size(0)
 
-    def views(self, rows: int | None = None) -> tuple[list[RaggedKVCache], torch.Tensor, torch.Tensor]:
+    def views(self, rows: int | None = None) -> tuple[list[KVCache], torch.Tensor, torch.Tensor]:
         """Rows 0..rows-1 of each cache, and their tokens and lengths: the active rows by default, then free rows
         that pad a traced step's batch (see `clear_free_rows`).  The caches' writes land here."""
         rows = self.rows if rows is None else rows

@@ -118,3 +118,29 @@ def test_the_server_answers_on_cuda(small_artifact):
         reply = client.post("/generate", json={"prompt": "Hello", "max_new_tokens": 4, "temperature": 0})
         assert reply.status_code == 200 and reply.json()["tokens"] >= 1
         assert client.get("/health").json()["device"].startswith("cuda")
+
+
+def test_the_server_engine_decodes_through_captured_graphs_to_the_eager_tokens(small_model):
+    """The engine's steps captured per padded row count (rows at their own lengths, joining and leaving) give the
+    tokens of its eager steps; so do speculative passes captured per row count and width."""
+    from model.generate import generate
+    from model.sampling import SamplingParams
+    from serve.engine import Engine
+    from tests.test_serve_engine import mixed_jobs, run
+    model = small_model.cuda()
+    jobs = [(ids, SamplingParams(max_new_tokens=12, temperature=0, stop_at_eot=False)) for ids, _ in mixed_jobs(7, 32)]
+    texts = {}
+    for decode in ("dynamic", "cuda-graph"):
+        engine = Engine(model, torch.device("cuda"), max_batch_size=6, max_queue=32, request_timeout_s=120,
+                        decode=decode)
+        engine.warm_up()
+        engine.start()
+        try:
+            texts[decode] = run(engine, jobs).ends
+        finally:
+            engine.stop()
+    assert [texts["cuda-graph"][i].text for i in range(7)] == [texts["dynamic"][i].text for i in range(7)]
+    params = SamplingParams(max_new_tokens=16, temperature=0, stop_at_eot=False)
+    prompt = torch.randint(0, 50257, (3, 5), device="cuda")
+    assert torch.equal(generate(model, prompt, params, draft=model, decode="cuda-graph"),
+                       generate(model, prompt, params, decode="dynamic"))

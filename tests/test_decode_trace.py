@@ -7,9 +7,10 @@ import copy
 import pytest
 import torch
 
-from model.decode_trace import _TRACES, TracedDecoder, TracedSteps
-from model.generate import fastest_decode, generate
-from model.gpt import ContextOverflow, KVCache
+from model.decode_steps import DecodeSteps, fastest_decode
+from model.decode_trace import _TRACES, TracedSteps
+from model.generate import generate
+from model.kv_cache import ContextOverflow, KVCache
 from model.int8 import quantize_model
 from model.packed_linear import PackedLinear, pack_for_inference
 from model.sampling import SamplingParams
@@ -52,7 +53,7 @@ def test_the_default_decode_on_the_cpu_traces_packed_products_and_leaves_the_mod
 def test_a_traced_step_of_several_tokens_gives_the_eager_pass_and_fills_the_same_cache(small_model):
     # Speculative decoding's verification: a few tokens per row after a prompt, attending causally among themselves.
     pack_for_inference(small_model)
-    eager_cache, traced_cache = (KVCache(small_model.config, 2, 16, "cpu") for _ in range(2))
+    eager_cache, traced_cache = (KVCache.allocate(small_model.config, 2, 16, "cpu") for _ in range(2))
     tokens = prompt(length=3)
     with torch.inference_mode():
         for cache in (eager_cache, traced_cache):
@@ -69,7 +70,7 @@ def test_a_traced_step_of_several_tokens_gives_the_eager_pass_and_fills_the_same
 def test_at_most_the_kept_traces_are_kept_the_oldest_going_first(small_model):
     pack_for_inference(small_model)
     steps = TracedSteps(small_model, kept=2)
-    cache = KVCache(small_model.config, 3, 4, "cpu")
+    cache = KVCache.allocate(small_model.config, 3, 4, "cpu")
     with torch.inference_mode():
         for rows in (1, 2, 3):
             tokens = torch.zeros(rows, 1, dtype=torch.long)
@@ -113,8 +114,8 @@ def test_a_replaced_weight_is_traced_anew(small_model):
 
 
 def test_a_step_past_the_cache_is_refused(small_model):
-    cache = KVCache(small_model.config, 1, 4, "cpu")
+    cache = KVCache.allocate(small_model.config, 1, 4, "cpu")
     with torch.inference_mode():
         small_model(prompt(batch=1, length=4), cache=cache, last_only=True)
         with pytest.raises(ContextOverflow, match="KV cache holds 4 positions; 5 requested"):
-            TracedDecoder(small_model, cache)(torch.zeros(1, 1, dtype=torch.long))
+            DecodeSteps(small_model, torch.device("cpu"), "traced").logits(cache, torch.zeros(1, 1, dtype=torch.long), 1)

@@ -3,7 +3,8 @@ import torch
 
 from model.config import GPTConfig, preset
 from model.generate import generate
-from model.gpt import GPT, RaggedKVCache
+from model.gpt import GPT
+from model.kv_cache import KVCache, StaticKVCache
 from model.sampling import SamplingParams, filter_logits
 from tests.conftest import small_config
 
@@ -68,17 +69,19 @@ def test_kv_cache_greedy_equals_uncached_greedy(small_model):
 
 
 def test_static_cache_step_equals_dynamic_step_and_advances_on_the_device(small_model):
-    from model.gpt import KVCache, StaticKVCache
-    prompt, token = torch.randint(0, 50257, (2, 6)), torch.randint(0, 50257, (2, 1))
+    prompt, tokens = torch.randint(0, 50257, (2, 6)), torch.randint(0, 50257, (2, 2))
     logits = {}
     for cache_type in (KVCache, StaticKVCache):
-        cache = cache_type(small_model.config, 2, 16, "cpu")
+        cache = cache_type.allocate(small_model.config, 2, 16, "cpu")
         with torch.no_grad():
             small_model(prompt, cache=cache)
-            logits[cache_type] = small_model(token, cache=cache, last_only=True)[0]
-        assert cache.length == 7
-    torch.testing.assert_close(logits[StaticKVCache], logits[KVCache], rtol=1e-5, atol=1e-5)
-    assert int(cache.position) == 7
+            aligned = small_model(tokens[:, :1], cache=cache, last_only=True)[0]
+            cache.truncate(torch.tensor([7, 4]))  # rows at their own lengths, as speculative decoding leaves them
+            ragged = small_model(tokens, cache=cache)[0]
+        logits[cache_type] = aligned, ragged
+        assert cache.length == 9 and cache.lengths.tolist() == [9, 6]
+    for static, dynamic in zip(logits[StaticKVCache], logits[KVCache]):
+        torch.testing.assert_close(static, dynamic, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="'cuda-graph' needs a CUDA device"):
         generate(small_model, prompt, SamplingParams(max_new_tokens=2, temperature=0), decode="cuda-graph")
 
@@ -90,9 +93,9 @@ def test_seeded_sampling_is_reproducible(small_model):
 
 
 def test_rows_of_different_lengths_in_one_cache_match_single_sequences(small_model):
-    """Rows at their own lengths in one RaggedKVCache (the server's running batch) give each row's own logits."""
+    """Rows at their own lengths in one KVCache (the server's running batch) give each row's own logits."""
     short, long = torch.randint(0, 50257, (3,)), torch.randint(0, 50257, (7,))
-    cache = RaggedKVCache(small_model.config, 2, 10, "cpu")
+    cache = KVCache.allocate(small_model.config, 2, 10, "cpu")
     small_model(torch.stack([torch.cat([short, long[3:]]), long]), cache=cache)
     cache.truncate(torch.tensor([3, 7]))  # row 0 holds the short prompt alone
     nxt = torch.randint(0, 50257, (2, 2))

@@ -10,7 +10,7 @@ import torch
 from model.generate import generate
 from model.gpt import GPT
 from model.sampling import SamplingParams, sample_rows
-from serve.config import DECODE_MODES
+from model.decode_steps import DECODE_MODES
 from serve.engine import DoneEvent, Engine, ErrorEvent, GenerationRequest, QueueFull, TokenEvent
 from serve.metrics import ServerMetrics
 from serve.slots import Slots
@@ -59,10 +59,10 @@ def short_context_model() -> GPT:
 def test_auto_decodes_through_the_traced_steps_on_the_cpu(short_context_model):
     assert DECODE_MODES[0] == "auto"  # the server's default
     engine = Engine(short_context_model, torch.device("cpu"), max_batch_size=2, max_queue=2, request_timeout_s=60)
-    assert engine.decode == "traced" and engine.traced_steps is not None
+    assert engine.decode == "traced" and engine.steps.traced is not None
 
 
-@pytest.fixture(params=[mode for mode in DECODE_MODES if mode != "auto"])
+@pytest.fixture(params=[mode for mode in DECODE_MODES if mode not in ("auto", "cuda-graph")])  # cuda-graph: test_cuda.py
 def engine(short_context_model, request):
     # Six rows: a traced step's five active rows run padded to six.
     engine = Engine(short_context_model, torch.device("cpu"), max_batch_size=6, max_queue=32, request_timeout_s=60,

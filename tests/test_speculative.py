@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from model.config import EOT_TOKEN, GPTConfig
-from model.gpt import GPT, RaggedKVCache
+from model.gpt import GPT
+from model.kv_cache import KVCache
 from model.generate import generate
 from model.int8 import quantize_model
 from model.sampling import SamplingParams
@@ -209,17 +210,29 @@ def test_a_draft_with_another_vocabulary_or_a_shorter_context_is_refused():
         generate(target, idx, GREEDY, draft=GPT(small_config(block_size=16)))
     with pytest.raises(DraftMismatch, match="draft_tokens must be at least 1"):
         generate(target, idx, GREEDY, draft=target, draft_tokens=0)
-    with pytest.raises(ValueError, match="use decode 'auto' or 'dynamic'"):
-        generate(target, idx, GREEDY, draft=target, decode="static")
+
+
+def test_every_decode_mode_the_device_has_decodes_speculatively_to_the_targets_tokens():
+    # One step runner (model/decode_steps.py) for plain and speculative decoding: the fixed-shape cache of the
+    # static mode (what a CUDA graph captures) keeps rows at their own lengths as the filled-columns cache does.
+    target = eot_prone_target()
+    draft = draft_for(target, "random")
+    idx = prompts(3, 5, 4)
+    expected = generate(target, idx, GREEDY, decode="dynamic")
+    for decode in ("static", "traced"):
+        stats = SpeculativeStats()
+        assert torch.equal(generate(target, idx, GREEDY, draft=draft, draft_tokens=3, decode=decode, stats=stats),
+                           expected), decode
+        assert 0 < stats.accepted < stats.proposed  # rows kept different counts
 
 
 # --- the ragged cache --------------------------------------------------------------------------------------------
 
-def test_ragged_cache_rows_continue_from_their_own_lengths():
+def test_cache_rows_continue_from_their_own_lengths():
     torch.manual_seed(0)
     model = GPT(small_config()).eval()
     first, more = prompts(2, 6, 0), prompts(2, 3, 1)
-    cache = RaggedKVCache(model.config, 2, 12, "cpu")
+    cache = KVCache.allocate(model.config, 2, 12, "cpu")
     with torch.no_grad():
         model(first, cache=cache)
         cache.truncate(torch.tensor([6, 2]))  # row 1 drops its last 4 tokens
@@ -267,7 +280,7 @@ def test_auto_traces_both_models_passes_after_the_prompt_aligned_or_not(monkeypa
     traced_steps = []  # (which model, rows, tokens per row, whether the rows were at one length)
     original = TracedSteps.step
     monkeypatch.setattr(TracedSteps, "step", lambda self, cache, tokens: (
-        traced_steps.append(("target" if self.model is target else "draft", *tokens.shape, cache.aligned())),
+        traced_steps.append(("target" if self.model is target else "draft", *tokens.shape, cache.aligned)),
         original(self, cache, tokens))[1])
     for batch in (1, 3):
         traced_steps.clear()

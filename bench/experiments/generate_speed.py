@@ -47,7 +47,7 @@ from bench.report_page import Page, spread
 from data.corpus import builtin_documents
 from data.tokenizer import encode
 from model.config import PRESETS, preset
-from model.generate import DECODE_MODES, fastest_decode
+from model.decode_steps import DECODE_MODES, fastest_decode
 from model.gpt import GPT
 from model.int8 import HEAD_FORMATS
 from runtime.cli import option
@@ -130,7 +130,7 @@ class GenerateSpeed:
     new_tokens: int
     prompts: str  # where the prompts' tokens come from
     linear_kernels: str  # what pack_for_inference did to our fp32 model
-    decode: str  # how our decode steps ran (model/generate.py's DECODE_MODES)
+    decode: str  # how our decode steps ran (model/decode_steps.py's DECODE_MODES)
     int8_head: str | None
     versions: dict[str, str]  # runtime -> its version, for every runtime measured
     ort_int8_settings: str | None

@@ -45,7 +45,7 @@ from runtime.cli import option
 from runtime.device import choose_device
 from runtime.provenance import provenance
 from runtime.timing import Environment, Spread, environment, paired_ratio, time_interleaved
-from serve.config import DECODE_MODES
+from model.decode_steps import DECODE_MODES
 from serve.launch import running_server
 from storage.artifact import int8_artifact_writers, load_model, save_artifact
 from storage.folder import write_folder_atomically

@@ -1,0 +1,98 @@
+"""How a model's forward passes over a KV cache run, chosen once by a decode mode: the one step runner behind
+generate()'s plain and speculative loops (model/generate.py, model/speculative.py) and the server's running batch
+(serve/engine.py).  Each asks `DecodeSteps.logits` for the logits of a few new tokens per row; the mode decides
+whether that pass runs eagerly, as a traced TorchScript graph (model/decode_trace.py) or as a captured CUDA graph
+(model/decode_graph.py), and which cache layout it needs (model/kv_cache.py).  The tokens are the same in every
+mode.
+"""
+from __future__ import annotations
+
+import torch
+
+from model.decode_graph import CapturedSteps
+from model.decode_trace import TracedSteps
+from model.gpt import GPT
+from model.kv_cache import KVCache, StaticKVCache
+
+# auto: the fastest for the model and device (fastest_decode); dynamic: eager passes over the filled columns of the
+# cache (the fastest eager steps); static: eager passes over fixed shapes, every column attended through a mask
+# (what a CUDA graph needs); cuda-graph: static, each step after the prompt replayed as a captured CUDA graph;
+# traced: dynamic, each step after the prompt one traced TorchScript graph, without Python between its operators.
+DECODE_MODES = ("auto", "dynamic", "static", "cuda-graph", "traced")
+
+
+def fastest_decode(model: torch.nn.Module, device: torch.device, speculative: bool = False) -> str:
+    """What `auto` runs for `model` on `device`.  CPU: the traced steps, whose graph multiplies through
+    oneDNN-packed weights, the fastest path measured there (`python -m bench.experiments generate_speed`).  CUDA:
+    one captured graph per step, which a probe on an H100 ran at 3.7x eager steps at batch 1
+    (shared/device/README.md); speculative passes (whose row counts and widths change from step to step, each
+    needing a capture of its own) run eagerly there, as no GPU has measured them captured.  Eager steps elsewhere,
+    in a process group of several ranks (a sharded model's collectives can be neither traced nor captured), and
+    for a model with a layer that says the tracer cannot record it (`traceable = False`, as prune/csr.py's sparse
+    products do)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized() \
+            and torch.distributed.get_world_size() > 1:
+        return "dynamic"
+    if not all(getattr(m, "traceable", True) for m in model.modules()):
+        return "dynamic"
+    fastest = {"cpu": "traced", "cuda": "dynamic" if speculative else "cuda-graph"}
+    return fastest.get(device.type, "dynamic")
+
+
+def cache_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The KV cache's dtype: that of the model's float weights (an int8 model keeps float norms and embeddings,
+    and computes in float32)."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
+class DecodeSteps:
+    """`model`'s passes over its KV caches on `device` under `decode` (DECODE_MODES), for up to `max_rows` rows at
+    once.  A traced step is kept per row count, token count and placement (rows aligned or not), so 4 x max_rows
+    of them; the weights must stay as they are while the steps are used (traces hold packed copies)."""
+
+    def __init__(self, model: GPT, device: torch.device, decode: str = "auto", max_rows: int = 1,
+                 speculative: bool = False):
+        if decode not in DECODE_MODES:
+            raise ValueError(f"decode {decode!r} is not one of {DECODE_MODES}")
+        self.mode = fastest_decode(model, device, speculative) if decode == "auto" else decode
+        if self.mode == "cuda-graph" and device.type != "cuda":
+            raise ValueError(f"decode 'cuda-graph' needs a CUDA device; the model is on {device}")
+        self.model, self.device = model, device
+        self.traced = TracedSteps(model, kept=4 * max_rows) if self.mode == "traced" else None
+        self.captured = CapturedSteps(model) if self.mode == "cuda-graph" else None
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the steps after the prompt run as graphs made for each row count (traced or captured): worth
+        padding a batch to fewer row counts."""
+        return self.traced is not None or self.captured is not None
+
+    def new_cache(self, rows: int, max_len: int) -> KVCache:
+        """An empty cache of the layout this mode's steps need."""
+        layout = StaticKVCache if self.mode in ("static", "cuda-graph") else KVCache
+        return layout.allocate(self.model.config, rows, max_len, self.device, cache_dtype(self.model))
+
+    def logits(self, cache: KVCache, inputs: torch.Tensor, positions: int) -> torch.Tensor:
+        """The model's logits (rows, positions, vocab) at the last `positions` of `inputs` (rows, W), fed into
+        `cache` after each row's tokens.  The prompt (an empty cache) runs as one eager pass; the steps after it
+        (a few tokens per row) run as the mode says."""
+        if cache.length > 0 and self.traced is not None:
+            return self.traced.step(cache, inputs)[:, -positions:]
+        if cache.length > 0 and self.captured is not None:
+            return self.captured.step(cache, inputs)[:, -positions:]
+        if positions == 1:
+            return self.model(inputs, cache=cache, last_only=True)[0]
+        hidden = self.model.hidden_states(inputs, cache)
+        # The output head on the last positions only: the first pass also feeds the whole prompt.
+        return self.model.lm_head(hidden[:, -positions:])[..., :self.model.config.vocab_size]
+
+    def prepare(self, cache: KVCache, width: int) -> None:
+        """Make the step for one row of `width` tokens now (a trace, or a capture), so that a model that cannot
+        be traced or captured fails here rather than at its first request.  It runs on `cache`'s row, whose
+        tokens are then garbage: the caller clears it."""
+        tokens = torch.zeros(cache.lengths.numel(), width, dtype=torch.long, device=self.device)
+        if self.traced is not None:
+            self.traced.step(cache, tokens)
+        elif self.captured is not None:
+            for _ in range(2):  # the first run warms up, the second captures
+                self.captured.step(cache, tokens)
