@@ -50,7 +50,7 @@ def load_source(cfg: PruneConfig, device) -> tuple[GPT, Path, ArtifactMeta]:
     """The model to prune, loaded and announced, with its folder and stored metadata."""
     folder, found = pick_checkpoint(cfg.checkpoint)
     model, meta = load_model(folder, device, kinds=("float", "pruned"), why="pruning needs a floating-point model")
-    claim_output_folder(cfg.out_dir, "prune/iterative.py", cfg.overwrite, source=folder)
+    claim_output_folder(cfg.out_dir, "prune/iterative.py", cfg.overwrite, source=folder, out_flag="--out-dir")
     config = model.config
     print(f"loaded {meta.kind} checkpoint {folder} ({found}"
           f"{', step ' + str(meta.step) if meta.step is not None else ''}): {config.n_layer} layers, "

@@ -120,7 +120,7 @@ def quantize(cfg: QuantizeConfig) -> dict:
     out_dir = Path(cfg.out_dir)
     float_model, source_meta = load_model(source, "cpu", kinds=("float", "pruned"),
                                           why="quantizing it again would only add error")
-    claim_output_folder(out_dir, "quantize/dynamic.py", cfg.overwrite, source=source)
+    claim_output_folder(out_dir, "quantize/dynamic.py", cfg.overwrite, source=source, out_flag="--out-dir")
     device = choose_device("auto")
     if device.type != "cpu":
         print(f"note: {device} found, but PyTorch's dynamic int8 kernels run on CPU only; quantizing and "

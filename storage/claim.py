@@ -19,16 +19,19 @@ def same_folder(a: str | Path, b: str | Path) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-def claim_output_folder(folder: str | Path, tool: str, overwrite: bool, source: str | Path | None = None) -> None:
+def claim_output_folder(folder: str | Path, tool: str, overwrite: bool, source: str | Path | None = None,
+                        out_flag: str | None = None) -> None:
     """Make this process the folder's one writer, for `tool`'s artifact.  The folder a tool reads from
     (`source`) is refused as its output: `--overwrite` would delete it before it is read, and a save would
     replace it.  A folder holding another tool's artifact (or something unreadable) is refused unless
     `overwrite`; with `overwrite` the folder's artifact files are removed first, whoever wrote them, so one
-    folder never mixes two artifacts (int8 weights beside a training run's optimizer state)."""
+    folder never mixes two artifacts (int8 weights beside a training run's optimizer state).  `out_flag`: the
+    tool's option that names the folder, for the messages."""
     folder = Path(folder)
     if source is not None and same_folder(source, folder):
+        fix = f"give {out_flag} another folder" if out_flag else "choose another output folder"
         raise ArtifactError(f"the output folder {folder} is the source {source}: writing there would replace the "
-                            f"model being read; choose another output folder")
+                            f"model being read; {fix}")
     acquire_writer_lock(folder)
     if not (folder / CONFIG_FILE).exists():
         return

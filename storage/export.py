@@ -12,11 +12,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from safetensors.torch import save_file
+
+from model.gpt import GPT
 from runtime.cli import option, parse_config
 from runtime.errors import UserError
 from storage.artifact import load_model
 from storage.claim import EXPORT_TOOL, claim_output_folder
-from storage.hf import export_hf_gpt2
+from storage.folder import write_folder_atomically
+from storage.hf import ours_to_hf
+from storage.meta import CONFIG_FILE, HUGGING_FACE, ArtifactMeta, Provenance
 from storage.run_folder import pick_checkpoint
 from storage.weights import ArtifactError
 
@@ -30,6 +35,15 @@ class ExportConfig:
                                     "project's artifacts (whose files are removed first)")
 
 
+def export_hf_gpt2(model: GPT, folder: str | Path) -> None:
+    """Write a folder that transformers' GPT2LMHeadModel.from_pretrained loads."""
+    state = ours_to_hf(model.state_dict(), model.config)
+    write_folder_atomically(folder, {  # the config first: a row-pruned one is refused before the weights are written
+        CONFIG_FILE: ArtifactMeta("float", model.config, Provenance(tool=HUGGING_FACE)).write,
+        "model.safetensors": lambda p: save_file(state, str(p), metadata={"format": "pt"}),
+    })
+
+
 def export(cfg: ExportConfig) -> Path:
     folder, why = pick_checkpoint(cfg.checkpoint)
     print(f"model: {folder} ({why})", file=sys.stderr)
@@ -39,7 +53,7 @@ def export(cfg: ExportConfig) -> Path:
         raise ArtifactError(f"{folder} is row-pruned: its per-layer widths cannot be written as a "
                             f"Hugging Face GPT-2 config. Export the checkpoint it was pruned from, or a "
                             f"magnitude-pruned one")
-    claim_output_folder(cfg.out, EXPORT_TOOL, cfg.overwrite, source=folder)
+    claim_output_folder(cfg.out, EXPORT_TOOL, cfg.overwrite, source=folder, out_flag="--out")
     export_hf_gpt2(model, cfg.out)
     return Path(cfg.out)
 

@@ -1,19 +1,17 @@
-"""Load and export Hugging Face GPT-2 checkpoints (`model.safetensors` + `config.json`) from a local folder.
+"""Hugging Face GPT-2 checkpoints (`model.safetensors` + `config.json`): their config and weights in our terms
+and back (storage/export.py writes them).
 
 Hugging Face stores GPT-2's projections as Conv1D, weight shape (in, out): they are transposed
 to nn.Linear's (out, in) on the way in and back on the way out.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from model.config import ConfigError, GPTConfig
 from model.gpt import GPT
-from storage.folder import write_folder_atomically
 from storage.weights import ArtifactError, model_from_weights, read_safetensors
 
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -35,6 +33,17 @@ def config_from_hf(hf: dict, path: Path) -> GPTConfig:
         raise ArtifactError(f"{path} has no {e}; it is not a complete Hugging Face GPT-2 config") from e
     except (ConfigError, TypeError, ValueError) as e:
         raise ArtifactError(f"{path}: {e}; it is not a usable Hugging Face GPT-2 config") from e
+
+
+def config_to_hf(config: GPTConfig) -> dict:
+    """The Hugging Face GPT-2 config.json of `config` (what `config_from_hf` reads back)."""
+    if config.mlp_hidden is not None or config.n_head_per_layer is not None:
+        raise ValueError("a row-pruned model has per-layer widths that Hugging Face GPT-2 cannot represent")
+    return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": config.n_layer,
+            "n_head": config.n_head, "n_embd": config.n_embd, "n_positions": config.block_size,
+            "n_ctx": config.block_size, "vocab_size": config.vocab_size, "layer_norm_epsilon": config.layer_norm_eps,
+            "activation_function": "gelu_new", "bos_token_id": 50256, "eos_token_id": 50256,
+            "tie_word_embeddings": True}
 
 
 def hf_to_ours(hf_state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
@@ -75,20 +84,3 @@ def load_hf_gpt2(folder: Path, config: GPTConfig) -> GPT:
                                 f"convert it with transformers' save_pretrained(safe_serialization=True))")
     state = hf_to_ours(read_safetensors(weights), config)
     return model_from_weights(config, state, str(weights))
-
-
-def export_hf_gpt2(model: GPT, folder: str | Path) -> None:
-    """Write a folder that transformers' GPT2LMHeadModel.from_pretrained loads."""
-    c = model.config
-    if c.mlp_hidden is not None or c.n_head_per_layer is not None:
-        raise ValueError("a row-pruned model has per-layer widths that Hugging Face GPT-2 cannot represent")
-    state = ours_to_hf(model.state_dict(), c)
-    hf_config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": c.n_layer,
-                 "n_head": c.n_head, "n_embd": c.n_embd, "n_positions": c.block_size, "n_ctx": c.block_size,
-                 "vocab_size": c.vocab_size, "layer_norm_epsilon": c.layer_norm_eps,
-                 "activation_function": "gelu_new", "bos_token_id": 50256, "eos_token_id": 50256,
-                 "tie_word_embeddings": True}
-    write_folder_atomically(folder, {
-        "model.safetensors": lambda p: save_file(state, str(p), metadata={"format": "pt"}),
-        "config.json": lambda p: p.write_text(json.dumps(hf_config, indent=2) + "\n"),
-    })

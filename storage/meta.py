@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from model.config import ConfigError, GPTConfig
-from storage.hf import config_from_hf
+from storage.hf import config_from_hf, config_to_hf
 from storage.weights import ArtifactError
 
 CONFIG_FILE = "config.json"
@@ -44,6 +44,8 @@ class ArtifactMeta:
         return self.produced_by.tool == HUGGING_FACE
 
     def to_dict(self) -> dict:
+        if self.is_hugging_face:  # their config.json, which records none of ours
+            return config_to_hf(self.model)
         extra = {k: v for k, v in (("step", self.step), ("quantization", self.quantization),
                                    ("pruning", self.pruning)) if v is not None}
         return {"artifact": self.kind, "model": self.model.to_dict(),

@@ -6,7 +6,8 @@ from safetensors.torch import load_file
 
 from model.gpt import GPT
 from storage.artifact import load_model
-from storage.hf import export_hf_gpt2, hf_to_ours, ours_to_hf
+from storage.export import export_hf_gpt2
+from storage.hf import hf_to_ours, ours_to_hf
 from tests.conftest import small_config
 
 

@@ -166,8 +166,8 @@ def test_a_run_cannot_write_over_the_checkpoint_it_starts_from(tmp_path, small_a
         with pytest.raises(SystemExit) as exit_info:
             train.main(["--init-from", small_artifact, "--out-dir", out_dir, "--overwrite", "--max-steps", "1"])
         assert str(exit_info.value.code) == (f"error: the output folder {Path(out_dir)} is the source {small_artifact}: "
-                                             f"writing there would replace the model being read; choose another "
-                                             f"output folder")
+                                             f"writing there would replace the model being read; give --out-dir "
+                                             f"another folder")
     assert load_model(small_artifact)[1].produced_by.tool == "tests"  # nothing was removed
 
 

@@ -51,7 +51,8 @@ def claim_run_folder(cfg: TrainConfig) -> bool:
             raise TrainingError(f"--resume: {cfg.out_dir} has no {STATE_FILE}; nothing to resume (use --resume "
                                 f"auto to start a new run there, or drop --resume)")
         return True
-    claim_output_folder(out_dir, TRAINING_TOOL, cfg.overwrite, source=cfg.init_from or None)
+    claim_output_folder(out_dir, TRAINING_TOOL, cfg.overwrite, source=cfg.init_from or None,
+                        out_flag="--out-dir")
     if is_training_checkpoint(out_dir):  # only without --overwrite, which has removed it
         raise TrainingError(f"{out_dir} already holds a training run; pass --resume to continue it, --overwrite "
                             f"to replace it, or --out-dir to start a new one")
