@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from storage.artifact import load_model
-from storage.hf import export_hf_gpt2
+from storage.export import export_hf_gpt2
 from storage.hub import resolve_checkpoint
 from storage.weights import ArtifactError
 

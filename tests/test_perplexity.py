@@ -51,7 +51,7 @@ def test_bad_settings_are_refused(tmp_path):
 
 def test_matches_transformers_when_installed(tmp_path, small_model):
     transformers = pytest.importorskip("transformers", reason="transformers is a benchmark-only dependency")
-    from storage.hf import export_hf_gpt2
+    from storage.export import export_hf_gpt2
     export_hf_gpt2(small_model, tmp_path)
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
     tokens = np.random.default_rng(1).integers(0, 50257, size=40).astype(np.uint16)

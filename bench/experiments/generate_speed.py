@@ -55,7 +55,7 @@ from runtime.device import choose_device
 from runtime.provenance import provenance
 from runtime.timing import Environment, Spread, environment, paired_ratio
 from storage.artifact import save_artifact
-from storage.hf import export_hf_gpt2
+from storage.export import export_hf_gpt2
 
 
 @dataclass
