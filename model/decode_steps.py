@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from model.decode_graph import CapturedSteps
-from model.decode_trace import TracedSteps
+from model.decode_trace import KEPT_TRACES, TracedSteps
 from model.gpt import GPT
 from model.kv_cache import KVCache, StaticKVCache
 
@@ -48,7 +48,7 @@ def cache_dtype(model: torch.nn.Module) -> torch.dtype:
 class DecodeSteps:
     """`model`'s passes over its KV caches on `device` under `decode` (DECODE_MODES), for up to `max_rows` rows at
     once.  A traced step is kept per row count, token count and placement (rows aligned or not), so 4 x max_rows
-    of them; the weights must stay as they are while the steps are used (traces hold packed copies)."""
+    of them (at least KEPT_TRACES); the weights must stay as they are while the steps are used (traces hold packed copies)."""
 
     def __init__(self, model: GPT, device: torch.device, decode: str = "auto", max_rows: int = 1,
                  speculative: bool = False):
@@ -58,7 +58,7 @@ class DecodeSteps:
         if self.mode == "cuda-graph" and device.type != "cuda":
             raise ValueError(f"decode 'cuda-graph' needs a CUDA device; the model is on {device}")
         self.model, self.device = model, device
-        self.traced = TracedSteps(model, kept=4 * max_rows) if self.mode == "traced" else None
+        self.traced = TracedSteps(model, max(KEPT_TRACES, 4 * max_rows)) if self.mode == "traced" else None
         self.captured = CapturedSteps(model) if self.mode == "cuda-graph" else None
 
     @property

@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 
 # model -> (its weights' versions, {(rows, masked, dtype, device): traced step})
 _TRACES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# Traces kept per model unless said otherwise: generate() makes one per batch size (the server says how many).
+# Traces kept per model at the least (model/decode_steps.py keeps more for more rows): one per row count, width and
+# placement a caller meets.
 KEPT_TRACES = 8
 
 
