@@ -71,11 +71,12 @@ class SampleConfig:
     seed: int = option(1337, "random seed (sample i uses seed + i)")
     device: str = option("auto", "auto, cpu, cuda, ...")
     decode: str = option("auto", "how cached decode steps run: auto (the fastest for the device: traced on the "
-                                 "CPU, cuda-graph on CUDA, where speculative steps run eagerly), dynamic (eager, the keys grow), static (fixed shapes), "
-                                 "cuda-graph (static, each step replayed as one captured CUDA graph: fewer kernel "
-                                 "launches at small batch on a GPU), traced (dynamic, each step one traced "
-                                 "TorchScript graph with no Python between operators, after a trace of 0.2-0.5 s "
-                                 "per batch size for GPT-2 124M on 2 CPU cores); the tokens are the same",
+                                 "CPU, cuda-graph on CUDA, where speculative steps run eagerly), dynamic (eager, "
+                                 "the keys grow), static (fixed shapes), cuda-graph (static, each step replayed as "
+                                 "a captured CUDA graph: fewer kernel launches at small batch on a GPU), traced "
+                                 "(dynamic, each step one traced TorchScript graph with no Python between "
+                                 "operators, after a trace per batch size, logged with its time); the tokens are "
+                                 "the same",
                          choices=DECODE_MODES)
     draft: str | None = option(None, "speculative decoding: a smaller model with the same vocabulary (artifact "
                                      "folder or hub name, e.g. a pruned checkpoint of this one) proposes tokens "

@@ -179,8 +179,8 @@ class Engine:
 
     @torch.inference_mode()
     def warm_up(self) -> None:
-        """Before the engine starts: make the one-row steps now (traces or captures, with their first runs 0.2-0.5 s
-        for GPT-2 124M on 2 CPU cores) rather than in the first request's time, so that a model that cannot be
+        """Before the engine starts: make the one-row steps now (traces or captures, a pause with their first runs)
+        rather than in the first request's time, so that a model that cannot be
         traced or captured fails at startup: the plain step, or the speculative check of K + 1 tokens and the
         draft's one-token step.  They run on free row 0 of the empty caches, which a joining sequence overwrites."""
         widths = [1] if self.draft is None else [self.draft_tokens + 1, 1]

@@ -15,9 +15,9 @@ from model.kv_cache import KVCache
 
 
 def padded_rows(rows: int, max_rows: int) -> int:
-    """`rows` active rows, and above 4 enough free ones to make a multiple of 4 (at most `max_rows`). A trace is
-    made for each row count it meets (0.2-0.5 s for GPT-2 124M on 2 CPU cores, with its first runs), so counts
-    are rounded, as vLLM pads a batch to a size it captured a CUDA graph for."""
+    """`rows` active rows, and above 4 enough free ones to make a multiple of 4 (at most `max_rows`). A trace or
+    capture is made for each row count it meets (a pause the server logs), so counts are rounded, as vLLM pads a
+    batch to a size it captured a CUDA graph for."""
     return rows if rows <= 4 else min(-(-rows // 4) * 4, max_rows)
 
 

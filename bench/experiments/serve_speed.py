@@ -252,4 +252,5 @@ EXPERIMENT = Experiment(
     name="serve_speed", title="Serving against generate()", about=__doc__, settings=Settings,
     quick=Settings(new_tokens=64, repeats=2), full=Settings(),
     result=ServeSpeed, measure=measure, plot=plot, section=section,
-    gpu=Settings(clients=[12, 32], repeats=5))
+    # On a GPU, auto's captured CUDA graphs against eager steps (the traced steps are the CPU's).
+    gpu=Settings(clients=[12, 32], repeats=5, decode=["cuda-graph", "dynamic"]))
