@@ -36,10 +36,11 @@ demo: setup
 		--out $(DEMO_OUT)/scorecard.json
 	$(PY) -m serve.demo --checkpoint $(DEMO_OUT)/train
 
-# One pytest-xdist worker per core, each test file on one worker (module fixtures train once): about 3.5
-# instead of 4.5 minutes on 2 cores.  A plain `pytest` runs serially and needs no xdist (the GPU image lacks it).
+# One pytest-xdist worker per core, each test file on one worker (module fixtures train once), the files in
+# tests/conftest.py's longest-first order: about 3.5 instead of 4.5 minutes on 2 cores.  A plain `pytest` runs
+# serially and needs no xdist (the GPU image lacks it).
 test: setup
-	$(PY) -m pytest -n auto --dist loadfile
+	$(PY) -m pytest -n auto --dist loadfile --no-loadscope-reorder
 
 # The scorecard evaluates on WikiText-103 validation when the shared copy is here (the hub is not
 # reachable offline); otherwise on the built-in corpus, and bench/REPORT.md says so.  NANOGPT=path/to/nanoGPT

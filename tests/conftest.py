@@ -54,11 +54,13 @@ def interrupt_training_at_batch(monkeypatch, n: int):
     return lambda: monkeypatch.setattr(WindowSampler, "next_batch", real_next)
 
 
-# pytest-xdist's workers take whole files (--dist loadfile) in collection order, so the longest files go
-# first: started last, a two-minute file would leave the other core idle at the end.  Measured with
+# pytest-xdist's workers take whole files (--dist loadfile) in collection order (`make test` passes
+# --no-loadscope-reorder: by default xdist puts the files with the most tests first), so the longest files go
+# first: started last, a one-minute file would leave the other core idle at the end.  Measured with
 # `pytest --durations=0` on 2 cores; the order only changes when files run, never what they check.
-LONGEST_FIRST = ("test_parallel.py", "test_bench.py", "test_launch.py", "test_train.py", "test_folder.py",
-                 "test_serve_live.py", "test_resume.py")
+LONGEST_FIRST = ("test_bench.py", "test_parallel.py", "test_launch.py", "test_train.py", "test_folder.py",
+                 "test_serve_live.py", "test_resume.py", "test_speculative.py", "test_speculative_bench.py",
+                 "test_data.py")
 
 
 def pytest_collection_modifyitems(items):
