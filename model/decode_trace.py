@@ -66,7 +66,7 @@ class _CacheViews:
 
 
 class _DecodeStep(torch.nn.Module):
-    """(tokens (B, W), positions (B, W), [mask (B, 1, W, keys)], [columns (B, W)], every layer's keys, then
+    """(tokens (B, W), positions (B, W), [mask (B or 1, 1, W, keys)], [columns (B, W)], every layer's keys, then
     values) -> logits (B, W, vocab)."""
 
     def __init__(self, model: GPT, masked: bool, placed: bool):
@@ -138,7 +138,7 @@ class TracedSteps:
         `keys` and `values`: each layer's (B, heads, n, head size) views of a cache, whose first n - W columns
         hold the rows' earlier keys and values and whose last W columns the step fills with the new tokens'
         (or, given `columns` (B, W), the columns it names in each row); `positions` (B, W): each token's
-        position; `mask` (B, 1, W, n), True where a token may attend a column (its own included), or None to
+        position; `mask` (B or 1, 1, W, n), True where a token may attend a column (its own included), or None to
         attend all n (one token per row, written to the last column, only).
         """
         key = (*tokens.shape, mask is not None, columns is not None, keys[0].dtype, tokens.device)
@@ -157,9 +157,7 @@ class TracedSteps:
         end = cache.length + width
         keys, values = [k[:, :, :end] for k in cache.k], [v[:, :, :end] for v in cache.v]
         attention = cache.attention_inputs(width)
-        positions, mask = attention.positions.expand_as(tokens), attention.mask
-        if attention.columns is None and width > 1:  # the graph's (B, 1, W, keys) mask: causal among the new tokens
-            mask = (torch.arange(end, device=tokens.device) <= positions[:, :, None])[:, None]
-        logits = self(tokens, positions, mask, keys, values, columns=attention.columns)
+        logits = self(tokens, attention.positions.expand_as(tokens), attention.mask, keys, values,
+                      columns=attention.columns)
         cache.advance(width)
         return logits

@@ -93,7 +93,7 @@ class KVCache:
             # The new tokens see every earlier column and each other causally; SDPA's own flag is exact for one
             # token and for an empty cache.
             mask = None if start == 0 or T == 1 else \
-                torch.ones(T, start + T, dtype=torch.bool, device=device).tril(diagonal=start)
+                torch.ones(T, start + T, dtype=torch.bool, device=device).tril(diagonal=start)[None, None]
             return AttentionInputs(torch.arange(start, start + T, device=device), mask)
         positions = self.columns(T)
         keys = torch.arange(self.length + T, device=device)
