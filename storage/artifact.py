@@ -97,7 +97,7 @@ def wrong_kind(folder: Path, meta: ArtifactMeta, kinds: tuple[str, ...], why: st
     source = meta.produced_by.source
     fix = (f"Use the {wanted} checkpoint it was made from: --checkpoint {source}" if source else
            f"Use the {wanted} checkpoint it was made from")
-    return ArtifactError(f"{folder} is {'an' if meta.kind[:1] in 'aeiou' else 'a'} {meta.kind} artifact"
+    return ArtifactError(f"{folder} is {meta.described}"
                          f"{'; ' + why if why else ''}. {fix}")
 
 

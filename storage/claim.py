@@ -38,7 +38,7 @@ def claim_output_folder(folder: str | Path, tool: str, overwrite: bool, source: 
     try:
         meta = ArtifactMeta.read(folder)
         owner = "a Hugging Face model" if meta.is_hugging_face else \
-            f"{'an' if meta.kind[:1] in 'aeiou' else 'a'} {meta.kind} artifact written by {meta.produced_by.tool}"
+            f"{meta.described} written by {meta.produced_by.tool}"
         ours = meta.produced_by.tool == tool or (meta.is_hugging_face and tool == EXPORT_TOOL)
     except ArtifactError as e:
         owner, ours = f"a damaged artifact ({e})", False

@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from model.gpt import GPT
 from runtime.cli import option, parse_config
 from runtime.errors import UserError
-from storage.artifact import load_model
+from storage.artifact import WEIGHTS_FILE, load_model
 from storage.claim import EXPORT_TOOL, claim_output_folder
 from storage.folder import write_folder_atomically
 from storage.hf import ours_to_hf
@@ -40,7 +40,7 @@ def export_hf_gpt2(model: GPT, folder: str | Path) -> None:
     state = ours_to_hf(model.state_dict(), model.config)
     write_folder_atomically(folder, {  # the config first: a row-pruned one is refused before the weights are written
         CONFIG_FILE: ArtifactMeta("float", model.config, Provenance(tool=HUGGING_FACE)).write,
-        "model.safetensors": lambda p: save_file(state, str(p), metadata={"format": "pt"}),
+        WEIGHTS_FILE: lambda p: save_file(state, str(p), metadata={"format": "pt"}),
     })
 
 

@@ -43,6 +43,11 @@ class ArtifactMeta:
     def is_hugging_face(self) -> bool:
         return self.produced_by.tool == HUGGING_FACE
 
+    @property
+    def described(self) -> str:
+        """"an int8 artifact", "a float artifact": the kind as messages name it."""
+        return f"{'an' if self.kind[:1] in 'aeiou' else 'a'} {self.kind} artifact"
+
     def to_dict(self) -> dict:
         if self.is_hugging_face:  # their config.json, which records none of ours
             return config_to_hf(self.model)

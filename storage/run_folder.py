@@ -9,6 +9,7 @@ from pathlib import Path
 
 from storage.artifact import DEFAULT_OUT_ROOT, artifact_folders, read_meta
 from storage.hub import resolve_checkpoint
+from storage.meta import CONFIG_FILE
 from storage.training_state import TRAINING_STATE, TrainingState
 from storage.weights import ArtifactError
 
@@ -46,9 +47,10 @@ def default_checkpoint(root: str | Path = DEFAULT_OUT_ROOT) -> tuple[Path, str]:
     if not runs:
         raise ArtifactError(f"no checkpoint written by train.py found under {root}/; train one first "
                             f"(`python train.py`) or pass --checkpoint DIR")
-    best = max(runs, key=lambda d: (trained_tokens(d), (d / "config.json").stat().st_mtime))
+    tokens = {run: trained_tokens(run) for run in runs}
+    best = max(runs, key=lambda d: (tokens[d], (d / CONFIG_FILE).stat().st_mtime))
     return best, (f"the train.py checkpoint under {root}/ trained on the most tokens "
-                  f"({trained_tokens(best):,} of {len(runs)} run{'s' if len(runs) > 1 else ''}); "
+                  f"({tokens[best]:,} of {len(runs)} run{'s' if len(runs) > 1 else ''}); "
                   f"--checkpoint DIR picks another")
 
 
