@@ -5,10 +5,19 @@ import os
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 # Two cores, several processes in some tests (and one pytest-xdist worker per core): keep each process to a
 # fair share.
 torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))))
+
+# Hostile-input properties (tests/hostile.py): `ci` is fixed-seed and bounded for `make test`; `fuzz` is `make
+# fuzz`'s long random run.  No example database: a clean clone and CI must draw the same examples.
+_QUIET = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large]
+settings.register_profile("ci", derandomize=True, deadline=None, database=None, print_blob=True,
+                          suppress_health_check=_QUIET)
+settings.register_profile("fuzz", deadline=None, database=None, print_blob=True, suppress_health_check=_QUIET)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 from model.config import GPTConfig  # noqa: E402
 from model.gpt import GPT  # noqa: E402
