@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TOKENIZER := data/assets/gpt2.tiktoken
 DEMO_OUT := out/demo
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test fuzz bench clean
 
 setup: $(STAMP) $(TOKENIZER)
 
@@ -41,6 +41,12 @@ demo: setup
 # serially and needs no xdist (the GPU image lacks it).
 test: setup
 	$(PY) -m pytest -n auto --dist loadfile --no-loadscope-reorder
+
+# The hostile-input suite's long run: tests/test_hostile_*.py with fresh random examples, round after round, for
+# FUZZ_MINUTES; writes bench/results/fuzz.json (inputs tried per surface, outcomes, tracebacks, changed sources).
+FUZZ_MINUTES ?= 20
+fuzz: setup
+	$(PY) bench/fuzz.py --minutes $(FUZZ_MINUTES)
 
 # The scorecard evaluates on WikiText-103 validation when the shared copy is here (the hub is not
 # reachable offline); otherwise on the built-in corpus, and bench/REPORT.md says so.  NANOGPT=path/to/nanoGPT
