@@ -1,11 +1,11 @@
 """A local folder or file as a corpus: `.txt`/`.raw` text, `.jsonl` (a "text" field), `.parquet` (a "text" column).
 
-Splits come from file names: a file (or a folder on its path) named with `train`, `valid`/`validation`/`val`/
-`dev` or `test` as a word belongs to that split; any other corpus file is training text (WikiText's `wiki.train.raw`, the hub's
-`train-00000-of-00002.parquet`, `data/test/part-0.jsonl`).  A corpus with no validation file has its validation
-split, and its test split where it has none either, carved from the training text: every 200th document, from an
-offset drawn from a fixed seed, in the same pass that writes the training tokens.  Extensions match in any case
-(`.RAW`, `.Txt`).  A symbolic link is followed wherever it points (the hub's cache links every file to a blob
+Splits come from file names: a file (or a folder on its path) named with `train`, `valid`/`validation`/`val`/`dev`
+or `test` as a word belongs to that split (WikiText's `wiki.train.raw`, the hub's `train-00000-of-00002.parquet`,
+`data/test/part-0.jsonl`); any other corpus file is training text.  A corpus with no validation file has its
+validation split, and its test split where it has none either, carved from the training text: every 200th document,
+from an offset drawn from a fixed seed, in the same pass that writes the training tokens.  Extensions match in any
+case (`.RAW`, `.Txt`).  A symbolic link is followed wherever it points (the hub's cache links every file to a blob
 outside its folder); a dangling or looping link, and anything that is not a regular file (a FIFO would block the
 read forever), is an error naming it.
 
