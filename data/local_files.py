@@ -1,11 +1,13 @@
 """A local folder or file as a corpus: `.txt`/`.raw` text, `.jsonl` (a "text" field), `.parquet` (a "text" column).
 
-Splits come from file names: a file (or a folder on its path) named with `train`, `valid`/`validation`/`val`/
-`dev` or `test` as a word belongs to that split (WikiText's `wiki.train.raw`, the hub's
-`train-00000-of-00002.parquet`, `data/test/part-0.jsonl`).  A corpus with no validation file has its validation
-split, and its test split where it has none either, carved from the training text: every 200th document, from an
-offset drawn from a fixed seed, in the same pass that writes the training tokens.  A file or folder whose names
-say no split is all training text.
+Splits come from file names: a file (or a folder on its path) named with `train`, `valid`/`validation`/`val`/`dev`
+or `test` as a word belongs to that split (WikiText's `wiki.train.raw`, the hub's `train-00000-of-00002.parquet`,
+`data/test/part-0.jsonl`); any other corpus file is training text.  A corpus with no validation file has its
+validation split, and its test split where it has none either, carved from the training text: every 200th document,
+from an offset drawn from a fixed seed, in the same pass that writes the training tokens.  Extensions match in any
+case (`.RAW`, `.Txt`).  A symbolic link is followed wherever it points (the hub's cache links every file to a blob
+outside its folder); a dangling or looping link, and anything that is not a regular file (a FIFO would block the
+read forever), is an error naming it.
 
 Documents: a text file is cut at WikiText article headings, else at paragraph boundaries once a document is long
 (data/documents.py).  A JSON-lines record is a document, and so is a parquet row, except in a parquet file whose
@@ -14,13 +16,18 @@ cut as a text file is.
 """
 from __future__ import annotations
 
-import hashlib
+import errno
+import functools
 import itertools
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
+
+import xxhash
 
 from data.corpus import SPLITS, Corpus, Progress, TextPass
 from data.documents import MAX_DOCUMENT_CHARS, DatasetError, DocumentCutter, document_bound, text_blocks
@@ -33,10 +40,13 @@ CARVE_EVERY = 200
 CARVE_SEED = 20240520
 LINES_PROBE_ROWS = 1000  # rows looked at to tell a table of lines from a table of documents
 TABLE_ROWS_PER_READ = 4096
-SAMPLED_BLOCKS, SAMPLE_BYTES = 32, 16 << 10
+HASH_READ_BYTES = 1 << 20
+LISTED_FILES = 3  # files named in a pass's note; the rest are counted
 TEXT_FIX = "convert it to UTF-8 (e.g. with iconv) or re-extract it"
-# Bumped whenever the cutting into documents or the carving changes, so old token caches are not reused.
-CUTTING_VERSION = 2
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+# Bumped whenever the cutting into documents, the carving, the choice of files or the content key changes, so old
+# token caches are not reused.
+CUTTING_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -56,19 +66,52 @@ def split_named(relative: Path) -> str | None:
 
 
 def content_digest(files: list[DataFile], *settings) -> str:
-    """Names the files' content, not their place: sizes and 32 sampled blocks of each (all of a file under
-    512 KiB), so a moved or touched corpus keeps its token cache and an edited one (almost surely) does not."""
-    digest = hashlib.blake2b(repr(settings).encode(), digest_size=10)
+    """Names the files' content, not their place: each file's format, size and a hash of all its bytes, so a moved
+    or touched corpus keeps its token cache and any edit, wherever it falls, gives a new one."""
+    digest = xxhash.xxh3_128(repr(settings).encode())
     for f in files:
-        digest.update(f"{f.format}:{f.size}".encode())
-        with open(f.path, "rb") as stream:
-            if f.size <= SAMPLED_BLOCKS * SAMPLE_BYTES:
-                digest.update(stream.read())
-                continue
-            for i in range(SAMPLED_BLOCKS):
-                stream.seek(i * (f.size - SAMPLE_BYTES) // (SAMPLED_BLOCKS - 1))
-                digest.update(stream.read(SAMPLE_BYTES))
+        digest.update(f"{f.format}:{f.size}:{file_hash(f.path)}".encode())
     return digest.hexdigest()
+
+
+def file_hash(path: Path) -> str:
+    """xxh3-128 of the file's bytes.  Within a process a file is hashed once while its inode, size and times stay
+    the same: a training start asks for the same corpus's key several times."""
+    try:
+        status = path.stat()
+        return _hash_once(str(path), (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns,
+                                      status.st_ctime_ns))
+    except OSError as e:
+        raise DatasetError(f"{path} cannot be read ({e.strerror or e}); check its permissions") from e
+
+
+@functools.lru_cache(maxsize=4096)
+def _hash_once(path: str, identity: tuple) -> str:
+    digest, buffer = xxhash.xxh3_128(), bytearray(HASH_READ_BYTES)
+    view = memoryview(buffer)
+    with open(path, "rb") as stream:
+        while n := stream.readinto(buffer):
+            digest.update(view[:n])
+    return digest.hexdigest()
+
+
+def size_text(n: int) -> str:
+    if n < 1000:
+        return f"{n} bytes"
+    if n < 1_000_000:
+        return f"{n / 1e3:.0f} KB"
+    return f"{n / 1e6:.1f} MB" if n < 1_000_000_000 else f"{n / 1e9:.2f} GB"
+
+
+def files_listed(files: list[DataFile], root: Path) -> str:
+    """The files with their sizes, e.g. "train.txt (78 KB), books.txt (44.0 MB)"; past a few, the rest counted."""
+    def name(f: DataFile) -> str:
+        return f.path.name if f.path == root else str(f.path.relative_to(root))
+    listed = ", ".join(f"{name(f)} ({size_text(f.size)})" for f in files[:LISTED_FILES])
+    rest = files[LISTED_FILES:]
+    if rest:
+        listed += f" and {len(rest)} more ({size_text(sum(f.size for f in rest))})"
+    return listed
 
 
 # --- reading each format ------------------------------------------------------------------------
@@ -83,16 +126,43 @@ def _parquet_rows(f: DataFile, progress: Progress) -> Iterator[str]:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise DatasetError(f"{f.path} is not a readable parquet file with a \"text\" column ({reason}); "
                            f"replace it with the hub's file") from e
-    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+    if not _holds_strings(column.type):
         raise DatasetError(f"{f.path}: the \"text\" column holds {column.type}, not strings; replace it with the "
                            f"hub's file")
     rows, reported = max(1, table.metadata.num_rows), 0
     done = 0
-    for batch in table.iter_batches(batch_size=TABLE_ROWS_PER_READ, columns=["text"]):
-        yield from (row or "" for row in batch.column(0).to_pylist())  # a null row is an empty line
-        done += batch.num_rows
+    for texts in _column_texts(table, f):
+        yield from (row or "" for row in texts)  # a null row is an empty line
+        done += len(texts)
         progress(f.size * done // rows - reported)
         reported = f.size * done // rows
+
+
+def _column_texts(table, f: DataFile) -> Iterator[list]:
+    """The "text" column a batch of rows at a time; a damaged page, seen only when it is read, is a DatasetError."""
+    import pyarrow as pa
+    batches, done = table.iter_batches(batch_size=TABLE_ROWS_PER_READ, columns=["text"]), 0
+    while True:
+        try:
+            batch = next(batches, None)
+            texts = batch.column(0).to_pylist() if batch is not None else None
+        except (pa.ArrowException, OSError, ValueError, IndexError) as e:  # ValueError: bytes that are not UTF-8
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise DatasetError(f"{f.path} is damaged after row {done:,} ({reason}); replace it with the hub's "
+                               f"file") from e
+        if texts is None:
+            return
+        yield texts
+        done += len(texts)
+
+
+def _holds_strings(column_type) -> bool:
+    """A column of text however arrow stores it: plain, large, view, or dictionary-encoded strings."""
+    import pyarrow as pa
+    if pa.types.is_dictionary(column_type):
+        column_type = column_type.value_type
+    return (pa.types.is_string(column_type) or pa.types.is_large_string(column_type)
+            or pa.types.is_string_view(column_type))
 
 
 def _jsonl_rows(f: DataFile, progress: Progress) -> Iterator[str]:
@@ -103,13 +173,18 @@ def _jsonl_rows(f: DataFile, progress: Progress) -> Iterator[str]:
                 continue
             try:
                 record = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise DatasetError(f"{f.path} line {number} is not a JSON object ({e}); each line must be one "
+            except (ValueError, RecursionError) as e:  # ValueError: bad JSON, bytes, or an over-long number
+                reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+                raise DatasetError(f"{f.path} line {number} is not a JSON object ({reason}); each line must be one "
                                    f"object with a \"text\" field") from e
             text = record.get("text") if isinstance(record, dict) else None
             if not isinstance(text, str):
                 raise DatasetError(f"{f.path} line {number} has no \"text\" field holding a string; each line "
                                    f"must be one object with a \"text\" field")
+            if surrogate := LONE_SURROGATE.search(text):  # valid JSON ("\\ud800"), but no text can be encoded
+                raise DatasetError(f"{f.path} line {number}: its \"text\" holds a lone surrogate "
+                                   f"(\\u{ord(surrogate[0]):04x}), half of a character; remove it or re-export the "
+                                   f"file with whole characters")
             yield text
 
 
@@ -147,17 +222,34 @@ def file_documents(files: list[DataFile], max_chars: int, progress: Progress) ->
 # --- the corpus --------------------------------------------------------------------------------------
 
 def corpus_files(root: Path) -> list[Path]:
-    if root.is_file():
+    if not root.is_dir():
         return [root]
-    return sorted(p for p in root.rglob("*") if p.suffix in FORMATS
+    return sorted(p for p in root.rglob("*") if p.suffix.lower() in FORMATS
                   and not any(part.startswith(".") for part in p.relative_to(root).parts))
 
 
-def checked(files: list[DataFile]) -> list[DataFile]:
-    for f in files:
-        if not f.path.is_file():
-            raise DatasetError(f"{f.path} is not a file; it should hold the split's text")
-    return files
+def data_file(path: Path) -> DataFile:
+    """The corpus file at `path`, refused unless it is (or links to) a regular file."""
+    try:
+        status = path.stat()
+    except OSError as e:
+        if path.is_symlink():
+            what = "loops back on itself" if e.errno == errno.ELOOP else "does not exist"
+            raise DatasetError(f"{path} is a symbolic link to {os.readlink(path)}, which {what}; remove the link or "
+                               f"point it at the file") from e
+        raise DatasetError(f"{path} cannot be read ({e.strerror or e}); check its permissions") from e
+    if not stat.S_ISREG(status.st_mode):
+        raise DatasetError(f"{path} is not a file but {_kind(status.st_mode)}; it should hold the split's text, "
+                           f"remove it or rename it to another extension")
+    return DataFile(path, FORMATS[path.suffix.lower()], status.st_size)
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    return "a socket" if stat.S_ISSOCK(mode) else "a device"
 
 
 def carved_split(index: int) -> str:
@@ -191,41 +283,39 @@ def local_corpus(path: str | Path, name: str | None = None) -> Corpus:
     if not root.exists():
         raise DatasetError(f"dataset {str(path)!r} is neither a known name ({', '.join(DATASET_NAMES)}) nor an "
                            f"existing folder or file")
-    paths = corpus_files(root)
-    if root.is_file() and root.suffix not in FORMATS:
+    if not root.is_dir() and root.suffix.lower() not in FORMATS:
         raise DatasetError(f"{root} is not a corpus file: use .txt or .raw (text), .jsonl (a \"text\" field per "
                            f"line) or .parquet (a \"text\" column)")
+    paths = corpus_files(root)
     if not paths:
         raise DatasetError(f"{root} holds no corpus files: wiki.*.raw or .txt files, .jsonl files or parquet files "
                            f"(train-*.parquet, validation-*.parquet, test-*.parquet)")
-    files = [DataFile(p, FORMATS[p.suffix], p.stat().st_size) for p in paths]
-    named = {} if root.is_file() else {f: split_named(f.path.relative_to(root)) for f in files}
-    by_split = {s: [f for f in files if named.get(f) == s] for s in SPLITS}
-    if not any(by_split.values()):  # no names: all of it is training text
-        by_split["train"] = files
+    # A file whose name says no split is training text, beside named splits too (a books.txt next to train.txt).
+    by_split = {s: [p for p in paths if (split_named(p.relative_to(root)) or "train") == s] for s in SPLITS}
     carved = tuple(s for s in ("validation", "test") if not by_split[s]) if not by_split["validation"] else ()
     name = name or f"local:{root}"
 
     def text_pass(split: str) -> TextPass:
         if carved and by_split["train"] and split in ("train", *carved):
-            source = checked(by_split["train"])
+            source = [data_file(p) for p in by_split["train"]]
             total = sum(f.size for f in source)
             bound = document_bound(total)
             key = content_digest(source, CUTTING_VERSION, "carved", carved, CARVE_EVERY, CARVE_SEED, bound)
-            note = (f"{name}: {' and '.join(carved)} carved from the training text (every {CARVE_EVERY}th "
-                    f"document from a seeded offset, {100 / CARVE_EVERY:.1f}% each; documents of at most "
-                    f"{bound:,} characters)")
+            note = (f"{name}: train from {files_listed(source, root)}; {' and '.join(carved)} carved from the "
+                    f"training text (every {CARVE_EVERY}th document from a seeded offset, {100 / CARVE_EVERY:.1f}% "
+                    f"each; documents of at most {bound:,} characters)")
             return TextPass(f"local-{key}", ("train", *carved), carving_read(source, carved, bound), total, note)
-        source = by_split[split]
-        if not source:
+        if not by_split[split]:
             raise DatasetError(f"{root} has no {split} split: expected {RAW_FILES[split]}, {split}-*.parquet or "
                                f"another file whose name says {split!r}" +
                                (", or a training split to carve it from" if split != "train" else ""))
-        key = content_digest(checked(source), CUTTING_VERSION, split)
+        source = [data_file(p) for p in by_split[split]]
+        key = content_digest(source, CUTTING_VERSION, split)
 
         def read(progress: Progress) -> Iterator[tuple[str, str]]:
             return ((split, doc) for doc in file_documents(source, MAX_DOCUMENT_CHARS, progress))
-        return TextPass(f"local-{key}", (split,), read, sum(f.size for f in source))
+        return TextPass(f"local-{key}", (split,), read, sum(f.size for f in source),
+                        f"{name}: {split} from {files_listed(source, root)}")
 
     return Corpus(name, text_pass)
 

@@ -9,7 +9,9 @@ encoder releases the GIL, and `encode_to_numpy` hands back an array without buil
 tokens appended to the file in order while later documents are still being encoded.  The header is fixed at the
 end and the file renamed into place, so memory does not grow with the corpus and an interrupted run leaves no
 file that looks whole.  One process writes a folder at a time (a lock file); another that needs the same tokens
-waits for it and then reads them, and a partial file left by a crashed writer is removed by the next.
+waits for it and then reads them, and a partial file left by a crashed writer is removed by the next.  A cache
+folder that cannot be written (read-only, full, a file) is one error naming it and `GPT2_DATA_CACHE`; a token
+file that is cut short, foreign, or holds ids beyond GPT-2's vocabulary is refused when it is opened.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from tqdm import tqdm
 
 from data.corpus import SPLITS, Corpus, DatasetError, TextPass, get_corpus
 from data.tokenizer import GPT2_RANKS_SHA256, get_tokenizer
-from model.config import EOT_TOKEN
+from model.config import EOT_TOKEN, GPT2_VOCAB_SIZE
 
 MAGIC = 20240520
 VERSION = 1
@@ -40,10 +42,20 @@ BATCH_CHARS = 1 << 20  # text per encoding task: large enough that a task's over
 TASKS_PER_THREAD = 3  # tasks in flight per thread: keeps every thread busy while bounding memory
 PARTIAL_SUFFIX = ".partial"
 EOT_TEXT = "<|endoftext|>"
+CACHE_VARIABLE = "GPT2_DATA_CACHE"
+REBUILD = "delete it and it will be rebuilt"
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("GPT2_DATA_CACHE", DEFAULT_CACHE))
+    return Path(os.environ.get(CACHE_VARIABLE) or DEFAULT_CACHE)
+
+
+def cache_error(e: OSError, where: Path) -> DatasetError:
+    """An OSError writing the cache as the user's fix: the folder (and the variable that chose it) must change."""
+    chosen = (f"{CACHE_VARIABLE}={os.environ[CACHE_VARIABLE]}" if os.environ.get(CACHE_VARIABLE)
+              else f"the default cache {DEFAULT_CACHE} ({CACHE_VARIABLE} is unset)")
+    return DatasetError(f"cannot write the token cache at {where} ({e.strerror or e}): {chosen} must be a folder "
+                        f"you can write to, with room for the tokens; point {CACHE_VARIABLE} at one")
 
 
 def pass_folder(text_pass: TextPass) -> Path:
@@ -62,27 +74,39 @@ class TokenFileWriter:
 
     def __init__(self, path: Path):
         self.path, self.partial = path, path.with_name(path.name + PARTIAL_SUFFIX)
-        self.file: BinaryIO = open(self.partial, "wb")
-        self.file.write(bytes(HEADER_BYTES))
         self.count = 0
+        with self.writing():
+            self.file: BinaryIO = open(self.partial, "wb")
+            self.file.write(bytes(HEADER_BYTES))
+
+    @contextlib.contextmanager
+    def writing(self):
+        try:
+            yield
+        except OSError as e:
+            raise cache_error(e, self.partial.parent) from e
 
     def append(self, tokens: np.ndarray) -> None:
-        self.file.write(tokens.tobytes())
+        with self.writing():
+            self.file.write(tokens.tobytes())
         self.count += len(tokens)
 
     def close(self) -> None:
         header = np.zeros(HEADER_INTS, dtype=np.int32)
         header[:3] = (MAGIC, VERSION, self.count)
-        self.file.seek(0)
-        self.file.write(header.tobytes())
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
-        self.partial.replace(self.path)
+        with self.writing():
+            self.file.seek(0)
+            self.file.write(header.tobytes())
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.file.close()
+            self.partial.replace(self.path)
 
     def discard(self) -> None:
-        self.file.close()
-        self.partial.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # closing flushes, which fails again on a full disk
+            self.file.close()
+        with contextlib.suppress(OSError):
+            self.partial.unlink(missing_ok=True)
 
 
 def write_tokens(path: Path, tokens: np.ndarray) -> None:
@@ -93,17 +117,31 @@ def write_tokens(path: Path, tokens: np.ndarray) -> None:
 
 
 def read_tokens(path: Path) -> np.ndarray:
-    header = np.fromfile(path, dtype=np.int32, count=HEADER_INTS)
+    """The file's tokens, memory-mapped, once its header, length and ids are checked: a damaged file would
+    otherwise fail deep inside training."""
+    try:
+        size = path.stat().st_size
+        header = np.fromfile(path, dtype=np.int32, count=HEADER_INTS)
+    except OSError as e:
+        raise DatasetError(f"{path} cannot be read ({e.strerror or e}); {REBUILD}") from e
     if len(header) < 3 or header[0] != MAGIC:
-        raise DatasetError(f"{path} is not a token file (bad magic); delete it and it will be rebuilt")
+        raise DatasetError(f"{path} is not a token file (bad magic); {REBUILD}")
     if header[1] != VERSION:
         raise DatasetError(f"{path} has format version {header[1]}, this code reads {VERSION}; delete it")
-    count = int(header[2])
+    if size < HEADER_BYTES:
+        raise DatasetError(f"{path} is {size} bytes, cut inside its {HEADER_BYTES}-byte header: truncated; {REBUILD}")
+    if (size - HEADER_BYTES) % 2:
+        raise DatasetError(f"{path} ends inside a token ({size - HEADER_BYTES} bytes after the header, not whole "
+                           f"2-byte tokens): truncated; {REBUILD}")
+    count, held = int(header[2]), (size - HEADER_BYTES) // 2
+    if held != count:
+        raise DatasetError(f"{path} holds {held} tokens but its header says {count}: truncated; {REBUILD}")
     if count == 0:
         return np.zeros(0, dtype=np.uint16)
     tokens = np.memmap(path, dtype=np.uint16, mode="r", offset=HEADER_BYTES)
-    if len(tokens) != count:
-        raise DatasetError(f"{path} holds {len(tokens)} tokens but its header says {count}: truncated; delete it")
+    if (top := int(tokens.max())) >= GPT2_VOCAB_SIZE:
+        raise DatasetError(f"{path} holds token id {top}, beyond GPT-2's vocabulary of {GPT2_VOCAB_SIZE:,}: "
+                           f"damaged or written for another tokenizer; {REBUILD}")
     return tokens
 
 
@@ -178,8 +216,12 @@ def tokenize_pass(text_pass: TextPass, folder: Path, label: str) -> None:
 @contextlib.contextmanager
 def folder_lock(folder: Path, label: str):
     """The folder's writer lock, waited for (with a message saying whom for) while another process holds it."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "a+") as lock:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = open(folder / ".lock", "a+")
+    except OSError as e:
+        raise cache_error(e, folder) from e
+    with lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -187,10 +229,15 @@ def folder_lock(folder: Path, label: str):
             holder = lock.read().strip() or "another process"
             print(f"data: waiting for {holder}, which is tokenizing {label} into {folder}", file=sys.stderr)
             fcntl.flock(lock, fcntl.LOCK_EX)
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"process {os.getpid()} on {os.uname().nodename}")
-        lock.flush()
+        except OSError as e:  # a file system without locks
+            raise cache_error(e, folder) from e
+        try:
+            lock.seek(0)
+            lock.truncate()
+            lock.write(f"process {os.getpid()} on {os.uname().nodename}")
+            lock.flush()
+        except OSError as e:
+            raise cache_error(e, folder) from e
         try:
             yield
         finally:
@@ -202,7 +249,8 @@ def corpus_of(dataset: str | Corpus) -> Corpus:
 
 
 def prepare_split(dataset: str | Corpus, split: str) -> Path:
-    """The split's token file, tokenizing its pass first if no process has (waiting for one that is)."""
+    """The split's token file, tokenizing its pass first if no process has (waiting for one that is).  A cache
+    that cannot be written still serves the tokens it holds."""
     if split not in SPLITS:
         raise DatasetError(f"unknown split {split!r}; choose one of {SPLITS}")
     corpus = corpus_of(dataset)
@@ -216,8 +264,11 @@ def prepare_split(dataset: str | Corpus, split: str) -> Path:
     with folder_lock(folder, label):
         if not path.exists():  # another process may have written it while this one waited
             # Left by a writer that crashed (".tmp<pid>": by this code's earlier versions); none is writing now.
-            for stale in [*folder.glob(f"*{PARTIAL_SUFFIX}"), *folder.glob("*.tmp[0-9]*")]:
-                stale.unlink()
+            try:
+                for stale in [*folder.glob(f"*{PARTIAL_SUFFIX}"), *folder.glob("*.tmp[0-9]*")]:
+                    stale.unlink(missing_ok=True)
+            except OSError as e:
+                raise cache_error(e, folder) from e
             tokenize_pass(text_pass, folder, label)
     return path
 

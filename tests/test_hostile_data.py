@@ -1,0 +1,320 @@
+"""Hostile inputs to the corpus and token-cache surfaces (tests/hostile.py's property): a corpus folder of any
+files, a token file damaged any way, a cache that cannot be written.  Preparing data (data/shards.py, in-process,
+as the trainer does) either works or stops with one error line naming the problem, and the corpus is untouched.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from data import shards
+from data.corpus import DatasetError
+from data.local_files import CUTTING_VERSION, DataFile, content_digest, local_corpus
+from data.shards import HEADER_BYTES, MAGIC, VERSION, load_split, read_tokens, write_tokens
+from model.config import GPT2_VOCAB_SIZE
+from tests.hostile import attempt, examples, unchanged
+
+CORPUS, TOKEN_CACHE = "corpus", "token cache"
+STEMS = ("train", "wiki.train", "valid", "dev", "test", "books", "part-00000", "notes")
+EXTENSIONS = (".txt", ".raw", ".text", ".jsonl", ".parquet", ".md")
+# What a file of each extension holds when it is what it says: text for the others.
+FITTING = {".jsonl": ("jsonl",), ".parquet": ("parquet", "parquet dictionary", "parquet string_view")}
+FITTING_TEXT = ("utf-8", "utf-8, no final newline", "one line", "empty")
+HOSTILE = ("latin-1", "utf-16 with BOM", "random bytes", "jsonl with a lone surrogate", "parquet damaged",
+           "dangling link", "looping link", "link out of the folder", "fifo", "folder")
+SENTENCE = "The corpus says something of its own , line {i} .\n"
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPT2_DATA_CACHE", str(tmp_path / "cache"))
+
+
+def prepare(dataset: str | Path) -> None:
+    """What the trainer does before its first step: both splits tokenized and opened."""
+    for split in ("train", "validation"):
+        load_split(str(dataset), split)
+
+
+def gpt2_tokens(documents) -> np.ndarray:
+    encoder = shards.get_tokenizer()
+    return np.array([t for doc in documents for t in encoder.encode_ordinary(doc) + [50256]], dtype=np.uint16)
+
+
+# --- drawing corpus folders -----------------------------------------------------------------------------
+
+@st.composite
+def file_names(draw) -> str:
+    """A corpus-like file name whose extension is in any case (".txt", ".RAW", ".PaRqUeT")."""
+    extension = draw(st.sampled_from(EXTENSIONS))
+    case = draw(st.sampled_from(("lower", "lower", "upper", "mixed")))
+    if case == "mixed":
+        upper = draw(st.lists(st.booleans(), min_size=len(extension), max_size=len(extension)))
+        extension = "".join(c.upper() if u else c for c, u in zip(extension, upper))
+    return draw(st.sampled_from(STEMS)) + (extension.upper() if case == "upper" else extension)
+
+
+def parquet_bytes(texts: list[str], layout: str) -> bytes:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    column = pa.array(texts)
+    if layout == "parquet dictionary":
+        column = column.dictionary_encode()
+    elif layout == "parquet string_view":
+        column = column.cast(pa.string_view())
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"text": column}), sink, compression="none")
+    return sink.getvalue()
+
+
+def content_bytes(kind: str, text: str, noise: bytes) -> bytes:
+    """The bytes of a regular corpus file of the given kind; `noise` damages or replaces them."""
+    if kind == "utf-8":
+        return text.encode()
+    if kind == "utf-8, no final newline":
+        return text.rstrip("\n").encode()
+    if kind == "one line":
+        return text.replace("\n", " ").encode()
+    if kind == "latin-1":
+        return text.encode("latin-1", "replace")
+    if kind == "utf-16 with BOM":
+        return text.encode("utf-16")
+    if kind == "random bytes":
+        return noise
+    if kind == "empty":
+        return b""
+    if kind.startswith("jsonl"):
+        lines = [json.dumps({"text": line}) for line in text.splitlines(keepends=True)]
+        if kind.endswith("surrogate"):
+            lines.insert(len(lines) // 2, '{"text": "bad \\ud800 x"}')
+        return "\n".join(lines).encode()
+    data = bytearray(parquet_bytes(text.splitlines(keepends=True) or [text], kind))
+    if kind == "parquet damaged":  # bytes overwritten past the magic, in pages or footer
+        for i, b in enumerate(noise[:8]):
+            data[4 + (b * 7919 + i * 104729) % (len(data) - 8)] = noise[-1 - i]
+    return bytes(data)
+
+
+def write_entry(folder: Path, outside: Path, name: str, kind: str, text: str, noise: bytes) -> None:
+    path = folder / name
+    if kind == "dangling link":
+        path.symlink_to(folder / "no-such-file.txt")
+    elif kind == "looping link":
+        path.symlink_to(path.name)
+    elif kind == "link out of the folder":
+        target = outside / f"target-{name}"
+        target.write_bytes(content_bytes("utf-8", text, noise))
+        path.symlink_to(target)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+        (path / "inside.txt").write_text(text)
+    else:
+        path.write_bytes(content_bytes(kind, text, noise))
+
+
+texts = st.text(max_size=120).map(lambda t: t + SENTENCE.format(i=len(t)) * 3)
+
+
+@st.composite
+def corpus_entries(draw) -> list[tuple[str, str, str, bytes]]:
+    """(name, kind, text, noise) for a few files that are what their names say, and at most one hostile entry, so
+    that entry, not an earlier refusal, decides what happens."""
+    names = draw(st.lists(file_names(), min_size=1, max_size=4, unique=True))
+    hostile = draw(st.sampled_from((True, True, False)))
+    entries = []
+    for i, name in enumerate(names):
+        fitting = FITTING.get(Path(name).suffix.lower(), FITTING_TEXT)
+        kind = draw(st.sampled_from(HOSTILE if hostile and i == 0 else fitting))
+        entries.append((name, kind, draw(texts), draw(st.binary(min_size=9, max_size=64))))
+    return entries
+
+
+@contextmanager
+def corpus_folder(entries):
+    """A fresh folder holding the entries, and beside it the folder the escaping links point into."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder, outside = Path(tmp) / "corpus", Path(tmp) / "outside"
+        folder.mkdir()
+        outside.mkdir()
+        for entry in entries:
+            write_entry(folder, outside, *entry)
+        yield folder, outside
+
+
+@examples(60)
+@given(entries=corpus_entries())
+def test_any_corpus_folder_prepares_or_is_one_error_line(entries):
+    with corpus_folder(entries) as (folder, outside), unchanged(CORPUS, folder, outside):
+        attempt(CORPUS, lambda: prepare(folder))
+
+
+# --- drawing damaged token files and unwritable caches ---------------------------------------------------
+
+DAMAGES = ("none", "cut", "odd tail", "foreign header", "id beyond the vocabulary")
+
+
+@examples(30)
+@given(ids=st.lists(st.integers(0, GPT2_VOCAB_SIZE - 1), min_size=1, max_size=200), damage=st.sampled_from(DAMAGES),
+       data=st.data())
+def test_any_damaged_token_file_is_one_error_line(ids, damage, data):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "train.bin"
+        write_tokens(path, np.array(ids))
+        whole = path.read_bytes()
+        if damage == "cut":
+            path.write_bytes(whole[:data.draw(st.integers(0, len(whole) - 1), label="cut at")])
+        elif damage == "odd tail":
+            path.write_bytes(whole + b"\0")
+        elif damage == "foreign header":
+            header = data.draw(st.binary(min_size=HEADER_BYTES, max_size=HEADER_BYTES), label="header")
+            path.write_bytes(header + whole[HEADER_BYTES:])
+        elif damage == "id beyond the vocabulary":
+            tokens = np.array(ids, dtype=np.uint16)
+            tokens[data.draw(st.integers(0, len(ids) - 1), label="at")] = data.draw(
+                st.integers(GPT2_VOCAB_SIZE, 2**16 - 1), label="id")
+            path.write_bytes(whole[:HEADER_BYTES] + tokens.tobytes())
+        header_is_ours = np.frombuffer(path.read_bytes()[:12], np.int32).tolist() == [MAGIC, VERSION, len(ids)]
+        with unchanged(TOKEN_CACHE, path):
+            outcome = attempt(TOKEN_CACHE, lambda: read_tokens(path))
+        harmless = damage == "none" or (damage == "foreign header" and header_is_ours)
+        assert outcome == ("worked" if harmless else "refused"), damage
+
+
+CACHE_PLACES = ("a file", "a device", "under a file", "a system folder", "a full disk")
+
+
+@contextmanager
+def cache_at(place: str, tmp: Path, monkeypatch):
+    """GPT2_DATA_CACHE at a place no token file can be written to."""
+    (tmp / "file").write_text("not a folder")
+    where = {"a file": tmp / "file", "a device": Path("/dev/null"), "under a file": tmp / "file" / "cache",
+             "a system folder": Path("/sys/gpt2-token-cache"), "a full disk": tmp / "cache"}[place]
+    with monkeypatch.context() as m:
+        m.setenv("GPT2_DATA_CACHE", str(where))
+        if place == "a full disk":  # every token file written goes to /dev/full, whose writes fail with ENOSPC
+            m.setattr(shards, "open", lambda path, mode="r", *a, **k: open(
+                "/dev/full" if str(path).endswith(shards.PARTIAL_SUFFIX) else path, mode, *a, **k), raising=False)
+        yield
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists() or not Path("/sys").is_dir(), reason="needs Linux's /dev and /sys")
+@examples(10)
+@given(place=st.sampled_from(CACHE_PLACES), lines=st.integers(1, 400))
+def test_an_unwritable_cache_is_one_error_line(place, lines, monkeypatch):
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "train.txt"
+        corpus.write_text("".join(SENTENCE.format(i=i) for i in range(lines)))  # up to twice the write buffer
+        with cache_at(place, Path(tmp), monkeypatch), unchanged(CORPUS, corpus):
+            assert attempt(TOKEN_CACHE, lambda: prepare(corpus)) == "refused"
+
+
+# --- regressions, exactly --------------------------------------------------------------------------------
+
+def test_files_naming_no_split_join_the_training_text(tmp_path, capsys):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    train, books, held_out = (SENTENCE.format(i=i) * 5 for i in range(3))
+    (folder / "train.txt").write_text(train)
+    (folder / "books.TXT").write_text(books)  # names no split, extension in capitals
+    (folder / "wiki.valid.RAW").write_text(held_out)
+    assert np.array_equal(load_split(str(folder), "train"), gpt2_tokens([books, train]))  # in name order
+    assert f"train from books.TXT ({len(books)} bytes), train.txt ({len(train)} bytes)" in capsys.readouterr().err
+    assert np.array_equal(load_split(str(folder), "validation"), gpt2_tokens([held_out]))
+    assert f"validation from wiki.valid.RAW ({len(held_out)} bytes)" in capsys.readouterr().err
+
+
+def test_the_note_counts_the_files_past_the_first_few(tmp_path):
+    for i in range(5):
+        (tmp_path / f"part-{i}.txt").write_text("x" * 1500)
+    note = local_corpus(tmp_path).text_pass("train").note
+    assert "train from part-0.txt (2 KB), part-1.txt (2 KB), part-2.txt (2 KB) and 2 more (3 KB); validation and " \
+           "test carved" in note
+
+
+def test_a_same_length_edit_anywhere_gives_a_new_key(tmp_path):
+    path = tmp_path / "train.txt"
+    text = bytearray(b"".join(SENTENCE.format(i=i).encode() for i in range(40_000)))  # ~2 MB
+    path.write_bytes(text)
+    before = content_digest([DataFile(path, "text", len(text))], CUTTING_VERSION)
+    text[40_000] ^= 1  # between the first two of the 32 blocks of 16 KiB the key used to sample
+    path.write_bytes(text)
+    assert content_digest([DataFile(path, "text", len(text))], CUTTING_VERSION) != before
+
+
+def test_a_lone_surrogate_is_one_error_naming_file_and_line(tmp_path):
+    (tmp_path / "train.jsonl").write_text('{"text": "fine"}\n{"text": "bad \\ud800 x"}\n')
+    with pytest.raises(DatasetError, match=r"train.jsonl line 2: its \"text\" holds a lone surrogate \(\\ud800\)"):
+        prepare(tmp_path / "train.jsonl")
+
+
+def test_damaged_token_files_name_the_damage(tmp_path):
+    path = tmp_path / "t.bin"
+    write_tokens(path, np.arange(100))
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-1])
+    with pytest.raises(DatasetError, match="ends inside a token .199 bytes after the header"):
+        read_tokens(path)
+    path.write_bytes(whole[:500])
+    with pytest.raises(DatasetError, match="is 500 bytes, cut inside its 1024-byte header: truncated"):
+        read_tokens(path)
+    path.write_bytes(whole[:-2] + np.uint16(60_000).tobytes())
+    with pytest.raises(DatasetError, match="holds token id 60000, beyond GPT-2's vocabulary of 50,257"):
+        read_tokens(path)
+
+
+def test_an_unwritable_cache_names_the_variable_and_the_fix(tmp_path, monkeypatch):
+    (tmp_path / "train.txt").write_text(SENTENCE.format(i=0))
+    monkeypatch.setenv("GPT2_DATA_CACHE", str(tmp_path / "train.txt"))
+    with pytest.raises(DatasetError, match=r"cannot write the token cache at .*: GPT2_DATA_CACHE=.*train.txt must be "
+                                           r"a folder you can write to, with room for the tokens"):
+        prepare(tmp_path / "train.txt")
+
+
+def test_parquet_text_in_other_layouts_is_text_and_damaged_pages_are_named(tmp_path):
+    texts = [SENTENCE.format(i=i) * 3 for i in range(20)]
+    expected = gpt2_tokens(texts)
+    for layout in ("parquet", "parquet dictionary", "parquet string_view"):
+        folder = tmp_path / layout.replace(" ", "-")
+        folder.mkdir()
+        (folder / "train-00000-of-00001.parquet").write_bytes(parquet_bytes(texts, layout))
+        (folder / "validation-00000-of-00001.parquet").write_bytes(parquet_bytes(["Held out ."], layout))
+        assert np.array_equal(load_split(str(folder), "train"), expected), layout
+    data = parquet_bytes(texts, "parquet")
+    at = data.index(b"line 7")
+    (tmp_path / "damaged.parquet").write_bytes(data[:at] + b"\xff\xfe" + data[at + 2:])  # a page's text not UTF-8
+    with pytest.raises(DatasetError, match=r"damaged.parquet is damaged after row 0 \("):
+        load_split(str(tmp_path / "damaged.parquet"), "train")
+
+
+def test_links_and_pipes_in_a_corpus(tmp_path):
+    folder, outside = tmp_path / "corpus", tmp_path / "blobs"
+    folder.mkdir()
+    outside.mkdir()
+    (outside / "blob").write_text(SENTENCE.format(i=1) * 3)
+    (folder / "train.txt").symlink_to(outside / "blob")  # as the hub's cache lays files out: followed
+    (folder / "valid.txt").write_text("Held out .")
+    assert np.array_equal(load_split(str(folder), "train"), gpt2_tokens([SENTENCE.format(i=1) * 3]))
+    test = folder / "test.txt"
+    test.symlink_to(folder / "gone.txt")
+    with pytest.raises(DatasetError, match=r"test.txt is a symbolic link to .*gone.txt, which does not exist"):
+        load_split(str(folder), "test")
+    test.unlink()
+    test.symlink_to("test.txt")
+    with pytest.raises(DatasetError, match=r"test.txt is a symbolic link to test.txt, which loops back on itself"):
+        load_split(str(folder), "test")
+    test.unlink()
+    os.mkfifo(test)
+    with pytest.raises(DatasetError, match=r"test.txt is not a file but a named pipe \(FIFO\)"):
+        load_split(str(folder), "test")
