@@ -101,7 +101,10 @@ class Checkpointer:
     def saved_model(self) -> torch.nn.Module:
         """The resumed run's model with its saved weights (full, on the CPU, before it is parallelised: every
         layout slices them the same way)."""
-        model, _ = load_model(self.out_dir, "cpu")
+        model, meta = load_model(self.out_dir, "cpu")
+        if meta.step is not None and meta.step != self._saved_state.step:  # one save writes both files
+            raise self.damaged(self.out_dir / STATE_FILE, f"its step {self._saved_state.step} is not the step "
+                                                          f"{meta.step} of the weights beside it")
         return model
 
     def register(self, par, model_config: GPTConfig, optimizer: torch.optim.Optimizer,
