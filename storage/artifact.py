@@ -93,14 +93,6 @@ def load_model(folder: str | Path, device: str | torch.device = "cpu", kinds: tu
     return model.to(device).eval(), meta
 
 
-def check_loadable(folder: str | Path) -> None:
-    """That `load_model` can load the folder as far as config.json and the weights file's header show (nothing
-    else is read): before a tool deletes anything on the strength of a source it has not loaded yet."""
-    folder = _existing(resolve_checkpoint(folder))
-    with reading(folder):
-        check_weights_header(folder, meta)
-
-
 def check_weights_header(folder: Path, meta: ArtifactMeta) -> None:
     weights = hf_weights(folder) if meta.is_hugging_face else folder / WEIGHTS_FILE
     check_header(meta.model, read_header(weights), weights, folder / CONFIG_FILE)

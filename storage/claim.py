@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from storage.artifact import WEIGHTS_FILE, check_loadable
+from storage.artifact import WEIGHTS_FILE
 from storage.folder import acquire_writer_lock, previous_contents, remove_files
 from storage.meta import CONFIG_FILE, ArtifactMeta
 from storage.weights import ArtifactError
@@ -64,16 +64,15 @@ def refuse_overlap(source: str | Path, folder: Path, out_flag: str | None) -> No
 def claim_output_folder(folder: str | Path, tool: str, overwrite: bool, source: str | Path | None = None,
                         out_flag: str | None = None) -> None:
     """Make this process the folder's one writer, for `tool`'s artifact.  The folder a tool reads from
-    (`source`) is refused as its output, as is any folder inside it or above it, however either is named;
-    and the source must be loadable (storage/artifact.py's `check_loadable`) before anything here is
-    deleted.  A folder holding another tool's artifact (or something unreadable) is refused unless
+    (`source`) is refused as its output, as is any folder inside it or above it, however either is named.
+    A tool loads its source before it claims its output, so that a source it cannot load never costs the
+    output folder its artifact.  A folder holding another tool's artifact (or something unreadable) is refused unless
     `overwrite`; with `overwrite` the folder's artifact files are removed first, whoever wrote them, so one
     folder never mixes two artifacts (int8 weights beside a training run's optimizer state).  `out_flag`: the
     tool's option that names the folder, for the messages."""
     folder = Path(folder)
     if source is not None:
         refuse_overlap(source, folder, out_flag)
-        check_loadable(source)
     acquire_writer_lock(folder)
     if not (folder / CONFIG_FILE).exists():
         return
