@@ -72,6 +72,8 @@ class WindowSampler:
     def load_state_dict(self, state: dict) -> None:
         self.seed = state["seed"]
         self.set_epoch(state["epoch"])
+        if not 0 <= state["cursor"] <= len(self._order):
+            raise ValueError(f"cursor {state['cursor']} is outside the epoch's {len(self._order)} windows")
         self.cursor = state["cursor"]
 
 

@@ -15,11 +15,11 @@ from safetensors.torch import save_file
 from model.config import GPTConfig
 from model.gpt import GPT
 from storage.folder import STAGING_DIR, reading, write_folder_atomically
-from storage.hf import load_hf_gpt2
+from storage.hf import hf_weights, load_hf_gpt2
 from storage.hub import resolve_checkpoint
 from storage.int8_weights import build_int8_model, int8_state_for_saving
 from storage.meta import ARTIFACT_KINDS, CONFIG_FILE, ArtifactMeta, Provenance
-from storage.weights import ArtifactError, model_from_weights, read_safetensors
+from storage.weights import ArtifactError, check_header, model_from_weights, read_header, read_safetensors
 
 WEIGHTS_FILE = "model.safetensors"
 DEFAULT_OUT_ROOT = Path("out")
@@ -81,6 +81,7 @@ def load_model(folder: str | Path, device: str | torch.device = "cpu", kinds: tu
         meta = ArtifactMeta.read(folder)
         if meta.kind not in kinds:
             raise wrong_kind(folder, meta, kinds, why)
+        check_weights_header(folder, meta)
         if meta.is_hugging_face:
             return load_hf_gpt2(folder, meta.model).to(device).eval(), meta
         state = read_safetensors(folder / WEIGHTS_FILE)
@@ -90,6 +91,11 @@ def load_model(folder: str | Path, device: str | torch.device = "cpu", kinds: tu
     else:
         model = model_from_weights(meta.model, state, source)
     return model.to(device).eval(), meta
+
+
+def check_weights_header(folder: Path, meta: ArtifactMeta) -> None:
+    weights = hf_weights(folder) if meta.is_hugging_face else folder / WEIGHTS_FILE
+    check_header(meta.model, read_header(weights), weights, folder / CONFIG_FILE)
 
 
 def wrong_kind(folder: Path, meta: ArtifactMeta, kinds: tuple[str, ...], why: str) -> ArtifactError:

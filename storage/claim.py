@@ -14,24 +14,65 @@ from storage.weights import ArtifactError
 EXPORT_TOOL = "storage.export"
 
 
-def same_folder(a: str | Path, b: str | Path) -> bool:
-    """Whether two paths name one folder, however spelt (symlinks, `./`, a trailing slash)."""
-    return os.path.realpath(a) == os.path.realpath(b)
+def folder_identity(path: str | Path) -> tuple[int, int] | None:
+    """The folder itself, as the kernel knows it (device and inode): equal for every name it has -- a symlink,
+    `..`, a bind mount.  None when nothing exists there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def lineage(path: str | Path) -> list[tuple[int, int]]:
+    """The identities of `path` and of every folder above it, nearest first (a path that does not exist yet
+    starts at its nearest existing ancestor: that is where it would be created)."""
+    real = Path(os.path.realpath(path))  # symlinks resolved, so each parent is the physical one
+    return [identity for p in (real, *real.parents) if (identity := folder_identity(p)) is not None]
+
+
+def overlap(source: str | Path, output: str | Path) -> str | None:
+    """How an output folder overlaps the folder a tool reads: "is" (the same folder under any name), "inside"
+    (somewhere in its tree) or "contains" (a folder above it); None when they are apart."""
+    source_id, output_id = folder_identity(source), folder_identity(output)
+    if source_id is None:  # a hub name, or a folder that is not there: nothing of it can be overwritten
+        return None
+    if output_id == source_id:
+        return "is"
+    if source_id in lineage(output):
+        return "inside"
+    if output_id is not None and output_id in lineage(source):
+        return "contains"
+    return None
+
+
+# How each overlap would alter the source, and how the output folder stands to it.
+OVERLAPS = {"is": ("is the source", "writing there would replace the model being read"),
+            "inside": ("is inside the source", "writing there would add files to the folder being read"),
+            "contains": ("holds the source", "--overwrite there may remove files of the folder being read")}
+
+
+def refuse_overlap(source: str | Path, folder: Path, out_flag: str | None) -> None:
+    relation = overlap(source, folder)
+    if relation is None:
+        return
+    where, why = OVERLAPS[relation]
+    fix = f"give {out_flag} another folder" if out_flag else "choose another output folder"
+    raise ArtifactError(f"the output folder {folder} {where} {source}: {why}; {fix}")
 
 
 def claim_output_folder(folder: str | Path, tool: str, overwrite: bool, source: str | Path | None = None,
                         out_flag: str | None = None) -> None:
     """Make this process the folder's one writer, for `tool`'s artifact.  The folder a tool reads from
-    (`source`) is refused as its output: `--overwrite` would delete it before it is read, and a save would
-    replace it.  A folder holding another tool's artifact (or something unreadable) is refused unless
+    (`source`) is refused as its output, as is any folder inside it or above it, however either is named.
+    A tool loads its source before it claims its output, so that a source it cannot load never costs the
+    output folder its artifact.  A folder holding another tool's artifact (or something unreadable) is refused unless
     `overwrite`; with `overwrite` the folder's artifact files are removed first, whoever wrote them, so one
     folder never mixes two artifacts (int8 weights beside a training run's optimizer state).  `out_flag`: the
     tool's option that names the folder, for the messages."""
     folder = Path(folder)
-    if source is not None and same_folder(source, folder):
-        fix = f"give {out_flag} another folder" if out_flag else "choose another output folder"
-        raise ArtifactError(f"the output folder {folder} is the source {source}: writing there would replace the "
-                            f"model being read; {fix}")
+    if source is not None:
+        refuse_overlap(source, folder, out_flag)
     acquire_writer_lock(folder)
     if not (folder / CONFIG_FILE).exists():
         return

@@ -86,7 +86,7 @@ def acquire_writer_lock(folder: str | Path) -> None:
         return
     try:
         key.mkdir(parents=True, exist_ok=True)
-        fd = os.open(key / WRITER_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_own_file(key / WRITER_LOCK)
     except OSError as e:
         raise FolderError(f"cannot write to {folder}: {e.strerror or e}; choose another output folder") from e
     try:
@@ -110,6 +110,18 @@ def acquire_writer_lock(folder: str | Path) -> None:
         raise
 
 
+def _open_own_file(path: Path) -> int:
+    """Open a file this folder's writer writes in place, first giving the folder a file of its own where the
+    name is a hard link shared with another folder (a copy made with `cp -al`): writing through the link
+    would change that folder's file too."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    if os.fstat(fd).st_nlink > 1:
+        os.close(fd)
+        path.unlink()
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    return fd
+
+
 def release_writer_lock(folder: str | Path) -> None:
     fd = _held_writer_locks.pop(_key(folder), None)
     if fd is not None:
@@ -120,7 +132,7 @@ def _describe_holder(fd: int) -> str:
     try:
         holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
         return f"process {holder['pid']} on {holder['host']} (`{holder['command']}`, since {holder['since']})"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return "another process"
 
 
@@ -195,7 +207,7 @@ def _finish_interrupted_save(folder: Path) -> None:
         return
     try:
         names = json.loads((staging / JOURNAL).read_text())
-    except (OSError, ValueError):  # no journal, or one cut short: the save never completed
+    except (OSError, ValueError, RecursionError):  # no journal, or one cut short: the save never completed
         names = None
     if isinstance(names, list):
         checked_names(names, staging, staging / JOURNAL)  # where each file is taken from,
@@ -241,6 +253,7 @@ def _move_into_place(folder: Path, names: list[str]) -> None:
 def _write_durably(path: Path, text: str) -> None:
     """Write, fsync and rename into place, so the file is either the old one or the whole new one."""
     tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)  # a leftover may be a hard link to another folder's file: never write through it
     with open(tmp, "w") as f:
         f.write(text)
         f.flush()
@@ -304,7 +317,7 @@ def previous_contents(folder: str | Path) -> list[str]:
     folder = Path(folder)
     try:
         names = json.loads((folder / CONTENTS_FILE).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return []
     return checked_names(names, folder, folder / CONTENTS_FILE) if isinstance(names, list) else []
 

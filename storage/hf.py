@@ -46,21 +46,34 @@ def config_to_hf(config: GPTConfig) -> dict:
             "tie_word_embeddings": True}
 
 
-def hf_to_ours(hf_state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
+def hf_to_ours(hf_state: dict[str, torch.Tensor], config: GPTConfig,
+               source: str | Path = "the weights") -> dict[str, torch.Tensor]:
+    """Their tensors under our names and layout; `source` names the file in errors (a matrix that is not one)."""
     state = {}
     for key, value in hf_state.items():
         key = key.removeprefix("transformer.")
         parent, _, leaf = key.rpartition(".")
         if (parent.endswith(".attn") and leaf in IGNORED_BUFFERS) or key == "lm_head.weight":
             continue
+        if key.endswith(CONV1D_SUFFIXES) or key == "wte.weight":
+            value = matrix(value, key, source)
         if key.endswith(CONV1D_SUFFIXES):
             value = value.t()
         state[f"transformer.{key}"] = value.contiguous()
+    if "transformer.wte.weight" not in state:
+        raise ArtifactError(f"{source} has no wte.weight (the token embedding); it is not a GPT-2 checkpoint")
     wte = state["transformer.wte.weight"]
     pad = config.padded_vocab_size - wte.size(0)
-    if pad:
+    if pad > 0:  # more rows than the config allows: load_weights names the shape
         state["transformer.wte.weight"] = torch.cat([wte, wte.new_zeros(pad, wte.size(1))])
     return state
+
+
+def matrix(value: torch.Tensor, key: str, source: str | Path) -> torch.Tensor:
+    if value.dim() != 2:
+        raise ArtifactError(f"{source}: tensor {key} has shape {tuple(value.shape)}, not a matrix; the checkpoint "
+                            f"is damaged")
+    return value
 
 
 def ours_to_hf(state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
@@ -76,11 +89,17 @@ def ours_to_hf(state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, t
     return hf
 
 
-def load_hf_gpt2(folder: Path, config: GPTConfig) -> GPT:
-    """The Hugging Face GPT-2 folder whose config.json gave `config`."""
+def hf_weights(folder: Path) -> Path:
+    """A Hugging Face folder's weights file, which must be safetensors."""
     weights = folder / "model.safetensors"
     if not weights.exists():
         raise ArtifactError(f"{folder} has no model.safetensors (pickled pytorch_model.bin is not loaded; "
-                                f"convert it with transformers' save_pretrained(safe_serialization=True))")
-    state = hf_to_ours(read_safetensors(weights), config)
+                            f"convert it with transformers' save_pretrained(safe_serialization=True))")
+    return weights
+
+
+def load_hf_gpt2(folder: Path, config: GPTConfig) -> GPT:
+    """The Hugging Face GPT-2 folder whose config.json gave `config`."""
+    weights = hf_weights(folder)
+    state = hf_to_ours(read_safetensors(weights), config, weights)
     return model_from_weights(config, state, str(weights))

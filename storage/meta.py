@@ -13,7 +13,7 @@ from pathlib import Path
 
 from model.config import ConfigError, GPTConfig
 from storage.hf import config_from_hf, config_to_hf
-from storage.weights import ArtifactError
+from storage.weights import ArtifactError, one_line
 
 CONFIG_FILE = "config.json"
 ARTIFACT_KINDS = ("float", "pruned", "int8")
@@ -67,8 +67,8 @@ class ArtifactMeta:
             raise ArtifactError(f"{folder} has no {CONFIG_FILE}: it is not a checkpoint folder")
         try:
             data = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ArtifactError(f"{path} is not valid JSON ({e}); the checkpoint is damaged") from e
+        except (ValueError, RecursionError) as e:  # bad JSON, bad UTF-8 and over-long numbers; deep nesting
+            raise ArtifactError(f"{path} is not readable JSON ({one_line(e)}); the checkpoint is damaged") from e
         return cls.from_dict(data, path)
 
     @classmethod

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from storage.meta import json_kind
-from storage.weights import ArtifactError
+from storage.weights import ArtifactError, one_line
 
 TRAINING_STATE = "training_state"
 STATE_FILE = f"{TRAINING_STATE}/state.json"
@@ -46,8 +46,8 @@ class TrainingState:
             return None
         try:
             data = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ArtifactError(f"{path} is not valid JSON ({e}); {FIX}") from e
+        except (ValueError, RecursionError) as e:  # bad JSON, bad UTF-8 and over-long numbers; deep nesting
+            raise ArtifactError(f"{path} is not readable JSON ({one_line(e)}); {FIX}") from e
         if not isinstance(data, dict):
             raise ArtifactError(f"{path} holds a JSON {json_kind(data)}, not the training state; {FIX}")
         return cls.from_dict(data, path)

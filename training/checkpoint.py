@@ -40,23 +40,32 @@ def first_non_finite(state: dict[str, torch.Tensor]) -> str | None:
     return next((name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
 
 
-def claim_run_folder(cfg: TrainConfig) -> bool:
+def load_init_model(cfg: TrainConfig) -> torch.nn.Module:
+    """The model --init-from names."""
+    model, _ = load_model(cfg.init_from, kinds=("float", "pruned"), why="train.py trains floating-point models")
+    return model
+
+
+def claim_run_folder(cfg: TrainConfig) -> tuple[bool, torch.nn.Module | None]:
     """Make this process the one writer of --out-dir (storage/folder.py) before anything in it is read, and
     refuse a folder that holds another run or another tool's artifact unless --resume or --overwrite.
-    Returns whether the run resumes: always with --resume, with --resume auto when the folder holds a run."""
+    Returns whether the run resumes (always with --resume, with --resume auto when the folder holds a run)
+    and, for a new run, the --init-from model: loaded before --overwrite removes anything, so a source that
+    cannot be loaded leaves the folder as it was."""
     out_dir = Path(cfg.out_dir)
     if cfg.resume == "yes" or (cfg.resume == "auto" and is_training_checkpoint(out_dir)):
         acquire_writer_lock(out_dir)
         if not (out_dir / STATE_FILE).exists():
             raise TrainingError(f"--resume: {cfg.out_dir} has no {STATE_FILE}; nothing to resume (use --resume "
                                 f"auto to start a new run there, or drop --resume)")
-        return True
+        return True, None
+    init_model = load_init_model(cfg) if cfg.init_from else None
     claim_output_folder(out_dir, TRAINING_TOOL, cfg.overwrite, source=cfg.init_from or None,
                         out_flag="--out-dir")
     if is_training_checkpoint(out_dir):  # only without --overwrite, which has removed it
         raise TrainingError(f"{out_dir} already holds a training run; pass --resume to continue it, --overwrite "
                             f"to replace it, or --out-dir to start a new one")
-    return False
+    return False, init_model
 
 
 class Checkpointer:
@@ -75,13 +84,14 @@ class Checkpointer:
         self._claimed = False
         self._registered: tuple | None = None
         self._saved_state: TrainingState | None = None  # a resumed run's state.json, read once
+        self.init_model: torch.nn.Module | None = None  # a new run's --init-from model, as the claim loaded it
 
     def open(self, cfg: TrainConfig, given: set[str]) -> tuple[TrainConfig, list[str]]:
         """Claim the folder and return the run's config (the saved one when resuming, with the changes
         `given` asks for) and one phrase per change."""
         if self.ctx.is_writer:
             self._claimed = True  # claiming can take the lock and then refuse the folder: close() releases it
-            self.resuming = claim_run_folder(cfg)
+            self.resuming, self.init_model = claim_run_folder(cfg)
         if self.ctx.world_size > 1:  # rank 0 decides, so every rank resumes or none does
             decision = [self.resuming]
             dist.broadcast_object_list(decision, src=0)
@@ -101,7 +111,10 @@ class Checkpointer:
     def saved_model(self) -> torch.nn.Module:
         """The resumed run's model with its saved weights (full, on the CPU, before it is parallelised: every
         layout slices them the same way)."""
-        model, _ = load_model(self.out_dir, "cpu")
+        model, meta = load_model(self.out_dir, "cpu")
+        if meta.step is not None and meta.step != self._saved_state.step:  # one save writes both files
+            raise self.damaged(self.out_dir / STATE_FILE, f"its step {self._saved_state.step} is not the step "
+                                                          f"{meta.step} of the weights beside it")
         return model
 
     def register(self, par, model_config: GPTConfig, optimizer: torch.optim.Optimizer,

@@ -184,6 +184,8 @@ class MetricsLog:
         self.out_dir = out_dir
         if resumed_at is not None:
             keep_records_up_to(out_dir / METRICS_FILE, resumed_at)
+        if resumed_at is None:  # a new run's log is a new file: the old name may be a hard link into another run
+            (out_dir / METRICS_FILE).unlink(missing_ok=True)
         self.file = open(out_dir / METRICS_FILE, "w" if resumed_at is None else "a")
         self.tensorboard = TensorBoardLog(out_dir / TENSORBOARD_DIR) if tensorboard else None
         self.curves = curves
@@ -208,7 +210,7 @@ def keep_records_up_to(path: Path, step: int) -> None:
             record = json.loads(line)
             if record["step"] <= step:
                 kept.append(line)
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             continue
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(line + "\n" for line in kept))

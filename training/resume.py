@@ -55,8 +55,12 @@ def resumed_config(cfg: TrainConfig, given: set[str], state: TrainingState, stat
                             f"({asked} asked). Drop {'the flag' if len(different) == 1 else 'those flags'} to "
                             f"continue the run, or start a new one with another --out-dir")
     step, global_batch = state.step, state.global_batch or saved.batch_size  # older checkpoints lack the latter
+    check_position(state, saved, global_batch, state_path)
     changes = {name: getattr(cfg, name) for name in CHANGEABLE_SETTINGS
                if name in given and getattr(cfg, name) != getattr(saved, name)}
+    if "max_steps" not in changes and saved.max_steps < step:
+        raise TrainingError(f"{state_path}: \"step\" {step} is beyond the run's own --max-steps "
+                            f"{saved.max_steps}; the checkpoint is damaged")
     if changes.get("max_steps", saved.max_steps) < step:
         raise TrainingError(f"--max-steps {changes['max_steps']} is below step {step}, where {cfg.out_dir} "
                             f"was saved; give at least {step} (the run was set to {saved.max_steps})")
@@ -67,3 +71,32 @@ def resumed_config(cfg: TrainConfig, given: set[str], state: TrainingState, stat
     if "max_steps" in changes:
         said[0] += f", so the learning-rate schedule now ends at step {changes['max_steps']}"
     return dataclasses.replace(saved, **changes, batch_size=global_batch // dp_size), said
+
+
+def check_position(state: TrainingState, saved: TrainConfig, global_batch: int, state_path: Path) -> None:
+    """The saved step, batch and data position agree with the run's own settings: the batch is the per-rank
+    batch times the data-parallel ranks that wrote it, and the sampler has handed out whole global batches,
+    no more than the steps taken."""
+    def damaged(field: str, value, why: str) -> TrainingError:
+        return TrainingError(f"{state_path}: \"{field}\" is {value!r}, but {why}; the checkpoint is damaged -- "
+                             f"resume from another checkpoint or start a new run with another --out-dir")
+
+    world, tp = state.parallel.get("world_size"), state.parallel.get("tp_size")
+    if type(world) is int and type(tp) is int and 1 <= tp <= world and world % tp == 0:
+        if global_batch != saved.batch_size * (world // tp):
+            raise damaged("global_batch", global_batch, f"the run that wrote it had --batch-size "
+                                                        f"{saved.batch_size} on {world // tp} data-parallel rank(s)")
+    elif global_batch % saved.batch_size:
+        raise damaged("global_batch", global_batch, f"the run's --batch-size {saved.batch_size} does not divide it")
+    position = state.sampler
+    for name in ("epoch", "cursor", "seed"):  # the fields of data/loader.py's WindowSampler.state_dict
+        if type(position.get(name)) is not int or not 0 <= position[name] < 2**63:
+            raise damaged(f"sampler.{name}", position.get(name), "it must be a whole number from 0 to 2**63 - 1")
+    micro_batches = state.step * saved.grad_accum
+    if position["seed"] != saved.seed:
+        raise damaged("sampler.seed", position["seed"], f"the run's --seed is {saved.seed}")
+    if position["epoch"] > micro_batches:
+        raise damaged("sampler.epoch", position["epoch"], f"{micro_batches} micro-batches cannot reach that epoch")
+    if position["cursor"] % global_batch or position["cursor"] > micro_batches * global_batch:
+        raise damaged("sampler.cursor", position["cursor"], f"the sampler hands out whole global batches of "
+                                                            f"{global_batch}, {micro_batches} of them so far")

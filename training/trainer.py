@@ -21,8 +21,7 @@ from parallel.distributed import run_on_node_leader
 from parallel.state import local_state_bytes
 from runtime.cli import non_default_fields
 from runtime.device import is_out_of_memory, precision_policy
-from storage.artifact import load_model
-from training.checkpoint import Checkpointer
+from training.checkpoint import Checkpointer, load_init_model
 from training.config import TrainConfig, TrainingError
 from training.estimate import RunEstimate
 from training.metrics import (NO_CLOCK, EvalRecord, MetricsLog, NullLog, PhaseClock, device_peak_flops,
@@ -36,8 +35,8 @@ def build_model(cfg: TrainConfig, checkpointer: Checkpointer) -> GPT:
     (read once, into the one model built) or those of --init-from."""
     if checkpointer.resuming:
         model = checkpointer.saved_model()
-    elif cfg.init_from:
-        model, _ = load_model(cfg.init_from, kinds=("float", "pruned"), why="train.py trains floating-point models")
+    elif cfg.init_from:  # the writer rank loaded it when it claimed the folder; the others load their own
+        model = checkpointer.init_model if checkpointer.init_model is not None else load_init_model(cfg)
     else:
         torch.manual_seed(cfg.seed)
         return GPT(preset(cfg.model, dropout=cfg.dropout))
