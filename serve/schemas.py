@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 MAX_SEED = 2**63 - 1
 MAX_STOP_STRINGS = 4
 StopString = Annotated[str, Field(min_length=1, max_length=100)]
+# The count bounds the list alone: a bound on the field would also bound a single string's length.
+StopStrings = StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
 Probability = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 PromptText = Annotated[str, Field(min_length=1)]
 TokenIds = Annotated[list[int], Field(min_length=1)]  # checked against the vocabulary in the route
@@ -33,7 +35,7 @@ class GenerateRequest(StrictBody):
     top_k: int | None = Field(None, ge=1)
     top_p: Probability | None = None
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
-    stop: StopString | list[StopString] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
+    stop: StopStrings = Field(default_factory=list)
     stream: bool = False
     ignore_eos: bool = Field(False, description="keep generating past end-of-text: exactly max_new_tokens tokens "
                                                  "(for benchmarks, as vLLM's option of that name)")
@@ -88,7 +90,7 @@ class CompletionRequest(StrictBody):
     n: int = Field(1, ge=1)
     presence_penalty: float = Field(0.0, allow_inf_nan=False)
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
-    stop: StopString | list[StopString] | None = Field(None, max_length=MAX_STOP_STRINGS)
+    stop: StopStrings | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     suffix: str | None = None
