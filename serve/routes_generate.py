@@ -15,7 +15,8 @@ from model.sampling import SamplingParams
 from serve.engine import DoneEvent, TokenEvent
 from serve.errors import APIError, error_body
 from serve.event_stream import EventStream
-from serve.schemas import GenerateRequest, GenerateResponse, LatencyBody, SpeculativeBody
+from serve.schemas import (GENERATE_EVENT, GenerateRequest, GenerateResponse, LatencyBody, SpeculativeBody,
+                           error_responses, streamed_responses)
 from serve.state import require_api_key, server_state
 from serve.submission import Submission, error_for
 
@@ -36,7 +37,10 @@ def response_body(done: DoneEvent) -> GenerateResponse:
                             speculative=speculative)
 
 
-@router.post("/generate", response_model=GenerateResponse, dependencies=[Depends(require_api_key)])
+@router.post("/generate", response_model=GenerateResponse, dependencies=[Depends(require_api_key)],
+             responses=streamed_responses("the reply; with stream: true, token events then a done or an error event",
+                                          GENERATE_EVENT)
+             | error_responses(400, 401, 408, 413, 422, 500, 503, 504))
 async def generate(body: GenerateRequest, request: Request):
     state = server_state(request)
     prompt_ids = state.encode_within_context(body.prompt, body.max_new_tokens, "prompt", "max_new_tokens")

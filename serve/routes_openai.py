@@ -18,12 +18,13 @@ from serve.errors import APIError, error_body
 from serve.event_stream import EventStream
 from serve.logprobs import completion_logprobs
 from serve.prompts import Prompt, completion_prompts
-from serve.schemas import (Completion, CompletionChoice, CompletionRequest, CompletionTokensDetails,
-                           CompletionUsage, ModelCard, ModelList)
+from serve.schemas import (COMPLETION_EVENT, Completion, CompletionChoice, CompletionRequest,
+                           CompletionTokensDetails, CompletionUsage, ModelCard, ModelList, error_responses,
+                           streamed_responses)
 from serve.state import ServerState, require_api_key, server_state
 from serve.submission import Submission, error_for
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], responses=error_responses(401))
 
 # The engine's reasons in OpenAI's words: end-of-text and stop strings are both "stop".
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
@@ -35,7 +36,10 @@ async def list_models(request: Request):
     return ModelList(data=[ModelCard(id=state.model_id, created=state.created, owned_by="gpt2-monorepo")])
 
 
-@router.post("/completions", response_model=Completion)
+@router.post("/completions", response_model=Completion,
+             responses=streamed_responses("the completions; with stream: true, OpenAI's chunks, then data: [DONE] "
+                                          "or an error", COMPLETION_EVENT)
+             | error_responses(400, 404, 408, 413, 422, 500, 503, 504))
 async def create_completion(body: CompletionRequest, request: Request):
     state = server_state(request)
     if body.model != state.model_id:
