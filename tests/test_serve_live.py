@@ -322,10 +322,12 @@ def stream_data(url: str, body: dict, first_data: threading.Event | None = None)
     return data
 
 
-def test_requests_past_the_shutdown_deadline_get_a_json_503(checkpoint, tmp_path):
+def test_requests_past_the_shutdown_deadline_get_a_json_503(tmp_path):
     """At --graceful-shutdown-s uvicorn cancels what still runs or waits; those requests are answered 503 in
     the JSON error shape (uvicorn's own answer is a plain-text 500), and a stream ends with an error event of
     its own form (it was cut mid-body, with a CancelledError traceback in the log)."""
+    # A long context, so that the stream sending tokens is still far from its end at the deadline.
+    checkpoint = save_small_artifact(tmp_path / "artifact", block_size=1024)
     body = {"prompt": "hi", "max_new_tokens": 250, "temperature": 0}
     openai_body = {"model": Path(checkpoint).name, "prompt": "hi", "max_tokens": 250, "temperature": 0,
                    "stream": True}
@@ -333,7 +335,8 @@ def test_requests_past_the_shutdown_deadline_get_a_json_503(checkpoint, tmp_path
                                                               "1", "--max-queue", "6", "--graceful-shutdown-s", "0.2"]) as server:
         with ThreadPoolExecutor(6) as pool:
             streaming = threading.Event()
-            streams = [pool.submit(stream_data, f"{server.url}/generate", {**body, "stream": True}, streaming)]
+            long_stream = {**body, "max_new_tokens": 1000, "ignore_eos": True, "stream": True}
+            streams = [pool.submit(stream_data, f"{server.url}/generate", long_stream, streaming)]
             assert streaming.wait(30)  # the first stream is sending tokens; the rest wait behind it
             replies = [pool.submit(httpx.post, f"{server.url}/generate", json=body, timeout=60) for _ in range(4)]
             streams.append(pool.submit(stream_data, f"{server.url}/v1/completions", openai_body))
