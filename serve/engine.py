@@ -194,6 +194,9 @@ class Engine:
         return [self.steps] if self.draft_steps is None else [self.steps, self.draft_steps]
 
     def start(self) -> None:
+        """Start the engine's thread, or start it again after `stop`: an app's lifespan can run more than once (a
+        test client entered again), and each run starts and stops the engine."""
+        self.stopping = False
         self.thread = threading.Thread(target=self._run, name="serve-engine", daemon=True)
         self.thread.start()
 

@@ -38,6 +38,13 @@ def error_response(error: APIError) -> JSONResponse:
                         headers=error.headers)
 
 
+def shutdown_error(retry_after_s: int) -> APIError:
+    """For a request still running when the server shuts down (at its graceful-shutdown deadline)."""
+    return APIError(503, "the server shut down before this request finished; retry it (on another instance, if "
+                         "this one does not come back)", code="shutting_down",
+                    headers={"Retry-After": str(retry_after_s)})
+
+
 def too_large_message(limit: int) -> str:
     return f"request body is larger than the limit of {limit} bytes"
 

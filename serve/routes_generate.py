@@ -10,18 +10,17 @@ import dataclasses
 import json
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import StreamingResponse
 
 from model.sampling import SamplingParams
 from serve.engine import DoneEvent, TokenEvent
-from serve.errors import error_body
-from serve.schemas import GenerateRequest, GenerateResponse, LatencyBody, SpeculativeBody
+from serve.errors import APIError, error_body
+from serve.event_stream import EventStream
+from serve.schemas import (GENERATE_EVENT, GenerateRequest, GenerateResponse, LatencyBody, SpeculativeBody,
+                           error_responses, streamed_responses)
 from serve.state import require_api_key, server_state
 from serve.submission import Submission, error_for
 
 router = APIRouter()
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def sse(event: str, data: dict) -> str:
@@ -38,7 +37,10 @@ def response_body(done: DoneEvent) -> GenerateResponse:
                             speculative=speculative)
 
 
-@router.post("/generate", response_model=GenerateResponse, dependencies=[Depends(require_api_key)])
+@router.post("/generate", response_model=GenerateResponse, dependencies=[Depends(require_api_key)],
+             responses=streamed_responses("the reply; with stream: true, token events then a done or an error event",
+                                          GENERATE_EVENT)
+             | error_responses(400, 401, 408, 413, 422, 500, 503, 504))
 async def generate(body: GenerateRequest, request: Request):
     state = server_state(request)
     prompt_ids = state.encode_within_context(body.prompt, body.max_new_tokens, "prompt", "max_new_tokens")
@@ -50,7 +52,7 @@ async def generate(body: GenerateRequest, request: Request):
     if not body.stream:
         [done] = await submission.results(request)
         return response_body(done)
-    return StreamingResponse(stream(submission), media_type="text/event-stream", headers=SSE_HEADERS)
+    return EventStream(stream(submission), error_event, state.config.retry_after_s)
 
 
 async def stream(submission: Submission):
@@ -68,5 +70,8 @@ def render(event) -> str:
     if isinstance(event, DoneEvent):
         tail = sse("token", {"token": None, "text": event.tail}) if event.tail else ""
         return tail + sse("done", response_body(event).model_dump())
-    error = error_for(event)
+    return error_event(error_for(event))
+
+
+def error_event(error: APIError) -> str:
     return sse("error", error_body(error.status, error.message, code=error.code))

@@ -11,20 +11,20 @@ import time
 import uuid
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import StreamingResponse
 
 from model.sampling import SamplingParams
 from serve.engine import DoneEvent, ErrorEvent, TokenEvent
 from serve.errors import APIError, error_body
+from serve.event_stream import EventStream
 from serve.logprobs import completion_logprobs
 from serve.prompts import Prompt, completion_prompts
-from serve.routes_generate import SSE_HEADERS
-from serve.schemas import (Completion, CompletionChoice, CompletionRequest, CompletionTokensDetails,
-                           CompletionUsage, ModelCard, ModelList)
+from serve.schemas import (COMPLETION_EVENT, Completion, CompletionChoice, CompletionRequest,
+                           CompletionTokensDetails, CompletionUsage, ModelCard, ModelList, error_responses,
+                           streamed_responses)
 from serve.state import ServerState, require_api_key, server_state
 from serve.submission import Submission, error_for
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], responses=error_responses(401))
 
 # The engine's reasons in OpenAI's words: end-of-text and stop strings are both "stop".
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
@@ -36,7 +36,10 @@ async def list_models(request: Request):
     return ModelList(data=[ModelCard(id=state.model_id, created=state.created, owned_by="gpt2-monorepo")])
 
 
-@router.post("/completions", response_model=Completion)
+@router.post("/completions", response_model=Completion,
+             responses=streamed_responses("the completions; with stream: true, OpenAI's chunks, then data: [DONE] "
+                                          "or an error", COMPLETION_EVENT)
+             | error_responses(400, 404, 408, 413, 422, 500, 503, 504))
 async def create_completion(body: CompletionRequest, request: Request):
     state = server_state(request)
     if body.model != state.model_id:
@@ -53,7 +56,7 @@ async def create_completion(body: CompletionRequest, request: Request):
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         chunks = stream(submission, completion_id, created, state.model_id, include_usage, body.n, echoes)
-        return StreamingResponse(chunks, media_type="text/event-stream", headers=SSE_HEADERS)
+        return EventStream(chunks, error_event, state.config.retry_after_s)
     results = await submission.results(request)
     choices = [completion_choice(r, i, prompt_texts[i], body.echo) for i, r in enumerate(results)]
     return Completion(id=completion_id, choices=choices, created=created, model=state.model_id, usage=usage(results, body.n))
@@ -127,8 +130,7 @@ async def stream(submission: Submission, completion_id: str, created: int, model
                     out.append(chunk([CompletionChoice(text=event.tail, index=index,
                                                        finish_reason=FINISH_REASONS[event.finish_reason])]))
                 elif isinstance(event, ErrorEvent):
-                    error = error_for(event)
-                    yield "".join(out) + f"data: {json.dumps(error_body(error.status, error.message, code=error.code))}\n\n"
+                    yield "".join(out) + error_event(error_for(event))
                     return
             if out:
                 yield "".join(out)
@@ -137,3 +139,8 @@ async def stream(submission: Submission, completion_id: str, created: int, model
         yield "data: [DONE]\n\n"
     finally:
         submission.cancel()
+
+
+def error_event(error: APIError) -> str:
+    """An error in a stream, as OpenAI sends one: a data line holding the error body, and no [DONE] after it."""
+    return f"data: {json.dumps(error_body(error.status, error.message, code=error.code))}\n\n"

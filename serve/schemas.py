@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 MAX_SEED = 2**63 - 1
 MAX_STOP_STRINGS = 4
 StopString = Annotated[str, Field(min_length=1, max_length=100)]
+# The count bounds the list alone: a bound on the field would also bound a single string's length.
+StopStrings = StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
 Probability = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 PromptText = Annotated[str, Field(min_length=1)]
 TokenIds = Annotated[list[int], Field(min_length=1)]  # checked against the vocabulary in the route
@@ -33,7 +35,7 @@ class GenerateRequest(StrictBody):
     top_k: int | None = Field(None, ge=1)
     top_p: Probability | None = None
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
-    stop: StopString | list[StopString] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
+    stop: StopStrings = Field(default_factory=list)
     stream: bool = False
     ignore_eos: bool = Field(False, description="keep generating past end-of-text: exactly max_new_tokens tokens "
                                                  "(for benchmarks, as vLLM's option of that name)")
@@ -88,7 +90,7 @@ class CompletionRequest(StrictBody):
     n: int = Field(1, ge=1)
     presence_penalty: float = Field(0.0, allow_inf_nan=False)
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
-    stop: StopString | list[StopString] | None = Field(None, max_length=MAX_STOP_STRINGS)
+    stop: StopStrings | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     suffix: str | None = None
@@ -209,3 +211,59 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: str = "list"
     data: list[ModelCard]
+
+
+# ---- errors (serve/errors.py) and the responses each route documents ----
+
+class ErrorDetail(BaseModel):
+    message: str  # names the field at fault and the fix
+    type: str
+    param: str | None  # the field at fault, with list positions: "stop[0]"
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """Every error's body, OpenAI's shape: the official client reads `error.message` from it."""
+    error: ErrorDetail
+
+
+ERROR_DESCRIPTIONS = {
+    400: "the body is not valid JSON", 401: "missing or wrong API key (when the server requires one)",
+    404: "the model is not served here", 408: "the body did not arrive within --read-timeout-s",
+    413: "the body is larger than --max-body-bytes", 422: "a field is invalid; the message names it and the fix",
+    500: "generation failed; the server log has the details",
+    503: "the server is busy or shutting down; retry after the Retry-After header's seconds",
+    504: "the request ran past --request-timeout-s"}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict]:
+    """OpenAPI `responses` for these error statuses, each with the one error body."""
+    return {status: {"model": ErrorResponse, "description": ERROR_DESCRIPTIONS[status]} for status in statuses}
+
+
+def streamed_responses(description: str, event: dict) -> dict[int | str, dict]:
+    """The 200 of a route that streams with `stream: true`: its JSON reply (the route's response_model), or
+    server-sent events, each as `event` describes it (before OpenAPI 3.2 a stream's schema describes one event)."""
+    return {200: {"description": description, "content": {"text/event-stream": {"schema": event}}}}
+
+
+def component(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def json_text(schema: dict) -> dict:
+    """An event's data field: JSON text holding a value of `schema`."""
+    return {"type": "string", "contentMediaType": "application/json", "contentSchema": schema}
+
+
+TOKEN_EVENT_DATA = {"type": "object", "required": ["token", "text"], "additionalProperties": False,
+                    "properties": {"token": {"type": ["integer", "null"]}, "text": {"type": "string"}}}
+# /generate's events: `token`, then `done` with the reply, or `error`.
+GENERATE_EVENT = {"type": "object", "required": ["event", "data"], "oneOf": [
+    {"properties": {"event": {"const": "token"}, "data": json_text(TOKEN_EVENT_DATA)}},
+    {"properties": {"event": {"const": "done"}, "data": json_text(component("GenerateResponse"))}},
+    {"properties": {"event": {"const": "error"}, "data": json_text(component("ErrorResponse"))}}]}
+# OpenAI's: unnamed events holding completion chunks, then [DONE] (not JSON), or an error and no [DONE].
+COMPLETION_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {
+    "if": {"const": "[DONE]"},
+    "else": json_text({"anyOf": [component("Completion"), component("ErrorResponse")]})}}}

@@ -15,7 +15,7 @@ from fastapi import Request
 
 from model.sampling import SamplingParams
 from serve.engine import DoneEvent, Engine, EngineStopped, ErrorEvent, Event, GenerationRequest, QueueFull
-from serve.errors import APIError
+from serve.errors import APIError, shutdown_error
 
 
 class Submission:
@@ -73,9 +73,7 @@ class Submission:
         except asyncio.CancelledError:
             # Uvicorn cancels the requests still running at the graceful-shutdown deadline, and answers a
             # plain-text 500 for any that has not started its response: answer for them, in the JSON shape.
-            raise APIError(503, "the server shut down before this request finished; retry it (on another "
-                                "instance, if this one does not come back)", code="shutting_down",
-                           headers={"Retry-After": str(self.retry_after_s)}) from None
+            raise shutdown_error(self.retry_after_s) from None
         finally:
             watching.cancel()
             collecting.cancel()

@@ -5,6 +5,7 @@ import json
 import logging
 from pathlib import Path
 
+import openai
 import pytest
 import torch
 from fastapi.testclient import TestClient
@@ -14,6 +15,7 @@ from model.gpt import GPT
 from runtime.provenance import provenance
 from serve.app import create_app
 from serve.config import API_KEY_ENV, ServeConfig, ServeConfigError
+from serve.schemas import MAX_STOP_STRINGS
 from serve.state import ServerState
 from tests.conftest import save_small_artifact, small_config
 
@@ -442,3 +444,37 @@ def test_a_generated_end_of_text_is_scored(checkpoint, monkeypatch):
     assert choice["text"] == "Hello there" and choice["finish_reason"] == "stop"
     assert choice["logprobs"]["tokens"] == ["Hello", " there", "<|endoftext|>"]
     assert choice["logprobs"]["text_offset"] == [0, 5, 11] and choice["logprobs"]["token_logprobs"][-1] < 0
+
+
+def test_the_openai_client_is_served_in_every_form_it_sends(client, checkpoint):
+    """The official client's requests, each argument form as it serializes it (issue 39: a single stop string
+    longer than 4 characters was refused, its length read as a list's item count)."""
+    from data.tokenizer import encode
+    api = openai.OpenAI(base_url=f"{client.base_url}/v1", api_key="unused", http_client=client, max_retries=0)
+    greedy = dict(model=Path(checkpoint).name, max_tokens=12, temperature=0)
+    full = api.completions.create(prompt="The", **greedy).choices[0].text
+    stop = full[len(full) // 2:][:MAX_STOP_STRINGS + 2]
+    assert len(stop) > MAX_STOP_STRINGS
+    for stop_form in (stop, [stop, "never generated"]):
+        cut = api.completions.create(prompt="The", stop=stop_form, **greedy).choices[0]
+        assert cut.finish_reason == "stop" and cut.text == full[:full.index(stop)]
+    assert api.completions.create(prompt=encode("The"), **greedy).choices[0].text == full
+    batch = api.completions.create(prompt=[encode("The"), encode("The")], n=2, best_of=2, **greedy)
+    assert [c.text for c in batch.choices] == [full] * 4 and batch.usage.prompt_tokens == 2
+    scored = api.completions.create(prompt="The", echo=True, logprobs=2, **greedy).choices[0]
+    assert scored.text == "The" + full and len(scored.logprobs.tokens) == len(scored.logprobs.top_logprobs)
+    assert all(len(top) == 2 for top in scored.logprobs.top_logprobs[1:])
+    chunks = list(api.completions.create(prompt="The", stream=True, stream_options={"include_usage": True},
+                                         **greedy))
+    assert "".join(c.text for chunk in chunks for c in chunk.choices) == full
+    assert chunks[-1].usage.prompt_tokens == 1 and chunks[-1].usage.completion_tokens >= 1
+
+
+def test_generate_takes_one_stop_string_bounded_by_its_length(client):
+    greedy = {"prompt": "The", "max_new_tokens": 12, "temperature": 0}
+    full = client.post("/generate", json=greedy).json()["text"]
+    stop = full[len(full) // 2:][:MAX_STOP_STRINGS + 2]
+    body = client.post("/generate", json={**greedy, "stop": stop}).json()
+    assert body["finish_reason"] == "stop" and body["text"] == full[:full.index(stop)]
+    refused = client.post("/generate", json={**greedy, "stop": "x" * 101}).json()["error"]
+    assert refused["param"] == "stop" and "at most 100 characters" in refused["message"]

@@ -175,6 +175,21 @@ def test_time_limit_ends_a_request_with_a_clear_error(short_context_model):
     assert engine.batch_size == 0 and engine.slots.rows == 0
 
 
+def test_a_stopped_engine_serves_again_once_started(short_context_model):
+    """An app's lifespan can run twice (a test client entered again); the engine starts and stops with it."""
+    engine = Engine(short_context_model, torch.device("cpu"), max_batch_size=2, max_queue=2, request_timeout_s=60,
+                    decode="dynamic")
+    job = ([1, 2], SamplingParams(max_new_tokens=3, temperature=0.0, stop_at_eot=False))
+    runs = []
+    for _ in range(2):
+        engine.start()
+        try:
+            runs.append(run(engine, [job]).tokens[0])
+        finally:
+            engine.stop()
+    assert runs[0] == runs[1] and len(runs[0]) == 3
+
+
 def test_cancelled_request_leaves_the_batch(short_context_model):
     engine = Engine(SlowModel(short_context_model, 0.01), torch.device("cpu"), max_batch_size=2, max_queue=4,
                     request_timeout_s=60, decode="dynamic")

@@ -309,19 +309,46 @@ def test_shutdown_lets_the_request_in_flight_finish(small_server):
     assert "Application shutdown complete" in small_server.log()
 
 
-def test_requests_past_the_shutdown_deadline_get_a_json_503(checkpoint, tmp_path):
+def stream_data(url: str, body: dict, first_data: threading.Event | None = None) -> list[dict]:
+    """The data of a streamed reply's events, in order; `first_data` is set when the first arrives."""
+    data = []
+    with httpx.stream("POST", url, json=body, timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                data.append(json.loads(line.removeprefix("data: ")))
+                if first_data is not None:
+                    first_data.set()
+    return data
+
+
+def test_requests_past_the_shutdown_deadline_get_a_json_503(tmp_path):
     """At --graceful-shutdown-s uvicorn cancels what still runs or waits; those requests are answered 503 in
-    the JSON error shape (uvicorn's own answer is a plain-text 500)."""
+    the JSON error shape (uvicorn's own answer is a plain-text 500), and a stream ends with an error event of
+    its own form (it was cut mid-body, with a CancelledError traceback in the log)."""
+    # A long context, so that the stream sending tokens is still far from its end at the deadline.
+    checkpoint = save_small_artifact(tmp_path / "artifact", block_size=1024)
     body = {"prompt": "hi", "max_new_tokens": 250, "temperature": 0}
+    openai_body = {"model": Path(checkpoint).name, "prompt": "hi", "max_tokens": 250, "temperature": 0,
+                   "stream": True}
     with running_server(checkpoint, tmp_path / "server.log", ["--device", "cpu", "--threads", "1", "--max-batch-size",
-                                                              "1", "--max-queue", "4", "--graceful-shutdown-s", "0.2"]) as server:
-        with ThreadPoolExecutor(4) as pool:
+                                                              "1", "--max-queue", "6", "--graceful-shutdown-s", "0.2"]) as server:
+        with ThreadPoolExecutor(6) as pool:
+            streaming = threading.Event()
+            long_stream = {**body, "max_new_tokens": 1000, "ignore_eos": True, "stream": True}
+            streams = [pool.submit(stream_data, f"{server.url}/generate", long_stream, streaming)]
+            assert streaming.wait(30)  # the first stream is sending tokens; the rest wait behind it
             replies = [pool.submit(httpx.post, f"{server.url}/generate", json=body, timeout=60) for _ in range(4)]
-            assert wait_until(lambda: httpx.get(f"{server.url}/health").json()["queue_depth"] >= 2)
+            streams.append(pool.submit(stream_data, f"{server.url}/v1/completions", openai_body))
+            assert wait_until(lambda: httpx.get(f"{server.url}/health").json()["queue_depth"] == 5)
             server.stop()
             responses = [reply.result() for reply in replies]
+            generate_events, openai_events = [stream.result() for stream in streams]
     assert {r.status_code for r in responses} <= {200, 503} and any(r.status_code == 503 for r in responses)
     for r in responses:
         if r.status_code == 503:
             assert "shut down before this request finished" in r.json()["error"]["message"]
             assert r.headers["retry-after"] == "1"
+    assert len(generate_events) > 1 and all("token" in data for data in generate_events[:-1])
+    assert generate_events[-1]["error"]["code"] == openai_events[-1]["error"]["code"] == "shutting_down"
+    assert "Traceback" not in server.log() and "CancelledError" not in server.log()
