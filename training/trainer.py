@@ -15,7 +15,7 @@ from data.loader import WindowSampler, eval_batches
 from data.shards import load_split, prepare_split
 from model.config import GPTConfig, preset
 from model.evaluate import evaluate_loss
-from model.gpt import GPT
+from model.gpt import GPT, CausalSelfAttention
 from model.optim import build_optimizer, lr_at
 from parallel import CommsMeter, check_divisibility, parallelize, scaled_lr
 from parallel.distributed import run_on_node_leader
@@ -46,6 +46,8 @@ def build_model(cfg: TrainConfig, checkpointer: Checkpointer) -> GPT:
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = cfg.dropout
+        elif isinstance(module, CausalSelfAttention):  # the attention weights' dropout is a number, not a module
+            module.dropout = cfg.dropout
     model.config.dropout = cfg.dropout
     return model
 
