@@ -31,6 +31,7 @@ import training.checkpoint
 import training.stop_signals
 import training.trainer
 from data.loader import WindowSampler
+import prune.report
 from prune import iterative
 from runtime.provenance import provenance
 from storage.artifact import artifact_writers, load_model, model_state_for_saving, write_folder_atomically
@@ -308,6 +309,8 @@ def test_pruning_any_stored_dtype_and_a_ctrl_c_anywhere_names_the_round_on_disk(
     with pytest.MonkeyPatch.context() as monkeypatch:
         count_save_events(monkeypatch, iterative, moments)
         monkeypatch.setattr(iterative, "finetune", finetune)
+        for plot in ("plot_loss", "plot_speed"):  # matplotlib takes longer than the rest of a round: a stand-in file
+            monkeypatch.setattr(prune.report, plot, lambda report, path: path.write_bytes(b"plot"))
         try:
             iterative.main(argv)
             code = 0
