@@ -31,6 +31,7 @@ import training.checkpoint
 import training.stop_signals
 import training.trainer
 from data.loader import WindowSampler
+from model.gpt import GPT
 import prune.report
 from prune import iterative
 from runtime.provenance import provenance
@@ -234,8 +235,8 @@ def test_a_signal_to_the_train_process_ends_it_with_its_status_and_a_whole_check
     `after_step` is logged (each step is validated, so the moment often falls in a validation), then perhaps a
     second Ctrl-C once the first has been taken as one (training/stop_signals.py's REPEATED_CTRL_C_S)."""
     out = tmp_path_factory.mktemp("signalled")
-    command = [sys.executable, "train.py", *run_flags, "--max-steps", "40", "--eval-interval", "1", "--eval-batches", "12",
-               "--checkpoint-interval", "2", "--out-dir", str(out)]
+    command = [sys.executable, "train.py", *run_flags, "--max-steps", "40", "--eval-interval", "1",
+               "--eval-batches", "12", "--checkpoint-interval", "2", "--out-dir", str(out)]
     process = subprocess.Popen(command, cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
@@ -275,7 +276,6 @@ def checkpoints(tmp_path_factory):
     """A small model's weights stored as float32, float16 and bfloat16, each as a train.py checkpoint would be."""
     root = tmp_path_factory.mktemp("sources")
     torch.manual_seed(0)
-    from model.gpt import GPT
     model = GPT(small_config(n_layer=1, n_head=2, n_embd=16, block_size=32))
     folders = {}
     for dtype in (torch.float32, torch.float16, torch.bfloat16):

@@ -239,7 +239,7 @@ class Trainer:
                     self.say(line, flush=True)
             if micro < self.cfg.grad_accum - 1:
                 stop_signals.check(self.ctx)
-                self.finishing_step = micro == self.cfg.grad_accum - 2
+                self.finishing_step = micro == self.cfg.grad_accum - 2  # the last one is next: no check after it
         return hook
 
     def device_rng_state(self) -> torch.Tensor | None:
