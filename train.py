@@ -61,6 +61,9 @@ def main(argv=None) -> None:
         train(parse_config(TrainConfig, __doc__, argv), given_fields(TrainConfig, argv))
     except UserError as e:
         sys.exit(f"error: {e}")
+    except KeyboardInterrupt:  # while starting: the training loop ends its own interruptions with their message
+        print("\ninterrupted while starting; nothing was saved in this run", file=sys.stderr)
+        raise SystemExit(130)
 
 
 if __name__ == "__main__":

@@ -15,14 +15,16 @@ def evaluate_loss(model: torch.nn.Module, batches: Iterable[tuple[torch.Tensor, 
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
-    for x, y in batches:
-        x, y = x.to(device), y.to(device)
-        with autocast() if autocast else contextlib.nullcontext():
-            loss = model(x, y)[1]  # the logits are dropped before the next batch makes its own
-        n = int((y != -1).sum())
-        total += float(loss) * n
-        count += n
-    model.train(was_training)
+    try:  # `batches` may stop the evaluation midway (a stop signal): the mode is restored either way
+        for x, y in batches:
+            x, y = x.to(device), y.to(device)
+            with autocast() if autocast else contextlib.nullcontext():
+                loss = model(x, y)[1]  # the logits are dropped before the next batch makes its own
+            n = int((y != -1).sum())
+            total += float(loss) * n
+            count += n
+    finally:
+        model.train(was_training)
     if count == 0:
         raise ValueError("evaluation received no target tokens")
     mean = total / count

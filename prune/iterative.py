@@ -80,6 +80,7 @@ class PruningRun:
         self.dense = copy.deepcopy(model).eval()  # the baseline every round is timed against
         self.pruned_total = sum(t.numel() for t in method.pruned_tensors(model))
         self.all_total = sum(p.numel() for p in model.parameters())
+        self.saved_round = 0  # the round whose checkpoint --out-dir holds (0: none of this run)
 
     def evaluate(self, model: GPT) -> float:
         return evaluate_loss(model, self.val_batches, self.device, self.precision.autocast)["val_loss"]
@@ -150,7 +151,10 @@ class PruningRun:
         writers = artifact_writers(model_state_for_saving(model), model.config, "pruned",
                                    provenance("prune/iterative.py", self.folder), extra={"pruning": pruning_meta})
         writers.update(report_writers(report))
-        write_folder_atomically(self.out_dir, writers)
+
+        def in_place() -> None:  # recorded before a Ctrl-C held during the move is delivered
+            self.saved_round = row["round"]
+        write_folder_atomically(self.out_dir, writers, on_saved=in_place)
 
 
 def run(cfg: PruneConfig) -> dict:
@@ -196,10 +200,7 @@ def run(cfg: PruneConfig) -> dict:
             tqdm.write(round_summary(row, cfg.rounds))
     except KeyboardInterrupt:
         rounds_bar.close()
-        done = len(entry["rounds"]) - 1
-        kept = f"round {done}'s checkpoint and report in {out_dir} are intact" if done else \
-            f"no round had finished, so {out_dir} holds nothing from this run"
-        print(f"\ninterrupted during round {done + 1}; {kept}", file=sys.stderr)
+        print(f"\n{interrupted_rounds(session.saved_round, cfg.rounds, out_dir)}", file=sys.stderr)
         raise SystemExit(130)
     rounds_bar.close()
     final = entry["rounds"][-1]
@@ -211,6 +212,15 @@ def run(cfg: PruneConfig) -> dict:
     if entry.get("sparse_format"):
         print(entry["sparse_format"]["summary"])
     return report
+
+
+def interrupted_rounds(saved: int, rounds: int, out_dir: Path) -> str:
+    """What a Ctrl-C during the rounds leaves: the round on disk, not the last one computed (a save the Ctrl-C cut
+    short was discarded)."""
+    when = f"during round {saved + 1}" if saved < rounds else "after the last round"
+    kept = (f"round {saved}'s checkpoint and report in {out_dir} are intact" if saved else
+            f"no round had been saved, so {out_dir} holds nothing from this run")
+    return f"interrupted {when}; {kept}"
 
 
 def main(argv=None) -> None:

@@ -1,8 +1,10 @@
 """How an artifact folder is changed without a reader ever seeing half of a save.
 
 A save is written to `.staging/` first, closed with a journal (`.staging/COMPLETE`, the list of files), and
-only then moved into place.  Two advisory locks (flock: the kernel drops them when the process dies, so a
-kill -9 never leaves a stale one) decide who may touch the folder:
+only then moved into place.  The journal lets the next writer finish a move that a crash or `kill -9` cut
+short; SIGINT, SIGTERM and SIGUSR1 are held while the files are renamed, so a Ctrl-C leaves at once either
+the previous save or the whole new one.  Two advisory locks (flock: the kernel drops them when the
+process dies, so a kill -9 never leaves a stale one) decide who may touch the folder:
 
 - `.writer` is held exclusively by the one process that writes the folder, for as long as it runs
   (train.py for its whole run).  The file names that process, so a second writer is refused with its name.
@@ -21,11 +23,12 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import socket
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -38,6 +41,8 @@ SWAP_LOCK = ".swap"
 GATE_LOCK = ".gate"
 # What the last save wrote, so that --overwrite removes exactly one artifact's files.
 CONTENTS_FILE = ".contents"
+# What ends a process or interrupts it: never in the middle of moving a save into place.
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 # Files are saved readable as the user's umask allows, like any other file they write (a shared group may read).
 _UMASK = os.umask(0)
@@ -237,17 +242,44 @@ def checked_names(names: list, folder: Path, source: Path) -> list[str]:
 
 
 def _move_into_place(folder: Path, names: list[str]) -> None:
-    staging = folder / STAGING_DIR
     previous = previous_contents(folder)  # checked before anything moves
-    with _swap_lock(folder, fcntl.LOCK_EX):
-        for name in names:
-            src = staging / name
-            if src.exists():
-                dst = folder / name
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(src, dst)
-        _write_durably(folder / CONTENTS_FILE, json.dumps(sorted(set(previous) | set(names))))
-        _fsync_dir(folder)
+    with _swap_lock(folder, fcntl.LOCK_EX), _signals_held():
+        _replace_files(folder, names, previous)
+
+
+def _replace_files(folder: Path, names: list[str], previous: list[str]) -> None:
+    """With the swap lock held: move the staged files over the folder's and record what the folder now holds."""
+    staging = folder / STAGING_DIR
+    for name in names:
+        src = staging / name
+        if src.exists():
+            dst = folder / name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(src, dst)
+    _write_durably(folder / CONTENTS_FILE, json.dumps(sorted(set(previous) | set(names))))
+    _fsync_dir(folder)
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold HELD_SIGNALS until the block ends, then deliver them to the handlers they had: a Ctrl-C (or a
+    scheduler's SIGTERM) in the middle of the renames would leave the folder mixing two saves until the next writer
+    finished the move, and the process that was saving could not say which save the folder holds.  Only the main
+    thread may change handlers, and only it runs them, so elsewhere nothing is held or needs to be."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    # A handler installed outside Python (getsignal gives None) could not be put back: such a signal is not held.
+    held = [signum for signum in HELD_SIGNALS if signal.getsignal(signum) is not None]
+    previous = {signum: signal.signal(signum, lambda received, frame: arrived.append(received)) for signum in held}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(arrived):
+            signal.raise_signal(signum)
 
 
 def _write_durably(path: Path, text: str) -> None:
@@ -269,36 +301,51 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def write_folder_atomically(folder: str | Path, writers: dict[str, Callable[[Path], None]]) -> None:
+def write_folder_atomically(folder: str | Path, writers: dict[str, Callable[[Path], None]],
+                            on_saved: Callable[[], None] | None = None) -> None:
     """Write each relative path with its writer, all or nothing from a reader's point of view.  Takes the
-    writer lock for the duration unless this process already holds it."""
+    writer lock for the duration unless this process already holds it.  A signal that arrives while the save is
+    moved into place is delivered once it is in place and `on_saved` has run, so a caller that records there what
+    the folder holds is never behind the folder when the signal stops it."""
     folder = Path(folder)
     held_before = holds_writer_lock(folder)
     acquire_writer_lock(folder)
     staging = folder / STAGING_DIR
     try:
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir()
-        try:
-            for name, write in writers.items():
-                path = staging / name
-                path.parent.mkdir(parents=True, exist_ok=True)
-                write(path)
-                os.chmod(path, FILE_MODE)  # some writers create private (0600) temp files
-                with open(path, "rb") as f:
-                    os.fsync(f.fileno())
-            _write_durably(staging / JOURNAL, json.dumps(sorted(writers)))
-        except BaseException as e:  # Ctrl-C or a failing writer: the save never happened
-            shutil.rmtree(staging, ignore_errors=True)
-            if _is_disk_full(e):
-                raise DiskFull(f"the disk holding {folder} is full (ENOSPC); this save was discarded and the "
-                               f"folder keeps its previous save. Free some space and run again") from None
-            raise
-        _move_into_place(folder, sorted(writers))
-        shutil.rmtree(staging, ignore_errors=True)
+        previous = previous_contents(folder)  # checked before anything is staged
+        with ExitStack() as moving:
+            try:
+                _stage(staging, writers)
+                _write_durably(staging / JOURNAL, json.dumps(sorted(writers)))
+                moving.enter_context(_swap_lock(folder, fcntl.LOCK_EX))  # reads under way finish first
+                moving.enter_context(_signals_held())  # until the last rename
+            except BaseException as e:  # Ctrl-C or a failing writer before anything moved: the save never happened
+                # The journal goes first: a kill during the removal must not leave it listing half the files.
+                (staging / JOURNAL).unlink(missing_ok=True)
+                shutil.rmtree(staging, ignore_errors=True)
+                if _is_disk_full(e):
+                    raise DiskFull(f"the disk holding {folder} is full (ENOSPC); this save was discarded and the "
+                                   f"folder keeps its previous save. Free some space and run again") from None
+                raise
+            _replace_files(folder, sorted(writers), previous)
+            if on_saved is not None:
+                on_saved()
+            shutil.rmtree(staging, ignore_errors=True)  # held too, so a Ctrl-C leaves no spent journal behind
     finally:
         if not held_before:
             release_writer_lock(folder)
+
+
+def _stage(staging: Path, writers: dict[str, Callable[[Path], None]]) -> None:
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    for name, write in writers.items():
+        path = staging / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write(path)
+        os.chmod(path, FILE_MODE)  # some writers create private (0600) temp files
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
 
 
 def _is_disk_full(error: BaseException | None) -> bool:

@@ -149,8 +149,11 @@ class Checkpointer:
                                        extra={"step": step})
             writers[OPTIMIZER_FILE] = lambda p: save_through_python(optimizer_state, p)
             writers[STATE_FILE] = state.write
+
+            def in_place() -> None:  # recorded before a signal held during the move can stop the run
+                self.last_saved_step = step
             try:
-                write_folder_atomically(self.out_dir, writers)
+                write_folder_atomically(self.out_dir, writers, on_saved=in_place)
             except DiskFull as e:
                 raise TrainingError(f"step {step}: {e}. Last good: {self.describe_last_good()}") from e
         if ctx.world_size > 1:

@@ -5,12 +5,14 @@ Schedulers end a job with SIGTERM and, after a grace period (often 30-60 s), SIG
 ahead of time, `--signal=USR1@90`); torchrun passes a SIGTERM or SIGINT it receives on to its workers and kills them
 30 s later.  A step of many micro-batches can take minutes, so the handler only notes the signal (and rank 0 says at
 once what will happen), and the ranks agree on it after every micro-batch: one all-reduce of a flag, since the
-signal can reach them at different times (on a CPU group: no GPU synchronisation).  The step under way is dropped:
+signal can reach them at different times (on a CPU group: no GPU synchronisation); a validation checks before each
+batch and is abandoned.  The step under way is dropped (unless its last micro-batch has begun: it then finishes):
 its partial gradients are discarded and the data position and RNG go back to its start, so the saved step is
 exactly the last whole one and a resumed run equals one never stopped.  train.py exits with 128 + the signal's
 number (143 for SIGTERM, 138 for SIGUSR1, 130 for SIGINT), so a requeued `train.py --resume auto ...` continues
 with nothing lost.  A second Ctrl-C stops at once, without saving (one within a second of the first is taken for
-the launcher passing the same Ctrl-C on).
+the launcher passing the same Ctrl-C on): the handlers stay in place while the stop saves, so it interrupts that save,
+which storage/folder.py discards, and the run ends with one line and exit status 130.
 """
 from __future__ import annotations
 

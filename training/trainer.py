@@ -6,6 +6,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Iterable, Iterator, NoReturn
 
 import torch
 from tqdm import tqdm
@@ -14,7 +15,7 @@ from data.loader import WindowSampler, eval_batches
 from data.shards import load_split, prepare_split
 from model.config import GPTConfig, preset
 from model.evaluate import evaluate_loss
-from model.gpt import GPT
+from model.gpt import GPT, CausalSelfAttention
 from model.optim import build_optimizer, lr_at
 from parallel import CommsMeter, check_divisibility, parallelize, scaled_lr
 from parallel.distributed import run_on_node_leader
@@ -44,6 +45,8 @@ def build_model(cfg: TrainConfig, checkpointer: Checkpointer) -> GPT:
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = cfg.dropout
+        elif isinstance(module, CausalSelfAttention):  # the attention weights' dropout is a number, not a module
+            module.dropout = cfg.dropout
     model.config.dropout = cfg.dropout
     return model
 
@@ -147,16 +150,17 @@ class Trainer:
         """Train to --max-steps, checkpointing and validating on the way; returns the final validation."""
         cfg = self.cfg
         self.completed = self.start_step  # steps whose update is applied: the count the console and records use
+        self.finishing_step = False  # whether the step under way is past its last stop check (see step_to_save)
         self.estimate = RunEstimate(cfg.max_steps - self.start_step, cfg.grad_accum, self.device)
         try:
             with StopSignals(self.announce_stop) as stop_signals:
-                self.train_steps(stop_signals)
-        except StopRequested as e:
-            self.save_if_due(self.completed, last=True)
-            if self.ctx.is_writer:  # one line for the job, not one per rank
-                print(f"stopped by {e} after step {self.completed}; {self.checkpointer.describe_last_good()} "
-                      f"(continue with --resume auto); exit status {e.exit_status}", file=sys.stderr)
-            raise SystemExit(e.exit_status)
+                try:
+                    self.train_steps(stop_signals)
+                    return self.evaluate(cfg.max_steps, cfg.final_eval_batches, stop_signals)
+                except StopRequested as e:
+                    # Saved while the handlers still listen: a second Ctrl-C then interrupts the save (the staged
+                    # files are discarded) and ends below, instead of raising a traceback inside this handler.
+                    self.save_and_exit(e)
         except KeyboardInterrupt:
             print(f"\ninterrupted after step {self.completed}; {self.checkpointer.describe_last_good()} "
                   f"(continue with --resume)", file=sys.stderr)
@@ -171,13 +175,24 @@ class Trainer:
             raise TrainingError(f"batch {cfg.batch_size} x block {self.block} does not fit in {self.device} memory; "
                                 f"lower --batch-size (and raise --grad-accum to keep the batch) or use "
                                 f"--activation-checkpointing") from e
-        return self.evaluate(cfg.max_steps, cfg.final_eval_batches)
+
+    def save_and_exit(self, stop: StopRequested) -> NoReturn:
+        self.save_if_due(self.completed, last=True)
+        if self.ctx.is_writer:  # one line for the job, not one per rank
+            print(f"stopped by {stop} after step {self.completed}; {self.checkpointer.describe_last_good()} "
+                  f"(continue with --resume auto); exit status {stop.exit_status}", file=sys.stderr)
+        raise SystemExit(stop.exit_status)
 
     def announce_stop(self, signal_name: str) -> None:
         """Said by the signal handler the moment the first stop signal arrives."""
         if self.ctx.is_writer:
-            print(f"{signal_name}: stopping after this micro-batch; saving step {self.completed}", file=sys.stderr,
-                  flush=True)
+            print(f"{signal_name}: stopping after this micro-batch; saving step {self.step_to_save()}",
+                  file=sys.stderr, flush=True)
+
+    def step_to_save(self) -> int:
+        """The step a stop signal arriving now saves: the last whole one, or the one under way once its last
+        micro-batch has begun, since no stop check follows that micro-batch and the step finishes."""
+        return self.completed + 1 if self.finishing_step else self.completed
 
     def train_steps(self, stop_signals: StopSignals) -> None:
         """The steps from the start (or the resumed) step to --max-steps; after each micro-batch, a stop signal
@@ -191,6 +206,7 @@ class Trainer:
             lr = lr_at(step, self.max_lr, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
             started = time.perf_counter()
             position = self.sampler.state_dict(), torch.get_rng_state(), self.device_rng_state()
+            self.finishing_step = cfg.grad_accum == 1
             try:
                 result = self.step(self.sampler.next_batch, lr, clock, self.after_micro_batch(stop_signals, started))
             except StopRequested:  # back to the state of the last whole step, which is what gets saved
@@ -200,7 +216,7 @@ class Trainer:
                     torch.cuda.set_rng_state(position[2], self.device)
                 raise
             self.estimate.step_done(time.perf_counter() - started)
-            self.completed = done
+            self.completed, self.finishing_step = done, False
             window_steps += 1
             if logged:
                 clock.seconds["other"] = max(0.0, time.perf_counter() - started - sum(clock.seconds.values()))
@@ -208,7 +224,7 @@ class Trainer:
                 window_start, window_steps, excluded = time.perf_counter(), 0, 0.0
             t0 = time.perf_counter()  # evaluation and checkpointing are kept out of tokens/s
             if done % cfg.eval_interval == 0 and done != cfg.max_steps:
-                self.evaluate(done, cfg.eval_batches)
+                self.evaluate(done, cfg.eval_batches, stop_signals)
             self.save_if_due(done, last=done == cfg.max_steps)
             stop_signals.check(self.ctx)
             excluded += time.perf_counter() - t0
@@ -222,6 +238,7 @@ class Trainer:
                     self.say(line, flush=True)
             if micro < self.cfg.grad_accum - 1:
                 stop_signals.check(self.ctx)
+                self.finishing_step = micro == self.cfg.grad_accum - 2  # the last one is next: no check after it
         return hook
 
     def device_rng_state(self) -> torch.Tensor | None:
@@ -244,7 +261,9 @@ class Trainer:
                 raise NonFiniteStep(probe, float("nan"), f"validation loss became {probe} after the update of "
                                                          f"step {step}, so that state is not saved")
 
-    def evaluate(self, step: int, max_batches: int | None) -> EvalRecord:
+    def evaluate(self, step: int, max_batches: int | None, stop_signals: StopSignals) -> EvalRecord:
+        """Validation loss over `max_batches` batches (None: the whole split); a stop signal abandons it between
+        batches, as a scheduler's SIGKILL can follow its SIGTERM sooner than a long validation ends."""
         t0 = time.perf_counter()
         # The windows of `max_batches` global batches, fed a rank's batch at a time: every rank runs the
         # whole evaluation (FSDP needs them in step), so a global batch at once would multiply each rank's
@@ -256,7 +275,12 @@ class Trainer:
                 windows_in_split = -(-(len(self.val_tokens) - 1) // self.block)
                 batches = tqdm(batches, total=-(-windows_in_split // self.cfg.batch_size), unit="batch",
                                desc=f"validation, whole split ({len(self.val_tokens):,} tokens)", file=sys.stderr)
-            result = evaluate_loss(self.eval_module, batches, self.device, self.precision.autocast)
+            try:
+                result = evaluate_loss(self.eval_module, self.until_stopped(batches, stop_signals), self.device,
+                                       self.precision.autocast)
+            finally:
+                if isinstance(batches, tqdm):  # the bar's line ends before a stop's message
+                    batches.close()
             self.par.strategy.after_evaluation()
         record = EvalRecord(step, step * self.tokens_per_step, **result, eval_full_split=max_batches is None,
                             eval_s=time.perf_counter() - t0, peak_memory_bytes_per_rank=peak_memory_per_rank(self.ctx))
@@ -264,6 +288,12 @@ class Trainer:
         self.say(f"step {step}: val_loss {record.val_loss:.4f} (ppl {record.val_ppl:.1f}, "
                  f"{record.val_tokens:,} tokens{', whole split' if max_batches is None else ''})")
         return record
+
+    def until_stopped(self, batches: Iterable, stop_signals: StopSignals) -> Iterator:
+        """`batches`, with every rank's stop check before each (all ranks run the whole evaluation in step)."""
+        for batch in batches:
+            stop_signals.check(self.ctx)
+            yield batch
 
     def log_step(self, done: int, lr: float, result, clock: PhaseClock, elapsed: float, steps: int) -> None:
         parallel = None
