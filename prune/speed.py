@@ -14,7 +14,7 @@ import torch
 from model.generate import generate
 from model.gpt import GPT
 from model.sampling import SamplingParams
-from prune.csr import csr_copy, csr_dtype
+from prune.csr import csr_copy
 from runtime.timing import time_interleaved
 
 GENERATION_PROMPT_TOKENS = 16
@@ -65,8 +65,7 @@ def measure(models: dict[str, torch.nn.Module], settings: SpeedSettings, device,
 
 def speed_against_dense(dense: GPT, model: GPT, settings: SpeedSettings, device, with_csr: bool) -> dict:
     """Speed of `model` and of the dense model, interleaved in this run; with `with_csr`, also of a copy of
-    `model` whose block weights are stored in sparse CSR format (for masked models), in the dtype it computes in
-    (prune/csr.py)."""
+    `model` whose block weights are stored in sparse CSR format (for masked models)."""
     models = {"dense": dense, "pruned": model}
     if with_csr:
         models["csr"] = csr_copy(model)
@@ -81,8 +80,7 @@ def speed_against_dense(dense: GPT, model: GPT, settings: SpeedSettings, device,
     if "csr" in speed:
         csr = speed["csr"]
         row["csr"] = {**csr, "forward_speedup": csr["forward_tokens_per_s"] / dense_speed["forward_tokens_per_s"],
-                      "generation_speedup": csr["generation_tokens_per_s"] / dense_speed["generation_tokens_per_s"],
-                      "dtype": str(csr_dtype(model)), "weights_dtype": str(model.transformer.wte.weight.dtype)}
+                      "generation_speedup": csr["generation_tokens_per_s"] / dense_speed["generation_tokens_per_s"]}
     return row
 
 
@@ -99,11 +97,8 @@ def sparse_format_verdict(rows: list[dict], device: torch.device) -> dict | None
     forward, generation = last["forward_speedup"], last["generation_speedup"]
     faster = forward > 1 + noise or generation > 1 + noise
     verdict = "a real speedup" if faster else f"no real speedup (noise floor in this run: +-{noise:.0%})"
-    converted = (f", computed in {last['dtype']} ({device.type} sparse kernels lack the weights' "
-                 f"{last['weights_dtype']})" if last["dtype"] != last["weights_dtype"] else "")
-    return {"format": f"torch sparse CSR weights (torch.sparse.mm) in every block linear layer{converted}",
+    return {"format": "torch sparse CSR weights (torch.sparse.mm) in every block linear layer",
             "device": str(device), "forward_speedup": forward, "generation_speedup": generation,
             "noise_floor": noise, "real_speedup": faster,
             "summary": f"CSR at {rows[-1]['sparsity_pruned_tensors']:.1%} sparsity runs forward at {forward:.2f}x "
-                       f"and generation at {generation:.2f}x the dense model's speed on {device.type}{converted}: "
-                       f"{verdict}"}
+                       f"and generation at {generation:.2f}x the dense model's speed on {device.type}: {verdict}"}

@@ -326,8 +326,10 @@ def test_pruning_any_stored_dtype_and_a_ctrl_c_anywhere_names_the_round_on_disk(
     assert [r["round"] for r in report_rounds] == list(range(on_disk + 1 if on_disk else 0))
     if not moments.sent:
         assert code == 0 and on_disk == 2
-        csr = report_rounds[-1]["csr"]
-        assert csr["weights_dtype"] == str(dtype) and csr["dtype"] == str(torch.float32)
+        # Half-precision weights are read into the float32 model (storage/weights.py), so every round, the CSR
+        # speed check included, runs in float32.
+        assert report_rounds[-1]["csr"]["forward_tokens_per_s"] > 0
+        assert load_model(out)[0].transformer.wte.weight.dtype == torch.float32
         return
     assert code == 130
     last_line = err.strip().splitlines()[-1]
