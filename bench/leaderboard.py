@@ -24,7 +24,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from bench.runner import run_train, window_summary
 from data.corpus import DATASET_NAMES, Corpus
@@ -41,6 +40,7 @@ from parallel.layout import MULTI_PROCESS_MODES
 from runtime.cli import check_options, option, parse_config
 from runtime.device import choose_device, peak_memory_bytes, precision_policy, synchronize
 from runtime.errors import UserError
+from runtime.progress import ProgressBar
 from runtime.provenance import provenance
 from runtime.timing import Spread, environment, time_repeats
 from storage.artifact import load_model, save_artifact
@@ -126,8 +126,8 @@ def evaluation_tokens(args: LeaderboardConfig):
 
 def validation_loss(model, tokens, block: int, batch_size: int, device, precision) -> dict:
     n_batches = -(-((len(tokens) - 1 + block - 1) // block) // batch_size)
-    batches = tqdm(eval_batches(tokens, block, batch_size), total=n_batches, desc="validation", unit=" batch",
-                   leave=False)
+    batches = ProgressBar(eval_batches(tokens, block, batch_size), total=n_batches, desc="validation",
+                          unit=" batch", leave=False)
     return evaluate_loss(model, batches, device, precision.autocast)
 
 
@@ -138,8 +138,8 @@ def generation_figures(model, tokens, prompt_tokens: int, new_tokens: int, repea
     rows = [torch.from_numpy(tokens[i * stride:i * stride + prompt_tokens].astype("int64"))
             for i in range(max(GENERATION_BATCHES))]
     figures = {}
-    bar = tqdm(total=len(GENERATION_BATCHES) * (repeats + 1), desc="generation throughput", unit=" call",
-               file=sys.stderr)
+    bar = ProgressBar(total=len(GENERATION_BATCHES) * (repeats + 1), desc="generation throughput", unit=" call",
+                      file=sys.stderr)
     for batch in GENERATION_BATCHES:
         prompt = torch.stack(rows[:batch]).to(device)
         first_token_s = []  # per call: from its start to its first new token

@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from data.corpus import DATASET_NAMES
 from data.loader import sliding_windows
@@ -29,6 +28,7 @@ from data.tokenizer import get_tokenizer
 from runtime.cli import check_options, option, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
+from runtime.progress import ProgressBar
 from storage.artifact import load_model
 from storage.run_folder import pick_checkpoint
 
@@ -76,7 +76,7 @@ def score(model: torch.nn.Module, tokens, context: int, stride: int, batch_size:
     """(summed negative log-likelihood in nats, scored tokens) over `tokens`."""
     total, count = 0.0, 0
     n_windows = math.ceil((len(tokens) - 1) / stride)
-    with tqdm(total=n_windows, desc=desc, unit="window", leave=False) as bar:
+    with ProgressBar(total=n_windows, desc=desc, unit="window", leave=False) as bar:
         for x, y in sliding_windows(tokens, context, stride, batch_size):
             x, y = x.to(device), y.to(device)
             logits, _ = model(x)

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 import numpy as np
-from tqdm import tqdm
 
 from data.corpus import SPLITS, Corpus, DatasetError, TextPass, get_corpus
 from data.tokenizer import GPT2_RANKS_SHA256, get_tokenizer
 from model.config import EOT_TOKEN, GPT2_VOCAB_SIZE
+from runtime.progress import ProgressBar
 
 MAGIC = 20240520
 VERSION = 1
@@ -184,8 +184,8 @@ def tokenize_pass(text_pass: TextPass, folder: Path, label: str) -> None:
     writers = {split: TokenFileWriter(folder / f"{split}.bin") for split in text_pass.splits}
     if text_pass.note:
         print(f"data: {text_pass.note}", file=sys.stderr)
-    bar = tqdm(total=text_pass.total_bytes, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
-               desc=f"tokenizing {label}", mininterval=1.0, dynamic_ncols=True)
+    bar = ProgressBar(total=text_pass.total_bytes, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
+                      desc=f"tokenizing {label}", mininterval=1.0, dynamic_ncols=True)
     try:
         with ThreadPoolExecutor(threads, thread_name_prefix="tokenize") as pool:
             in_flight: deque[tuple[str, Future]] = deque()

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from data.loader import WindowSampler, eval_batches
 from data.shards import load_split, prepare_split
@@ -21,6 +20,7 @@ from parallel.distributed import run_on_node_leader
 from parallel.state import local_state_bytes
 from runtime.cli import non_default_fields
 from runtime.device import is_out_of_memory, precision_policy
+from runtime.progress import ProgressBar
 from storage.artifact import load_model
 from training.checkpoint import Checkpointer
 from training.config import TrainConfig, TrainingError
@@ -255,8 +255,8 @@ class Trainer:
             batches = eval_batches(self.val_tokens, self.block, self.cfg.batch_size, windows)
             if max_batches is None and self.ctx.is_writer:  # the whole split can take minutes: show it
                 windows_in_split = -(-(len(self.val_tokens) - 1) // self.block)
-                batches = tqdm(batches, total=-(-windows_in_split // self.cfg.batch_size), unit="batch",
-                               desc=f"validation, whole split ({len(self.val_tokens):,} tokens)", file=sys.stderr)
+                batches = ProgressBar(batches, total=-(-windows_in_split // self.cfg.batch_size), unit="batch",
+                                      desc=f"validation, whole split ({len(self.val_tokens):,} tokens)")
             result = evaluate_loss(self.eval_module, batches, self.device, self.precision.autocast)
             self.par.strategy.after_evaluation()
         record = EvalRecord(step, step * self.tokens_per_step, **result, eval_full_split=max_batches is None,
