@@ -158,10 +158,10 @@ def run(cfg: PruneConfig) -> dict:
         torch.set_num_threads(cfg.threads)
     device = choose_device(cfg.device)
     precision = precision_policy(device, cfg.precision)
-    model, folder, meta = load_source(cfg, device)
+    model, folder, _ = load_source(cfg, device)
     method = METHODS[cfg.method](cfg.prune_params)
     block = validate_against_model(cfg, model, method)
-    dataset = resolve_dataset(cfg.dataset, folder, meta)
+    dataset = resolve_dataset(cfg.dataset, folder)
     out_dir = Path(cfg.out_dir)
     report = read_report(out_dir)
     for other, entry in report["methods"].items():
