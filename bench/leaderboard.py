@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from bench.runner import run_train, window_summary
-from data.corpus import DATASET_NAMES, Corpus
+from data.corpus import Corpus, dataset_help
 from data.documents import text_blocks
 from data.loader import eval_batches
 from data.local_files import TEXT_FIX, whole_file_corpus
@@ -77,9 +77,8 @@ class LeaderboardError(UserError):
 class LeaderboardConfig:
     checkpoint: str | None = option(None, "artifact folder or Hugging Face GPT-2 id (default: the train.py checkpoint under out/ trained on "
                                           "the most tokens)")
-    dataset: str | None = option(None, f"evaluation corpus, validation split: {', '.join(DATASET_NAMES)} or a local "
-                                       f"folder or file (default: the checkpoint's training dataset, else "
-                                       f"{DEFAULT_DATASET})")
+    dataset: str | None = option(None, f"evaluation corpus, validation split: {dataset_help()} (default: the "
+                                       f"checkpoint's training dataset, else {DEFAULT_DATASET})")
     eval_text: Path | None = option(None, "evaluate on this local text file instead of "
                                           "--dataset (all of it)")
     eval_batch_size: int = option(8, "evaluation windows per forward pass", min=1)

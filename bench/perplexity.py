@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from data.corpus import DATASET_NAMES
+from data.corpus import dataset_help
 from data.loader import sliding_windows
 from data.shards import load_split
 from data.tokenizer import get_tokenizer
@@ -43,8 +43,8 @@ class PerplexityError(UserError):
 class PerplexityConfig:
     checkpoint: str | None = option(None, "artifact folder (float, pruned, int8) or Hugging Face GPT-2 "
                                           "folder (default: the train.py checkpoint under out/ trained on the most tokens)")
-    dataset: str | None = option(None, f"{', '.join(DATASET_NAMES)}, or a local folder or file (default: the "
-                                          f"checkpoint's training dataset, else {DEFAULT_DATASET})")
+    dataset: str | None = option(None, f"{dataset_help()} (default: the checkpoint's training dataset, else "
+                                          f"{DEFAULT_DATASET})")
     split: str = option("validation", "which split", choices=("validation", "test"))
     context: int | None = option(None, "tokens of context per window (default: the block size the model was "
                                        "trained at, else its context)", min=2)

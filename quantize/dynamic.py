@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from data.corpus import DATASET_NAMES
+from data.corpus import dataset_help
 from data.loader import eval_batches
 from data.shards import load_split
 from model.int8 import HEAD_FORMATS, default_head_format, quantize_model
@@ -65,9 +65,8 @@ class QuantizeConfig:
     out_dir: str = option(DEFAULT_OUT_DIR, "folder for the int8 artifact and quant_report.json")
     overwrite: bool = option(False, "write into --out-dir even though it holds another tool's artifact (whose "
                                     "files are removed first)")
-    dataset: str | None = option(None, f"validation text for the report: {', '.join(DATASET_NAMES)}, or a local "
-                                          f"folder or file (default: the checkpoint's training dataset, else "
-                                          f"{DEFAULT_DATASET})")
+    dataset: str | None = option(None, f"validation text for the report: {dataset_help()} (default: the "
+                                          f"checkpoint's training dataset, else {DEFAULT_DATASET})")
     head: str = option("auto", "format of the tied embedding / output head: auto (fp16 on x86, where fbgemm has an "
                                "fp16 GEMM, else fp32), fp32 (unchanged), fp16 (half-precision weight copy for the "
                                "head matmul; floating point, faster), int8 (head and embedding quantized too: "
