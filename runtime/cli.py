@@ -147,6 +147,13 @@ class ToolParser(argparse.ArgumentParser):
         close = difflib.get_close_matches(name, known, n=1)
         return f", did you mean {close[0]}?" if close else ""
 
+    def _get_values(self, action, arg_strings):
+        # argparse (3.11) drops the value of `--model=--` as if it were the end of the flags and hands the field an
+        # empty list, which no field expects: refuse it as a flag given no value.
+        if action.option_strings and arg_strings == ["--"]:
+            self.error(f"argument {action.option_strings[0]}: expected a value, got --")
+        return super()._get_values(action, arg_strings)
+
     def error(self, message: str):
         raise SystemExit(f"error: {printable(message)} (see `{self.prog} --help`)")
 

@@ -98,6 +98,7 @@ def test_threads_means_the_same_in_every_tool(cls):
     (["--max-stepz=90"], "error: unknown flag --max-stepz, did you mean --max-steps? (see `train.py --help`)"),
     (["--zzzz"], "error: unknown flag --zzzz (see `train.py --help`)"),
     (["90"], "error: unexpected argument 90 (see `train.py --help`)"),
+    (["--model=--"], "error: argument --model: expected a value, got -- (see `train.py --help`)"),  # not []
     (["--batch-size", "x\ny"], "error: argument --batch-size: invalid int value: 'x\\ny' (see `train.py --help`)"),
 ])
 def test_a_command_line_that_does_not_parse_is_one_error_line_with_the_nearest_flag(argv, message):
