@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from data.tokenizer import decode, encode
 from model.config import EOT_TOKEN
@@ -34,6 +33,7 @@ from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats
 from runtime.cli import check_options, flag, option, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
+from runtime.progress import ProgressBar
 from runtime.text import decode_utf8
 from storage.artifact import load_model
 from storage.run_folder import pick_checkpoint
@@ -230,7 +230,7 @@ def sample_many(cfg: SampleConfig, model, device, out, draft=None) -> None:
         groups.setdefault((len(ids), tuple(getattr(params, k) for k in PROMPT_SETTINGS)), []).append(job)
     failed = len(errors)
     stats = SpeculativeStats()  # summed over batches
-    with tqdm(total=len(jobs), desc="prompts", unit="prompt", file=sys.stderr) as bar:
+    with ProgressBar(total=len(jobs), desc="prompts", unit="prompt", file=sys.stderr) as bar:
         for group in groups.values():
             for first in range(0, len(group), cfg.batch_size):
                 batch = group[first:first + cfg.batch_size]

@@ -1,6 +1,6 @@
 """The leaderboard scorecard of one artifact: validation loss, generation and training throughput, as JSON.
 
-    python bench/leaderboard.py                                   # newest artifact under out/, WikiText-103 validation
+    python bench/leaderboard.py                                   # the most-trained checkpoint under out/, on its data
     python bench/leaderboard.py --checkpoint out/demo/train --eval-text wiki.valid.raw --out score.json
     python bench/leaderboard.py --parallel fsdp --nproc-per-node 2   # training figures from a 2-rank torchrun job
 
@@ -24,10 +24,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from bench.runner import run_train, window_summary
-from data.corpus import DATASET_NAMES, Corpus
+from data.corpus import Corpus, dataset_help
 from data.documents import text_blocks
 from data.loader import eval_batches
 from data.local_files import TEXT_FIX, whole_file_corpus
@@ -41,10 +40,11 @@ from parallel.layout import MULTI_PROCESS_MODES
 from runtime.cli import check_options, option, parse_config
 from runtime.device import choose_device, peak_memory_bytes, precision_policy, synchronize
 from runtime.errors import UserError
+from runtime.progress import ProgressBar
 from runtime.provenance import provenance
 from runtime.timing import Spread, environment, time_repeats
 from storage.artifact import load_model, save_artifact
-from storage.run_folder import pick_checkpoint
+from storage.run_folder import evaluation_context, evaluation_dataset, pick_checkpoint
 from training.config import TrainConfig
 
 GENERATION_BATCHES = (1, 12)
@@ -62,7 +62,7 @@ UNITS = {
 }
 
 
-DEFAULT_DATASET = "wikitext-103"
+DEFAULT_DATASET = "wikitext-103"  # for a checkpoint that records no training dataset
 # The reference scorecard's protocol: gradient accumulation per optimizer step (this project's default: 1).
 REFERENCE_GRAD_ACCUM = 40
 REFERENCE_BLOCK = 128
@@ -77,12 +77,13 @@ class LeaderboardError(UserError):
 class LeaderboardConfig:
     checkpoint: str | None = option(None, "artifact folder or Hugging Face GPT-2 id (default: the train.py checkpoint under out/ trained on "
                                           "the most tokens)")
-    dataset: str = option(DEFAULT_DATASET, f"evaluation corpus, validation split: {', '.join(DATASET_NAMES)} or a local folder")
+    dataset: str | None = option(None, f"evaluation corpus, validation split: {dataset_help()} (default: the "
+                                       f"checkpoint's training dataset, else {DEFAULT_DATASET})")
     eval_text: Path | None = option(None, "evaluate on this local text file instead of "
                                           "--dataset (all of it)")
     eval_batch_size: int = option(8, "evaluation windows per forward pass", min=1)
-    eval_block_size: int | None = option(None, "evaluation window (default: the model's "
-                                               "context)", min=1)
+    eval_block_size: int | None = option(None, "evaluation window (default: the block size the model was "
+                                               "trained at, else its context)", min=1)
     prompt_tokens: int = option(16, "prompt length for the generation figures", min=1)
     new_tokens: int | None = option(None, f"new tokens per generation (default: {REFERENCE_NEW_TOKENS} as the reference, or as many as the "
                                           f"model's context leaves after the prompt, whichever is smaller)", min=1)
@@ -103,7 +104,7 @@ class LeaderboardConfig:
 
     def __post_init__(self):
         check_options(self, LeaderboardError)
-        if self.eval_text is not None and self.dataset != DEFAULT_DATASET:
+        if self.eval_text is not None and self.dataset is not None:
             raise LeaderboardError("give --dataset or --eval-text, not both")
         if self.parallel not in ("none", *MULTI_PROCESS_MODES):
             raise LeaderboardError(f"--parallel {self.parallel} is not a torchrun mode")
@@ -118,16 +119,23 @@ def text_file_corpus(path: Path) -> Corpus:
     return whole_file_corpus(path, "validation")
 
 
-def evaluation_tokens(args: LeaderboardConfig):
+def evaluation_tokens(args: LeaderboardConfig, dataset: str):
     if args.eval_text:
         return load_split(text_file_corpus(args.eval_text), "validation"), f"file {args.eval_text}"
-    return load_split(args.dataset, "validation"), f"{args.dataset} validation split"
+    return load_split(dataset, "validation"), f"{dataset} validation split"
+
+
+def chosen_dataset(args: LeaderboardConfig, folder: Path) -> tuple[str, str]:
+    """The evaluation text's name and why it was chosen, for the first line and the scorecard."""
+    if args.eval_text:
+        return str(args.eval_text), "from --eval-text"
+    return evaluation_dataset(args.dataset, folder, DEFAULT_DATASET)
 
 
 def validation_loss(model, tokens, block: int, batch_size: int, device, precision) -> dict:
     n_batches = -(-((len(tokens) - 1 + block - 1) // block) // batch_size)
-    batches = tqdm(eval_batches(tokens, block, batch_size), total=n_batches, desc="validation", unit=" batch",
-                   leave=False)
+    batches = ProgressBar(eval_batches(tokens, block, batch_size), total=n_batches, desc="validation",
+                          unit=" batch", leave=False)
     return evaluate_loss(model, batches, device, precision.autocast)
 
 
@@ -138,8 +146,8 @@ def generation_figures(model, tokens, prompt_tokens: int, new_tokens: int, repea
     rows = [torch.from_numpy(tokens[i * stride:i * stride + prompt_tokens].astype("int64"))
             for i in range(max(GENERATION_BATCHES))]
     figures = {}
-    bar = tqdm(total=len(GENERATION_BATCHES) * (repeats + 1), desc="generation throughput", unit=" call",
-               file=sys.stderr)
+    bar = ProgressBar(total=len(GENERATION_BATCHES) * (repeats + 1), desc="generation throughput", unit=" call",
+                      file=sys.stderr)
     for batch in GENERATION_BATCHES:
         prompt = torch.stack(rows[:batch]).to(device)
         first_token_s = []  # per call: from its start to its first new token
@@ -215,8 +223,8 @@ class Plan:
     new_tokens_note: str
 
 
-def plan(args: LeaderboardConfig, context: int) -> Plan:
-    eval_block = args.eval_block_size or context
+def plan(args: LeaderboardConfig, context: int, eval_block: int) -> Plan:
+    """`eval_block`: the evaluation window, given or the one the model was trained at."""
     reference = args.protocol == "reference"
     train_block = REFERENCE_BLOCK if reference else args.block_size or context
     if reference and args.prompt_tokens + REFERENCE_NEW_TOKENS > context:
@@ -248,6 +256,8 @@ class Measured:
     plan: Plan
     device: torch.device
     precision: object
+    dataset: str  # the evaluation text's name
+    dataset_chosen: str  # why it is that one
     described: str  # the evaluation text, in words
     eval_tokens: int
     validation: dict
@@ -260,16 +270,20 @@ def measure(args: LeaderboardConfig) -> Measured:
     """Load the model, check the plan, then measure: loss, generation, training."""
     device = choose_device(args.device)
     folder, why = pick_checkpoint(args.checkpoint)
-    print(f"scoring {folder} ({why})", file=sys.stderr)
+    dataset, dataset_chosen = chosen_dataset(args, folder)
+    print(f"scoring {folder} ({why}) on {dataset} ({dataset_chosen})", file=sys.stderr)
     # The data first: an unreachable hub or a bad folder fails before the model is loaded.
-    tokens, described = evaluation_tokens(args)
+    tokens, described = evaluation_tokens(args, dataset)
     if len(tokens) <= args.prompt_tokens * max(GENERATION_BATCHES):
         raise LeaderboardError(f"the evaluation text has {len(tokens)} tokens, too few for "
                                f"{max(GENERATION_BATCHES)} prompts of {args.prompt_tokens}")
     prepare_split(args.train_dataset, "train")
     model, meta = load_model(folder, device)
     print(pack_for_inference(model), file=sys.stderr)
-    settled = plan(args, model.config.block_size)
+    eval_block, warning = evaluation_context(args.eval_block_size, "--eval-block-size", folder, model.config.block_size)
+    settled = plan(args, model.config.block_size, eval_block)
+    if warning:
+        print(warning, file=sys.stderr)
     precision = precision_policy(device)
 
     print(f"validation loss over all of {described} ({len(tokens):,} tokens)", file=sys.stderr)
@@ -283,8 +297,8 @@ def measure(args: LeaderboardConfig) -> Measured:
     with tempfile.TemporaryDirectory(prefix="leaderboard-") as tmp:
         training = training_figures(args, trainable_source(Path(folder), meta, Path(tmp)), settled.train_block,
                                     Path(tmp), PROTOCOLS[args.protocol])
-    return Measured(Path(folder), meta, settled, device, precision, described, len(tokens), validation, generation,
-                    inference_peak, training)
+    return Measured(Path(folder), meta, settled, device, precision, dataset, dataset_chosen, described, len(tokens),
+                    validation, generation, inference_peak, training)
 
 
 def record(args: LeaderboardConfig, m: Measured) -> dict:
@@ -323,7 +337,8 @@ def record(args: LeaderboardConfig, m: Measured) -> dict:
                    "ms_per_token_batch_1": asdict(generation[1]["ms_per_token"])},
         "artifact": {"path": str(m.folder), "kind": m.meta.kind, "produced_by": asdict(m.meta.produced_by),
                      "model": m.meta.model.to_dict()},
-        "evaluation": {"text": m.described, "tokens": m.eval_tokens, "targets": m.validation["val_tokens"],
+        "evaluation": {"dataset": m.dataset, "dataset_chosen": m.dataset_chosen, "text": m.described,
+                       "tokens": m.eval_tokens, "targets": m.validation["val_tokens"],
                        "block_size": p.eval_block, "batch_size": args.eval_batch_size,
                        "val_ppl": m.validation["val_ppl"],
                        "precision": str(m.precision.autocast_dtype or torch.float32)},

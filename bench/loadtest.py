@@ -26,10 +26,10 @@ from urllib.parse import urlparse
 
 import httpx
 import numpy as np
-from tqdm import tqdm
 
 from runtime.cli import check_options, option, parse_config
 from runtime.errors import UserError
+from runtime.progress import ProgressBar
 
 PROMPTS = [
     "The history of",
@@ -144,7 +144,7 @@ async def run_level(url: str, concurrency: int, requests: int, max_new_tokens: i
     gate = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     result = LevelResult(concurrency, requests, wall_s=0.0)
-    progress = tqdm(total=requests, desc=f"concurrency {concurrency}", file=sys.stderr, leave=False)
+    progress = ProgressBar(total=requests, desc=f"concurrency {concurrency}", file=sys.stderr, leave=False)
 
     async def worker(i: int, client: httpx.AsyncClient) -> None:
         async with gate:

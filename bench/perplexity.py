@@ -1,6 +1,6 @@
 """Perplexity of any model over a whole split, with both protocols of transformers' perplexity guide.
 
-    python bench/perplexity.py --checkpoint out/demo/train --dataset builtin --split validation
+    python bench/perplexity.py --checkpoint out/demo/train      # its training dataset's validation split
     python bench/perplexity.py --checkpoint /path/to/gpt2 --dataset ../shared/data/wikitext-103-raw --split test
 
 Non-overlapping windows restart the context every `context` tokens; the sliding window advances by
@@ -20,17 +20,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
-from data.corpus import DATASET_NAMES
+from data.corpus import dataset_help
 from data.loader import sliding_windows
 from data.shards import load_split
 from data.tokenizer import get_tokenizer
 from runtime.cli import check_options, option, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
+from runtime.progress import ProgressBar
 from storage.artifact import load_model
-from storage.run_folder import pick_checkpoint
+from storage.run_folder import evaluation_context, evaluation_dataset, pick_checkpoint
+
+DEFAULT_DATASET = "builtin"  # for a checkpoint that records no training dataset
 
 
 class PerplexityError(UserError):
@@ -41,11 +43,11 @@ class PerplexityError(UserError):
 class PerplexityConfig:
     checkpoint: str | None = option(None, "artifact folder (float, pruned, int8) or Hugging Face GPT-2 "
                                           "folder (default: the train.py checkpoint under out/ trained on the most tokens)")
-    dataset: str = option("builtin", f"{', '.join(DATASET_NAMES)}, or a local folder "
-                                     f"with wiki.*.raw or hub-layout parquet files")
+    dataset: str | None = option(None, f"{dataset_help()} (default: the checkpoint's training dataset, else "
+                                          f"{DEFAULT_DATASET})")
     split: str = option("validation", "which split", choices=("validation", "test"))
-    context: int | None = option(None, "tokens of context per window (default: the "
-                                       "model's block size)", min=2)
+    context: int | None = option(None, "tokens of context per window (default: the block size the model was "
+                                       "trained at, else its context)", min=2)
     stride: int | None = option(None, "sliding-window step; each window scores this "
                                       "many new tokens (default: half the context)", min=1)
     batch_size: int = option(8, "windows per forward pass", min=1)
@@ -76,7 +78,7 @@ def score(model: torch.nn.Module, tokens, context: int, stride: int, batch_size:
     """(summed negative log-likelihood in nats, scored tokens) over `tokens`."""
     total, count = 0.0, 0
     n_windows = math.ceil((len(tokens) - 1) / stride)
-    with tqdm(total=n_windows, desc=desc, unit="window", leave=False) as bar:
+    with ProgressBar(total=n_windows, desc=desc, unit="window", leave=False) as bar:
         for x, y in sliding_windows(tokens, context, stride, batch_size):
             x, y = x.to(device), y.to(device)
             logits, _ = model(x)
@@ -100,12 +102,15 @@ def measure(model, tokens, context: int, stride: int, batch_size: int, device, n
 def run(cfg: PerplexityConfig) -> dict:
     device = choose_device(cfg.device)
     folder, why = pick_checkpoint(cfg.checkpoint)
-    print(f"model: {folder} ({why})", file=sys.stderr)
+    dataset, dataset_why = evaluation_dataset(cfg.dataset, folder, DEFAULT_DATASET)
+    print(f"model: {folder} ({why}); dataset: {dataset} ({dataset_why})", file=sys.stderr)
     model, meta = load_model(folder, device)
-    context = cfg.context or model.config.block_size
+    context, warning = evaluation_context(cfg.context, "--context", folder, model.config.block_size)
     if context > model.config.block_size:
         raise PerplexityError(f"--context {context} exceeds the model's {model.config.block_size} positions")
-    tokens = load_split(cfg.dataset, cfg.split)
+    if warning:
+        print(warning, file=sys.stderr)
+    tokens = load_split(dataset, cfg.split)
     if cfg.max_tokens:
         tokens = tokens[:cfg.max_tokens]
     n_bytes = len(get_tokenizer().decode_bytes(tokens[1:].tolist()))  # the scored text, in UTF-8 bytes
@@ -117,7 +122,7 @@ def run(cfg: PerplexityConfig) -> dict:
     else:
         skipped["sliding"] = (f"--stride {stride} is not below the context of {context}, so its windows would be "
                               f"the non-overlapping ones; give a smaller --stride (or none: half the context)")
-    return {"checkpoint": str(folder), "artifact": meta.kind, "dataset": cfg.dataset,
+    return {"checkpoint": str(folder), "artifact": meta.kind, "dataset": dataset, "dataset_chosen": dataset_why,
             "split": cfg.split, "tokens": len(tokens), "bytes": n_bytes, "bytes_per_token": n_bytes / (len(tokens) - 1),
             "protocols": [asdict(p) for p in protocols], "skipped": skipped}
 

@@ -18,19 +18,43 @@ import ast
 import sys
 import sysconfig
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
 from data.documents import DatasetError, DocumentCutter
 from data.hub_access import hub_access
 
-__all__ = ["SPLITS", "DATASET_NAMES", "DatasetError", "Corpus", "TextPass", "get_corpus", "builtin_corpus"]
+__all__ = ["SPLITS", "DATASET_NAMES", "DATASET_FORMATS", "DatasetError", "Corpus", "TextPass", "get_corpus", "builtin_corpus"]
 
 SPLITS = ("train", "validation", "test")
 HUB_CONFIGS = {"wikitext-103": "wikitext-103-raw-v1", "wikitext-2": "wikitext-2-raw-v1"}
 HUB_REPO = "Salesforce/wikitext"
 DATASET_NAMES = ("wikitext-103", "wikitext-2", "builtin", "hf:OWNER/NAME")
+# Every form --dataset takes and what it reads, in one place: the tools' --help (`dataset_help`) and the README's
+# table of formats (`formats_table`; tests/test_data.py checks the README holds it) are both written from it.
+DATASET_FORMATS = (
+    ("FOLDER", "its .txt/.raw text, .jsonl (a \"text\" field per line) and .parquet (a \"text\" column) files, in "
+               "any mix; a file whose name says train, valid/validation/val/dev or test is that split, any other is "
+               "training text, and a missing validation split is carved from the training text"),
+    ("FILE.txt, FILE.raw, FILE.jsonl, FILE.parquet", "a single file, as a folder holding only it"),
+    ("hf:OWNER/NAME[/SUBFOLDER]", "a dataset repository on the Hugging Face hub, downloaded once and read as a "
+                                  "folder (OWNER/NAME alone where no such local path exists)"),
+    ("builtin", "the docstrings of Python's standard library: offline, always there"),
+    ("wikitext-103, wikitext-2", "WikiText (Salesforce/wikitext) through the datasets library, from its cache or "
+                                 "the hub"),
+)
+
+
+def dataset_help() -> str:
+    """--dataset's help text, the same in every tool."""
+    return "; ".join(f"{form}: {what}" for form, what in DATASET_FORMATS)
+
+
+def formats_table() -> str:
+    """The README's table of the forms --dataset takes (markdown)."""
+    rows = [f"| `{form}` | {what} |" for form, what in DATASET_FORMATS]
+    return "\n".join(["| `--dataset` | reads |", "|---|---|", *rows])
 HUB_ROWS_PER_READ = 4096
 
 Progress = Callable[[int], None]  # called with the bytes read since its last call
@@ -43,7 +67,9 @@ class TextPass:
     splits: tuple[str, ...]
     read: Callable[[Progress], Iterator[tuple[str, str]]]
     total_bytes: int | None = None  # for the progress bar; None where unknown
-    note: str | None = None  # said when the pass runs, e.g. how validation documents were carved
+    # Where each split's text comes from, in words (its files and sizes, or how it was carved), for the data line
+    # every run prints, whether it tokenizes or reads the cache.
+    origins: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -56,9 +82,8 @@ class Corpus:
         return (doc for which, doc in self.text_pass(split).read(lambda n: None) if which == split)
 
 
-def single_split_pass(key: str, split: str, documents: Callable[[Progress], Iterator[str]],
-                      total_bytes: int | None = None) -> TextPass:
-    return TextPass(key, (split,), lambda progress: ((split, d) for d in documents(progress)), total_bytes)
+def single_split_pass(key: str, split: str, documents: Callable[[Progress], Iterator[str]], origin: str) -> TextPass:
+    return TextPass(key, (split,), lambda progress: ((split, d) for d in documents(progress)), None, {split: origin})
 
 
 # --- the built-in corpus ----------------------------------------------------------------------
@@ -106,8 +131,9 @@ def builtin_documents(split: str, progress: Progress = lambda n: None) -> Iterat
 
 def builtin_corpus() -> Corpus:
     version = ".".join(map(str, sys.version_info[:3]))
-    return Corpus("builtin", lambda split: single_split_pass(f"python-stdlib-docs-{version}", split,
-                                                             lambda progress: builtin_documents(split, progress)))
+    return Corpus("builtin", lambda split: single_split_pass(
+        f"python-stdlib-docs-{version}", split, lambda progress: builtin_documents(split, progress),
+        f"the docstrings of Python {version}'s standard library, the {split} share of its modules"))
 
 
 # --- WikiText from the hub ---------------------------------------------------------------------
@@ -141,7 +167,8 @@ def hub_corpus(name: str) -> Corpus:
 
     # "-c2": the second way of cutting documents (data/documents.py), so caches of the first are not reused.
     return Corpus(name, lambda split: single_split_pass(f"hub-{config}-c2", split,
-                                                        lambda progress: documents(split, progress)))
+                                                        lambda progress: documents(split, progress),
+                                                        f"{HUB_REPO} {config}, its {split} split"))
 
 
 # --- any dataset repository on the hub -------------------------------------------------------------

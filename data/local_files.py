@@ -258,6 +258,14 @@ def carved_split(index: int) -> str:
     return "validation" if slot == 0 else "test" if slot == 1 else "train"
 
 
+def carving_explained(bound: int) -> str:
+    """What carving does, for the data line of a carved split."""
+    return (f"every {CARVE_EVERY}th passage from a seeded offset ({100 / CARVE_EVERY:.1f}%) is held out, so the model "
+            f"is measured on text it does not train on (a passage is a record, i.e. a JSON line or parquet row, or "
+            f"an article, and in plain text a stretch ending at a paragraph break, none longer than {bound:,} "
+            f"characters; the files are not changed)")
+
+
 def carving_read(files: list[DataFile], carved: tuple[str, ...], max_chars: int):
     def read(progress: Progress) -> Iterator[tuple[str, str]]:
         held = None  # the last training document, kept back: a tiny corpus gives it to validation
@@ -301,10 +309,11 @@ def local_corpus(path: str | Path, name: str | None = None) -> Corpus:
             total = sum(f.size for f in source)
             bound = document_bound(total)
             key = content_digest(source, CUTTING_VERSION, "carved", carved, CARVE_EVERY, CARVE_SEED, bound)
-            note = (f"{name}: train from {files_listed(source, root)}; {' and '.join(carved)} carved from the "
-                    f"training text (every {CARVE_EVERY}th document from a seeded offset, {100 / CARVE_EVERY:.1f}% "
-                    f"each; documents of at most {bound:,} characters)")
-            return TextPass(f"local-{key}", ("train", *carved), carving_read(source, carved, bound), total, note)
+            listed = files_listed(source, root)
+            origins = {"train": f"{listed}, less the passages carved out for {' and '.join(carved)}",
+                       **{split: f"{listed}, carved out of the training text: {carving_explained(bound)}"
+                          for split in carved}}
+            return TextPass(f"local-{key}", ("train", *carved), carving_read(source, carved, bound), total, origins)
         if not by_split[split]:
             raise DatasetError(f"{root} has no {split} split: expected {RAW_FILES[split]}, {split}-*.parquet or "
                                f"another file whose name says {split!r}" +
@@ -315,7 +324,7 @@ def local_corpus(path: str | Path, name: str | None = None) -> Corpus:
         def read(progress: Progress) -> Iterator[tuple[str, str]]:
             return ((split, doc) for doc in file_documents(source, MAX_DOCUMENT_CHARS, progress))
         return TextPass(f"local-{key}", (split,), read, sum(f.size for f in source),
-                        f"{name}: {split} from {files_listed(source, root)}")
+                        {split: files_listed(source, root)})
 
     return Corpus(name, text_pass)
 
@@ -330,5 +339,6 @@ def whole_file_corpus(path: Path, split: str) -> Corpus:
     def text_pass(asked: str) -> TextPass:
         if asked != split:
             raise DatasetError(f"{path} is used as the {split} split alone; it has no {asked} split")
-        return TextPass(f"text-{content_digest([f], CUTTING_VERSION, split)}", (split,), read, f.size)
+        return TextPass(f"text-{content_digest([f], CUTTING_VERSION, split)}", (split,), read, f.size,
+                        {split: files_listed([f], path)})
     return Corpus(f"text:{path.name}", text_pass)

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 import numpy as np
-from tqdm import tqdm
 
 from data.corpus import SPLITS, Corpus, DatasetError, TextPass, get_corpus
 from data.tokenizer import GPT2_RANKS_SHA256, get_tokenizer
 from model.config import EOT_TOKEN, GPT2_VOCAB_SIZE
+from runtime.progress import ProgressBar
 
 MAGIC = 20240520
 VERSION = 1
@@ -44,6 +44,8 @@ PARTIAL_SUFFIX = ".partial"
 EOT_TEXT = "<|endoftext|>"
 CACHE_VARIABLE = "GPT2_DATA_CACHE"
 REBUILD = "delete it and it will be rebuilt"
+# The token files this process wrote, so its data lines say "tokenized now" rather than "read from the cache".
+TOKENIZED_HERE: set[Path] = set()
 
 
 def cache_root() -> Path:
@@ -182,10 +184,8 @@ def tokenize_pass(text_pass: TextPass, folder: Path, label: str) -> None:
     started, threads = time.perf_counter(), encoding_threads()
     get_tokenizer()  # a missing tokenizer fails here, before any thread starts
     writers = {split: TokenFileWriter(folder / f"{split}.bin") for split in text_pass.splits}
-    if text_pass.note:
-        print(f"data: {text_pass.note}", file=sys.stderr)
-    bar = tqdm(total=text_pass.total_bytes, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
-               desc=f"tokenizing {label}", mininterval=1.0, dynamic_ncols=True)
+    bar = ProgressBar(total=text_pass.total_bytes, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
+                      desc=f"tokenizing {label}", mininterval=1.0, dynamic_ncols=True)
     try:
         with ThreadPoolExecutor(threads, thread_name_prefix="tokenize") as pool:
             in_flight: deque[tuple[str, Future]] = deque()
@@ -205,6 +205,7 @@ def tokenize_pass(text_pass: TextPass, folder: Path, label: str) -> None:
         raise
     for writer in writers.values():
         writer.close()
+        TOKENIZED_HERE.add(writer.path)
     counts = ", ".join(f"{split} {w.count:,} tokens" for split, w in writers.items())
     bar.set_postfix_str(counts)
     bar.close()  # stays on screen with its rate and totals
@@ -248,19 +249,25 @@ def corpus_of(dataset: str | Corpus) -> Corpus:
     return get_corpus(dataset) if isinstance(dataset, str) else dataset
 
 
+def short_name(corpus: Corpus) -> str:
+    return corpus.name if len(corpus.name) <= 40 else f"...{corpus.name[-37:]}"
+
+
 def prepare_split(dataset: str | Corpus, split: str) -> Path:
     """The split's token file, tokenizing its pass first if no process has (waiting for one that is).  A cache
     that cannot be written still serves the tokens it holds."""
+    return _prepare(corpus_of(dataset), split)[1]
+
+
+def _prepare(corpus: Corpus, split: str) -> tuple[TextPass, Path]:
     if split not in SPLITS:
         raise DatasetError(f"unknown split {split!r}; choose one of {SPLITS}")
-    corpus = corpus_of(dataset)
     text_pass = corpus.text_pass(split)
     folder = pass_folder(text_pass)
     path = folder / f"{split}.bin"
     if path.exists():
-        return path
-    name = corpus.name if len(corpus.name) <= 40 else f"...{corpus.name[-37:]}"
-    label = f"{name} {'+'.join(text_pass.splits)}"
+        return text_pass, path
+    label = f"{short_name(corpus)} {'+'.join(text_pass.splits)}"
     with folder_lock(folder, label):
         if not path.exists():  # another process may have written it while this one waited
             # Left by a writer that crashed (".tmp<pid>": by this code's earlier versions); none is writing now.
@@ -270,13 +277,25 @@ def prepare_split(dataset: str | Corpus, split: str) -> Path:
             except OSError as e:
                 raise cache_error(e, folder) from e
             tokenize_pass(text_pass, folder, label)
-    return path
+    return text_pass, path
 
 
 def load_split(dataset: str | Corpus, split: str) -> np.ndarray:
-    """The split's tokens as a read-only memmap, tokenizing on first use."""
+    """The split's tokens as a read-only memmap, tokenizing on first use; says what they are (`data_line`)."""
     corpus = corpus_of(dataset)
-    tokens = read_tokens(prepare_split(corpus, split))
+    text_pass, path = _prepare(corpus, split)
+    tokens = read_tokens(path)
     if len(tokens) == 0:
         raise DatasetError(f"{corpus.name} split {split} has no text")
+    if os.environ.get("RANK", "0") == "0":  # one rank of a distributed run speaks for all: they load the same
+        print(data_line(corpus, text_pass, split, len(tokens), path), file=sys.stderr)
     return tokens
+
+
+def data_line(corpus: Corpus, text_pass: TextPass, split: str, tokens: int, path: Path) -> str:
+    """A split's one line, every run: its tokens, whether this process tokenized them, and where their text comes
+    from (its files and sizes, or how it was carved), e.g. `data: local:/corpus train: 43,953 tokens (read from the
+    cache) from notes.txt (152 KB)`."""
+    how = "tokenized now" if path in TOKENIZED_HERE else "read from the cache"
+    origin = text_pass.origins.get(split)
+    return f"data: {corpus.name} {split}: {tokens:,} tokens ({how}){f' from {origin}' if origin else ''}"

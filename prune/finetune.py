@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from tqdm import tqdm
 
 from data.loader import WindowSampler
 from model.gpt import GPT
@@ -12,6 +11,7 @@ from model.optim import lr_at
 from prune.masks import MaskSet
 from runtime.device import Precision
 from runtime.errors import UserError
+from runtime.progress import ProgressBar
 from training.step import NonFiniteStep, TrainStep
 
 
@@ -42,7 +42,7 @@ def finetune(model: GPT, sampler: WindowSampler, settings: FinetuneSettings, dev
                                    masks)
     warmup = min(settings.warmup_steps, settings.steps)
     result = None
-    with tqdm(range(settings.steps), desc=desc, unit="step", leave=False) as bar:
+    with ProgressBar(range(settings.steps), desc=desc, unit="step", leave=False) as bar:
         for i in bar:
             try:
                 result = step(sampler.next_batch, lr_at(i, settings.lr, warmup, settings.steps))

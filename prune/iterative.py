@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from data.loader import WindowSampler, eval_batches
 from data.shards import load_split
@@ -39,6 +38,7 @@ from prune.speed import SpeedSettings, sparse_format_verdict, speed_against_dens
 from runtime.cli import parse_config
 from runtime.device import choose_device, precision_policy
 from runtime.errors import UserError
+from runtime.progress import ProgressBar
 from runtime.provenance import provenance
 from storage.artifact import artifact_writers, load_model, model_state_for_saving, write_folder_atomically
 from storage.claim import claim_output_folder
@@ -162,10 +162,10 @@ def run(cfg: PruneConfig) -> dict:
         torch.set_num_threads(cfg.threads)
     device = choose_device(cfg.device)
     precision = precision_policy(device, cfg.precision)
-    model, folder, meta = load_source(cfg, device)
+    model, folder, _ = load_source(cfg, device)
     method = METHODS[cfg.method](cfg.prune_params)
     block = validate_against_model(cfg, model, method)
-    dataset = resolve_dataset(cfg.dataset, folder, meta)
+    dataset = resolve_dataset(cfg.dataset, folder)
     out_dir = Path(cfg.out_dir)
     report = read_report(out_dir)
     for other, entry in report["methods"].items():
@@ -186,7 +186,7 @@ def run(cfg: PruneConfig) -> dict:
               f"{entry['dense_control']['finetune_steps']} fine-tune steps without pruning")
 
     masks = None
-    rounds_bar = tqdm(total=cfg.rounds, desc=f"{cfg.method} pruning", unit="round")
+    rounds_bar = ProgressBar(total=cfg.rounds, desc=f"{cfg.method} pruning", unit="round")
     try:
         for k, sparsity in enumerate(schedule, start=1):
             model, masks, row = session.round(k, sparsity, model, masks)
@@ -197,7 +197,7 @@ def run(cfg: PruneConfig) -> dict:
             report["checkpoint"] = {"method": cfg.method, "round": k, "target": cfg.target}
             session.save(model, report, row)
             rounds_bar.update(1)
-            tqdm.write(round_summary(row, cfg.rounds))
+            ProgressBar.write(round_summary(row, cfg.rounds))
     except KeyboardInterrupt:
         rounds_bar.close()
         print(f"\n{interrupted_rounds(session.saved_round, cfg.rounds, out_dir)}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """Dynamic int8 quantization of a checkpoint, measured against the float model it came from.
 
-    python quantize/dynamic.py                                  # newest float/pruned artifact under out/
+    python quantize/dynamic.py                                  # the most-trained checkpoint under out/
     python quantize/dynamic.py --checkpoint out/train --out-dir out/int8 --dataset wikitext-103
     python quantize/dynamic.py --head int8                      # the tied embedding / output head too
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from data.corpus import DATASET_NAMES
+from data.corpus import dataset_help
 from data.loader import eval_batches
 from data.shards import load_split
 from model.int8 import HEAD_FORMATS, default_head_format, quantize_model
@@ -46,12 +46,12 @@ from runtime.provenance import git_commit, provenance
 from runtime.timing import cpu_model
 from storage.artifact import DEFAULT_OUT_ROOT, WEIGHTS_FILE, int8_artifact_writers, load_model, write_folder_atomically
 from storage.claim import claim_output_folder
-from storage.run_folder import pick_checkpoint
+from storage.run_folder import evaluation_context, evaluation_dataset, pick_checkpoint
 
 DEFAULT_OUT_DIR = str(DEFAULT_OUT_ROOT / "int8")
 REPORT_FILE = "quant_report.json"
 BATCH_SIZES = (1, 12)
-
+DEFAULT_DATASET = "builtin"  # for a checkpoint that records no training dataset
 
 
 class QuantizeError(UserError, ValueError):
@@ -65,8 +65,8 @@ class QuantizeConfig:
     out_dir: str = option(DEFAULT_OUT_DIR, "folder for the int8 artifact and quant_report.json")
     overwrite: bool = option(False, "write into --out-dir even though it holds another tool's artifact (whose "
                                     "files are removed first)")
-    dataset: str = option("builtin", f"validation text for the report: {', '.join(DATASET_NAMES)}, or a local "
-                                     f"folder")
+    dataset: str | None = option(None, f"validation text for the report: {dataset_help()} (default: the "
+                                          f"checkpoint's training dataset, else {DEFAULT_DATASET})")
     head: str = option("auto", "format of the tied embedding / output head: auto (fp16 on x86, where fbgemm has an "
                                "fp16 GEMM, else fp32), fp32 (unchanged), fp16 (half-precision weight copy for the "
                                "head matmul; floating point, faster), int8 (head and embedding quantized too: "
@@ -75,8 +75,8 @@ class QuantizeConfig:
                                        "get the same", min=1)
     eval_batches: int = option(16, "validation batches (the same leading windows)", min=1)
     eval_batch_size: int = option(4, "sequences per validation batch", min=1)
-    eval_block_size: int | None = option(None, "validation window length (default: the model's context)",
-                                            min=1)
+    eval_block_size: int | None = option(None, "validation window length (default: the block size the model "
+                                               "was trained at, else its context)", min=1)
     prompt_tokens: int = option(32, "length of each generation prompt", min=1)
     new_tokens: int = option(32, "greedy tokens generated per prompt", min=1)
     repeats: int = option(5, "timed generation runs per model and batch size", min=1)
@@ -105,6 +105,8 @@ def print_table(report: dict) -> None:
     size = report["size_bytes"]
     rows.append(("size on disk (MB)", f"{size['float'] / 1e6:.1f}", f"{size['int8'] / 1e6:.1f}",
                  f"{size['int8'] / size['float']:.2f}x"))
+    print(f"validation on {report['dataset']}, {report['split']} split, windows of {report['eval_block_size']} "
+          f"tokens")
     print(f"{'':20} {'float':>10} {'int8':>10} {'change':>9}")
     for name, a, b, change in rows:
         print(f"{name:20} {a:>10} {b:>10} {change:>9}")
@@ -116,7 +118,8 @@ def print_table(report: dict) -> None:
 
 def quantize(cfg: QuantizeConfig) -> dict:
     source, why = pick_checkpoint(cfg.checkpoint)
-    print(f"model: {source} ({why})", file=sys.stderr)
+    dataset, dataset_why = evaluation_dataset(cfg.dataset, source, DEFAULT_DATASET)
+    print(f"model: {source} ({why}); dataset: {dataset} ({dataset_why})", file=sys.stderr)
     out_dir = Path(cfg.out_dir)
     float_model, source_meta = load_model(source, "cpu", kinds=("float", "pruned"),
                                           why="quantizing it again would only add error")
@@ -127,13 +130,15 @@ def quantize(cfg: QuantizeConfig) -> dict:
               f"measuring on CPU (on {device} the int8 artifact runs weight-only)", file=sys.stderr)
     print(f"quantizing {source_meta.kind} model from {source}", file=sys.stderr)
     context = float_model.config.block_size
-    block = cfg.eval_block_size or context
+    block, warning = evaluation_context(cfg.eval_block_size, "--eval-block-size", source, context)
     if block > context:
         raise QuantizeError(f"--eval-block-size {block} exceeds the model's context of {context}")
+    if warning:
+        print(warning, file=sys.stderr)
     if cfg.prompt_tokens + cfg.new_tokens > context:
         raise QuantizeError(f"--prompt-tokens + --new-tokens = {cfg.prompt_tokens + cfg.new_tokens} exceeds "
                          f"the model's context of {context}")
-    tokens = load_split(cfg.dataset, "validation")  # before writing anything: a bad --dataset fails early
+    tokens = load_split(dataset, "validation")  # before writing anything: a bad --dataset fails early
     int8_model, _ = load_model(source, "cpu")
     if cfg.head == "auto":
         cfg.head = default_head_format()
@@ -164,7 +169,7 @@ def quantize(cfg: QuantizeConfig) -> dict:
         "source": str(source), "source_artifact": source_meta.kind, "artifact": str(out_dir),
         "quantization": {"head": cfg.head, "layers": len(quantization["layers"]),
                          "scheme": quantization["scheme"]},
-        "dataset": cfg.dataset, "split": "validation", "eval_block_size": block,
+        "dataset": dataset, "dataset_chosen": dataset_why, "split": "validation", "eval_block_size": block,
         "validation": validation, "generation": generation, "float_kernels": kernels,
         "greedy": greedy_agreement(outputs["float"], outputs["int8"], cfg.prompt_tokens),
         "measured": True,

@@ -10,10 +10,10 @@ import statistics
 from typing import Iterable
 
 import torch
-from tqdm import tqdm
 
 from model.generate import generate
 from model.sampling import SamplingParams
+from runtime.progress import ProgressBar
 from runtime.timing import paired_ratio, time_interleaved
 
 
@@ -23,7 +23,7 @@ def paired_validation(float_model, int8_model, batches: Iterable[tuple[torch.Ten
     """Token-weighted loss of both models on the same batches, and how often their top token agrees."""
     loss_sum = {"float": 0.0, "int8": 0.0}
     tokens = agree = 0
-    for x, y in tqdm(batches, total=total_batches, desc="validation float vs int8", leave=False):
+    for x, y in ProgressBar(batches, total=total_batches, desc="validation float vs int8", leave=False):
         counted = y != -1
         n = int(counted.sum())
         top = {}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import operator
 import types
 import typing
@@ -121,23 +122,65 @@ def _base_type(hint):
     return hint
 
 
-def _parser(cls, doc: str, epilog: str | None) -> argparse.ArgumentParser:
+class ToolParser(argparse.ArgumentParser):
+    """argparse for every tool: a flag is spelled out (`--max-step 90` is refused, never taken as `--max-steps`),
+    and a command line it cannot parse is one `error:` line, as the tools' other refusals are, with the nearest
+    flag suggested, instead of the whole usage."""
+
+    def __init__(self, **kwargs):
+        super().__init__(allow_abbrev=False, **kwargs)
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            self.error(self.unknown_message(unknown))
+        return parsed
+
+    def unknown_message(self, unknown: list[str]) -> str:
+        flags = [word.partition("=")[0] for word in unknown if word.startswith("--")]
+        if not flags:  # values with no flag to take them
+            return f"unexpected argument{'s' if len(unknown) > 1 else ''} {' '.join(unknown)}"
+        return "; ".join(f"unknown flag {name}{self.nearest(name)}" for name in flags)
+
+    def nearest(self, name: str) -> str:
+        known = [option for action in self._actions for option in action.option_strings if option.startswith("--")]
+        close = difflib.get_close_matches(name, known, n=1)
+        return f", did you mean {close[0]}?" if close else ""
+
+    def _get_values(self, action, arg_strings):
+        # argparse (3.11) drops the value of `--model=--` as if it were the end of the flags and hands the field an
+        # empty list, which no field expects: refuse it as a flag given no value.
+        if action.option_strings and arg_strings == ["--"]:
+            self.error(f"argument {action.option_strings[0]}: expected a value, got --")
+        return super()._get_values(action, arg_strings)
+
+    def error(self, message: str):
+        raise SystemExit(f"error: {printable(message)} (see `{self.prog} --help`)")
+
+
+def printable(text: str) -> str:
+    """`text` on one line: a character that does not print (a newline typed into an argument) as its escape."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _parser(cls, doc: str, epilog: str | None, prog: str | None = None) -> argparse.ArgumentParser:
     summary, _, rest = doc.strip().partition("\n\n")
-    parser = argparse.ArgumentParser(description=summary, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(part for part in (rest, epilog) if part) or None)
+    parser = ToolParser(prog=prog, description=summary, formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog="\n\n".join(part for part in (rest, epilog) if part) or None)
     add_dataclass_args(parser, cls)
     return parser
 
 
-def parse_config(cls, doc: str, argv=None, epilog: str | None = None):
+def parse_config(cls, doc: str, argv=None, epilog: str | None = None, prog: str | None = None):
     """The command line as a `cls` instance: help and choices from the fields' metadata, checks in its
     `__post_init__` (which raise a UserError that the caller's main prints).  `doc` is the script's
-    docstring: its first paragraph describes the command and the rest (its examples) follows the flags."""
-    return dataclass_from_args(cls, _parser(cls, doc, epilog).parse_args(argv))
+    docstring: its first paragraph describes the command and the rest (its examples) follows the flags.
+    `prog` names the command in its usage where the script's file name would not (`python -m serve`)."""
+    return dataclass_from_args(cls, _parser(cls, doc, epilog, prog).parse_args(argv))
 
 
 def given_fields(cls, argv=None) -> set[str]:
     """The fields the command line names, whatever their value: a default argparse filled in is not given."""
-    parser = argparse.ArgumentParser()
+    parser = ToolParser()
     add_dataclass_args(parser, cls, defaults=False)
     return set(vars(parser.parse_args(argv)))

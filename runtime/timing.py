@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Callable, Hashable, TypeVar
 
 import torch
-from tqdm import tqdm
 
 from runtime.device import synchronize
+from runtime.progress import ProgressBar
 from runtime.provenance import git_commit
 
 Key = TypeVar("Key", bound=Hashable)
@@ -60,7 +60,7 @@ def time_interleaved(calls: dict[Key, Callable[[], object]], repeats: int, warmu
     `progress` names a progress bar over the rounds."""
     times: dict[Key, list[float]] = {key: [] for key in calls}
     rounds = range(warmup + repeats)
-    for round_ in tqdm(rounds, desc=progress, leave=False) if progress else rounds:
+    for round_ in ProgressBar(rounds, desc=progress, leave=False) if progress else rounds:
         order = list(calls)[::-1] if alternate and round_ % 2 else list(calls)
         for key in order:
             elapsed = timed_call(calls[key], device)

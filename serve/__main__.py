@@ -40,7 +40,8 @@ def is_loopback(host: str) -> bool:
 
 def main(argv=None) -> None:
     try:
-        config = parse_config(ServeConfig, __doc__, argv, epilog=f"Set {API_KEY_ENV} to require an API key.")
+        config = parse_config(ServeConfig, __doc__, argv, epilog=f"Set {API_KEY_ENV} to require an API key.",
+                              prog="python -m serve")
         app = create_app(config)
     except UserError as e:
         sys.exit(f"error: {e}")

@@ -98,6 +98,8 @@ def test_scorecard_has_the_five_keys_with_numbers_and_units(results):
     assert score["environment"]["world_size"] == 1 and score["environment"]["git_commit"]
     assert score["generation"]["new_tokens"] == 4
     assert score["evaluation"]["targets"] == score["evaluation"]["tokens"] - 1  # the whole text, every target
+    assert (score["evaluation"]["dataset"], score["evaluation"]["dataset_chosen"]) == \
+        (str(results["root"] / "eval.txt"), "from --eval-text")
     assert score["protocol"]["name"] == "default" and score["protocol"]["grad_accum"] == 1
     assert json.loads((results["dir"] / "leaderboard.json").read_text())["loss"] == score["loss"]
 

@@ -12,7 +12,7 @@ from bench.leaderboard import LeaderboardConfig
 from prune.config import PruneConfig
 from prune.errors import PruneError
 from quantize.dynamic import QuantizeConfig, QuantizeError
-from runtime.cli import add_dataclass_args, check_options, option
+from runtime.cli import add_dataclass_args, check_options, option, parse_config
 from runtime.errors import UserError
 from serve.config import ServeConfig, ServeConfigError
 from training.config import TrainConfig, TrainingError
@@ -91,3 +91,25 @@ def test_threads_means_the_same_in_every_tool(cls):
     [field] = [f for f in dataclasses.fields(cls) if f.name == "threads"]
     assert field.default is None and field.metadata["bounds"] == {"min": 1}
     assert "default: torch's choice" in field.metadata["help"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-step", "90"], "error: unknown flag --max-step, did you mean --max-steps? (see `train.py --help`)"),
+    (["--max-stepz=90"], "error: unknown flag --max-stepz, did you mean --max-steps? (see `train.py --help`)"),
+    (["--zzzz"], "error: unknown flag --zzzz (see `train.py --help`)"),
+    (["90"], "error: unexpected argument 90 (see `train.py --help`)"),
+    (["--model=--"], "error: argument --model: expected a value, got -- (see `train.py --help`)"),  # not []
+    (["--batch-size", "x\ny"], "error: argument --batch-size: invalid int value: 'x\\ny' (see `train.py --help`)"),
+])
+def test_a_command_line_that_does_not_parse_is_one_error_line_with_the_nearest_flag(argv, message):
+    """No abbreviations (`--max-step` is not `--max-steps`), and no usage dump: one line, as other refusals."""
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(TrainConfig, "train", argv, prog="train.py")
+    assert exit_info.value.code == message
+
+
+def test_python_m_serve_names_itself_in_its_usage(capsys):
+    import serve.__main__
+    with pytest.raises(SystemExit) as exit_info:
+        serve.__main__.main(["--help"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("usage: python -m serve [-h]")

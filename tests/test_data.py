@@ -1,5 +1,7 @@
+import dataclasses
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -256,11 +258,17 @@ def test_bad_jsonl_lines_are_named(tmp_path):
 
 
 def test_a_corpus_without_validation_has_it_carved_from_training_text(tmp_path, capsys):
-    from data.local_files import CARVE_EVERY, local_corpus
+    from data.local_files import CARVE_EVERY, local_corpus, size_text
     docs = [f"Document number {i} says something of its own .\n" for i in range(3 * CARVE_EVERY)]
-    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    text = "".join(json.dumps({"text": d}) + "\n" for d in docs)
+    (tmp_path / "corpus.jsonl").write_text(text)
     splits = {s: load_split(str(tmp_path / "corpus.jsonl"), s) for s in ("train", "validation", "test")}
-    assert "validation and test carved from the training text" in capsys.readouterr().err
+    printed = capsys.readouterr().err
+    assert f"data: local:{tmp_path / 'corpus.jsonl'} validation: {len(splits['validation']):,} tokens (tokenized " \
+           f"now) from corpus.jsonl ({size_text(len(text))}), carved out of the training text: every 200th passage " \
+           f"from a seeded offset (0.5%) is held out, so the model is measured on text it does not train on (a " \
+           f"passage is a record, i.e. a JSON line or parquet row, or an article, and in plain text a stretch " \
+           f"ending at a paragraph break, none longer than 4,096 characters; the files are not changed)\n" in printed
     assert len(splits["validation"]) and len(splits["test"])
     corpus = local_corpus(tmp_path / "corpus.jsonl")
     carved = {s: list(corpus.documents(s)) for s in splits}
@@ -348,3 +356,25 @@ def test_two_ranks_tokenize_once(tmp_path):
     mp.spawn(_tokenize_on_two_ranks, args=(port, str(tmp_path / "wt"), str(tmp_path / "c"), str(tmp_path / "log")),
              nprocs=2, join=True)
     assert (tmp_path / "log").read_text() == "rank 0\n"
+
+
+def test_every_run_says_each_splits_tokens_and_files_whether_tokenized_or_cached(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GPT2_DATA_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "train.txt").write_text("Lamps and ropes .\n" * 50)
+    (tmp_path / "notes" / "valid.txt").write_text("Held out .\n")
+    dataset = str(tmp_path / "notes")
+    tokens = len(load_split(dataset, "validation"))
+    line = f"data: local:{tmp_path / 'notes'} validation: {tokens:,} tokens ({{}}) from valid.txt (11 bytes)\n"
+    assert capsys.readouterr().err.endswith(line.format("tokenized now"))
+    monkeypatch.setattr(shards, "TOKENIZED_HERE", set())  # as a later run, which finds the cache
+    load_split(dataset, "validation")
+    assert capsys.readouterr().err == line.format("read from the cache")
+
+
+def test_the_readme_table_of_formats_is_the_one_the_help_is_written_from():
+    from data.corpus import DATASET_FORMATS, formats_table
+    from training.config import TrainConfig
+    assert formats_table() in (Path(__file__).parent.parent / "README.md").read_text()
+    [dataset] = [f for f in dataclasses.fields(TrainConfig) if f.name == "dataset"]
+    assert all(f"{form}: {what}" in dataset.metadata["help"] for form, what in DATASET_FORMATS)

@@ -230,17 +230,18 @@ def test_files_naming_no_split_join_the_training_text(tmp_path, capsys):
     (folder / "books.TXT").write_text(books)  # names no split, extension in capitals
     (folder / "wiki.valid.RAW").write_text(held_out)
     assert np.array_equal(load_split(str(folder), "train"), gpt2_tokens([books, train]))  # in name order
-    assert f"train from books.TXT ({len(books)} bytes), train.txt ({len(train)} bytes)" in capsys.readouterr().err
+    assert f"(tokenized now) from books.TXT ({len(books)} bytes), train.txt ({len(train)} bytes)\n" in \
+        capsys.readouterr().err
     assert np.array_equal(load_split(str(folder), "validation"), gpt2_tokens([held_out]))
-    assert f"validation from wiki.valid.RAW ({len(held_out)} bytes)" in capsys.readouterr().err
+    assert f"(tokenized now) from wiki.valid.RAW ({len(held_out)} bytes)\n" in capsys.readouterr().err
 
 
-def test_the_note_counts_the_files_past_the_first_few(tmp_path):
+def test_the_data_line_counts_the_files_past_the_first_few(tmp_path):
     for i in range(5):
         (tmp_path / f"part-{i}.txt").write_text("x" * 1500)
-    note = local_corpus(tmp_path).text_pass("train").note
-    assert "train from part-0.txt (2 KB), part-1.txt (2 KB), part-2.txt (2 KB) and 2 more (3 KB); validation and " \
-           "test carved" in note
+    assert local_corpus(tmp_path).text_pass("train").origins["train"] == \
+        "part-0.txt (2 KB), part-1.txt (2 KB), part-2.txt (2 KB) and 2 more (3 KB), less the passages carved out " \
+        "for validation and test"
 
 
 def test_a_same_length_edit_anywhere_gives_a_new_key(tmp_path):

@@ -224,12 +224,31 @@ def test_cli_writes_artifact_and_report_that_sample_loads(workspace, monkeypatch
     assert report["generation"]["batch_12"]["int8_tokens_per_s"] > 0
     assert report["size_bytes"]["int8"] < report["size_bytes"]["float"]
     assert report["quantization"]["head"] == default_head_format()  # auto: floating point either way
+    assert (report["dataset"], report["dataset_chosen"]) == (str(workspace / "corpus"), "from --dataset")
     printed = capsys.readouterr().out
+    assert printed.startswith(f"validation on {workspace / 'corpus'}, validation split, windows of 64 tokens\n")
     assert "val loss" in printed and "tokens/s batch 12" in printed
 
     sample.main(["--checkpoint", str(out), "--prompt", "The layer", "--max-new-tokens", "5", "--seed", "1"])
     captured = capsys.readouterr()
     assert "loaded int8 model" in captured.err and captured.out.startswith("--- sample 1 ---\nThe layer")
+
+
+def test_without_dataset_it_measures_on_the_checkpoints_training_data_and_block(workspace, monkeypatch, capsys):
+    from storage.training_state import STATE_FILE, TrainingState
+    monkeypatch.setenv("GPT2_DATA_CACHE", str(workspace / "cache"))
+    train = workspace / "train"
+    shutil.copytree(workspace / "float", train)
+    (train / "training_state").mkdir()
+    TrainingState(step=1, sampler={}, global_batch=2, train_config={"dataset": str(workspace / "corpus"),
+                                                                    "block_size": 32}, torch_rng=[0]).write(train / STATE_FILE)
+    dynamic.main(["--checkpoint", str(train), "--out-dir", str(workspace / "int8_own"), "--eval-batches", "1",
+                  "--eval-batch-size", "1", "--prompt-tokens", "4", "--new-tokens", "2", "--repeats", "1"])
+    report = json.loads((workspace / "int8_own" / dynamic.REPORT_FILE).read_text())
+    assert (report["dataset"], report["eval_block_size"]) == (str(workspace / "corpus"), 32)
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first == (f"model: {train} (--checkpoint); dataset: {workspace / 'corpus'} (the checkpoint's training "
+                     f"dataset, recorded in {train / STATE_FILE})")
 
 
 def test_quantizing_an_int8_artifact_is_refused(workspace, monkeypatch, capsys):

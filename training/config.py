@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from data.corpus import DATASET_NAMES
+from data.corpus import dataset_help
 from model.config import PRESETS
 from parallel import MODES
 from parallel.lr_scaling import RULES as LR_SCALING_RULES
@@ -23,8 +23,7 @@ class TrainingError(UserError):
 @dataclass
 class TrainConfig:
     model: str = option("tiny", "model preset", choices=tuple(PRESETS))
-    dataset: str = option("builtin", f"{', '.join(DATASET_NAMES)}, or a local folder with wiki.*.raw or "
-                                     f"hub-layout parquet files")
+    dataset: str = option("builtin", dataset_help())
     init_from: str | None = option(None, "start from this checkpoint or Hugging Face GPT-2 folder (fine-tuning) "
                                          "instead of random weights")
     max_steps: int = option(600, "optimizer steps in the whole run", min=1)

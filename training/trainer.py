@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Iterable, Iterator, NoReturn
 
 import torch
-from tqdm import tqdm
 
 from data.loader import WindowSampler, eval_batches
 from data.shards import load_split, prepare_split
@@ -22,6 +21,7 @@ from parallel.distributed import run_on_node_leader
 from parallel.state import local_state_bytes
 from runtime.cli import non_default_fields
 from runtime.device import is_out_of_memory, precision_policy
+from runtime.progress import ProgressBar
 from training.checkpoint import Checkpointer, load_init_model
 from training.config import TrainConfig, TrainingError
 from training.estimate import RunEstimate
@@ -273,13 +273,13 @@ class Trainer:
             batches = eval_batches(self.val_tokens, self.block, self.cfg.batch_size, windows)
             if max_batches is None and self.ctx.is_writer:  # the whole split can take minutes: show it
                 windows_in_split = -(-(len(self.val_tokens) - 1) // self.block)
-                batches = tqdm(batches, total=-(-windows_in_split // self.cfg.batch_size), unit="batch",
-                               desc=f"validation, whole split ({len(self.val_tokens):,} tokens)", file=sys.stderr)
+                batches = ProgressBar(batches, total=-(-windows_in_split // self.cfg.batch_size), unit="batch",
+                                      desc=f"validation, whole split ({len(self.val_tokens):,} tokens)")
             try:
                 result = evaluate_loss(self.eval_module, self.until_stopped(batches, stop_signals), self.device,
                                        self.precision.autocast)
             finally:
-                if isinstance(batches, tqdm):  # the bar's line ends before a stop's message
+                if isinstance(batches, ProgressBar):  # the bar's line ends before a stop's message
                     batches.close()
             self.par.strategy.after_evaluation()
         record = EvalRecord(step, step * self.tokens_per_step, **result, eval_full_split=max_batches is None,

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from bench.decode_sides import Sides, SideSpec
 from bench.experiment import Experiment, SettingsError, at_least
@@ -52,6 +51,7 @@ from model.gpt import GPT
 from model.int8 import HEAD_FORMATS
 from runtime.cli import option
 from runtime.device import choose_device
+from runtime.progress import ProgressBar
 from runtime.provenance import provenance
 from runtime.timing import Environment, Spread, environment, paired_ratio
 from storage.artifact import save_artifact
@@ -203,7 +203,7 @@ def time_rounds(sides: Sides, names: list[str], prompt: torch.Tensor, new_tokens
     first: dict[str, list[float]] = {name: [] for name in names}
     whole: dict[str, list[float]] = {name: [] for name in names}
     loads = []
-    for round_ in tqdm(range(repeats), desc=f"batch {prompt.size(0)}", unit="round", leave=False):
+    for round_ in ProgressBar(range(repeats), desc=f"batch {prompt.size(0)}", unit="round", leave=False):
         loads.append(os.getloadavg()[0])
         for name in names[::-1] if round_ % 2 else names:
             first[name].append(sides.generate(name, prompt, 1)[0])

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from bench.experiment import Experiment, SettingsError
 from bench.record import plt
@@ -30,6 +29,7 @@ from prune.speed import SpeedSettings, forward_tokens_per_s, generation_tokens_p
 from prune.structured import select_units, shrink
 from runtime.cli import check_options, option
 from runtime.device import choose_device
+from runtime.progress import ProgressBar
 from runtime.timing import Environment, environment
 
 ROW_FIGURES = ("forward_full_logits", "forward_last_logits", "generation")
@@ -104,7 +104,7 @@ def measure(settings: Settings, work_dir: Path) -> PruneSpeed:
     row = shrink(dense, keep_hidden, keep_heads).eval()
     speed = SpeedSettings(settings.batch_size, settings.seq_len, settings.generation_tokens, settings.repeats)
     models = {"dense": dense, "row": row}
-    with tqdm(total=3, desc="row pruning speed") as bar:
+    with ProgressBar(total=3, desc="row pruning speed") as bar:
         full = forward_tokens_per_s(models, speed, device, vocab)
         bar.update()
         last = forward_tokens_per_s(models, dataclasses.replace(speed, logits="last"), device, vocab)
@@ -115,7 +115,7 @@ def measure(settings: Settings, work_dir: Path) -> PruneSpeed:
                                                "n_head_per_layer": row.config.n_head_per_layer},
                              compare(full, "row"), compare(last, "row"), compare(gen, "row"))
     csr = []
-    for sparsity in tqdm(settings.csr_sparsities, desc="CSR speed"):
+    for sparsity in ProgressBar(settings.csr_sparsities, desc="CSR speed"):
         masked = GPT(dense.config).to(device).eval()
         masked.load_state_dict(dense.state_dict())
         magnitude_masks(block_linear_weights(masked), sparsity).apply()

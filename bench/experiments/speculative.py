@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from bench.experiment import Experiment, ExperimentError, SettingsError
 from bench.experiments.generate_speed import real_prompts
@@ -47,6 +46,7 @@ from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats
 from prune.config import PruneConfig
 from quantize.dynamic import QuantizeConfig
 from runtime.cli import check_options, flag, non_default_flags, option
+from runtime.progress import ProgressBar
 from runtime.timing import Environment, Spread, environment, paired_ratio, timed_call
 from storage.artifact import load_model
 from training.config import TrainConfig
@@ -257,8 +257,8 @@ def time_batch(target, models: dict, drafts: list[str], prompts: torch.Tensor, p
     times: dict[tuple, list[float]] = {key: [] for key in keys}
     identical = {key: True if params.greedy else None for key in stats}
     target_text = ""
-    for round_ in tqdm(range(prompts.size(0)), desc=f"speculative, batch {prompts.size(1)}, temperature "
-                                                    f"{params.temperature:g}", unit="round"):
+    for round_ in ProgressBar(range(prompts.size(0)), desc=f"speculative, batch {prompts.size(1)}, temperature "
+                                                          f"{params.temperature:g}", unit="round"):
         tokens = {}
         for key in keys[::-1] if round_ % 2 else keys:  # none always runs first
             elapsed = timed_call(lambda: tokens.__setitem__(key, run(key, prompts[round_], round_ > 0)))
