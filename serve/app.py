@@ -30,6 +30,7 @@ from serve.schemas import CompletionRequest, GenerateRequest
 from serve.slow_clients import BodyReadDeadline
 from serve.state import ServerState, server_state
 from storage.artifact import load_model
+from storage.hub import resolve_checkpoint
 from storage.meta import CONFIG_FILE
 from storage.run_folder import pick_checkpoint
 
@@ -45,6 +46,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         # Uvicorn configures only its own loggers; the per-request lines need a handler too.
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     folder, why = pick_checkpoint(config.checkpoint)
+    # The draft's name too, before either model loads.
+    draft_folder = None if config.draft is None else resolve_checkpoint(config.draft, "--draft")
     log.info("model: %s (%s)", folder, why)
     device = choose_device(config.device)
     if config.threads is not None:
@@ -55,8 +58,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         model, meta = load_model(folder, device)
         log.info("%s", pack_for_inference(model))
         draft = None
-        if config.draft is not None:
-            draft, draft_meta = load_model(config.draft, device)
+        if draft_folder is not None:
+            draft, draft_meta = load_model(draft_folder, device)
             log.info("draft: %s model from %s, %d tokens per step; %s", draft_meta.kind, config.draft,
                      config.draft_tokens, pack_for_inference(draft))
         engine = Engine(model, device, config.max_batch_size, config.max_queue, config.request_timeout_s, metrics,
