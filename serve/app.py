@@ -22,6 +22,7 @@ from runtime.device import choose_device
 from serve import routes_generate, routes_openai
 from serve.body_limit import BodySizeLimit
 from serve.config import CHECKPOINT_ENV, ServeConfig, api_key_from_environment
+from serve.docs import install_docs
 from serve.engine import Engine
 from serve.errors import install_error_handlers
 from serve.metrics import ServerMetrics
@@ -82,7 +83,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         # Uvicorn has let in-flight requests finish by now; drain whatever is left off the event loop.
         await asyncio.to_thread(engine.stop)
 
-    app = FastAPI(title="GPT-2 generation server", lifespan=lifespan)
+    # The documentation pages come from serve/docs.py, with their files: FastAPI's load them from a CDN.
+    app = FastAPI(title="GPT-2 generation server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = state
     app.include_router(routes_generate.router)
     app.include_router(routes_openai.router)
@@ -90,7 +92,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     app.add_api_route("/metrics", prometheus_metrics, methods=["GET"], response_class=PlainTextResponse)
     install_error_handlers(app, {"/generate": GenerateRequest, "/v1/completions": CompletionRequest},
                            config.max_body_bytes)
-    known_paths = set(app.openapi()["paths"]) | {app.docs_url, app.openapi_url}
+    docs_paths = install_docs(app)
+    known_paths = set(app.openapi()["paths"]) | docs_paths | {app.openapi_url}
     app.add_middleware(BodySizeLimit, max_body_bytes=config.max_body_bytes)
     app.add_middleware(BodyReadDeadline, timeout_s=config.read_timeout_s)
     # Added last, so outermost: it logs and counts the 413s too.
