@@ -21,7 +21,7 @@ from runtime.cli import given_fields, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
 from storage.claim import missing_folders, remove_unused_folders
-from storage.hub import check_model_name
+from storage.hub import resolve_checkpoint
 from training.config import TrainConfig, TrainingError
 from training.metrics import EvalRecord
 from training.trainer import Trainer
@@ -32,8 +32,8 @@ __all__ = ["TrainConfig", "TrainingError", "train", "main"]
 def train(cfg: TrainConfig, given: set[str] | None = None) -> EvalRecord:
     """Train (one process, or this rank of a torchrun job); returns the final validation record.  `given`:
     the settings the command line named, which a resumed run takes over its saved ones."""
-    if cfg.init_from:
-        check_model_name(cfg.init_from, "--init-from")
+    if cfg.init_from:  # a name that is not there, or a hub model not to be had, fails before anything starts
+        resolve_checkpoint(cfg.init_from, "--init-from")
     layout = layout_from_flags(cfg.parallel, cfg.tp_size)
     ctx = init_distributed(layout.dims, choose_device(cfg.device), cfg.dist_timeout_s)
     created = missing_folders(cfg.out_dir) if ctx.is_writer else []

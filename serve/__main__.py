@@ -42,11 +42,9 @@ def is_loopback(host: str) -> bool:
 
 
 def check_port(host: str, port: int) -> None:
-    """Bind the address the server will listen on, and let it go: a port in use is refused before the model
-    loads, not after.  The socket is made as uvicorn makes its own (the family by the host's form,
-    SO_REUSEADDR), so the test passes exactly when uvicorn's bind would."""
-    if port == 0:  # any free port: nothing to find in use
-        return
+    """Bind the address the server will listen on, and let it go: a port in use (or a host that is not this
+    machine's) is refused before the model loads, not after.  The socket is made as uvicorn makes its own (the
+    family by the host's form, SO_REUSEADDR), so the test passes exactly when uvicorn's bind would."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         with socket.socket(family, socket.SOCK_STREAM) as probe:

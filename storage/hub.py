@@ -94,7 +94,7 @@ def no_such_folder(text: str, flag: str | None) -> ArtifactError:
         hint = f"did you mean {' or '.join(display(name) for name in close)}?"
     else:
         where = "the working directory" if parent == Path(".") else shown(str(parent))
-        listed = ", ".join(display(name) for name in names[:LISTED_FOLDERS])
+        listed = ", ".join(shown(name) for name in names[:LISTED_FOLDERS])
         hint = (f"{where} holds {listed}{', ...' if len(names) > LISTED_FOLDERS else ''}" if names else
                 f"{where} holds no folders")
     prefix = f"{flag}: " if flag else ""
