@@ -119,6 +119,8 @@ def remove_unused_folders(created: list[Path]) -> None:
             return
         for name in LOCK_FILES:
             (folder / name).unlink(missing_ok=True)
+    except OSError:  # left as it is: the error that refused the start is the one to report
+        return
     finally:
         release_writer_lock(folder)
     for path in created:
