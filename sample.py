@@ -36,6 +36,7 @@ from runtime.errors import UserError
 from runtime.progress import ProgressBar
 from runtime.text import decode_utf8
 from storage.artifact import load_model
+from storage.hub import resolve_checkpoint
 from storage.run_folder import pick_checkpoint
 
 PROMPT_SETTINGS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
@@ -262,6 +263,8 @@ def main(argv=None) -> None:
         cfg = parse_config(SampleConfig, __doc__, argv)
         with open_output(cfg) as out:
             folder, why = pick_checkpoint(cfg.checkpoint)
+            # The draft's name too, before the model loads: a typo must not cost the wait for the model.
+            draft_folder = None if cfg.draft is None else resolve_checkpoint(cfg.draft, "--draft")
             print(f"model: {folder} ({why})", file=sys.stderr)
             device = choose_device(cfg.device)
             if cfg.decode == "cuda-graph" and device.type != "cuda":
@@ -270,8 +273,8 @@ def main(argv=None) -> None:
             model, meta = load_model(folder, device)
             print(f"loaded {meta.kind} model from {folder}; {pack_for_inference(model)}", file=sys.stderr)
             draft = None
-            if cfg.draft is not None:
-                draft, draft_meta = load_model(cfg.draft, device)
+            if draft_folder is not None:
+                draft, draft_meta = load_model(draft_folder, device)
                 print(f"loaded {draft_meta.kind} draft model from {cfg.draft}; {pack_for_inference(draft)}",
                       file=sys.stderr)
             if cfg.prompts_file:

@@ -20,6 +20,8 @@ from parallel.distributed import announce_failure, exit_rank, failed_rank, launc
 from runtime.cli import given_fields, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
+from storage.claim import missing_folders, remove_unused_folders
+from storage.hub import resolve_checkpoint
 from training.config import TrainConfig, TrainingError
 from training.metrics import EvalRecord
 from training.trainer import Trainer
@@ -30,8 +32,11 @@ __all__ = ["TrainConfig", "TrainingError", "train", "main"]
 def train(cfg: TrainConfig, given: set[str] | None = None) -> EvalRecord:
     """Train (one process, or this rank of a torchrun job); returns the final validation record.  `given`:
     the settings the command line named, which a resumed run takes over its saved ones."""
+    if cfg.init_from:  # a name that is not there, or a hub model not to be had, fails before anything starts
+        resolve_checkpoint(cfg.init_from, "--init-from")
     layout = layout_from_flags(cfg.parallel, cfg.tp_size)
     ctx = init_distributed(layout.dims, choose_device(cfg.device), cfg.dist_timeout_s)
+    created = missing_folders(cfg.out_dir) if ctx.is_writer else []
     try:
         with Trainer(cfg, ctx, layout.strategy, given) as trainer:
             final = trainer.fit()
@@ -40,10 +45,10 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> EvalRecord:
             # curves): a rank that destroyed it early intermittently ended the job with exit code 1.
             dist.barrier()
         return final
-    except (UserError, SystemExit):
-        raise
     except BaseException as e:
-        if ctx.world_size == 1:
+        # A run that stops before it wrote anything (bad data, a refused --resume) leaves no new --out-dir.
+        remove_unused_folders(created)
+        if isinstance(e, (UserError, SystemExit)) or ctx.world_size == 1:
             raise
         if isinstance(e, dist.DistError) or "gloo" in str(e).lower() or "nccl" in str(e).lower():
             culprit = failed_rank(ctx)

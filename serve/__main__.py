@@ -6,9 +6,11 @@
 """
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import resource
+import socket
 import sys
 
 import uvicorn
@@ -16,8 +18,9 @@ import uvicorn
 from runtime.cli import parse_config
 from runtime.errors import UserError
 from serve.app import create_app
-from serve.config import API_KEY_ENV, ServeConfig
+from serve.config import API_KEY_ENV, ServeConfig, ServeConfigError
 from serve.slow_clients import connection_protocol
+from storage.hub import shown
 
 # Descriptors the server holds besides client connections: 7 measured at rest (model files are read and
 # closed; the listening socket, the event loop's pipes, stdio), with room for the tokenizer, logs and torch.
@@ -38,10 +41,30 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def check_port(host: str, port: int) -> None:
+    """Bind the address the server will listen on, and let it go: a port in use (or a host that is not this
+    machine's) is refused before the model loads, not after.  The socket is made as uvicorn makes its own (the
+    family by the host's form, SO_REUSEADDR), so the test passes exactly when uvicorn's bind would."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            raise ServeConfigError(f"port {port} on {host} is in use; pass --port with a free one (--port 0 picks "
+                                   f"any), or stop the server holding it") from e
+        raise ServeConfigError(f"cannot listen on {shown(host)} port {port}: {e.strerror or e}; check --host and "
+                               f"--port") from e
+    except (UnicodeError, ValueError, TypeError) as e:  # what socket raises for a name it cannot even encode
+        raise ServeConfigError(f"--host {shown(host)} is not a host name or address") from e
+
+
 def main(argv=None) -> None:
     try:
         config = parse_config(ServeConfig, __doc__, argv, epilog=f"Set {API_KEY_ENV} to require an API key.",
                               prog="python -m serve")
+        check_port(config.host, config.port)
         app = create_app(config)
     except UserError as e:
         sys.exit(f"error: {e}")

@@ -22,6 +22,7 @@ from runtime.device import choose_device
 from serve import routes_generate, routes_openai
 from serve.body_limit import BodySizeLimit
 from serve.config import CHECKPOINT_ENV, ServeConfig, api_key_from_environment
+from serve.docs import install_docs
 from serve.engine import Engine
 from serve.errors import install_error_handlers
 from serve.metrics import ServerMetrics
@@ -30,6 +31,7 @@ from serve.schemas import CompletionRequest, GenerateRequest
 from serve.slow_clients import BodyReadDeadline
 from serve.state import ServerState, server_state
 from storage.artifact import load_model
+from storage.hub import resolve_checkpoint
 from storage.meta import CONFIG_FILE
 from storage.run_folder import pick_checkpoint
 
@@ -45,6 +47,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         # Uvicorn configures only its own loggers; the per-request lines need a handler too.
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     folder, why = pick_checkpoint(config.checkpoint)
+    # The draft's name too, before either model loads.
+    draft_folder = None if config.draft is None else resolve_checkpoint(config.draft, "--draft")
     log.info("model: %s (%s)", folder, why)
     device = choose_device(config.device)
     if config.threads is not None:
@@ -55,8 +59,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         model, meta = load_model(folder, device)
         log.info("%s", pack_for_inference(model))
         draft = None
-        if config.draft is not None:
-            draft, draft_meta = load_model(config.draft, device)
+        if draft_folder is not None:
+            draft, draft_meta = load_model(draft_folder, device)
             log.info("draft: %s model from %s, %d tokens per step; %s", draft_meta.kind, config.draft,
                      config.draft_tokens, pack_for_inference(draft))
         engine = Engine(model, device, config.max_batch_size, config.max_queue, config.request_timeout_s, metrics,
@@ -79,7 +83,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         # Uvicorn has let in-flight requests finish by now; drain whatever is left off the event loop.
         await asyncio.to_thread(engine.stop)
 
-    app = FastAPI(title="GPT-2 generation server", lifespan=lifespan)
+    # The documentation pages come from serve/docs.py, with their files: FastAPI's load them from a CDN.
+    app = FastAPI(title="GPT-2 generation server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = state
     app.include_router(routes_generate.router)
     app.include_router(routes_openai.router)
@@ -87,7 +92,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     app.add_api_route("/metrics", prometheus_metrics, methods=["GET"], response_class=PlainTextResponse)
     install_error_handlers(app, {"/generate": GenerateRequest, "/v1/completions": CompletionRequest},
                            config.max_body_bytes)
-    known_paths = set(app.openapi()["paths"]) | {app.docs_url, app.openapi_url}
+    docs_paths = install_docs(app)
+    known_paths = set(app.openapi()["paths"]) | docs_paths | {app.openapi_url}
     app.add_middleware(BodySizeLimit, max_body_bytes=config.max_body_bytes)
     app.add_middleware(BodyReadDeadline, timeout_s=config.read_timeout_s)
     # Added last, so outermost: it logs and counts the 413s too.

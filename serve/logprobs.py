@@ -5,7 +5,12 @@ often split across tokens.  As OpenAI reports such tokens, one that leaves a cha
 is shown as its bytes ("bytes:\\xf0\\x9f"), and the one that finishes it as the text it completes,
 the whole character included.  Offsets index the choice's text in characters; as OpenAI's do, the
 generated tokens' start after the prompt even without echo (vLLM's start at 0 there).  The pieces
-of one character share its offset.  Tokens past a stop string are left out, as their text is.
+of one character share its offset.
+
+With a stop string the entries cover exactly the returned text: a token whose text starts at or after the
+stop string is left out, as that text is, and the token that holds the stop string's start and text before it
+is kept, shown as that part of its text alone, so that the tokens joined are the text.  Its `token_logprobs`
+entry is still the whole token's (what the model chose), and its `top_logprobs` keys are whole tokens.
 """
 from __future__ import annotations
 
@@ -25,9 +30,11 @@ def completion_logprobs(result: DoneEvent, prompt_text: str, echo: bool) -> Comp
                             (result.logprobs[scored_prompt:], TokenReader(len(prompt_text)))):
         for entry in entries:
             top = None if entry.logprob is None else {reader.label(token): lp for token, lp in entry.top}
-            label, offset = reader.read(entry.token)
+            label, text, offset = reader.read(entry.token)
             if end is not None and offset >= end:
                 break
+            if end is not None and offset + len(text) > end:  # the stop string starts inside this token
+                label = text[:end - offset]
             out.tokens.append(label)
             out.token_logprobs.append(entry.logprob)
             out.top_logprobs.append(top)
@@ -42,12 +49,12 @@ class TokenReader:
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.offset = offset
 
-    def read(self, token: int) -> tuple[str, int]:
-        """The token's label and the offset of its text; moves past it."""
+    def read(self, token: int) -> tuple[str, str, int]:
+        """The token's label, its text and the offset of that text; moves past it."""
         offset = self.offset
         label, text = self._decode(token)
         self.offset += len(text)
-        return label, offset
+        return label, text, offset
 
     def label(self, token: int) -> str:
         """How `token` would be shown if it came next (an alternative's key in top_logprobs)."""

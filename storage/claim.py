@@ -1,14 +1,19 @@
 """Claiming an output folder: the one place a tool becomes a folder's writer, and the one place `--overwrite`
-deletes anything."""
+deletes anything; and undoing the claim of a new folder when the tool then refuses to start."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
 from storage.artifact import WEIGHTS_FILE
-from storage.folder import acquire_writer_lock, previous_contents, remove_files
+from runtime.errors import UserError
+from storage.folder import (GATE_LOCK, SWAP_LOCK, WRITER_LOCK, acquire_writer_lock, previous_contents,
+                            release_writer_lock, remove_files)
 from storage.meta import CONFIG_FILE, ArtifactMeta
 from storage.weights import ArtifactError
+
+# What claiming a folder writes into it before the tool has written anything of its own.
+LOCK_FILES = (WRITER_LOCK, SWAP_LOCK, GATE_LOCK)
 
 # The tool that writes Hugging Face folders (storage/export.py), which record no producer of ours.
 EXPORT_TOOL = "storage.export"
@@ -88,3 +93,38 @@ def claim_output_folder(folder: str | Path, tool: str, overwrite: bool, source: 
                             f"output folder")
     if overwrite:
         remove_files(folder, previous_contents(folder) or [CONFIG_FILE, WEIGHTS_FILE])
+
+
+def missing_folders(folder: str | Path) -> list[Path]:
+    """The folders that claiming `folder` would create: it and those above it that are not there, innermost
+    first.  Taken before the claim, so that `remove_unused_folders` knows which are new."""
+    folder = Path(folder)
+    return [path for path in (folder, *folder.parents) if not os.path.lexists(path)]
+
+
+def remove_unused_folders(created: list[Path]) -> None:
+    """Undo a claim for a tool that refused to start: the folders of `created` (`missing_folders`, taken before
+    the claim) go again while they hold nothing but the claim's lock files, so a refused start leaves no new
+    folder behind.  The lock files are removed under the writer lock, so a process that has claimed the folder
+    since keeps it."""
+    if not created or not os.path.isdir(created[0]):  # never created: the start was refused before the claim
+        return
+    folder = created[0]
+    try:
+        acquire_writer_lock(folder)
+    except UserError:  # another process writes it now: the folder is in use
+        return
+    try:
+        if set(os.listdir(folder)) - set(LOCK_FILES):
+            return
+        for name in LOCK_FILES:
+            (folder / name).unlink(missing_ok=True)
+    except OSError:  # left as it is: the error that refused the start is the one to report
+        return
+    finally:
+        release_writer_lock(folder)
+    for path in created:
+        try:
+            path.rmdir()
+        except OSError:  # something else is in it now
+            return

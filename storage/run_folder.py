@@ -120,5 +120,5 @@ def pick_checkpoint(checkpoint: str | None, root: str | Path = DEFAULT_OUT_ROOT)
     """The folder a tool's --checkpoint names (a path or a hub name), or without one the default under
     `root`; and a phrase saying how it was chosen, for the tool to print."""
     if checkpoint:
-        return resolve_checkpoint(checkpoint), "--checkpoint"
+        return resolve_checkpoint(checkpoint, "--checkpoint"), "--checkpoint"
     return default_checkpoint(root)

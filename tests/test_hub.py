@@ -6,7 +6,7 @@ import torch
 
 from storage.artifact import load_model
 from storage.export import export_hf_gpt2
-from storage.hub import resolve_checkpoint
+from storage.hub import looks_local, resolve_checkpoint
 from storage.weights import ArtifactError
 
 
@@ -65,3 +65,38 @@ def test_a_local_folder_wins_over_a_hub_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "gpt2").mkdir()
     assert resolve_checkpoint("gpt2") == Path("gpt2")
+
+
+@pytest.mark.parametrize("name, local", [
+    ("out/train", True),  # out/ is there
+    ("./train", True), ("/abs/train", True), ("~/train", True), ("..\\train", True), ("a/b/c", True),
+    ("owner/name", False), ("gpt2", False), ("nothing-here", False),
+])
+def test_a_name_looks_local_when_it_reads_as_a_path(tmp_path, monkeypatch, name, local):
+    (tmp_path / "out").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert looks_local(name) is local
+
+
+def test_a_missing_local_folder_is_no_such_folder_and_never_a_download(tmp_path, monkeypatch):
+    """Issue 42: `--checkpoint out/train` where out/train did not exist advised snapshot_download('out/train')."""
+    for name in ("train-int8", "prune"):
+        (tmp_path / "out" / name).mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    import huggingface_hub
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: pytest.fail("the hub was asked"))
+    hub_names = "(a hub name is gpt2, gpt2-medium, gpt2-large, gpt2-xl or a bare owner/name)"
+    for name, message in [
+        ("out/train", "no such folder: out/train; did you mean out/train-int8? "),
+        ("./out/prun", "no such folder: ./out/prun; did you mean out/prune? "),
+        ("out/x/y", "no such folder: out/x/y; out holds prune, train-int8 "),
+        ("gtp2", "no such folder: gtp2; did you mean gpt2? "),
+        ("nope/a/b", "no such folder: nope/a/b; the working directory holds out "),
+    ]:
+        with pytest.raises(ArtifactError) as refused:
+            resolve_checkpoint(name, "--checkpoint")
+        assert str(refused.value) == f"--checkpoint: {message}{hub_names}"
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(ArtifactError, match=r"^--draft: file.txt is a file; a model is a folder holding config.json "
+                                            r"and model.safetensors$"):
+        resolve_checkpoint("file.txt", "--draft")

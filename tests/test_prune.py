@@ -301,7 +301,7 @@ def test_ctrl_c_keeps_the_last_finished_round(workspace, monkeypatch):
 @pytest.mark.parametrize("argv, message", [
     (["--target", "1.2"], "--target must be below 1, got 1.2"),
     ([], "--target is required"),
-    (["--target", "0.5", "--checkpoint", "/nonexistent/checkpoint"], "does not exist"),
+    (["--target", "0.5", "--checkpoint", "/nonexistent/checkpoint"], "no such folder: /nonexistent/checkpoint; "),
     (["--target", "0.9", "--method", "row"], "would remove every head of layer 0"),
     (["--target", "0.5", "--method", "wanda", "--prune-params", "linear,embedding"], "linear weights only"),
     (["--target", "0.5", "--method", "magnitude,banana"], "choose from magnitude, row, wanda"),

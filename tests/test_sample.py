@@ -43,7 +43,7 @@ def test_prompt_from_stdin_and_seed_reproducibility(small_artifact):
 
 @pytest.mark.parametrize("args, message", [
     (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
-    (["--checkpoint", "/no/such/dir"], "does not exist"),
+    (["--checkpoint", "/no/such/dir"], "--checkpoint: no such folder: /no/such/dir; "),
     (["--max-new-tokens", "1000"], "exceeds the model's context of 64"),
     (["--temperature", "nan"], "--temperature must be a finite number >= 0, got nan"),
     (["--prompt-file", "."], "--prompt-file . is not a file"),

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+from importlib.resources import files
 from pathlib import Path
 
 import openai
@@ -140,6 +142,22 @@ def test_streamed_body_over_the_limit_is_refused(client):
 def test_unknown_paths_and_methods_answer_json(client):
     assert client.get("/nope").json()["error"]["message"].startswith("no endpoint at /nope")
     assert client.get("/generate").status_code == 405
+
+
+@pytest.mark.parametrize("page, assets", [
+    ("/docs", ["/docs-assets/swagger-ui.css", "/docs-assets/favicon.png", "/docs-assets/swagger-ui-bundle.js"]),
+    ("/redoc", ["/docs-assets/favicon.png", "/docs-assets/redoc.standalone.js"]),
+])
+def test_the_docs_pages_load_their_files_from_this_server(client, page, assets):
+    """Issue 42: /docs, which the 404 at / points to, must work offline: every file it loads is served here."""
+    html = client.get(page).text
+    assert re.findall(r'(?:src|href)="([^"]+)"', html) == assets and "http" not in html
+    static = Path(files("fastapi_offline") / "static")
+    for url in assets:
+        response = client.get(url)
+        assert response.status_code == 200
+        assert response.content == (static / url.removeprefix("/docs-assets/")).read_bytes()
+    assert client.get("/docs-assets/nope.js").status_code == 404
 
 
 def test_openai_request_checks(client, checkpoint):
@@ -432,6 +450,23 @@ def test_logprobs_leave_out_tokens_cut_by_a_stop_string(client, checkpoint):
     assert (choice["text"], choice["finish_reason"], choice["logprobs"]["tokens"]) == ("", "stop", [])
     echoed = client.post("/v1/completions", json={**body, "stop": [first], "echo": True}).json()["choices"][0]
     assert echoed["text"] == "Hello" and echoed["logprobs"]["tokens"] == ["Hello"]
+
+
+def test_logprobs_of_a_token_holding_the_stop_string_show_only_its_part_in_the_text(checkpoint, monkeypatch):
+    """Issue 42: the tokens " Paris", '."', " It" with stop '"' return the text " Paris." and the tokens
+    [" Paris", "."]: the token that holds the stop string's start is kept, cut to its part in the text, with the
+    whole token's log-probability; the token after it is left out, as its text is."""
+    generated = iter([6342, 526, 632])  # " Paris", '."', " It"
+    monkeypatch.setattr("serve.engine.sample_rows", lambda logits, params, generators: [next(generated)])
+    with make_client(checkpoint) as client:
+        body = {"model": Path(checkpoint).name, "prompt": "Hello", "max_tokens": 3, "logprobs": 1, "stop": ['"']}
+        choice = client.post("/v1/completions", json=body).json()["choices"][0]
+    logprobs = choice["logprobs"]
+    assert (choice["text"], choice["finish_reason"]) == (" Paris.", "stop")
+    assert logprobs["tokens"] == [" Paris", "."] and "".join(logprobs["tokens"]) == choice["text"]
+    assert logprobs["text_offset"] == [5, 11]
+    assert len(logprobs["token_logprobs"]) == 2 and all(lp < 0 for lp in logprobs["token_logprobs"])
+    assert len(logprobs["top_logprobs"][1]) == 1
 
 
 def test_a_generated_end_of_text_is_scored(checkpoint, monkeypatch):

@@ -251,3 +251,15 @@ def test_tools_without_checkpoint_pick_the_most_trained_run_of_the_demo(tmp_path
     result = run_sample("--prompt", "x", "--max-new-tokens", "2")
     assert result.returncode == 0, result.stderr
     assert result.stderr.splitlines()[0].startswith(f"model: {Path('out/demo/train')} (the train.py checkpoint")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dataset", "no-such-corpus"], "error: dataset 'no-such-corpus' is neither a known name"),
+    (["--resume"], "error: --resume: "),
+])
+def test_a_refused_start_leaves_no_new_out_dir(tmp_path, argv, message):
+    """Issue 42: a failed data check left .gate .swap .writer in a new output folder."""
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([*argv, "--out-dir", str(tmp_path / "new" / "run"), "--max-steps", "1"])
+    assert str(exit_info.value.code).startswith(message)
+    assert list(tmp_path.iterdir()) == []
