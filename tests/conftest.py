@@ -69,7 +69,7 @@ def interrupt_training_at_batch(monkeypatch, n: int):
 # `pytest --durations=0` on 2 cores; the order only changes when files run, never what they check.
 LONGEST_FIRST = ("test_bench.py", "test_parallel.py", "test_launch.py", "test_train.py", "test_folder.py",
                  "test_serve_live.py", "test_resume.py", "test_speculative.py", "test_speculative_bench.py",
-                 "test_data.py")
+                 "test_hostile_signals.py", "test_hostile_artifacts.py", "test_hostile_names.py", "test_data.py")
 
 
 def pytest_collection_modifyitems(items):
