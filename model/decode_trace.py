@@ -71,7 +71,20 @@ class _DecodeStep(torch.nn.Module):
 
     def __init__(self, model: GPT, masked: bool, placed: bool):
         super().__init__()
-        self.model, self.masked, self.placed = model, masked, placed
+        self.masked, self.placed = masked, placed
+        # The model is held outside the module tree, its tensors registered on this module itself: the tracer
+        # makes a TorchScript module for every submodule it is given, which was most of a trace's time, and a
+        # flat module whose state holds the very tensors the model reads traces the same graph.
+        self.__dict__["model"] = model
+        for i, tensor in enumerate(_unique(model.parameters())):
+            self.register_parameter(f"parameter_{i}", tensor)
+        for i, tensor in enumerate(_unique(model.buffers())):
+            self.register_buffer(f"buffer_{i}", tensor, persistent=False)
+        # Likewise the TorchScript objects a layer keeps as plain attributes (model/int8.py's packed int8 weights).
+        script_objects = (value for m in model.modules() for value in vars(m).values()
+                          if torch._C._jit_is_script_object(value))
+        for i, value in enumerate(script_objects):
+            setattr(self, f"script_object_{i}", value)
         # The oneDNN-packed weights are derived copies outside the model's state; registered here, the trace
         # reads them as its module's state rather than failing to embed them as constants.
         for i, layer in enumerate(m for m in model.modules() if isinstance(m, PackedLinear)):
@@ -83,6 +96,11 @@ class _DecodeStep(torch.nn.Module):
         layers = len(keys_values) // 2
         cache = _CacheViews(list(keys_values[:layers]), list(keys_values[layers:]))
         return self.model(tokens, cache=cache, attention=AttentionInputs(positions, mask, columns))[0]
+
+
+def _unique(tensors) -> list[torch.Tensor]:
+    """Each tensor once (a tied head's weight is also the embedding's)."""
+    return list({id(t): t for t in tensors}.values())
 
 
 def _weights_version(model: GPT) -> tuple:
