@@ -21,8 +21,8 @@ from model.kv_cache import KVCache, StaticKVCache
 DECODE_MODES = ("auto", "dynamic", "static", "cuda-graph", "traced")
 # Under auto, a call's steps are traced only when at least this many tokens are left to make with them (or a trace
 # of their shape is kept already): a trace costs many eager steps, and each traced step saves part of one, so a
-# short one-off call is faster with eager steps throughout.  Set between the break-even points of the tiny preset
-# and GPT-2 124M; `python -m bench.experiments one_off_decode` times a call of 32 and of 200 tokens both ways.
+# short one-off call is faster with eager steps throughout.  So a call of 32 tokens runs eagerly and one of 200
+# traces: `python -m bench.experiments one_off_decode` times both ways, trace included (bench/results/).
 TRACE_REPAID_AFTER = 128
 
 
