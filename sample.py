@@ -26,7 +26,7 @@ import torch
 from data.tokenizer import decode, encode
 from model.config import EOT_TOKEN
 from model.decode_steps import DECODE_MODES
-from model.generate import generate
+from model.generate import CallTiming, generate
 from model.packed_linear import pack_for_inference
 from model.sampling import SamplingParams
 from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats
@@ -136,22 +136,56 @@ def completion(prompt_ids: list[int], row: list[int], params: SamplingParams) ->
     return generated, "length"
 
 
+@dataclass
+class CallSpeed:
+    """A generate() call's time as the scorecard (bench/leaderboard.py) divides it: the wait for the first new
+    tokens (the prompt's prefill), then the decoding rate over the steps after it, with the call's one-time set-up
+    (a trace of the decode step, made once per process and shape) taken out of it and reported on its own.  The
+    rate is the scorecard's `ms_per_token_batch_1` as tokens per second; its headline figure also spreads the
+    prefill over the tokens, which over its hundreds of tokens moves it little."""
+    rows: int
+    steps: int  # columns of new tokens
+    first_token_s: float  # from the call's start, set-up before the first tokens included
+    setup_before_first_token_s: float
+    setup_s: float  # in all
+    decode_s: float  # from the first tokens to the last, less the set-up in between
+
+    @classmethod
+    def of(cls, rows: int, start: float, step_times: list[float], timing: CallTiming) -> CallSpeed:
+        """From the call's start and the time each column of new tokens came (perf_counter), and its set-up."""
+        setup_after_first = timing.setup_s - timing.setup_before_first_token_s
+        return cls(rows, len(step_times), step_times[0] - start, timing.setup_before_first_token_s, timing.setup_s,
+                   step_times[-1] - step_times[0] - setup_after_first)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.rows * (self.steps - 1) / self.decode_s if self.steps > 1 and self.decode_s > 0 else None
+
+    def line(self) -> str:
+        setup_first = f" + {self.setup_before_first_token_s * 1e3:,.0f} ms of set-up" \
+            if self.setup_before_first_token_s else ""
+        first = f"the first after {self.first_token_s * 1e3:,.0f} ms (the prompt{setup_first})"
+        if self.tokens_per_s is None:
+            return f"{self.rows * self.steps} new tokens (batch {self.rows}): {first}"
+        setup = f", not counting {self.setup_s * 1e3:,.0f} ms of one-time set-up (tracing decode steps)" \
+            if self.setup_s else ""
+        return (f"{self.rows * self.steps} new tokens (batch {self.rows}): {first}, then {self.tokens_per_s:,.1f} "
+                f"tokens/s over the {self.steps - 1} steps after it{setup}")
+
+
 def sample_one(cfg: SampleConfig, model, device, draft=None) -> None:
     prompt_ids = encode(read_prompt(cfg)) or [EOT_TOKEN]
     params = cfg.sampling()
-    stats = SpeculativeStats()
+    stats, timing, step_times = SpeculativeStats(), CallTiming(), []
     start = time.perf_counter()
     out = generate(model, torch.tensor([prompt_ids] * cfg.num_samples, device=device), params, decode=cfg.decode,
-                   draft=draft, draft_tokens=cfg.draft_tokens, stats=stats)
-    elapsed = time.perf_counter() - start
-    new_tokens = 0
+                   draft=draft, draft_tokens=cfg.draft_tokens, stats=stats, timing=timing,
+                   on_token=lambda _: step_times.append(time.perf_counter()))
     for i, row in enumerate(out.tolist()):
         generated, _ = completion(prompt_ids, row, params)
-        new_tokens += len(generated)
         print(f"--- sample {i + 1} ---")
         print(decode(prompt_ids) + decode(generated))
-    print(f"--- {new_tokens} new tokens in {elapsed:.2f}s: {new_tokens / elapsed:.1f} tokens/s "
-          f"(batch {cfg.num_samples})", file=sys.stderr)
+    print(f"--- {CallSpeed.of(cfg.num_samples, start, step_times, timing).line()}", file=sys.stderr)
     if draft is not None:
         print(stats.summary(), file=sys.stderr)
 

@@ -19,6 +19,11 @@ from model.kv_cache import KVCache, StaticKVCache
 # (what a CUDA graph needs); cuda-graph: static, each step after the prompt replayed as a captured CUDA graph;
 # traced: dynamic, each step after the prompt one traced TorchScript graph, without Python between its operators.
 DECODE_MODES = ("auto", "dynamic", "static", "cuda-graph", "traced")
+# Under auto, a call's steps are traced only when at least this many tokens are left to make with them (or a trace
+# of their shape is kept already): a trace costs many eager steps, and each traced step saves part of one, so a
+# short one-off call is faster with eager steps throughout.  So a call of 32 tokens runs eagerly and one of 200
+# traces: `python -m bench.experiments one_off_decode` times both ways, trace included (bench/results/).
+TRACE_REPAID_AFTER = 128
 
 
 def fastest_decode(model: torch.nn.Module, device: torch.device, speculative: bool = False) -> str:
@@ -58,6 +63,8 @@ class DecodeSteps:
         if self.mode == "cuda-graph" and device.type != "cuda":
             raise ValueError(f"decode 'cuda-graph' needs a CUDA device; the model is on {device}")
         self.model, self.device = model, device
+        # An explicit `traced` traces every step; auto traces when the trace will be repaid (`_runs_traced`).
+        self.trace_when_repaid = decode == "auto"
         self.traced = TracedSteps(model, max(KEPT_TRACES, 4 * max_rows)) if self.mode == "traced" else None
         self.captured = CapturedSteps(model) if self.mode == "cuda-graph" else None
 
@@ -67,16 +74,24 @@ class DecodeSteps:
         padding a batch to fewer row counts."""
         return self.traced is not None or self.captured is not None
 
+    @property
+    def setup_s(self) -> float:
+        """Seconds of one-time set-up these steps spent so far: the traces they made, with their first runs."""
+        return self.traced.setup_s if self.traced is not None else 0.0
+
     def new_cache(self, rows: int, max_len: int) -> KVCache:
         """An empty cache of the layout this mode's steps need."""
         layout = StaticKVCache if self.mode in ("static", "cuda-graph") else KVCache
         return layout.allocate(self.model.config, rows, max_len, self.device, cache_dtype(self.model))
 
-    def logits(self, cache: KVCache, inputs: torch.Tensor, positions: int) -> torch.Tensor:
+    def logits(self, cache: KVCache, inputs: torch.Tensor, positions: int, tokens_left: int | None = None
+               ) -> torch.Tensor:
         """The model's logits (rows, positions, vocab) at the last `positions` of `inputs` (rows, W), fed into
         `cache` after each row's tokens.  The prompt (an empty cache) runs as one eager pass; the steps after it
-        (a few tokens per row) run as the mode says."""
-        if cache.length > 0 and self.traced is not None:
+        (a few tokens per row) run as the mode says.  `tokens_left`: how many steps the caller has yet to run,
+        this one included, for auto to judge whether a trace would be repaid (None: as many as will come, as for
+        the server, whose traces serve its whole life)."""
+        if cache.length > 0 and self.traced is not None and self._runs_traced(cache, inputs, tokens_left):
             return self.traced.step(cache, inputs)[:, -positions:]
         if cache.length > 0 and self.captured is not None:
             return self.captured.step(cache, inputs)[:, -positions:]
@@ -85,6 +100,11 @@ class DecodeSteps:
         hidden = self.model.hidden_states(inputs, cache)
         # The output head on the last positions only: the first pass also feeds the whole prompt.
         return self.model.lm_head(hidden[:, -positions:])[..., :self.model.config.vocab_size]
+
+    def _runs_traced(self, cache: KVCache, inputs: torch.Tensor, tokens_left: int | None) -> bool:
+        if not self.trace_when_repaid or tokens_left is None or tokens_left >= TRACE_REPAID_AFTER:
+            return True
+        return self.traced.kept_for(cache, inputs)  # a kept trace costs nothing more
 
     def prepare(self, cache: KVCache, width: int) -> None:
         """Make the step for one row of `width` tokens now (a trace, or a capture), so that a model that cannot

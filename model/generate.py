@@ -1,6 +1,8 @@
 """Autoregressive sampling with a KV cache: temperature, top-k, top-p, seed, stop at end-of-text."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from model.config import EOT_TOKEN
@@ -11,10 +13,32 @@ from model.sampling import SamplingParams, row_generators, sample_rows
 from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats, speculative_generate
 
 
+@dataclass
+class CallTiming:
+    """The one-time set-up inside a generate() call (traces of decode steps, with their first runs), which a
+    decode rate should leave out: in all, and before the first new tokens (speculative decoding traces the draft's
+    steps before its first tokens come; plain decoding traces after them)."""
+    setup_s: float = 0.0
+    setup_before_first_token_s: float = 0.0
+
+    def watch(self, on_token, steps: list[DecodeSteps]):
+        """`on_token`, also noting the set-up spent before the first tokens."""
+        first = []
+
+        def noted(token):
+            if not first:
+                first.append(True)
+                self.setup_before_first_token_s = sum(s.setup_s for s in steps)
+            if on_token is not None:
+                on_token(token)
+        return noted
+
+
 @torch.inference_mode()
 def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: bool = True,
              on_token=None, decode: str = "auto", draft: GPT | None = None,
-             draft_tokens: int = DEFAULT_DRAFT_TOKENS, stats: SpeculativeStats | None = None) -> torch.Tensor:
+             draft_tokens: int = DEFAULT_DRAFT_TOKENS, stats: SpeculativeStats | None = None,
+             timing: CallTiming | None = None) -> torch.Tensor:
     """Extend the prompts `idx` (B, T) by up to `params.max_new_tokens` tokens.
 
     Rows that emit end-of-text stop growing (later positions are filled with
@@ -26,6 +50,8 @@ def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: b
     With a `draft` model, decoding is speculative (model/speculative.py): the draft proposes `draft_tokens` tokens
     per step and the model checks them in one pass; greedy tokens are the model's own, sampled ones follow the
     model's distribution.  `stats`, a SpeculativeStats, is then filled with the acceptance counts.
+
+    `timing`, a CallTiming, is filled with the call's one-time set-up, which a decode rate should leave out.
     """
     model.eval()
     B, T = idx.shape
@@ -36,18 +62,31 @@ def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: b
     if draft is not None:
         if not use_cache:
             raise ValueError("speculative decoding (a draft model) runs its passes with the KV cache; use_cache=True")
-        return speculative_generate(DecodeSteps(model, idx.device, decode, B, speculative=True),
-                                    DecodeSteps(draft, idx.device, decode, B, speculative=True),
-                                    idx, params, draft_tokens, on_token, stats)
-    steps = DecodeSteps(model, idx.device, decode, B)
+        used = [DecodeSteps(m, idx.device, decode, B, speculative=True) for m in (model, draft)]
+    else:
+        used = [DecodeSteps(model, idx.device, decode, B)]
+    if timing is not None:
+        on_token = timing.watch(on_token, used)
+    if draft is not None:
+        out = speculative_generate(*used, idx, params, draft_tokens, on_token, stats)
+    else:
+        out = _plain_generate(model, used[0], idx, params, use_cache, on_token)
+    if timing is not None:
+        timing.setup_s = sum(steps.setup_s for steps in used)
+    return out
+
+
+def _plain_generate(model: GPT, steps: DecodeSteps, idx: torch.Tensor, params: SamplingParams, use_cache: bool,
+                    on_token) -> torch.Tensor:
+    B, T = idx.shape
     generators = row_generators(params.seed, B, idx.device)
     cache = steps.new_cache(B, T + params.max_new_tokens) if use_cache else None
     done = torch.zeros(B, dtype=torch.bool, device=idx.device)
     out = idx
     step_input = idx
-    for _ in range(params.max_new_tokens):
+    for made in range(params.max_new_tokens):
         if use_cache:
-            logits = steps.logits(cache, step_input, 1)
+            logits = steps.logits(cache, step_input, 1, tokens_left=params.max_new_tokens - made)
         else:
             logits, _ = model(out, last_only=True)
         token = torch.tensor(sample_rows(logits[:, -1], [params] * B, generators), device=idx.device)

@@ -33,7 +33,9 @@ TEXT = ("The quick brown fox jumps over the lazy dog while the committee debates
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 
 
-NOT_RUN = ("batch_sweep", "faults", "speculative")  # speculative trains its models: tests/test_speculative_bench.py
+# speculative trains its models: tests/test_speculative_bench.py; one_off_decode starts a process per call, and the
+# paths it times have their tests in tests/test_decode_trace.py.
+NOT_RUN = ("batch_sweep", "faults", "speculative", "one_off_decode")
 
 
 @pytest.fixture(scope="module")

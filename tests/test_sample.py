@@ -35,6 +35,24 @@ def test_sample_prints_text_and_speed(small_artifact):
     assert "tokens/s" in result.stderr and "loaded float model" in result.stderr
 
 
+@pytest.mark.parametrize("before_first", [0.0, 0.2])
+def test_the_speed_line_leaves_the_prompt_and_the_set_up_out_of_the_decode_rate(before_first):
+    import sample
+    from model.generate import CallTiming
+    # 32 columns of 2 rows: the first 50 ms after the start (plus any set-up before it), then 31 steps of 4 ms
+    # with 300 ms of set-up among them.
+    first = 0.05 + before_first
+    times = [10 + first] + [10 + first + 0.3 + 0.004 * i for i in range(1, 32)]
+    speed = sample.CallSpeed.of(2, 10.0, times, CallTiming(setup_s=0.3 + before_first,
+                                                            setup_before_first_token_s=before_first))
+    assert speed.tokens_per_s == pytest.approx(2 * 31 / (31 * 0.004))
+    line = speed.line()
+    assert line.startswith(f"64 new tokens (batch 2): the first after {first * 1e3:.0f} ms (the prompt")
+    assert ("+ 200 ms of set-up)" in line) == bool(before_first)
+    assert line.endswith(f"then 500.0 tokens/s over the 31 steps after it, not counting "
+                         f"{(0.3 + before_first) * 1e3:.0f} ms of one-time set-up (tracing decode steps)")
+
+
 def test_prompt_from_stdin_and_seed_reproducibility(small_artifact):
     a = run_sample("--checkpoint", small_artifact, "--max-new-tokens", "8", "--seed", "5", stdin="Once upon")
     b = run_sample("--checkpoint", small_artifact, "--max-new-tokens", "8", "--seed", "5", stdin="Once upon")

@@ -1,0 +1,175 @@
+"""A one-off generate() call as `sample.py` makes it: the default decode (`auto`) against eager steps (`dynamic`),
+each call in a fresh process, so that every one-time cost (a trace of the decode step, its first runs) is paid
+inside the call timed.
+
+    python -m bench.experiments one_off_decode      # tiny and GPT-2 124M (random weights), 32 and 200 new tokens
+
+Each process builds the preset with random weights (seeded), packs its linear layers as sample.py does, and times
+one greedy call (end-of-text does not stop it) on a seeded random prompt: the whole call, and its first new token.
+The two paths run in turns within every round, in an order reversed every other round, so that a machine whose
+load drifts weighs on both alike; each figure is the median over the rounds, and the 1-minute load average is
+recorded before every round.  The tokens of the two paths are compared (greedy: they must be the same).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bench.experiment import Experiment, ExperimentError, SettingsError, at_least
+from bench.record import plt
+from bench.report_page import Page, num, spread
+from bench.runner import ROOT
+from model.config import PRESETS
+from runtime.cli import non_default_flags, option
+from runtime.timing import Environment, Spread, environment, paired_ratio
+
+PATHS = ("auto", "dynamic")
+
+# One call in a fresh process: argv is preset, decode, new tokens, prompt tokens, threads (0: torch's default);
+# prints one JSON line.
+CHILD = """
+import json, sys, time
+import torch
+from model.config import preset
+from model.generate import generate
+from model.gpt import GPT
+from model.packed_linear import pack_for_inference
+from model.sampling import SamplingParams
+name, decode, new_tokens, prompt_tokens, threads = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+if threads:
+    torch.set_num_threads(threads)
+torch.manual_seed(0)
+model = GPT(preset(name)).eval()
+pack_for_inference(model)
+prompt = torch.randint(0, model.config.vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(1))
+params = SamplingParams(max_new_tokens=new_tokens, temperature=0, stop_at_eot=False)
+first = []
+start = time.perf_counter()
+out = generate(model, prompt, params, decode=decode,
+               on_token=lambda _: first or first.append(time.perf_counter() - start))
+call_s = time.perf_counter() - start
+print(json.dumps({"call_s": call_s, "first_token_s": first[0], "tokens": out[0].tolist(),
+                  "threads": torch.get_num_threads()}))
+"""
+
+
+@dataclass
+class Settings:
+    models: list[str] = option(["tiny", "gpt2"], "model presets (random weights)", choices=tuple(PRESETS))
+    new_tokens: list[int] = option([32, 200], "tokens per call")
+    prompt_tokens: int = option(16, "prompt length", min=1)
+    rounds: int = option(5, "fresh processes per path, model and length", min=1)
+    threads: int | None = option(None, "torch threads in each process (default: torch's own); on a machine "
+                                       "others load, 1 keeps a step from waiting on a descheduled thread", min=1)
+
+    def __post_init__(self):
+        at_least(self, 1, "new_tokens")
+        if not self.models:
+            raise SettingsError("--models needs at least one preset")
+
+
+@dataclass
+class Row:
+    model: str
+    new_tokens: int
+    decode: str
+    call_s: Spread  # the whole generate() call, one-time costs included
+    calls_s: list[float]  # each round's, in order
+    first_token_s: Spread
+    tokens_per_s: Spread  # new tokens / the whole call
+
+
+@dataclass
+class Comparison:
+    model: str
+    new_tokens: int
+    # Median over rounds of the dynamic call's time / the auto call's in the same round: above 1, the default is
+    # faster; each round compared with its own partner, which cancels load that changes between rounds.
+    auto_speedup: float
+    identical_tokens: bool
+
+
+@dataclass
+class OneOffDecode:
+    prompt_tokens: int
+    rounds: int
+    threads: int  # torch threads in each call's process
+    rows: list[Row]
+    comparisons: list[Comparison]
+    load_average_1m: Spread  # before each round
+    command: str
+    environment: Environment
+
+
+def one_call(model: str, decode: str, new_tokens: int, settings: Settings) -> dict:
+    run = subprocess.run([sys.executable, "-c", CHILD, model, decode, str(new_tokens), str(settings.prompt_tokens),
+                          str(settings.threads or 0)],
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    if run.returncode:
+        raise ExperimentError(f"the {decode} call on {model} failed:\n{run.stderr[-2000:]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def measure(settings: Settings, work_dir: Path) -> OneOffDecode:
+    cases = [(model, n) for model in settings.models for n in settings.new_tokens]
+    calls: dict[tuple, list[dict]] = {(*case, path): [] for case in cases for path in PATHS}
+    loads = []
+    for round_ in range(settings.rounds):
+        loads.append(os.getloadavg()[0])
+        for case in cases:
+            for path in PATHS if round_ % 2 == 0 else reversed(PATHS):
+                call = one_call(case[0], path, case[1], settings)
+                calls[(*case, path)].append(call)
+                print(f"round {round_ + 1}/{settings.rounds}: {case[0]} {case[1]} tokens {path:8} "
+                      f"{call['call_s'] * 1e3:8.1f} ms", flush=True)
+    seconds = {key: [c["call_s"] for c in done] for key, done in calls.items()}
+    rows = [Row(model, n, path, Spread.of(seconds[(model, n, path)]), seconds[(model, n, path)],
+                Spread.of([c["first_token_s"] for c in done]), Spread.of([n / c["call_s"] for c in done]))
+            for (model, n, path), done in calls.items()]
+    comparisons = [Comparison(model, n, paired_ratio(seconds[(model, n, "dynamic")], seconds[(model, n, "auto")]),
+                              all(a["tokens"] == d["tokens"] for a, d in zip(calls[(model, n, "auto")],
+                                                                             calls[(model, n, "dynamic")])))
+                   for model, n in cases]
+    command = " ".join(["python -m bench.experiments one_off_decode", *non_default_flags(settings)])
+    threads = next(iter(calls.values()))[0]["threads"]
+    return OneOffDecode(settings.prompt_tokens, settings.rounds, threads, rows, comparisons, Spread.of(loads), command,
+                        environment(torch.device("cpu")))
+
+
+def plot(result: OneOffDecode):
+    fig, ax = plt.subplots(figsize=(6.5, 3.5))
+    labels = [f"{c.model}\n{c.new_tokens} tokens" for c in result.comparisons]
+    for offset, path in ((-0.2, "auto"), (0.2, "dynamic")):
+        medians = [next(r.call_s.median for r in result.rows if (r.model, r.new_tokens, r.decode) ==
+                        (c.model, c.new_tokens, path)) for c in result.comparisons]
+        ax.bar([i + offset for i in range(len(labels))], [1e3 * m for m in medians], width=0.4, label=path)
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_yscale("log")
+    ax.set_ylabel("ms per one-off call (median)")
+    ax.legend()
+    ax.grid(alpha=0.3, axis="y")
+    ax.set_title("one generate() call per fresh process")
+    return fig
+
+
+def section(res: OneOffDecode, page: Page) -> None:
+    page.add(f"One greedy call per fresh process, {res.prompt_tokens}-token prompt, median of {res.rounds} rounds "
+             f"(load average {spread(res.load_average_1m, 2)}), {res.threads} torch thread(s); the call includes every one-time "
+             f"cost.\n")
+    page.table(["model", "new tokens", "decode", "call ms", "first token ms", "tokens/s over the call"],
+               [[r.model, r.new_tokens, r.decode, spread(r.call_s, 1, 1e3), spread(r.first_token_s, 1, 1e3),
+                 num(r.tokens_per_s.median)] for r in res.rows])
+    page.table(["model", "new tokens", "auto's speed-up over dynamic (paired)", "same tokens"],
+               [[c.model, c.new_tokens, f"{c.auto_speedup:.2f}x", c.identical_tokens] for c in res.comparisons])
+
+
+EXPERIMENT = Experiment(
+    name="one_off_decode", title="A one-off call: the default decode against eager steps", about=__doc__,
+    settings=Settings, quick=Settings(rounds=3), full=Settings(rounds=7), result=OneOffDecode, measure=measure,
+    plot=plot, section=section)
