@@ -185,7 +185,8 @@ def test_any_damaged_token_file_is_one_error_line(ids, damage, data):
             tokens[data.draw(st.integers(0, len(ids) - 1), label="at")] = data.draw(
                 st.integers(GPT2_VOCAB_SIZE, 2**16 - 1), label="id")
             path.write_bytes(whole[:HEADER_BYTES] + tokens.tobytes())
-        header_is_ours = np.frombuffer(path.read_bytes()[:12], np.int32).tolist() == [MAGIC, VERSION, len(ids)]
+        head = path.read_bytes()[:12]  # a cut file may hold less than three whole numbers
+        header_is_ours = len(head) == 12 and np.frombuffer(head, np.int32).tolist() == [MAGIC, VERSION, len(ids)]
         with unchanged(TOKEN_CACHE, path):
             outcome = attempt(TOKEN_CACHE, lambda: read_tokens(path))
         harmless = damage == "none" or (damage == "foreign header" and header_is_ours)
