@@ -171,12 +171,14 @@ def test_the_first_micro_batch_gives_an_estimate_and_gpu_sized_runs_are_named(tm
     from training.estimate import RunEstimate, duration
     train.main([*RUN, "--grad-accum", "2", "--max-steps", "3", "--out-dir", str(tmp_path / "run")])
     out = capsys.readouterr().out
-    assert re.search(r"first micro-batch [\d.]+ s \(warm-up included\): about [\d.]+ s per step of 2 micro-batches, "
-                     r"about [\d.]+ s for the 3 steps to go", out)
-    assert re.search(r"step 1/3: .* tokens/s, [\d.]+ s left", out) and "sized for a GPU" not in out
+    took = r"[\d.]+ m?s"  # a fast step is in milliseconds
+    assert re.search(rf"first micro-batch [\d.]+ s \(warm-up included\): about {took} per step of 2 micro-batches, "
+                     rf"about {took} for the 3 steps to go", out)
+    assert re.search(rf"step 1/3: .* tokens/s, {took} left", out) and "sized for a GPU" not in out
     lines = RunEstimate(20000, 32, torch.device("cpu")).first_micro_batch(80.0)
     assert lines[0].endswith("about 43 min per step of 32 micro-batches, about 592 days 14 h for the 20,000 steps "
                              "to go")
     assert lines[1].startswith("this run is sized for a GPU: about 43 min per step here, 592 days 14 h in all")
     assert len(RunEstimate(20000, 32, torch.device("cuda")).first_micro_batch(80.0)) == 1
-    assert [duration(s) for s in (45, 600, 7800, 200000)] == ["45 s", "10 min", "2 h 10 min", "2 days 7 h"]
+    assert [duration(s) for s in (0.04, 2.5, 45, 600, 7800, 200000)] == \
+        ["40 ms", "2.5 s", "45 s", "10 min", "2 h 10 min", "2 days 7 h"]

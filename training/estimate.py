@@ -12,7 +12,11 @@ GPU_SIZED_S = 12 * 3600
 
 
 def duration(seconds: float) -> str:
-    """45 s, 12 min, 6 h 10 min, 9 days 4 h."""
+    """40 ms, 2.5 s, 45 s, 12 min, 6 h 10 min, 9 days 4 h: a fast step is not "0 s"."""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
     if seconds < 90:
         return f"{seconds:.0f} s"
     minutes = seconds / 60

@@ -180,7 +180,7 @@ class Trainer:
         self.save_if_due(self.completed, last=True)
         if self.ctx.is_writer:  # one line for the job, not one per rank
             print(f"stopped by {stop} after step {self.completed}; {self.checkpointer.describe_last_good()} "
-                  f"(continue with --resume auto); exit status {stop.exit_status}", file=sys.stderr)
+                  f"(continue with --resume); exit status {stop.exit_status}", file=sys.stderr)
         raise SystemExit(stop.exit_status)
 
     def announce_stop(self, signal_name: str) -> None:
