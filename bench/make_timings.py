@@ -62,7 +62,8 @@ def time_targets(cfg: TimingsConfig) -> MakeTimings:
             lines = [line for line in (run.stdout + run.stderr).splitlines() if line.strip()]
             summary = next((line for line in reversed(lines) if " passed" in line), lines[-1] if lines else "")
             timings.append(TargetTiming(target, seconds, run.returncode, summary.strip()[:200]))
-            print(f"make {target}: {seconds / 60:.0f} min {seconds % 60:02.0f} s, exit {run.returncode}: {summary}")
+            minutes, rest = divmod(round(seconds), 60)  # whole minutes: 333 s is 5 min 33 s, not "6 min 33 s"
+            print(f"make {target}: {minutes} min {rest:02d} s, exit {run.returncode}: {summary}")
             if run.returncode:
                 # pytest's FAILED/ERROR lines name what broke; stderr (pip's notices) would bury them.
                 failures = [line for line in run.stdout.splitlines() if line.startswith(("FAILED", "ERROR", "E "))]

@@ -113,9 +113,13 @@ def builtin_documents(split: str, progress: Progress = lambda n: None) -> Iterat
     English text.  Modules are assigned to splits by a stable hash of their path (90/5/5).
     `progress` gets the characters of each document yielded (the sources' other bytes are not text)."""
     root = _stdlib_root()
-    for path in sorted(root.rglob("*.py")):
+    # site-packages is not walked (an interpreter's own packages can hold several times the stdlib's files);
+    # the order is the same: every path sorted whole.
+    paths = [p for top in root.iterdir() if top.name != "site-packages"
+             for p in ([top] if top.is_file() else top.rglob("*.py")) if p.suffix == ".py"]
+    for path in sorted(paths):
         rel = path.relative_to(root).as_posix()
-        if rel.startswith("site-packages/") or _builtin_split(rel) != split:
+        if _builtin_split(rel) != split:
             continue
         docs = _docstrings(path.read_text(encoding="utf-8", errors="replace"))
         if docs:
