@@ -16,8 +16,7 @@ setup: $(STAMP) $(TOKENIZER)
 # machines, every test process would otherwise compile torch's sources again.)
 $(STAMP): requirements.txt requirements-test.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip setuptools
-	$(PY) -m pip install --quiet --no-compile -r requirements.txt -r requirements-test.txt
+	$(PY) -m pip install --quiet --no-compile "setuptools>=68" -r requirements.txt -r requirements-test.txt
 	$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null || true  # files for newer Pythons fail, as pip skips them
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)

@@ -31,6 +31,7 @@ from tests.hostile import FUZZ_FACTOR, PROFILE_ENV, REPORT_ENV
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_hostile_*.py"))
 BAD_OUTCOMES = ("traceback", "bad message", "source changed")
+KEPT_BAD_EXAMPLES = 5
 
 
 @dataclass
@@ -48,6 +49,7 @@ class SurfaceCount:
     surface: str
     attempts: int
     outcomes: dict[str, int]  # worked, refused, exit 130, ... and the bad ones: traceback, bad message, source changed
+    bad_examples: list[str] = field(default_factory=list)  # what the first bad outcomes said, to start a diagnosis
 
 
 @dataclass
@@ -71,6 +73,10 @@ def run_round(report_path: Path, workers: int) -> list[str]:
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", str(workers),
                           "--dist", "loadfile", "-x", *SUITE], cwd=ROOT, env=env, capture_output=True, text=True)
     failed = [line for line in run.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    for line in run.stdout.splitlines():  # what a user needs to replay a failure: the property and its example
+        if line.startswith(("FAILED", "ERROR")) or "@reproduce_failure" in line or \
+                line.startswith("E   ") and ("Error" in line or "Falsifying" in line):
+            print(line, flush=True)
     if run.returncode not in (0, 1) and not failed:  # pytest itself broke (usage error, collection error)
         raise UserError(f"pytest exited {run.returncode}: {run.stdout.strip().splitlines()[-1:]}")
     return failed
@@ -78,11 +84,14 @@ def run_round(report_path: Path, workers: int) -> list[str]:
 
 def count(report_path: Path) -> list[SurfaceCount]:
     by_surface: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    bad: dict[str, list[str]] = collections.defaultdict(list)
     if report_path.exists():
         for line in report_path.read_text().splitlines():
             row = json.loads(line)
             by_surface[row["surface"]][row["outcome"]] += 1
-    return [SurfaceCount(s, sum(c.values()), dict(sorted(c.items()))) for s, c in sorted(by_surface.items())]
+            if row["outcome"] in BAD_OUTCOMES and len(bad[row["surface"]]) < KEPT_BAD_EXAMPLES:
+                bad[row["surface"]].append(f"{row['outcome']}: {row['detail']}")
+    return [SurfaceCount(s, sum(c.values()), dict(sorted(c.items())), bad[s]) for s, c in sorted(by_surface.items())]
 
 
 def fuzz(cfg: FuzzConfig) -> FuzzReport:

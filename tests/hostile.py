@@ -38,7 +38,7 @@ def record(surface: str, outcome: str, detail: str = "") -> None:
     path = os.environ.get(REPORT_ENV)
     if not path:
         return
-    line = json.dumps({"surface": surface, "outcome": outcome, "detail": detail[:200]}) + "\n"
+    line = json.dumps({"surface": surface, "outcome": outcome, "detail": detail[-600:]}) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
@@ -96,7 +96,7 @@ def run_command(surface: str, argv: list[str], *, cwd: str | Path | None = None,
 def check_finished(surface: str, result: subprocess.CompletedProcess, allowed_codes: tuple[int, ...] = ()) -> str:
     """The property for a finished subprocess (see `run_command`); returns its outcome."""
     if "Traceback" in result.stderr:
-        record(surface, "traceback", result.stderr[-200:])
+        record(surface, "traceback", f"exit {result.returncode}: {result.stderr[-500:]}")
         raise AssertionError(f"{surface}: traceback on stderr (exit {result.returncode}):\n{result.stderr[-3000:]}")
     if result.returncode == 0:
         outcome = "worked"
@@ -105,7 +105,7 @@ def check_finished(surface: str, result: subprocess.CompletedProcess, allowed_co
     else:
         last = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""
         if not last.startswith("error: "):
-            record(surface, "bad message", result.stderr[-200:])
+            record(surface, "bad message", f"exit {result.returncode}: {result.stderr[-500:]}")
             raise AssertionError(f"{surface}: exit {result.returncode} without an 'error:' line:\n"
                                  f"{result.stderr[-3000:]}")
         outcome = "refused"

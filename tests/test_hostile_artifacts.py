@@ -207,7 +207,7 @@ def digests_without_locks(folder: Path) -> dict[str, str]:
        nesting=st.none() | st.integers(2_000, 100_000))
 @example(field="sampler.cursor", value=-1, nesting=None).via("N11: a negative cursor was a ValueError traceback")
 @example(field="global_batch", value=7, nesting=None).via("N11: a global batch the run's batch of 4 cannot make")
-@examples(6)
+@examples(4)
 def test_a_hand_edited_training_state_is_one_error_line_on_resume(training_run, field, value, nesting):
     folder = fresh_copy(training_run, "state_edited")
     path = folder / "training_state" / "state.json"

@@ -119,7 +119,7 @@ def refusal(surface: str, run) -> str:
 
 
 @pytest.mark.parametrize("surface", list(model_flags("")))
-@examples(12)
+@examples(6)
 @given(name=NAMES)
 @example(name="out/trian").via("a typo of out/train")
 @example(name="out/mine-int9").via("issue 42's --draft")

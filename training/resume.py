@@ -15,6 +15,8 @@ that run (defaults included), starts fresh in an empty folder, and refuses a fol
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from pathlib import Path
 
 from storage.training_state import TrainingState
@@ -34,10 +36,35 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def fits(value, kind) -> bool:
+    """Whether a JSON value is of a TrainConfig field's type (str, int, float, bool, or one of them or None)."""
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        return any(fits(value, option) for option in typing.get_args(kind))
+    if kind is type(None):
+        return value is None
+    if kind is float:  # JSON writes 3e-4 and 1.0 alike; an integer is a float's value too, a bool is not
+        return type(value) in (int, float)
+    return type(value) is kind
+
+
+def check_setting_types(settings: dict, state_path: Path) -> None:
+    """Each saved setting has its field's type: the bounds TrainConfig checks pass None and the rest would fail
+    deep inside the run (a batch size of null, a learning rate of "3e-4")."""
+    hints = typing.get_type_hints(TrainConfig)
+    for name, value in settings.items():
+        if name in hints and name not in LAUNCH_SETTINGS and not fits(value, hints[name]):
+            kind = getattr(hints[name], "__name__", str(hints[name]))  # int, or int | None
+            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:60] + "..."
+            raise TrainingError(f"{state_path}: train_config \"{name}\" is {shown}, not {kind}; the "
+                                f"checkpoint is damaged -- resume from another checkpoint or start a new run with "
+                                f"another --out-dir")
+
+
 def resumed_config(cfg: TrainConfig, given: set[str], state: TrainingState, state_path: Path,
                    dp_size: int) -> tuple[TrainConfig, list[str]]:
     """The saved run's config under this launch, with the changes `given` asks for; and one phrase per
     change.  The per-rank batch is re-derived so the global batch stays the same under another layout."""
+    check_setting_types(state.train_config, state_path)
     try:
         saved = TrainConfig(**{**state.train_config, **{name: getattr(cfg, name) for name in LAUNCH_SETTINGS}})
     except TypeError as e:  # a setting this version does not know (or lacks)
