@@ -50,6 +50,18 @@ FLAGS = ["--dataset", "builtin", "--device", "cpu", "--batch-size", "2", "--bloc
          "2e-3", "--dropout", "0.1", "--no-curves", "--max-steps", "4"]
 
 
+@pytest.fixture(autouse=True)
+def terminal_signal_handlers():
+    """Each signal reaches the code under test as it would in a fresh process (Ctrl-C as KeyboardInterrupt, the
+    others by default), whatever handler an earlier test file on this pytest-xdist worker left installed."""
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    for signum, handler in previous.items():
+        if handler is not None:
+            signal.signal(signum, handler)
+
+
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> str:
     return save_small_artifact(tmp_path_factory.mktemp("source") / "model", n_layer=1, n_head=2, n_embd=16,
