@@ -105,14 +105,20 @@ def fuzz(cfg: FuzzConfig) -> FuzzReport:
         while time.monotonic() < deadline:
             rounds += 1
             failed += run_round(report_path, cfg.workers)
-            print(f"round {rounds}: {sum(s.attempts for s in count(report_path)):,} attempts so far, "
-                  f"{len(failed)} failing properties", flush=True)
-        surfaces = count(report_path)
+            report = fuzz_report(commit, cfg.minutes, rounds, failed, count(report_path))
+            write_result(cfg.results_dir, "fuzz", report)  # a run stopped early keeps its finished rounds
+            print(f"round {rounds}: {report.attempts:,} attempts so far, {len(report.failed_properties)} failing "
+                  f"properties", flush=True)
+    return report
+
+
+def fuzz_report(commit: str, minutes: float, rounds: int, failed: list[str],
+                surfaces: list[SurfaceCount]) -> FuzzReport:
     totals = collections.Counter()
     for s in surfaces:
         totals.update(s.outcomes)
-    return FuzzReport(commit, cfg.minutes, rounds, FUZZ_FACTOR, sum(s.attempts for s in surfaces),
-                      totals["traceback"], totals["bad message"], totals["source changed"], list(dict.fromkeys(failed)), surfaces,
+    return FuzzReport(commit, minutes, rounds, FUZZ_FACTOR, sum(s.attempts for s in surfaces), totals["traceback"],
+                      totals["bad message"], totals["source changed"], list(dict.fromkeys(failed)), surfaces,
                       environment(torch.device("cpu")))
 
 
@@ -131,7 +137,6 @@ def main(argv=None) -> None:
     try:
         cfg = parse_config(FuzzConfig, __doc__, argv)
         report = fuzz(cfg)
-        write_result(cfg.results_dir, "fuzz", report)
         print(table(report))
         print(f"{report.rounds} rounds, {report.attempts:,} inputs: {report.tracebacks} tracebacks, "
               f"{report.bad_messages} unclear messages, {report.sources_changed} changed sources, "

@@ -362,3 +362,20 @@ def test_plot_legends_name_runs_by_the_path_parts_that_tell_them_apart():
 def test_a_side_that_cannot_start_is_named_with_its_error():
     with pytest.raises(SideError, match="side 'broken' failed:(.|\n)*unknown runtime 'no such runtime'"):
         Sides([SideSpec("broken", "no such runtime", (), threads=1)])
+
+
+def test_fuzz_counts_every_attempt_per_surface_and_keeps_the_first_bad_messages(tmp_path):
+    from bench.fuzz import KEPT_BAD_EXAMPLES, count, fuzz_report, table
+    rows = [("corpus", "worked", ""), ("corpus", "refused", "")] + \
+        [("signals", "bad message", f"exit -2: case {i}") for i in range(KEPT_BAD_EXAMPLES + 2)]
+    attempts = tmp_path / "attempts.jsonl"
+    attempts.write_text("".join(json.dumps({"surface": s, "outcome": o, "detail": d}) + "\n" for s, o, d in rows))
+    corpus, signals = count(attempts)
+    assert (corpus.surface, corpus.attempts, corpus.outcomes, corpus.bad_examples) == \
+        ("corpus", 2, {"refused": 1, "worked": 1}, [])
+    assert signals.attempts == KEPT_BAD_EXAMPLES + 2
+    assert signals.bad_examples == [f"bad message: exit -2: case {i}" for i in range(KEPT_BAD_EXAMPLES)]
+    report = fuzz_report("abc1234", 1.0, 1, ["FAILED x", "FAILED x"], [corpus, signals])
+    assert (report.attempts, report.bad_messages, report.tracebacks, report.failed_properties) == \
+        (KEPT_BAD_EXAMPLES + 4, KEPT_BAD_EXAMPLES + 2, 0, ["FAILED x"])
+    assert "| signals | 7 | 0 | 0 | 0 | 7 | 0 |" in table(report)
