@@ -11,6 +11,7 @@ is training/trainer.py.
 """
 from __future__ import annotations
 
+import signal
 import sys
 
 import torch.distributed as dist
@@ -24,6 +25,7 @@ from storage.claim import missing_folders, remove_unused_folders
 from storage.hub import resolve_checkpoint
 from training.config import TrainConfig, TrainingError
 from training.metrics import EvalRecord
+from training.stop_signals import STOP_SIGNALS
 from training.trainer import Trainer
 
 __all__ = ["TrainConfig", "TrainingError", "train", "main"]
@@ -73,7 +75,11 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     if not launched_by_torchrun():
-        main()
+        try:
+            main()
+        finally:  # the run has ended and said how: a late signal (a second Ctrl-C) must not kill the teardown
+            for stop_signal in STOP_SIGNALS:
+                signal.signal(stop_signal, signal.SIG_IGN)
     else:  # a rank ends without the interpreter's teardown, where torch's leftover gloo threads can abort it
         try:
             main()
