@@ -159,18 +159,22 @@ def step_named(message: str) -> int | None:
     return int(named.group(1))
 
 
-def train_in_process(argv: list[str], capsys) -> subprocess.CompletedProcess:
-    """train.main as a finished command: its exit status and what it printed (anything but SystemExit
+def finished(main, name: str, argv: list[str], capsys) -> subprocess.CompletedProcess:
+    """A tool's `main` as a finished command: its exit status and what it printed (anything but SystemExit
     propagates: a traceback)."""
     capsys.readouterr()
-    torch.manual_seed(0)  # a run from --init-from takes its dropout from the RNG as it finds it
     try:
-        train.main(argv)
+        main(argv)
         code = 0
     except SystemExit as e:
         code = e.code
     out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(["train.py", *argv], code, out, err)
+    return subprocess.CompletedProcess([name, *argv], code, out, err)
+
+
+def train_in_process(argv: list[str], capsys) -> subprocess.CompletedProcess:
+    torch.manual_seed(0)  # a run from --init-from takes its dropout from the RNG as it finds it
+    return finished(train.main, "train.py", argv, capsys)
 
 
 @pytest.fixture(scope="module")
@@ -317,19 +321,14 @@ def test_pruning_any_stored_dtype_and_a_ctrl_c_anywhere_names_the_round_on_disk(
         return real_finetune(*args, **kwargs)
     out = tmp_path_factory.mktemp("pruned") / "out"
     argv = [*PRUNE, "--method", method, "--checkpoint", str(checkpoints[dtype]), "--out-dir", str(out)]
-    capsys.readouterr()
     with pytest.MonkeyPatch.context() as monkeypatch:
         count_save_events(monkeypatch, iterative, moments)
         monkeypatch.setattr(iterative, "finetune", finetune)
         for plot in ("plot_loss", "plot_speed"):  # matplotlib takes longer than the rest of a round: a stand-in file
             monkeypatch.setattr(prune.report, plot, lambda report, path: path.write_bytes(b"plot"))
-        try:
-            iterative.main(argv)
-            code = 0
-        except SystemExit as e:
-            code = e.code
-    _, err = capsys.readouterr()
-    check_finished("prune/iterative.py Ctrl-C", subprocess.CompletedProcess(argv, code, "", err), (130,))
+        result = finished(iterative.main, "prune/iterative.py", argv, capsys)
+    code, err = result.returncode, result.stderr
+    check_finished("prune/iterative.py Ctrl-C", result, (130,))
 
     assert not (out / STAGING_DIR).exists()
     on_disk = load_model(out)[1].pruning["round"] if (out / "config.json").exists() else 0
