@@ -29,8 +29,9 @@ from runtime.device import synchronize
 @dataclass(frozen=True)
 class SideSpec:
     """What one side process builds.  `runtime`: "ours" (model/generate.py on the artifact in files[0], int8 when
-    `int8_head` is set, its decode steps `decode`), "onnxruntime" (files: the prompt and decode graphs),
-    "llama.cpp" (files: one GGUF file) or "transformers" (files: a Hugging Face folder)."""
+    `int8_head` is set, its decode steps `decode`), "onnxruntime" (files: one converted graph), "llama.cpp"
+    (files: one GGUF file, decoding up to `rows` sequences at once) or "transformers" (files: a Hugging Face
+    folder)."""
     name: str
     runtime: str
     files: tuple[str, ...]
@@ -39,6 +40,7 @@ class SideSpec:
     decode: str = "dynamic"
     int8_head: str | None = None
     context: int = 1024  # llama.cpp's context length
+    rows: int = 1  # llama.cpp's sequence slots
 
 
 def step_bytes(model: torch.nn.Module) -> int:
@@ -94,13 +96,12 @@ def _build(spec: SideSpec) -> tuple[Callable[[torch.Tensor, int], torch.Tensor],
         import onnxruntime
 
         from bench.onnx_peer import OrtDecoder
-        return (OrtDecoder.load(Path(spec.files[0]), Path(spec.files[1]), spec.threads).generate,
-                {"version": onnxruntime.__version__})
+        return OrtDecoder.load(Path(spec.files[0]), spec.threads).generate, {"version": onnxruntime.__version__}
     if spec.runtime == "llama.cpp":
         import llama_cpp
 
         from bench.llama_cpp_peer import LlamaCppDecoder
-        return (LlamaCppDecoder.load(Path(spec.files[0]), spec.threads, spec.context).generate,
+        return (LlamaCppDecoder.load(Path(spec.files[0]), spec.threads, spec.context, spec.rows).generate,
                 {"version": llama_cpp.__version__})
     if spec.runtime == "transformers":
         return _transformers(spec)

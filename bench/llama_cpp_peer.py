@@ -3,8 +3,9 @@ architecture in F32, quantized to Q8_0 by llama.cpp's own quantizer, and decoded
 
     pip install gguf llama-cpp-python     # optional; pip builds llama.cpp from source (4.5 minutes on 2 cores here)
 
-Only bench/experiments/generate_speed.py uses this, at batch 1 (llama-cpp-python's `Llama` decodes one
-sequence).  The GGUF file holds what `convert_hf_to_gguf.py` would write for GPT-2: the hyper-parameters, the
+bench/experiments/generate_speed.py decodes with it at every batch size, through llama.cpp's C API (several
+sequences in one context), and bench/experiments/serve_speed.py serves the same file with llama.cpp's own
+server.  The GGUF file holds what `convert_hf_to_gguf.py` would write for GPT-2: the hyper-parameters, the
 tokenizer (byte-level BPE tokens and merges, rebuilt from tiktoken's ranks, since llama.cpp refuses a file
 without them; the benchmark feeds token ids and never tokenizes text) and the tensors under llama.cpp's
 names, each linear weight as (out, in) rows, the output head tied to the token embedding.
@@ -12,7 +13,6 @@ names, each linear weight as (out, in) rows, the output head tied to the token e
 from __future__ import annotations
 
 import ctypes
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +22,9 @@ import torch
 from model.gpt import GPT
 
 EOT = 50256
+SETUP = ("llama.cpp's C API through llama-cpp-python, as its `batched` example: one context with a sequence slot per "
+         "row, each row's prompt in one llama_batch, then a token per row each step; context defaults "
+         "(llama_context_default_params), n_threads = n_threads_batch = ours; Q8_0 by llama_model_quantize")
 
 
 def byte_symbols() -> dict[int, str]:
@@ -115,35 +118,82 @@ def quantize_q8_0(f32: Path, out: Path) -> Path:
     return out
 
 
+_quiet_log = None  # the C callback given to llama.cpp, kept alive for as long as llama.cpp may call it
+
+
+def quiet_llama_cpp() -> None:
+    """llama.cpp's log (every load and context, on stderr) discarded."""
+    global _quiet_log
+    import llama_cpp
+    if _quiet_log is None:
+        _quiet_log = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
+        llama_cpp.llama_log_set(_quiet_log, None)
+
+
 @dataclass
 class LlamaCppDecoder:
-    """Greedy decoding of one sequence with llama.cpp."""
-    llm: object  # llama_cpp.Llama
+    """Greedy decoding of one or several sequences with llama.cpp's own C API, as its `batched` example does it:
+    one context with a sequence slot per row, each row's prompt in one llama_batch under its own sequence id
+    (logits of its last position only), then one llama_batch of a token per row at every step.
+    llama-cpp-python's `Llama` class decodes one sequence only; the context's other settings are llama.cpp's
+    defaults (llama_context_default_params)."""
+    model: object  # llama_model pointer
+    context: object  # llama_context pointer
+    rows: int
+    vocab: int
 
     @classmethod
-    def load(cls, path: Path, threads: int, context: int) -> LlamaCppDecoder:
+    def load(cls, path: Path, threads: int, context: int, rows: int = 1) -> LlamaCppDecoder:
         import llama_cpp
-        return cls(llama_cpp.Llama(model_path=str(path), n_ctx=context, n_batch=context, n_threads=threads,
-                                   n_threads_batch=threads, verbose=False))
+        quiet_llama_cpp()
+        llama_cpp.llama_backend_init()
+        model = llama_cpp.llama_model_load_from_file(str(path).encode(), llama_cpp.llama_model_default_params())
+        if not model:
+            raise RuntimeError(f"llama.cpp could not load {path}")
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = params.n_batch = context * rows  # every row's whole context, and every prompt in one call
+        params.n_seq_max = rows
+        params.n_threads = params.n_threads_batch = threads
+        ctx = llama_cpp.llama_init_from_model(model, params)
+        if not ctx:
+            raise RuntimeError(f"llama.cpp could not make a context of {rows} x {context} positions")
+        vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+        return cls(model, ctx, rows, vocab)
+
+    def _decode(self, batch, rows: int) -> np.ndarray:
+        """Decode `batch`; the greedy next token of each of the first `rows` sequences."""
+        import llama_cpp
+        status = llama_cpp.llama_decode(self.context, batch)
+        if status != 0:
+            raise RuntimeError(f"llama_decode failed (status {status})")
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(self.context), shape=(rows, self.vocab))
+        return logits.argmax(axis=1)
 
     def generate(self, idx: torch.Tensor, new_tokens: int) -> torch.Tensor:
-        """The prompt (1, T) followed by `new_tokens` greedy tokens, as model.generate.generate returns them."""
-        if idx.shape[0] != 1:
-            raise ValueError("llama-cpp-python decodes one sequence at a time; batch 1 only")
+        """The prompts (B, T), B up to the rows it was loaded for, followed by `new_tokens` greedy tokens each, as
+        model.generate.generate returns them."""
         import llama_cpp
-        llm, vocab = self.llm, self.llm.n_vocab()
-        llm.reset()
-        llm.eval(idx[0].tolist())
-        out = []
-        for i in range(new_tokens):
-            # The last position's logits, read in place: `Llama.eval` keeps them only with logits_all=True,
-            # which would copy every prompt position's.
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,))
-            token = int(np.argmax(logits))
-            out.append(token)
-            if i + 1 < new_tokens:
-                llm.eval([token])
-        return torch.cat([idx, torch.tensor([out], dtype=idx.dtype)], dim=1)
+        rows, length = idx.shape
+        if rows > self.rows:
+            raise ValueError(f"this llama.cpp context has {self.rows} sequence slots, not {rows}")
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.context), True)
+        batch = llama_cpp.llama_batch_init(rows * length, 0, 1)
+        try:
+            prompt = idx.tolist()
+            for i, (row, position) in enumerate((r, p) for r in range(rows) for p in range(length)):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = prompt[row][position], position, 1
+                batch.seq_id[i][0], batch.logits[i] = row, position == length - 1
+            batch.n_tokens = rows * length
+            out = [self._decode(batch, rows)]
+            for step in range(1, new_tokens):
+                for row in range(rows):
+                    batch.token[row], batch.pos[row], batch.n_seq_id[row] = int(out[-1][row]), length + step - 1, 1
+                    batch.seq_id[row][0], batch.logits[row] = row, True
+                batch.n_tokens = rows
+                out.append(self._decode(batch, rows))
+        finally:
+            llama_cpp.llama_batch_free(batch)
+        return torch.cat([idx, torch.from_numpy(np.stack(out, axis=1)).to(idx.dtype)], dim=1)
 
 
 def gguf_files(model: GPT, folder: Path) -> dict[str, Path]:
@@ -153,8 +203,23 @@ def gguf_files(model: GPT, folder: Path) -> dict[str, Path]:
     return {"F32": f32, "Q8_0": quantize_q8_0(f32, folder / "model.q8_0.gguf")}
 
 
-def llama_cpp_decoders(model: GPT, threads: int, work_dir: Path | None = None) -> dict[str, LlamaCppDecoder]:
-    """{"F32": ..., "Q8_0": ...} llama.cpp decoders for `model` (its GGUF files in `work_dir`, or a temporary
-    folder)."""
-    files = gguf_files(model, Path(work_dir or tempfile.mkdtemp(prefix="llama-cpp-peer-")))
-    return {name: LlamaCppDecoder.load(path, threads, model.config.block_size) for name, path in files.items()}
+SERVER_SETUP = ("llama.cpp's llama-server built from the llama.cpp that llama-cpp-python's sdist vendors (cmake "
+                "-DLLAMA_BUILD_SERVER=ON, target llama-server), --parallel = the level's clients (a slot each, "
+                "continuous batching on, its default), --ctx-size = slots x (prompt + new tokens), --threads and "
+                "--threads-batch = ours, other settings its defaults; streaming /v1/completions")
+
+
+def llama_server_command(binary: Path, gguf: Path, slots: int, context: int, threads: int) -> list[str]:
+    """llama-server serving `gguf` with `slots` sequences of `context` positions each, `{host}` and `{port}` left
+    for serve.launch.ServerProcess.start to fill in."""
+    return [str(binary), "--model", str(gguf), "--host", "{host}", "--port", "{port}", "--parallel", str(slots),
+            "--ctx-size", str(slots * context), "--threads", str(threads), "--threads-batch", str(threads),
+            "--no-webui"]
+
+
+def llama_server_version(binary: Path) -> str:
+    """What `llama-server --version` says of its build (version number and commit)."""
+    import subprocess
+    done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("version")]
+    return lines[0].removeprefix("version: ") if lines else "unknown"

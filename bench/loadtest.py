@@ -96,6 +96,14 @@ def exact_request_body(i: int, max_new_tokens: int) -> dict:
     return {**request_body(i, max_new_tokens), "ignore_eos": True}
 
 
+def completion_body(model: str, prompt: list[int], max_new_tokens: int) -> dict:
+    """An OpenAI-style streaming /v1/completions request that every OpenAI-compatible server takes alike (ours,
+    llama.cpp's llama-server, vLLM): the prompt as token ids (no server's tokenizer in the way), greedy, exactly
+    `max_new_tokens` tokens (`ignore_eos`), the token count in the stream's last event."""
+    return {"model": model, "prompt": prompt, "max_tokens": max_new_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, "ignore_eos": True}
+
+
 def level_name(clients: int) -> str:
     return f"{clients} client{'s' if clients > 1 else ''}"
 
@@ -109,15 +117,20 @@ def checked(level: LevelResult, new_tokens: int) -> LevelResult:
     return level
 
 
-async def one_request(client: httpx.AsyncClient, url: str, body: dict, timeout_s: float) -> Outcome:
+async def one_request(client: httpx.AsyncClient, url: str, body: dict, timeout_s: float,
+                      route: str = "/generate") -> Outcome:
+    """One streaming request to `route`: this server's /generate, or an OpenAI-style /v1/completions."""
     start = time.perf_counter()
     try:
         async with asyncio.timeout(timeout_s):
-            async with client.stream("POST", f"{url}/generate", json=body) as response:
+            async with client.stream("POST", f"{url}{route}", json=body) as response:
                 if response.status_code != 200:
                     await response.aread()
                     return Outcome(response.status_code, time.perf_counter() - start, error=response.text[:200])
                 outcome = Outcome(200)
+                if route == "/v1/completions":
+                    await read_completion_stream(response, outcome, start)
+                    return outcome
                 event = None
                 async for line in response.aiter_lines():
                     if line.startswith("event: "):
@@ -138,9 +151,34 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict, timeout_s
         return Outcome(0, time.perf_counter() - start, error=f"{type(e).__name__}: {e}")
 
 
+async def read_completion_stream(response: httpx.Response, outcome: Outcome, start: float) -> None:
+    """An OpenAI completion stream's events into `outcome`: the first text's time, the token count of its usage
+    event, the time of its `[DONE]`."""
+    done = False
+    async for line in response.aiter_lines():
+        if not line.startswith("data: "):
+            continue
+        data = line.removeprefix("data: ")
+        if data == "[DONE]":
+            done = True
+            break
+        event = json.loads(data)
+        if "error" in event:
+            outcome.error = str(event["error"])[:200]
+        if event.get("choices") and event["choices"][0].get("text") and outcome.ttft_s is None:
+            outcome.ttft_s = time.perf_counter() - start
+        if event.get("usage"):
+            outcome.tokens = event["usage"]["completion_tokens"]
+    outcome.latency_s = time.perf_counter() - start
+    if not done and outcome.error is None:
+        outcome.error = "the stream ended without [DONE]"
+
+
 async def run_level(url: str, concurrency: int, requests: int, max_new_tokens: int, time_limit_s: float,
-                    request_timeout_s: float, body: Callable[[int, int], dict] = request_body) -> LevelResult:
-    """`body(i, max_new_tokens)` is request i's JSON body (default: this load test's sampled requests)."""
+                    request_timeout_s: float, body: Callable[[int, int], dict] = request_body,
+                    route: str = "/generate") -> LevelResult:
+    """`body(i, max_new_tokens)` is request i's JSON body (default: this load test's sampled requests), sent to
+    `route` (one_request)."""
     gate = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     result = LevelResult(concurrency, requests, wall_s=0.0)
@@ -151,7 +189,8 @@ async def run_level(url: str, concurrency: int, requests: int, max_new_tokens: i
             if time.perf_counter() - start > time_limit_s:
                 result.not_started += 1
             else:
-                result.outcomes.append(await one_request(client, url, body(i, max_new_tokens), request_timeout_s))
+                result.outcomes.append(await one_request(client, url, body(i, max_new_tokens), request_timeout_s,
+                                                         route))
             progress.update()
 
     async with httpx.AsyncClient(limits=limits, timeout=request_timeout_s) as client:

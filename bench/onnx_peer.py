@@ -1,163 +1,103 @@
-"""ONNX Runtime as a decoding peer on our weights: a GPT exported as two ONNX graphs (the prompt, then one
-token with the keys and values so far), run by onnxruntime from PyPI in fp32 and dynamically quantized to int8.
+"""ONNX Runtime as a decoding peer on our weights, set up as its own GPT-2 guide does it: the model exported by
+ONNX Runtime's GPT-2 converter (onnxruntime.transformers.models.gpt2), fused by its transformer optimizer, int8 by
+the converter's dynamic quantization, and decoded greedily with the caches kept bound as OrtValues (IO binding).
 
-    pip install onnxruntime onnx onnxscript      # optional; only bench/experiments/generate_speed.py uses this
+    pip install onnxruntime onnx "transformers==4.44.2"   # optional; only bench/experiments/generate_speed.py
+                                                          # and bench/experiments/serve_speed.py use this
 
-The exported step is the model's own arithmetic written without the KV-cache object (which ONNX cannot carry):
-the same modules, the keys and values of earlier positions passed in and the new ones returned
-(`present_*`), as Hugging Face's optimum runs GPT-2 under ONNX Runtime. ONNX Runtime's int8 is its
-`quantize_dynamic` with int8 weights per output channel and activations quantized per tensor at run time,
-the scheme quantize/dynamic.py uses. The output head is exported as a matrix of its own, (n_embd, vocabulary),
-not as the tied embedding: ONNX Runtime's quantizer only quantizes a MatMul whose weight is a stored tensor, and
-with the tied head it left the 154 MB head in fp32, which made its int8 no faster than its fp32 at batch 1 (69.8
-against 69.3 new tokens/s in bench/results/generate_speed.json as committed in 827d1b4). So ORT's int8 quantizes
-the head as llama.cpp's Q8_0 and our int8 head do; its fp32 graph reads the same bytes either way.
+Why these steps, and where they differ from `python -m onnxruntime.transformers.models.gpt2.convert_to_onnx`:
+- The converter exports a Hugging Face GPT2LMHeadModel, so our weights are written as one first
+  (storage/export.py).  Its no-padding class is used (inputs: the token ids and one cache per layer, each
+  (2, batch, heads, length, head size)): the benchmark's rows have equal lengths.
+- The model is loaded with eager attention: the converter's TorchScript export at opset 11 cannot write PyTorch's
+  fused attention (transformers' default), and eager attention is the pattern its optimizer fuses into its
+  `Attention` operator.  Its own command line loads the default and fails that way.
+- transformers 4.44: the converter hands GPT-2 its cache as a tuple, which transformers 5 refuses
+  (AttributeError: 'tuple' object has no attribute 'get_query_offset', with 5.24).
+- The optimizer (model type gpt2) fuses the embedding and first layer norm, every attention, GELU and skip layer
+  norm; the int8 graph is the converter's `--precision int8`: quantize_dynamic over the fused graph, which
+  quantizes the output head too (llama.cpp's Q8_0 and our int8 head do as well).
+- Each step's `present` outputs are bound as the next step's `past` inputs (IO binding), never copied out to
+  numpy and back, as ONNX Runtime's docs advise for a decoder loop; only each step's logits are read.
 """
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 from model.gpt import GPT
+from storage.export import export_hf_gpt2
 
-THREADS_NOTE = "intra-op threads = torch.get_num_threads(), sequential execution, all graph optimisations"
-
-
-def untied_head(model: GPT) -> nn.Parameter:
-    """The output head's weight as its own (n_embd, vocabulary) matrix, the padding rows left out."""
-    return nn.Parameter(model.lm_head.weight.detach()[:model.config.vocab_size].t().contiguous(), requires_grad=False)
-
-
-class PromptStep(nn.Module):
-    """(B, T) prompt tokens -> (last position's logits, keys and values of every layer as (L, B, H, T, D))."""
-
-    def __init__(self, model: GPT):
-        super().__init__()
-        self.model, self.head = model, untied_head(model)
-
-    def forward(self, idx: torch.Tensor):
-        return attend(self.model, self.head, idx, None, None)
+SETUP = ("ONNX Runtime's GPT-2 converter (Gpt2Helper.export_onnx, no-padding model, eager attention), its "
+         "transformer optimizer (optimize_model, model_type gpt2: Attention, FastGelu, SkipLayerNormalization, "
+         "EmbedLayerNormalization fused), int8 as its --precision int8 (quantize_dynamic of the fused graph); "
+         "CPU provider, intra-op threads = ours, sequential execution, ORT_ENABLE_ALL; caches bound as OrtValues "
+         "between steps (IO binding)")
 
 
-class DecodeStep(nn.Module):
-    """(B, 1) tokens and the keys and values so far -> (logits, the keys and values with this position added)."""
-
-    def __init__(self, model: GPT):
-        super().__init__()
-        self.model, self.head = model, untied_head(model)
-
-    def forward(self, idx: torch.Tensor, past_keys: torch.Tensor, past_values: torch.Tensor):
-        return attend(self.model, self.head, idx, past_keys, past_values)
-
-
-def attend(model: GPT, head: torch.Tensor, idx, past_keys, past_values):
-    """GPT.forward's arithmetic (model/gpt.py) with the cache as tensors and the head as `head` (untied_head);
-    `past_*` None for the prompt."""
-    t = model.transformer
-    B, T = idx.shape
-    start = 0 if past_keys is None else past_keys.shape[3]
-    x = t.wte(idx) + t.wpe(torch.arange(T) + start)
-    keys, values = [], []
-    for layer, block in enumerate(t.h):
-        attn = block.attn
-        q, k, v = attn.c_attn(block.ln_1(x)).split(attn.n_head * attn.head_dim, dim=2)
-        q, k, v = (z.view(B, T, attn.n_head, attn.head_dim).transpose(1, 2) for z in (q, k, v))
-        if past_keys is not None:
-            k, v = torch.cat([past_keys[layer], k], dim=2), torch.cat([past_values[layer], v], dim=2)
-        keys.append(k)
-        values.append(v)
-        # A decoded token attends every key; the prompt attends causally.
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=past_keys is None)
-        x = x + attn.c_proj(y.transpose(1, 2).reshape(B, T, attn.n_head * attn.head_dim))
-        x = x + block.mlp(block.ln_2(x))
-    logits = t.ln_f(x[:, -1:]) @ head
-    return logits, torch.stack(keys), torch.stack(values)
-
-
-def export(model: GPT, folder: Path) -> tuple[Path, Path]:
-    """(prompt graph, decode graph) as ONNX files in `folder`, batch and lengths dynamic."""
-    model = model.eval()
-    prompt, decode = folder / "prompt.onnx", folder / "decode.onnx"
+def ort_files(model: GPT, folder: Path) -> dict[str, Path]:
+    """{"fp32": fused graph, "int8": its dynamic int8}: `model` written as a Hugging Face GPT-2 into `folder`
+    and converted there as ONNX Runtime's GPT-2 converter does."""
+    import onnx
+    from onnxruntime.quantization import quantize_dynamic
+    from onnxruntime.transformers.models.gpt2.gpt2_helper import Gpt2Helper, MyGPT2LMHeadModel_NoPadding
+    from onnxruntime.transformers.optimizer import optimize_model
+    folder.mkdir(parents=True, exist_ok=True)
+    export_hf_gpt2(model, folder / "hf")
+    hf = MyGPT2LMHeadModel_NoPadding.from_pretrained(folder / "hf", attn_implementation="eager").eval()
+    raw, fp32, int8 = folder / "raw.onnx", folder / "fp32.onnx", folder / "int8.onnx"
+    Gpt2Helper.export_onnx(hf, torch.device("cpu"), str(raw), has_position_ids=False, has_attention_mask=False,
+                           input_ids_dtype=torch.int64)
     cfg = model.config
-    idx = torch.randint(0, cfg.vocab_size, (2, 4))
-    shape = (cfg.n_layer, 2, cfg.n_head, 4, cfg.head_dim)
-    past = (torch.randn(shape), torch.randn(shape))
-    batch, length, past_length = torch.export.Dim("batch"), torch.export.Dim("length"), torch.export.Dim("past")
-    with torch.no_grad():
-        torch.onnx.export(PromptStep(model), (idx,), prompt, dynamo=True, external_data=False,
-                          input_names=["idx"], output_names=["logits", "present_keys", "present_values"],
-                          dynamic_shapes=({0: batch, 1: length},), verbose=False)
-        torch.onnx.export(DecodeStep(model), (idx[:, :1], *past), decode, dynamo=True, external_data=False,
-                          input_names=["idx", "past_keys", "past_values"],
-                          output_names=["logits", "present_keys", "present_values"],
-                          dynamic_shapes=({0: batch}, {1: batch, 3: past_length}, {1: batch, 3: past_length}),
-                          verbose=False)
-    return prompt, decode
-
-
-def quantize_int8(graph: Path, out: Path) -> Path:
-    """ONNX Runtime's dynamic int8: weights int8 per output channel, activations per tensor at run time, after
-    the shape inference and graph clean-up its quantizer asks for (without them it left the graph 1.7x
-    slower here)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-    prepared = out.with_name(f"{graph.stem}.prepared.onnx")
-    quant_pre_process(str(graph), str(prepared))
-    quantize_dynamic(prepared, out, weight_type=QuantType.QInt8, per_channel=True)
-    return out
-
-
-INT8_SETTINGS = ("onnxruntime.quantization: quant_pre_process, then quantize_dynamic(weight_type=QInt8, "
-                 "per_channel=True), the output head exported untied so that it is quantized too")
+    optimize_model(str(raw), model_type="gpt2", num_heads=cfg.n_head, hidden_size=cfg.n_embd
+                   ).save_model_to_file(str(fp32))
+    quantize_dynamic(fp32, int8, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    raw.unlink()
+    return {"fp32": fp32, "int8": int8}
 
 
 @dataclass
 class OrtDecoder:
-    """Greedy decoding with a (prompt, decode) pair of ONNX graphs in ONNX Runtime."""
-    prompt: object  # onnxruntime.InferenceSession
-    decode: object
+    """Greedy decoding with one converted GPT-2 graph in ONNX Runtime: the prompt is the first step, with caches
+    of length 0, as the converter's own tests run it."""
+    session: object  # onnxruntime.InferenceSession
 
     @classmethod
-    def load(cls, prompt: Path, decode: Path, threads: int) -> OrtDecoder:
+    def load(cls, graph: Path, threads: int) -> OrtDecoder:
         import onnxruntime as ort
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        providers = ["CPUExecutionProvider"]
-        return cls(ort.InferenceSession(str(prompt), options, providers=providers),
-                   ort.InferenceSession(str(decode), options, providers=providers))
+        return cls(ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"]))
+
+    def _run(self, inputs: dict) -> list:
+        """One step with `inputs` (name -> OrtValue); every output left where ONNX Runtime put it."""
+        binding = self.session.io_binding()
+        for name, value in inputs.items():
+            binding.bind_ortvalue_input(name, value)
+        for output in self.session.get_outputs():
+            binding.bind_output(output.name, "cpu")
+        self.session.run_with_iobinding(binding)
+        return binding.get_outputs()
 
     def generate(self, idx: torch.Tensor, new_tokens: int) -> torch.Tensor:
         """The prompts (B, T) followed by `new_tokens` greedy tokens, as model.generate.generate returns them."""
+        from onnxruntime import OrtValue
         tokens = idx.numpy()
-        logits, keys, values = self.prompt.run(None, {"idx": tokens})
+        past = self.session.get_inputs()[1:]
+        _, _, heads, _, head_size = past[0].shape
+        empty = OrtValue.ortvalue_from_numpy(np.zeros((2, len(tokens), heads, 0, head_size), np.float32))
+        outputs = self._run({"input_ids": OrtValue.ortvalue_from_numpy(tokens), **{p.name: empty for p in past}})
         out = [tokens]
         for i in range(new_tokens):
-            token = logits[:, -1].argmax(-1)[:, None].astype(np.int64)
+            token = outputs[0].numpy()[:, -1].argmax(-1)[:, None].astype(np.int64)
             out.append(token)
             if i + 1 < new_tokens:
-                logits, keys, values = self.decode.run(None, {"idx": token, "past_keys": keys, "past_values": values})
+                outputs = self._run({"input_ids": OrtValue.ortvalue_from_numpy(token),
+                                     **{p.name: value for p, value in zip(past, outputs[1:])}})
         return torch.from_numpy(np.concatenate(out, axis=1))
-
-
-def ort_files(model: GPT, folder: Path) -> dict[str, tuple[Path, Path]]:
-    """{"fp32": (prompt graph, decode graph), "int8": (...)}: `model` exported into `folder` and quantized."""
-    folder.mkdir(parents=True, exist_ok=True)
-    prompt, decode = export(model, folder)
-    int8 = tuple(quantize_int8(g, folder / f"{g.stem}.int8.onnx") for g in (prompt, decode))
-    return {"fp32": (prompt, decode), "int8": int8}
-
-
-def ort_decoders(model: GPT, threads: int, work_dir: Path | None = None) -> dict[str, OrtDecoder]:
-    """{"fp32": ..., "int8": ...} ONNX Runtime decoders for `model` (exported into `work_dir`, or a
-    temporary folder)."""
-    files = ort_files(model, Path(work_dir or tempfile.mkdtemp(prefix="onnx-peer-")))
-    return {name: OrtDecoder.load(*graphs, threads) for name, graphs in files.items()}

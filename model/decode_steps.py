@@ -13,6 +13,7 @@ from model.decode_graph import CapturedSteps
 from model.decode_trace import KEPT_TRACES, TracedSteps
 from model.gpt import GPT
 from model.kv_cache import KVCache, StaticKVCache
+from model.step_threads import for_model
 
 # auto: the fastest for the model and device (fastest_decode); dynamic: eager passes over the filled columns of the
 # cache (the fastest eager steps); static: eager passes over fixed shapes, every column attended through a mask
@@ -67,6 +68,8 @@ class DecodeSteps:
         self.trace_when_repaid = decode == "auto"
         self.traced = TracedSteps(model, max(KEPT_TRACES, 4 * max_rows)) if self.mode == "traced" else None
         self.captured = CapturedSteps(model) if self.mode == "cuda-graph" else None
+        # On the CPU, each step after the prompt runs with the thread count its recent timings favour.
+        self.threads = for_model(model) if device.type == "cpu" else None
 
     @property
     def compiled(self) -> bool:
@@ -91,6 +94,11 @@ class DecodeSteps:
         (a few tokens per row) run as the mode says.  `tokens_left`: how many steps the caller has yet to run,
         this one included, for auto to judge whether a trace would be repaid (None: as many as will come, as for
         the server, whose traces serve its whole life)."""
+        if cache.length > 0 and self.threads is not None:
+            return self.threads.run(tuple(inputs.shape), lambda: self._step(cache, inputs, positions, tokens_left))
+        return self._step(cache, inputs, positions, tokens_left)
+
+    def _step(self, cache: KVCache, inputs: torch.Tensor, positions: int, tokens_left: int | None) -> torch.Tensor:
         if cache.length > 0 and self.traced is not None and self._runs_traced(cache, inputs, tokens_left):
             return self.traced.step(cache, inputs)[:, -positions:]
         if cache.length > 0 and self.captured is not None:

@@ -27,13 +27,27 @@ def free_port() -> int:
 
 
 class ServerProcess:
+    """`python -m serve` on `checkpoint`; or, from `start`, any server that answers GET /health with 200 once it
+    is ready (bench/llama_cpp_peer.py starts llama.cpp's llama-server so)."""
+
     def __init__(self, checkpoint: str | Path, log_path: str | Path, extra_args: list[str] | None = None,
                  env: dict[str, str] | None = None):
         self.port = free_port()
         self.url = f"http://{LOOPBACK}:{self.port}"
+        self._start([sys.executable, "-m", "serve", "--checkpoint", str(checkpoint), "--host", LOOPBACK,
+                     "--port", str(self.port), *(extra_args or [])], log_path, env)
+
+    @classmethod
+    def start(cls, command: list[str], log_path: str | Path) -> ServerProcess:
+        """`command` with `{host}` and `{port}` in its arguments filled in with a free loopback port."""
+        server = cls.__new__(cls)
+        server.port = free_port()
+        server.url = f"http://{LOOPBACK}:{server.port}"
+        server._start([arg.format(host=LOOPBACK, port=server.port) for arg in command], log_path, None)
+        return server
+
+    def _start(self, command: list[str], log_path: str | Path, env: dict[str, str] | None) -> None:
         self.log_path = Path(log_path)
-        command = [sys.executable, "-m", "serve", "--checkpoint", str(checkpoint), "--host", LOOPBACK,
-                   "--port", str(self.port), *(extra_args or [])]
         self.log_file = open(self.log_path, "w")
         self.process = subprocess.Popen(command, stdout=self.log_file, stderr=subprocess.STDOUT,
                                         env={**os.environ, **(env or {})})
@@ -72,11 +86,16 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
-def running_server(checkpoint: str | Path, log_path: str | Path, extra_args: list[str] | None = None,
-                   env: dict[str, str] | None = None, startup_timeout_s: float = 120) -> Iterator[ServerProcess]:
-    server = ServerProcess(checkpoint, log_path, extra_args, env)
+def running(server: ServerProcess, startup_timeout_s: float = 120) -> Iterator[ServerProcess]:
+    """`server` once it answers /health, stopped on leaving the block however it is left."""
     try:
         server.wait_until_healthy(startup_timeout_s)
         yield server
     finally:
         server.stop()
+
+
+def running_server(checkpoint: str | Path, log_path: str | Path, extra_args: list[str] | None = None,
+                   env: dict[str, str] | None = None, startup_timeout_s: float = 120):
+    """`python -m serve --checkpoint checkpoint` with `extra_args`, as `running` gives it."""
+    return running(ServerProcess(checkpoint, log_path, extra_args, env), startup_timeout_s)

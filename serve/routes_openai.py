@@ -91,7 +91,7 @@ def completion_jobs(body: CompletionRequest, prompts: list[Prompt]) -> list:
             index = p * body.n + j
             seed = None if body.seed is None else (body.seed + index) % 2**63
             params = SamplingParams(max_new_tokens=body.max_tokens, temperature=body.temperature,
-                                    top_p=body.top_p, seed=seed)
+                                    top_p=body.top_p, seed=seed, stop_at_eot=not body.ignore_eos)
             jobs.append((prompt.ids, params, body.stop_strings))
     return jobs
 

@@ -97,6 +97,8 @@ class CompletionRequest(StrictBody):
     temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False, description="0 (or below 1e-4) means greedy")
     top_p: Probability = 1.0
     user: str | None = None
+    ignore_eos: bool = Field(False, description="not OpenAI's: keep generating past end-of-text, exactly max_tokens "
+                                                 "tokens (for benchmarks; vLLM and llama.cpp's server take it too)")
 
     @field_validator("prompt", mode="wrap")
     @classmethod

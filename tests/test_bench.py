@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -79,7 +80,8 @@ def results(tmp_path_factory):
     run("train_speed", "--shapes", "tiny:2x16", "tiny:1x8", "--steps", "1", "--repeats", "1",
         "--device", "cpu")
     run("generate_speed", "--model", "tiny", "--prompt-tokens", "4", "--new-tokens", "4", "--batch-sizes", "1", "2",
-        "--repeats", "1", "--device", "cpu", "--decode", "dynamic", "--no-onnx", "--no-llama-cpp", "--no-transformers")
+        "--busy-cores", "0", "1", "--repeats", "1", "--device", "cpu", "--decode", "dynamic", "--no-onnx",
+        "--no-llama-cpp", "--no-transformers")
     # (the peers and the traced steps have tests of their own)
     run("serve_speed", "--model", "tiny", "--new-tokens", "3", "--clients", "2", "--repeats", "1", "--device", "cpu")
     run("prune_speed", "--preset", "tiny", "--seq-len", "8", "--generation-tokens", "2", "--repeats", "1",
@@ -216,7 +218,8 @@ def test_speed_comparisons_time_each_side_in_the_same_run(results):
         assert list(shape.tokens_per_s) == ["ours"] and shape.tokens_per_s["ours"].n == 1
         assert shape.ratio_ours_over_nanogpt is None
     generation = results["generate_speed"]  # every side in its own process
-    assert [r.batch for r in generation.results] == [1, 2] and generation.decode == "dynamic"
+    assert [(r.batch, r.busy_cores) for r in generation.results] == [(1, 0), (2, 0), (1, 1), (2, 1)]
+    assert generation.decode == "dynamic"
     assert generation.linear_kernels.endswith(PACKED)
     for row in generation.results:
         assert set(row.sides) == {"ours fp32", "ours int8"} and len(row.load_average) == 1
@@ -379,3 +382,11 @@ def test_fuzz_counts_every_attempt_per_surface_and_keeps_the_first_bad_messages(
     assert (report.attempts, report.bad_messages, report.tracebacks, report.failed_properties) == \
         (KEPT_BAD_EXAMPLES + 4, KEPT_BAD_EXAMPLES + 2, 0, ["FAILED x"])
     assert "| signals | 7 | 0 | 0 | 0 | 7 | 0 |" in table(report)
+
+
+def test_busy_cores_keep_running_through_the_block_and_end_with_it():
+    from bench.colocated import busy_cores
+    with busy_cores(2) as processes:
+        time.sleep(0.2)
+        assert len(processes) == 2 and all(p.poll() is None for p in processes)
+    assert all(p.poll() is not None for p in processes)

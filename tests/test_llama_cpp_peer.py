@@ -28,19 +28,21 @@ def test_byte_symbols_are_gpt2s_printable_alphabet():
 def test_llama_cpp_decodes_our_weights(tmp_path):
     pytest.importorskip("gguf")
     pytest.importorskip("llama_cpp")
-    from bench.llama_cpp_peer import llama_cpp_decoders
+    from bench.llama_cpp_peer import LlamaCppDecoder, gguf_files
     from model.generate import generate
     from model.gpt import GPT
     from model.sampling import SamplingParams
     from tests.conftest import small_config
     torch.manual_seed(0)
     model = GPT(small_config()).eval()
-    decoders = llama_cpp_decoders(model, threads=1, work_dir=tmp_path)
-    prompt = torch.randint(0, model.config.vocab_size, (1, 6))
-    ours = generate(model, prompt, SamplingParams(max_new_tokens=8, temperature=0, stop_at_eot=False))
-    assert torch.equal(decoders["F32"].generate(prompt, 8), ours)
-    q8 = decoders["Q8_0"].generate(prompt, 8)
-    assert q8.shape == ours.shape and torch.equal(q8[:, :6], prompt)
+    files = gguf_files(model, tmp_path)
+    f32 = LlamaCppDecoder.load(files["F32"], threads=1, context=64, rows=3)
+    for rows in (1, 3, 2):  # several sequences in one context; a later call with fewer rows starts clean
+        prompt = torch.randint(0, model.config.vocab_size, (rows, 6))
+        ours = generate(model, prompt, SamplingParams(max_new_tokens=8, temperature=0, stop_at_eot=False))
+        assert torch.equal(f32.generate(prompt, 8), ours)
+    q8 = LlamaCppDecoder.load(files["Q8_0"], threads=1, context=64).generate(prompt[:1], 8)
+    assert q8.shape == (1, 14) and torch.equal(q8[:, :6], prompt[:1])
     import gguf
     matrices = {t.name: t.tensor_type for t in gguf.GGUFReader(tmp_path / "model.q8_0.gguf").tensors
                 if t.name.startswith("blk.") and t.name.endswith(".weight") and len(t.shape) == 2}

@@ -342,6 +342,11 @@ def test_ignore_eos_generates_exactly_max_new_tokens(checkpoint, monkeypatch):
         assert (stopped["tokens"], stopped["finish_reason"]) == (1, "eos")
         kept = client.post("/generate", json={"prompt": "hi", "max_new_tokens": 5, "ignore_eos": True}).json()
         assert (kept["tokens"], kept["finish_reason"]) == (5, "length")
+        completion = {"model": Path(checkpoint).name, "prompt": "hi", "max_tokens": 5}
+        stopped = client.post("/v1/completions", json=completion).json()
+        assert (stopped["usage"]["completion_tokens"], stopped["choices"][0]["finish_reason"]) == (1, "stop")
+        kept = client.post("/v1/completions", json={**completion, "ignore_eos": True}).json()
+        assert (kept["usage"]["completion_tokens"], kept["choices"][0]["finish_reason"]) == (5, "length")
 
 
 def test_a_path_cannot_forge_a_request_log_line(client, caplog):

@@ -1,11 +1,14 @@
-"""Decoding speed against the runtimes a CPU user would pick, on the same weights: ONNX Runtime in fp32 and
-dynamic int8 (bench/onnx_peer.py), llama.cpp in F32 and Q8_0 at batch 1 (bench/llama_cpp_peer.py), and Hugging
-Face transformers, each when installed.
+"""Decoding speed against the runtimes a CPU user would pick, on the same weights, each set up as its own docs
+recommend: ONNX Runtime in fp32 and int8 through its GPT-2 converter, optimizer and IO binding
+(bench/onnx_peer.py), llama.cpp in F32 and Q8_0 through its C API, several sequences in one context
+(bench/llama_cpp_peer.py), and Hugging Face transformers' generate(), each when installed; quiet, and with one
+core kept busy by another process (bench/colocated.py).
 
-    pip install onnxruntime onnx onnxscript transformers   # the peers; each is optional
-    pip install gguf llama-cpp-python                      # builds llama.cpp from source: 4.5 min on 2 cores
+    pip install onnxruntime onnx "transformers==4.44.2"  # the peers, each optional (onnx_peer.py says why 4.44)
+    pip install gguf llama-cpp-python                    # builds llama.cpp from source: 4.5 min on 2 cores
     python -m bench.experiments generate_speed           # GPT-2 124M config, random weights, 32-token English
-                                                         # prompts, 128 new tokens, greedy, batches 1 and 12
+                                                         # prompts, 128 new tokens, greedy, batches 1, 4 and 12,
+                                                         # quiet and with one core busy
 
 Ours is `generate()` on the model as sample.py runs it: float32 linears packed for oneDNN
 (model/packed_linear.py), and the int8 artifact's model (model/int8.py) with the tied embedding / output head
@@ -18,7 +21,9 @@ reverses every other round, so that machine noise hits all alike and no runtime'
 another's way. A side's first call is untimed (our traces, ONNX Runtime's and llama.cpp's first allocations);
 then each round times a one-token call (the prompt's prefill and the first token) and a whole call: end-to-end
 new tokens/s, and decode-only tokens/s (the tokens after the first over the time after the first). Each ratio is
-the median of per-round ratios; the 1-minute load average is recorded as each round begins. The fp32 tokens of
+the median of per-round ratios; the 1-minute load average is recorded as each round begins.  With busy cores,
+the busy processes run through that setting's rounds, and our eager sides are left out (they show what tracing
+gains, which the quiet rounds show). The fp32 tokens of
 every peer are compared with ours; the int8 sides are compared with our fp32 tokens (agreement: the share of
 equal new tokens).
 
@@ -39,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from bench.colocated import busy_cores
 from bench.decode_sides import Sides, SideSpec
 from bench.experiment import Experiment, SettingsError, at_least
 from bench.record import plt
@@ -63,12 +69,14 @@ class Settings:
     model: str = option("gpt2", "model preset (random weights)", choices=tuple(PRESETS))
     prompt_tokens: int = option(32, "prompt length (English text: the built-in corpus's validation split)")
     new_tokens: int = option(128, "tokens generated per row")
-    batch_sizes: list[int] = option([1, 12], "rows generated together")
+    batch_sizes: list[int] = option([1, 4, 12], "rows generated together")
+    busy_cores: list[int] = option([0, 1], "cores kept busy by another process while the sides run (a Python "
+                                           "loop each, bench/colocated.py): 0 is a quiet machine")
     repeats: int = option(5, "timed repeats of each side (interleaved)")
     onnx: bool = option(True, "time ONNX Runtime beside ours when onnxruntime is installed (its export takes "
                               "about a minute for GPT-2 124M)")
-    llama_cpp: bool = option(True, "time llama.cpp F32 and Q8_0 beside ours at batch 1 when llama-cpp-python and "
-                                   "gguf are installed")
+    llama_cpp: bool = option(True, "time llama.cpp F32 and Q8_0 beside ours when llama-cpp-python and gguf are "
+                                   "installed")
     int8_head: str = option("int8", "head format of our int8 model (quantize/dynamic.py --head): int8 matches "
                                     "llama.cpp's Q8_0, which quantizes the tied output matrix too",
                             choices=HEAD_FORMATS)
@@ -79,6 +87,7 @@ class Settings:
 
     def __post_init__(self):
         at_least(self, 1, "prompt_tokens", "repeats", "batch_sizes")
+        at_least(self, 0, "busy_cores")
         at_least(self, 2, "new_tokens")  # the decode-only rate is that of the tokens after the first
 
 
@@ -104,6 +113,7 @@ class Comparison:
 @dataclass
 class GenerationRow:
     batch: int
+    busy_cores: int  # cores kept busy by another process while this row's rounds ran
     sides: dict[str, SideSpeed]
     comparisons: list[Comparison]
     load_average: list[float]  # the 1-minute load average as each timed round began
@@ -133,11 +143,13 @@ class GenerateSpeed:
     decode: str  # how our decode steps ran (model/decode_steps.py's DECODE_MODES)
     int8_head: str | None
     versions: dict[str, str]  # runtime -> its version, for every runtime measured
-    ort_int8_settings: str | None
+    setups: dict[str, str]  # peer runtime -> how it was set up (converter, optimizer, API, threads)
     results: list[GenerationRow]
     bandwidth: Bandwidth | None
     environment: Environment
 
+
+TRANSFORMERS_SETUP = "GPT2LMHeadModel.generate(do_sample=False, use_cache=True), its default attention, inference mode"
 
 # The pairs compared at every batch size both sides ran: our side first.
 COMPARED = (("ours fp32", "ONNX Runtime fp32"), ("ours fp32", "llama.cpp F32"), ("ours int8", "ONNX Runtime int8"),
@@ -178,17 +190,18 @@ def side_specs(model: GPT, settings: Settings, device: torch.device, decode: str
         specs.append(run("ours fp32 eager"))
         if cpu:
             specs.append(run("ours int8 eager", int8_head=settings.int8_head))
-    if settings.onnx and cpu and installed("onnxruntime", "onnx", "onnxscript"):
-        print("exporting the model to ONNX and quantizing it with ONNX Runtime", file=sys.stderr, flush=True)
+    if settings.onnx and cpu and installed("onnxruntime", "onnx", "transformers"):
+        print("converting the model with ONNX Runtime's GPT-2 converter and optimizer", file=sys.stderr, flush=True)
         from bench.onnx_peer import ort_files
-        for name, graphs in ort_files(model, work_dir / "onnx").items():
-            specs.append(SideSpec(f"ONNX Runtime {name}", "onnxruntime", tuple(map(str, graphs)), threads))
-    if settings.llama_cpp and cpu and 1 in settings.batch_sizes and installed("llama_cpp", "gguf"):
+        for name, graph in ort_files(model, work_dir / "onnx").items():
+            specs.append(SideSpec(f"ONNX Runtime {name}", "onnxruntime", (str(graph),), threads))
+    if settings.llama_cpp and cpu and installed("llama_cpp", "gguf"):
         print("writing the model as GGUF and quantizing it with llama.cpp", file=sys.stderr, flush=True)
         from bench.llama_cpp_peer import gguf_files
+        context = settings.prompt_tokens + settings.new_tokens
         for name, path in gguf_files(model, work_dir / "gguf").items():
-            specs.append(SideSpec(f"llama.cpp {name}", "llama.cpp", (str(path),), threads,
-                                  context=model.config.block_size))
+            specs.append(SideSpec(f"llama.cpp {name}", "llama.cpp", (str(path),), threads, context=context,
+                                  rows=max(settings.batch_sizes)))
     if settings.transformers and installed("transformers"):
         export_hf_gpt2(model, work_dir / "hf")
         specs.append(SideSpec("transformers", "transformers", (str(work_dir / "hf"),), threads, str(device)))
@@ -244,10 +257,11 @@ def measure(settings: Settings, work_dir: Path) -> GenerateSpeed:
     with Sides(specs) as sides:
         read_before = read_bandwidth() if device.type == "cpu" else []  # the sides wait, idle, on their pipes
         rows = []
-        for batch in settings.batch_sizes:
-            names = [s.name for s in specs if not (s.runtime == "llama.cpp" and batch > 1)]  # one sequence only
-            tokens, first, whole, loads = time_rounds(sides, names, prompts[:batch], settings.new_tokens,
-                                                      settings.repeats)
+        for busy, batch in ((busy, batch) for busy in settings.busy_cores for batch in settings.batch_sizes):
+            names = [s.name for s in specs if not (busy and s.name.endswith(" eager"))]
+            with busy_cores(busy):
+                tokens, first, whole, loads = time_rounds(sides, names, prompts[:batch], settings.new_tokens,
+                                                          settings.repeats)
             new, later = batch * settings.new_tokens, batch * (settings.new_tokens - 1)
             decode_s = {name: [w - f for w, f in zip(whole[name], first[name])] for name in names}
             reference = tokens["ours fp32"]
@@ -258,12 +272,12 @@ def measure(settings: Settings, work_dir: Path) -> GenerateSpeed:
             comparisons = [Comparison(side, against, paired_ratio(whole[against], whole[side]),
                                       paired_ratio(decode_s[against], decode_s[side]))
                            for side, against in COMPARED if side in speeds and against in speeds]
-            rows.append(GenerationRow(batch, speeds, comparisons, loads))
-            print(f"batch {batch:>2}, new tokens/s end to end (decode only): " + ", ".join(
+            rows.append(GenerationRow(batch, busy, speeds, comparisons, loads))
+            print(f"batch {batch:>2}, {busy} busy cores, new tokens/s end to end (decode only): " + ", ".join(
                 f"{name} {s.tokens_per_s.median:.1f} ({s.decode_tokens_per_s.median:.1f})"
                 for name, s in speeds.items()) + f"; load average {min(loads):.2f}-{max(loads):.2f}", flush=True)
         bandwidth = None
-        one = next((r for r in rows if r.batch == 1), None)
+        one = next((r for r in rows if r.batch == 1 and not r.busy_cores), None)
         if device.type == "cpu" and one is not None:
             read = Spread.of(read_before + read_bandwidth())
             step = {name: about["step_bytes"] for name, about in sides.about.items() if "step_bytes" in about}
@@ -280,21 +294,36 @@ def measure(settings: Settings, work_dir: Path) -> GenerateSpeed:
                   + ", ".join(f"{name} {v:.1f} GB/s ({v / read.median:.0%})" for name, v in gb.items()), flush=True)
         versions = {spec.runtime: sides.about[spec.name]["version"] for spec in specs if spec.runtime != "ours"}
         kernels = sides.about["ours fp32"]["kernels"]
-    ort_int8 = None
-    if "onnxruntime" in versions:
-        from bench.onnx_peer import INT8_SETTINGS as ort_int8
     return GenerateSpeed(settings.model, settings.prompt_tokens, settings.new_tokens,
                          "the built-in corpus's validation text (Python's documentation), consecutive windows",
                          kernels, decode, settings.int8_head if device.type == "cpu" else None,
-                         {"torch": torch.__version__, **versions}, ort_int8, rows, bandwidth, environment(device))
+                         {"torch": torch.__version__, **versions}, peer_setups(versions), rows, bandwidth,
+                         environment(device))
+
+
+def peer_setups(versions: dict[str, str]) -> dict[str, str]:
+    """How each peer that ran was set up, from the module that set it up."""
+    setups = {}
+    if "onnxruntime" in versions:
+        from bench.onnx_peer import SETUP
+        setups["onnxruntime"] = SETUP
+    if "llama.cpp" in versions:
+        from bench.llama_cpp_peer import SETUP
+        setups["llama.cpp"] = SETUP
+    if "transformers" in versions:
+        setups["transformers"] = TRANSFORMERS_SETUP
+    return setups
 
 
 def plot(result: GenerateSpeed):
     order = ["ours fp32", "ONNX Runtime fp32", "llama.cpp F32", "ours int8", "ONNX Runtime int8", "llama.cpp Q8_0",
              "transformers"]
     names = [n for n in order if any(n in r.sides for r in result.results)]
-    fig, axes = plt.subplots(1, len(result.results), figsize=(5 * len(result.results), 3.8), squeeze=False)
-    for ax, row in zip(axes[0], result.results):
+    busy = sorted({r.busy_cores for r in result.results})
+    batches = sorted({r.batch for r in result.results})
+    fig, axes = plt.subplots(len(busy), len(batches), figsize=(5 * len(batches), 3.8 * len(busy)), squeeze=False)
+    for row in result.results:
+        ax = axes[busy.index(row.busy_cores)][batches.index(row.batch)]
         x = range(len(names))
         for offset, label, rate in ((-0.2, "end to end", lambda s: s.tokens_per_s),
                                     (0.2, "decode steps only", lambda s: s.decode_tokens_per_s)):
@@ -303,11 +332,10 @@ def plot(result: GenerateSpeed):
                           yerr=[[v - rate(row.sides[n]).min if n in row.sides else 0 for n, v in zip(names, values)],
                                 [rate(row.sides[n]).max - v if n in row.sides else 0 for n, v in zip(names, values)]],
                           capsize=2)
-            # llama.cpp runs one sequence only: its batch-12 bars are absent, not zero
             ax.bar_label(bars, labels=[f"{v:.0f}" if n in row.sides else "not run" for n, v in zip(names, values)],
                          fontsize=7)
         ax.set_xticks(list(x), names, rotation=25, ha="right", fontsize=8)
-        ax.set_title(f"batch {row.batch}")
+        ax.set_title(f"batch {row.batch}" + (f", {row.busy_cores} core(s) busy" if row.busy_cores else ", quiet"))
         ax.set_ylabel("new tokens / s")
         ax.grid(alpha=0.3, axis="y")
     axes[0][0].legend(fontsize=8)
@@ -327,10 +355,11 @@ def section(res: GenerateSpeed, page: Page) -> None:
              f"first token. Medians and ranges over the rounds; each ratio is the median of per-round ratios. "
              f"Ours: {res.linear_kernels}, decode steps {res.decode}"
              + (f", int8 with the {res.int8_head} head" if res.int8_head else "")
-             + (f"; ONNX Runtime's int8: {res.ort_int8_settings}" if res.ort_int8_settings else "")
+             + "".join(f"; {runtime}: {setup}" for runtime, setup in res.setups.items())
              + f". Versions: {versions}.\n")
     for row in res.results:
-        page.add(f"Batch {row.batch} (1-minute load average as the rounds began: "
+        busy = f", {row.busy_cores} core(s) kept busy by another process" if row.busy_cores else ", quiet"
+        page.add(f"Batch {row.batch}{busy} (1-minute load average as the rounds began: "
                  f"{', '.join(f'{v:.2f}' for v in row.load_average)}):\n")
         page.table(["side", "new tokens/s end to end", "decode only", "first token (s)",
                     "tokens = ours fp32"],
@@ -355,6 +384,6 @@ def section(res: GenerateSpeed, page: Page) -> None:
 EXPERIMENT = Experiment(
     name="generate_speed", title="Decoding against ONNX Runtime, llama.cpp and transformers", about=__doc__,
     settings=Settings,
-    quick=Settings(new_tokens=32, repeats=3), full=Settings(),
+    quick=Settings(new_tokens=32, repeats=3, busy_cores=[0]), full=Settings(),
     result=GenerateSpeed, measure=measure, plot=plot, section=section,
     gpu=Settings(new_tokens=256, repeats=5))

@@ -18,6 +18,15 @@ load on the machine hits every mode and level alike; ratios are medians of per-r
 first mode's speed over each other mode's.  Throughput is new tokens over the round's wall time (for the
 clients, from the first request sent to the last stream closed); latency and time to first token are the
 client's own, over every request of every round.
+
+    python -m bench.experiments serve_speed --llama-server PATH/llama-server [--weights int8]
+
+With --llama-server, the server is also compared with llama.cpp's own server on the same weights as GGUF (F32,
+or Q8_0 beside our int8), at each --peer-clients level: that many streaming OpenAI /v1/completions requests at
+once to each (bench/loadtest.py's completion_body: 32-token prompts as token ids, greedy, exactly --new-tokens
+tokens), ours from `python -m serve` with its defaults, llama-server with as many slots as clients, as its docs
+advise (bench/llama_cpp_peer.py's SERVER_SETUP), in interleaved rounds.  Each round sends new prompts (English
+windows of the built-in validation text), so no server answers from a cache of an earlier round's prompt.
 """
 from __future__ import annotations
 
@@ -31,7 +40,8 @@ import numpy as np
 import torch
 
 from bench.experiment import Experiment, SettingsError, at_least
-from bench.loadtest import PROMPTS, LevelResult, checked, exact_request_body, level_name, run_level
+from bench.loadtest import (PROMPTS, LevelResult, checked, completion_body, exact_request_body, level_name,
+                           run_level)
 from bench.record import plt
 from bench.report_page import Page, spread
 from data.tokenizer import encode
@@ -46,7 +56,7 @@ from runtime.device import choose_device
 from runtime.provenance import provenance
 from runtime.timing import Environment, Spread, environment, paired_ratio, time_interleaved
 from model.decode_steps import DECODE_MODES
-from serve.launch import running_server
+from serve.launch import ServerProcess, running, running_server
 from storage.artifact import int8_artifact_writers, load_model, save_artifact
 from storage.folder import write_folder_atomically
 
@@ -66,10 +76,17 @@ class Settings:
                                choices=DECODE_MODES)
     weights: str = option("fp32", "the artifact served: fp32, or int8 (int8 linears and head, CPU only)",
                           choices=("fp32", "int8"))
+    llama_server: str | None = option(None, "llama.cpp's llama-server binary: compare the server with it on the "
+                                            "same weights as GGUF (F32, or Q8_0 with --weights int8)")
+    peer_clients: list[int] = option([1, 4, 12], "concurrency levels of the llama-server comparison")
 
     def __post_init__(self):
         at_least(self, 1, "new_tokens", "repeats")
         at_least(self, 2, "clients")
+        at_least(self, 1, "peer_clients")
+        if self.llama_server is not None and not Path(self.llama_server).is_file():
+            raise SettingsError(f"--llama-server {self.llama_server} is not a file; build llama.cpp's llama-server "
+                                f"(bench/llama_cpp_peer.py says how) and give its path")
         if len(set(self.decode)) != len(self.decode):
             raise SettingsError(f"--decode names a mode twice: {' '.join(self.decode)}")
 
@@ -106,6 +123,22 @@ class DecodeSpeed:
 
 
 @dataclass
+class PeerLevel:
+    clients: int
+    ours: Level
+    peer: Level
+    ours_over_peer: float  # throughput, median of per-round ratios
+
+
+@dataclass
+class PeerComparison:
+    peer: str  # llama-server's build and the GGUF format it served
+    setup: str
+    prompt_tokens: int
+    levels: list[PeerLevel]
+
+
+@dataclass
 class ServeSpeed:
     model: str
     weights: str  # fp32 or int8
@@ -113,6 +146,7 @@ class ServeSpeed:
     prompt_tokens: int
     new_tokens: int
     decodes: list[DecodeSpeed]  # in --decode's order
+    peer: PeerComparison | None  # with --llama-server
     environment: Environment
 
 
@@ -140,7 +174,12 @@ def measure(settings: Settings, work_dir: Path) -> ServeSpeed:
     shutil.rmtree(work_dir, ignore_errors=True)  # this experiment's own scratch from last time
     work_dir.mkdir(parents=True)
     artifact = work_dir / "model"
-    save_served_artifact(artifact, GPT(config).eval(), settings.weights)
+    float_model = GPT(config).eval()
+    gguf = None
+    if settings.llama_server:
+        from bench.llama_cpp_peer import gguf_files
+        gguf = gguf_files(float_model, work_dir / "gguf")["F32" if settings.weights == "fp32" else "Q8_0"]
+    save_served_artifact(artifact, float_model, settings.weights)
     model, _ = load_model(artifact, device)  # what the server loads
     pack_for_inference(model)  # as the server does
 
@@ -199,12 +238,69 @@ def measure(settings: Settings, work_dir: Path) -> ServeSpeed:
                         for lv in d.levels[1:])
               + ("" if d.first_over_this is None else "; " + settings.decode[0] + " over " + d.decode + ": "
                  + ", ".join(f"{k} {v:.2f}x" for k, v in d.first_over_this.items())))
-    return ServeSpeed(settings.model, settings.weights, prompt, len(prompt_ids), settings.new_tokens, decodes,
+    peer = None if gguf is None else against_llama_server(settings, artifact, gguf, work_dir, device)
+    return ServeSpeed(settings.model, settings.weights, prompt, len(prompt_ids), settings.new_tokens, decodes, peer,
                       environment(device))
 
 
+PEER_PROMPT_TOKENS = 32
+
+
+def against_llama_server(settings: Settings, artifact: Path, gguf: Path, work_dir: Path,
+                         device: torch.device) -> PeerComparison:
+    """Our server and llama-server on the same weights, each --peer-clients level in interleaved rounds."""
+    from bench.experiments.generate_speed import real_prompts
+    from bench.llama_cpp_peer import SERVER_SETUP, llama_server_command, llama_server_version
+    binary = Path(settings.llama_server)
+    threads = torch.get_num_threads()
+    context = PEER_PROMPT_TOKENS + settings.new_tokens
+    most = max(settings.peer_clients)
+    prompts = real_prompts((settings.repeats + 1) * most, PEER_PROMPT_TOKENS).tolist()
+    counts = settings.peer_clients
+    runs: dict[tuple[str, int], list[LevelResult]] = {(side, n): [] for side in ("ours", "peer") for n in counts}
+
+    def clients(url: str, side: str, n: int):
+        def call():
+            offset = len(runs[side, n]) * most  # a new round, new prompts
+            body = lambda i, new: completion_body(artifact.name, prompts[offset + i], new)  # llama-server takes any
+            runs[side, n].append(checked(asyncio.run(run_level(url, n, n, settings.new_tokens, REQUEST_TIMEOUT_S,
+                                                               REQUEST_TIMEOUT_S, body=body, route="/v1/completions")),
+                                         settings.new_tokens))
+        return call
+
+    with contextlib.ExitStack() as servers:
+        ours = servers.enter_context(running_server(artifact, work_dir / "server_peer_ours.log", [
+            "--device", str(device), "--max-batch-size", str(max(16, most)),
+            "--request-timeout-s", str(REQUEST_TIMEOUT_S)]))
+        calls = {}
+        for n in counts:
+            peer = servers.enter_context(running(ServerProcess.start(
+                llama_server_command(binary, gguf, n, context, threads), work_dir / f"llama_server_{n}.log")))
+            calls["ours", n] = clients(ours.url, "ours", n)
+            calls["peer", n] = clients(peer.url, "peer", n)
+        time_interleaved(calls, settings.repeats, warmup=1, device=device, alternate=True,
+                         progress="llama-server rounds")
+    wall = {key: [run.wall_s for run in r[1:]] for key, r in runs.items()}
+
+    def level(side: str, n: int) -> Level:
+        outcomes = [o for run in runs[side, n][1:] for o in run.outcomes]
+        return Level(n, Spread.of([n * settings.new_tokens / s for s in wall[side, n]]),
+                     Percentiles.of([1000 * o.latency_s for o in outcomes]),
+                     Percentiles.of([1000 * o.ttft_s for o in outcomes]), None)
+
+    levels = [PeerLevel(n, level("ours", n), level("peer", n), paired_ratio(wall["peer", n], wall["ours", n]))
+              for n in counts]
+    for lv in levels:
+        print(f"{level_name(lv.clients)}: ours {lv.ours.tokens_per_s.median:.1f} new tokens/s (first token "
+              f"{lv.ours.first_token_ms.p50:.0f} ms), llama-server {lv.peer.tokens_per_s.median:.1f} "
+              f"({lv.peer.first_token_ms.p50:.0f} ms): {lv.ours_over_peer:.2f}x", flush=True)
+    name = f"llama-server {llama_server_version(binary)}, {'F32' if settings.weights == 'fp32' else 'Q8_0'}"
+    return PeerComparison(name, SERVER_SETUP, PEER_PROMPT_TOKENS, levels)
+
+
 def plot(result: ServeSpeed):
-    fig, ax = plt.subplots(figsize=(7, 3.8))
+    fig, axes = plt.subplots(1, 2 if result.peer else 1, figsize=(14 if result.peer else 7, 3.8), squeeze=False)
+    ax = axes[0][0]
     names = ["generate()", *[level_name(lv.clients) for lv in result.decodes[0].levels]]
     width = 0.8 / len(result.decodes)
     for i, d in enumerate(result.decodes):
@@ -218,7 +314,27 @@ def plot(result: ServeSpeed):
     ax.grid(alpha=0.3, axis="y")
     ax.legend()
     ax.set_title(f"{result.model} {result.weights}: {result.new_tokens} new tokens per request, sampled, streamed")
+    if result.peer:
+        plot_peer(axes[0][1], result)
     return fig
+
+
+def plot_peer(ax, result: ServeSpeed) -> None:
+    levels = result.peer.levels
+    x = np.arange(len(levels))
+    for offset, label, pick in ((-0.2, f"ours ({result.weights})", lambda lv: lv.ours),
+                                (0.2, result.peer.peer, lambda lv: lv.peer)):
+        spreads = [pick(lv).tokens_per_s for lv in levels]
+        medians = [s.median for s in spreads]
+        bars = ax.bar(x + offset, medians, 0.4, label=label, capsize=4,
+                      yerr=[[m - s.min for m, s in zip(medians, spreads)], [s.max - m for m, s in zip(medians, spreads)]])
+        ax.bar_label(bars, labels=[f"{m:.0f}\n{pick(lv).first_token_ms.p50:.0f} ms" for m, lv in zip(medians, levels)],
+                     fontsize=7)
+    ax.set_xticks(x, [level_name(lv.clients) for lv in levels])
+    ax.set_ylabel("new tokens / s (min-max); first token p50")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    ax.set_title(f"against llama-server: {result.peer.prompt_tokens}-token prompts, greedy, /v1/completions")
 
 
 def section(res: ServeSpeed, page: Page) -> None:
@@ -246,6 +362,16 @@ def section(res: ServeSpeed, page: Page) -> None:
     for d in res.decodes[1:]:
         page.add(f"{first.decode} steps over {d.decode} steps, paired in the same rounds: "
                  + ", ".join(f"{k} {v:.2f}x" for k, v in d.first_over_this.items()) + ".\n")
+    if res.peer:
+        peer = res.peer
+        page.add(f"Against {peer.peer} on the same weights ({peer.setup}); {peer.prompt_tokens}-token prompts, "
+                 f"{res.new_tokens} greedy new tokens each, new prompts every round:\n")
+        ms = lambda p: f"{p.p50:.0f} / {p.p99:.0f}"
+        page.table(["clients", "ours new tokens/s", "llama-server", "ours / llama-server", "first token p50 / p99 ms, "
+                    "ours", "llama-server", "latency p50 / p99 ms, ours", "llama-server"],
+                   [[lv.clients, spread(lv.ours.tokens_per_s), spread(lv.peer.tokens_per_s), f"{lv.ours_over_peer:.2f}x",
+                     ms(lv.ours.first_token_ms), ms(lv.peer.first_token_ms), ms(lv.ours.latency_ms),
+                     ms(lv.peer.latency_ms)] for lv in peer.levels])
 
 
 EXPERIMENT = Experiment(

@@ -1,0 +1,25 @@
+"""Another program on the benchmark's machine: processes that each keep one core busy, for measuring how a
+runtime holds up when it does not have the machine to itself (a server beside a training job, a notebook,
+another service)."""
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+
+# A plain Python loop: one core's worth of work that never sleeps and touches little memory, so it takes CPU time
+# from the runtime under test and not memory bandwidth.
+BUSY_LOOP = "while True:\n    pass\n"
+
+
+@contextlib.contextmanager
+def busy_cores(count: int):
+    """`count` processes, each a busy Python loop, for the block's duration (none when `count` is 0); the block
+    gets them."""
+    processes = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(count)]
+    try:
+        yield processes
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()

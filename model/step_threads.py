@@ -1,0 +1,102 @@
+"""How many CPU threads a decoding step runs with, chosen from the steps' own timings.
+
+A decoding step is a chain of small parallel products, each ending at a barrier where every thread waits for
+the slowest.  On a machine the process has to itself, all cores are fastest.  Beside another busy program (a
+training job, a notebook, another service), the operating system deschedules one of the step's threads now and
+then, and every product waits for it: measured on 2 cores with one kept busy by a Python loop, 2 threads decoded
+slower than 1 (`python -m bench.experiments generate_speed`, its busy-core rows).  Which count is faster depends on
+the load at the time, which changes while a server runs, so it is measured rather than guessed: the steps run
+with the count whose recent steps were fastest, and now and then one step tries another count.  The tries grow
+rarer while they keep confirming the choice, so a quiet machine spends almost every step on all its threads.
+
+Steps are compared only with steps of the same model and shape (rows and new tokens per row), as each costs its
+own; what a model's steps learnt is kept for the process's life (`for_model`), so that each generate() call does
+not start over.
+"""
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+
+EMA_WEIGHT = 0.3  # of the newest step in a count's running mean of step times
+FIRST_TRY_AFTER = 8  # steps on the first choice before another count is tried
+LONGEST_GAP = 256  # steps at most between tries, reached by doubling while the tries confirm the choice
+
+
+def thread_counts(most: int) -> list[int]:
+    """The counts worth trying with `most` threads: all, one core left to the other program, half, and one."""
+    return sorted({most, max(1, most - 1), max(1, most // 2), 1}, reverse=True)
+
+
+@dataclass
+class _Shape:
+    """Running step times, per thread count, of steps of one shape."""
+    mean_s: dict[int, float] = field(default_factory=dict)
+    seen: dict[int, int] = field(default_factory=dict)
+    steps: int = 0
+    gap: int = FIRST_TRY_AFTER
+    next_try: int = FIRST_TRY_AFTER
+    turn: int = 0  # which of the other counts the next try uses, in turn
+
+    def best(self, default: int) -> int:
+        return min(self.mean_s, key=self.mean_s.get) if self.mean_s else default
+
+
+class StepThreads:
+    """Runs each step with the fastest thread count seen lately for its shape (`run`)."""
+
+    def __init__(self, most: int | None = None):
+        self.most = most or torch.get_num_threads()
+        self.counts = thread_counts(self.most)
+        self.shapes: dict[tuple[int, int], _Shape] = {}
+
+    def run(self, shape: tuple[int, int], step):
+        """`step()` with the count chosen for `shape`, timed to inform the next choices; the process's thread count
+        is given back afterwards (the prompt's pass and everything else keep all threads)."""
+        if len(self.counts) == 1:
+            return step()
+        state = self.shapes.setdefault(shape, _Shape())
+        best = state.best(self.most)
+        trying = state.steps >= state.next_try
+        count = best
+        if trying:
+            others = [c for c in self.counts if c != best]
+            count = others[state.turn % len(others)]
+        torch.set_num_threads(count)
+        try:
+            start = time.perf_counter()
+            out = step()
+            seconds = time.perf_counter() - start
+        finally:
+            torch.set_num_threads(self.most)
+        seen = state.seen.get(count, 0)
+        state.seen[count] = seen + 1
+        if seen:  # a count's first step of a shape may carry one-time work (a trace, first allocations)
+            # A try measures its count afresh (its last mean may date from another load); the chosen count's
+            # steps follow the load as a running mean, so that a slower spell moves the choice within steps.
+            old = state.mean_s.get(count, seconds)
+            state.mean_s[count] = seconds if trying else (1 - EMA_WEIGHT) * old + EMA_WEIGHT * seconds
+        state.steps += 1
+        if trying:
+            if not seen:
+                state.next_try = state.steps  # that step told nothing yet: the same count again
+            else:
+                state.turn += 1
+                # A try that confirms the choice makes the next one rarer; one that changes it, sooner.
+                state.gap = min(LONGEST_GAP, 2 * state.gap) if state.best(self.most) == best else FIRST_TRY_AFTER
+                state.next_try = state.steps + state.gap
+        return out
+
+
+_BY_MODEL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def for_model(model) -> StepThreads:
+    """The StepThreads of `model`'s steps, made on first use and kept while the model lives."""
+    chooser = _BY_MODEL.get(model)
+    if chooser is None or chooser.most != torch.get_num_threads():  # the user changed the thread count since
+        chooser = _BY_MODEL[model] = StepThreads()
+    return chooser

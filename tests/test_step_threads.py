@@ -1,0 +1,54 @@
+"""model/step_threads.py: decode steps run with the thread count their own timings favour -- all threads on a
+quiet machine, fewer when another program makes all of them slower -- and follow a load that comes and goes."""
+from __future__ import annotations
+
+import torch
+
+from model import step_threads
+from model.step_threads import LONGEST_GAP, StepThreads, thread_counts
+
+
+class FakeClock:
+    """perf_counter for model/step_threads.py, advanced by the steps: a step with n threads takes cost[n]."""
+
+    def __init__(self, monkeypatch):
+        self.now = 0.0
+        monkeypatch.setattr(step_threads.time, "perf_counter", lambda: self.now)
+
+    def steps(self, chooser: StepThreads, cost: dict[int, float], count: int, shape=(1, 1)) -> list[int]:
+        used = []
+
+        def step():
+            threads = torch.get_num_threads()
+            used.append(threads)
+            self.now += cost[threads]
+        for _ in range(count):
+            chooser.run(shape, step)
+        return used
+
+
+def test_candidate_counts():
+    assert thread_counts(1) == [1]
+    assert thread_counts(2) == [2, 1]
+    assert thread_counts(16) == [16, 15, 8, 1]
+
+
+def test_a_quiet_machine_keeps_all_threads_and_a_busy_one_moves_to_fewer_and_back(monkeypatch):
+    most = torch.get_num_threads()
+    clock, chooser = FakeClock(monkeypatch), StepThreads(most=2)
+    quiet, busy = {2: 0.010, 1: 0.016}, {2: 0.050, 1: 0.020}
+    used = clock.steps(chooser, quiet, 1000)
+    assert used.count(2) >= 0.97 * len(used)  # the tries grow rare: quiet speed is kept
+    assert torch.get_num_threads() == most  # the process's count is given back after each step
+    used = clock.steps(chooser, busy, 100)
+    assert used[10:].count(1) >= 0.9 * len(used[10:])  # within a few steps of the load
+    used = clock.steps(chooser, quiet, 2 * LONGEST_GAP + 50)
+    assert used[-50:].count(2) >= 48  # back on all threads once a try finds them faster again
+
+
+def test_each_shape_is_judged_on_its_own_steps(monkeypatch):
+    clock, chooser = FakeClock(monkeypatch), StepThreads(most=2)
+    clock.steps(chooser, {2: 0.01, 1: 0.02}, 200, shape=(12, 1))
+    used = clock.steps(chooser, {2: 0.03, 1: 0.02}, 200, shape=(1, 1))
+    assert used[20:].count(1) >= 0.9 * len(used[20:])
+    assert chooser.shapes[12, 1].best(2) == 2 and chooser.shapes[1, 1].best(2) == 1
