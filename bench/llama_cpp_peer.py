@@ -110,6 +110,7 @@ def write_gguf(model: GPT, path: Path) -> Path:
 def quantize_q8_0(f32: Path, out: Path) -> Path:
     """llama.cpp's own Q8_0 (blocks of 32 int8 weights with one fp16 scale) of an F32 GGUF file."""
     import llama_cpp
+    quiet_llama_cpp()
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
     status = llama_cpp.llama_model_quantize(str(f32).encode(), str(out).encode(), ctypes.byref(params))

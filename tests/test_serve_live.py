@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from bench.loadtest import format_table, run_levels
+from bench.loadtest import checked, completion_body, format_table, run_level, run_levels
 from serve.launch import LOOPBACK, running_server
 from tests.conftest import save_small_artifact
 
@@ -211,6 +211,17 @@ def test_load_test_reports_every_level(server):
     assert all(o.ttft_s is not None and o.ttft_s <= o.latency_s for r in results for o in r.ok)
     table = format_table(results)
     assert table.count("\n") == 3 and "| 4 | 4 | 4 | 0 | 0 |" in table
+
+
+def test_load_test_reads_openai_completion_streams(server, checkpoint):
+    """The llama-server comparison's requests (bench/experiments/serve_speed.py): streamed /v1/completions with
+    token-id prompts, each exactly its max_tokens long, counted from the stream's usage event."""
+    body = lambda i, new: completion_body(Path(checkpoint).name, [464, 995 + i, 318], new)
+    level = checked(asyncio.run(run_level(server.url, 3, 3, 5, 60, 60, body=body, route="/v1/completions")), 5)
+    assert all(o.tokens == 5 and 0 < o.ttft_s <= o.latency_s for o in level.outcomes)
+    wrong = asyncio.run(run_level(server.url, 1, 1, 5, 60, 60, route="/v1/completions",
+                                  body=lambda i, new: completion_body("no-such-model", [464], new)))
+    assert wrong.outcomes[0].status == 404 and "no-such-model" in wrong.outcomes[0].error
 
 
 def read_until_closed(s: socket.socket) -> bytes:
