@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The peers' own environment, apart from the project's .venv: ONNX Runtime (with the transformers its GPT-2
 # converter works with), llama-cpp-python and gguf, and llama.cpp's llama-server built from the llama.cpp that
-# llama-cpp-python's sdist vendors.  About 25 minutes on 2 cores, most of it compiling llama.cpp twice.
+# llama-cpp-python's sdist vendors.  About 20 minutes on 2 cores, most of it compiling llama.cpp twice.
 #
 #     bash bench/setup_peers.sh            # after `make setup`; writes .peers/
 #     .peers/venv/bin/python -m bench.experiments generate_speed
