@@ -65,13 +65,14 @@ class StepThreads:
         if trying:
             others = [c for c in self.counts if c != best]
             count = others[state.turn % len(others)]
+        before = torch.get_num_threads()
         torch.set_num_threads(count)
         try:
             start = time.perf_counter()
             out = step()
             seconds = time.perf_counter() - start
         finally:
-            torch.set_num_threads(self.most)
+            torch.set_num_threads(before)
         seen = state.seen.get(count, 0)
         state.seen[count] = seen + 1
         if seen:  # a count's first step of a shape may carry one-time work (a trace, first allocations)
