@@ -35,13 +35,14 @@ HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 
 
 # speculative trains its models: tests/test_speculative_bench.py; one_off_decode starts a process per call, and the
-# paths it times have their tests in tests/test_decode_trace.py.
-NOT_RUN = ("batch_sweep", "faults", "speculative", "one_off_decode")
+# paths it times have their tests in tests/test_decode_trace.py; tp_vs_fsdp's two trainings under torchrun are
+# tests/test_parallel.py's (equal to single-device training), and its tiny run here cost 14 s of make test.
+NOT_RUN = ("batch_sweep", "faults", "speculative", "one_off_decode", "tp_vs_fsdp")
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    """Every experiment but the batch sweep and the fault drills (NOT_RUN) once, tiny, into one results folder
+    """Every experiment but those in NOT_RUN once, tiny, into one results folder
     (the report test reads them all).  The drills' behaviours are tests of their own (test_folder, test_damage,
     test_serve_*, test_parallel)."""
     root = tmp_path_factory.mktemp("bench")
@@ -73,7 +74,6 @@ def results(tmp_path_factory):
     # Several ranks on one machine run on the CPU (gloo) even where a GPU is present.
     tiny_parallel = ["--device", "cpu", "--block-size", "16", "--steps-per-window", "1", "--windows", "1"]
     run("comm_strategies", "--modes", "allreduce", "--world-sizes", "1", "2", "--global-batch", "2", *tiny_parallel)
-    run("tp_vs_fsdp", "--global-batches", "2", *tiny_parallel)
     run("compression", "--checkpoint", str(root / "artifact"), "--methods", "magnitude", "--rounds", "1",
         "--finetune-steps", "1", "--batch-size", "2", "--block-size", "16", "--eval-batches", "1", "--speed-repeats",
         "1", "--new-tokens", "4", "--speed-seq-len", "16")
@@ -195,13 +195,6 @@ def test_communication_bytes_match_theory_and_scaling_is_relative_to_one_rank(re
     assert res.strong_scaling[1].speedup == pytest.approx(one.iteration_s.median / two.iteration_s.median)
 
 
-def test_tp_and_fsdp_both_run_at_each_batch(results):
-    rows = results["tp_vs_fsdp"].rows
-    assert [r.mode for r in rows] == ["tp", "fsdp"]
-    assert [r.error for r in rows] == [None, None]
-    assert all(r.tokens_per_s.median > 0 for r in rows)
-
-
 def test_compression_gathers_prune_and_quantize_reports(results):
     res = results["compression"]
     assert [r.sparsity for r in res.pruning["magnitude"].rounds][0] == 0.0
@@ -251,7 +244,7 @@ def test_report_holds_every_table_and_plot(results, tmp_path):
     text = out.read_text()
     assert text.count("Not run") == len(NOT_RUN)  # the experiments this fixture did not run, and the report says so
     for heading in ("Scorecard", "2. Data preparation", "3. Data loading", "4. Phase profile", "5. Precision",
-                    "6. Communication", "7. Tensor parallel", "8. Compression", "9. Training step", "10. Decoding",
+                    "6. Communication", "8. Compression", "9. Training step", "10. Decoding",
                     "11. Serving", "12. Pruned"):
         assert heading in text
     for experiment in (e for e in EXPERIMENTS if e.name not in NOT_RUN):
