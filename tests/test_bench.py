@@ -36,8 +36,9 @@ HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 
 # speculative trains its models: tests/test_speculative_bench.py; one_off_decode starts a process per call, and the
 # paths it times have their tests in tests/test_decode_trace.py; tp_vs_fsdp's two trainings under torchrun are
-# tests/test_parallel.py's (equal to single-device training), and its tiny run here cost 14 s of make test.
-NOT_RUN = ("batch_sweep", "faults", "speculative", "one_off_decode", "tp_vs_fsdp")
+# tests/test_parallel.py's (equal to single-device training), and its tiny run here cost 14 s of make test;
+# data_prep's tokenizing paths are tests/test_data.py's, and its tiny run (a process per path) cost 12 s.
+NOT_RUN = ("batch_sweep", "faults", "speculative", "one_off_decode", "tp_vs_fsdp", "data_prep")
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +63,6 @@ def results(tmp_path_factory):
     def run(name, *flags):
         out[name] = run_experiment([name, *flags, "--results-dir", str(results_dir), "--work-dir", str(root / name)])
 
-    (root / "wiki.raw").write_text(" = Title = \n" + TEXT)
-    run("data_prep", "--source", str(root / "wiki.raw"), "--speed-mb", "0.01", "--repeats", "1", "--sizes-gb", "0.0001",
-        "--ranks", "0", "--map-processes", "1")
     run("data_loading", "--block-size", "16", "--batch-size", "2", "--batches", "3", "--repeats", "1",
         "--max-workers", "1")
     run("phase_profile", "--block-size", "16", "--batch-size", "2", "--steps", "2", "--eval-interval", "1",
@@ -243,7 +241,7 @@ def test_report_holds_every_table_and_plot(results, tmp_path):
     out = report.write_report(results["dir"], tmp_path / "REPORT.md")
     text = out.read_text()
     assert text.count("Not run") == len(NOT_RUN)  # the experiments this fixture did not run, and the report says so
-    for heading in ("Scorecard", "2. Data preparation", "3. Data loading", "4. Phase profile", "5. Precision",
+    for heading in ("Scorecard", "3. Data loading", "4. Phase profile", "5. Precision",
                     "6. Communication", "8. Compression", "9. Training step", "10. Decoding",
                     "11. Serving", "12. Pruned"):
         assert heading in text
