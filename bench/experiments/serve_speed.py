@@ -150,6 +150,16 @@ class ServeSpeed:
     environment: Environment
 
 
+def measured_level(runs: list[LevelResult], clients: int, new_tokens: int, over_one_client: float | None) -> Level:
+    """A level from its rounds, the first (a warm-up) left out: throughput per round over the clients' own clock
+    (first request sent to last stream closed), latency and first token over every request."""
+    timed = runs[1:]
+    outcomes = [o for run in timed for o in run.outcomes]
+    return Level(clients, Spread.of([clients * new_tokens / run.wall_s for run in timed]),
+                 Percentiles.of([1000 * o.latency_s for o in outcomes]),
+                 Percentiles.of([1000 * o.ttft_s for o in outcomes]), over_one_client)
+
+
 def save_served_artifact(folder: Path, model: GPT, weights: str) -> None:
     """The model as an artifact the server loads: as it is, or quantized as `quantize/dynamic.py --head int8`
     quantizes it."""
@@ -215,14 +225,9 @@ def measure(settings: Settings, work_dir: Path) -> ServeSpeed:
     wall = {key: [run.wall_s for run in runs[1:]] for key, runs in levels.items()}
     decodes = []
     for mode in settings.decode:
-        result_levels = []
-        for n in counts:
-            outcomes = [o for run in levels[mode, n][1:] for o in run.outcomes]
-            result_levels.append(Level(
-                n, Spread.of([n * settings.new_tokens / s for s in wall[mode, n]]),
-                Percentiles.of([1000 * o.latency_s for o in outcomes]),
-                Percentiles.of([1000 * o.ttft_s for o in outcomes]),
-                None if n == 1 else paired_ratio(wall[mode, 1], [s / n for s in wall[mode, n]])))
+        result_levels = [measured_level(levels[mode, n], n, settings.new_tokens,
+                                        None if n == 1 else paired_ratio(wall[mode, 1], [s / n for s in wall[mode, n]]))
+                         for n in counts]
         first_over_this = None
         if mode != settings.decode[0]:
             base = settings.decode[0]
@@ -281,13 +286,7 @@ def against_llama_server(settings: Settings, artifact: Path, gguf: Path, work_di
         time_interleaved(calls, settings.repeats, warmup=1, device=device, alternate=True,
                          progress="llama-server rounds")
     wall = {key: [run.wall_s for run in r[1:]] for key, r in runs.items()}
-
-    def level(side: str, n: int) -> Level:
-        outcomes = [o for run in runs[side, n][1:] for o in run.outcomes]
-        return Level(n, Spread.of([n * settings.new_tokens / s for s in wall[side, n]]),
-                     Percentiles.of([1000 * o.latency_s for o in outcomes]),
-                     Percentiles.of([1000 * o.ttft_s for o in outcomes]), None)
-
+    level = lambda side, n: measured_level(runs[side, n], n, settings.new_tokens, None)
     levels = [PeerLevel(n, level("ours", n), level("peer", n), paired_ratio(wall["peer", n], wall["ours", n]))
               for n in counts]
     for lv in levels:
