@@ -26,7 +26,7 @@ from parallel.data_parallel import replicate_with_data_parallel
 from parallel.distributed import DistContext, exit_rank
 from parallel.tensor_parallel import ShardSpec
 
-STEPS = 6
+STEPS = 4
 GLOBAL_BATCH = 8
 COMMON = dict(model="tiny", dataset="builtin", device="cpu", block_size=16, max_steps=STEPS, log_interval=1, eval_interval=1000,
               eval_batches=1, final_eval_batches=1, warmup_steps=2, lr=3e-3, curves=False)
@@ -204,8 +204,9 @@ def _launch(job: str, world: int, root: Path) -> list[dict]:
 LAYOUTS = {
     4: [("ddp", "ddp", 1), ("fsdp", "fsdp", 1), ("tp", "tp", 4), ("allreduce", "allreduce", 1),
         ("gather-scatter", "gather-scatter", 1), ("fsdp_tp2", "fsdp", 2), ("ddp_tp2", "ddp", 2)],
-    # allreduce runs at 4 ranks only: a loop of per-parameter all-reduces, the same code at any world size.
-    2: [("ddp", "ddp", 1), ("fsdp", "fsdp", 1), ("tp", "tp", 2), ("gather-scatter", "gather-scatter", 1)],
+    # allreduce and gather-scatter run at 4 ranks only: loops of per-parameter collectives, the same code at any
+    # world size.
+    2: [("ddp", "ddp", 1), ("fsdp", "fsdp", 1), ("tp", "tp", 2)],
 }
 def _stop_mid_step(rank, world, root: Path, result):
     """DDP on 2 ranks, 3 micro-batches a step: rank 1 alone gets SIGTERM during step 2's second micro-batch."""
@@ -276,12 +277,12 @@ def test_checkpoints_are_consolidated_and_resume_across_layouts(runs):
     root, _, _ = runs
     from storage.artifact import load_model
     single, _ = load_model(root / "none")
-    for name in ("tp_4", "fsdp_tp2_4", "gather-scatter_2"):
+    for name in ("tp_4", "fsdp_tp2_4", "fsdp_2"):
         model, meta = load_model(root / name)  # one device loads whatever layout wrote it
         assert meta.step == STEPS
         for key, value in single.state_dict().items():
-            torch.testing.assert_close(model.state_dict()[key], value, rtol=1e-3, atol=1e-3)  # ten Adam steps amplify fp32 rounding on tiny gradients
-    # Trained 5 steps with tp on 4 ranks, resumed with fsdp on 2: the same losses as uninterrupted.
+            torch.testing.assert_close(model.state_dict()[key], value, rtol=1e-3, atol=1e-3)  # Adam steps amplify fp32 rounding on tiny gradients
+    # Half the steps with tp on 4 ranks, resumed with fsdp on 2: the same losses as uninterrupted.
     assert _losses(root / "tp_then_fsdp") == pytest.approx(_losses(root / "none"), rel=1e-4)
 
 
