@@ -28,6 +28,7 @@ from model.config import EOT_TOKEN
 from model.decode_steps import DECODE_MODES
 from model.generate import CallTiming, generate
 from model.packed_linear import pack_for_inference
+from model.row_state import OPENAI_FINISH_REASONS, RowState
 from model.sampling import SamplingParams
 from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats
 from runtime.cli import check_options, flag, option, parse_config
@@ -128,14 +129,6 @@ def read_prompt(cfg: SampleConfig) -> str:
     return "\n"
 
 
-def completion(prompt_ids: list[int], row: list[int], params: SamplingParams) -> tuple[list[int], str]:
-    """The generated tokens (up to end-of-text) and why generation stopped."""
-    generated = row[len(prompt_ids):]
-    if params.stop_at_eot and EOT_TOKEN in generated:
-        return generated[:generated.index(EOT_TOKEN)], "stop"
-    return generated, "length"
-
-
 @dataclass
 class CallSpeed:
     """A generate() call's time as the scorecard (bench/leaderboard.py) divides it: the wait for the first new
@@ -178,13 +171,13 @@ def sample_one(cfg: SampleConfig, model, device, draft=None) -> None:
     params = cfg.sampling()
     stats, timing, step_times = SpeculativeStats(), CallTiming(), []
     start = time.perf_counter()
-    out = generate(model, torch.tensor([prompt_ids] * cfg.num_samples, device=device), params, decode=cfg.decode,
-                   draft=draft, draft_tokens=cfg.draft_tokens, stats=stats, timing=timing,
-                   on_token=lambda _: step_times.append(time.perf_counter()))
-    for i, row in enumerate(out.tolist()):
-        generated, _ = completion(prompt_ids, row, params)
+    rows = [RowState(params) for _ in range(cfg.num_samples)]
+    generate(model, torch.tensor([prompt_ids] * cfg.num_samples, device=device), params, decode=cfg.decode,
+             draft=draft, draft_tokens=cfg.draft_tokens, stats=stats, timing=timing, rows=rows,
+             on_token=lambda _: step_times.append(time.perf_counter()))
+    for i, row in enumerate(rows):
         print(f"--- sample {i + 1} ---")
-        print(decode(prompt_ids) + decode(generated))
+        print(decode(prompt_ids) + decode(row.tokens))
     print(f"--- {CallSpeed.of(cfg.num_samples, start, step_times, timing).line()}", file=sys.stderr)
     if draft is not None:
         print(stats.summary(), file=sys.stderr)
@@ -271,9 +264,10 @@ def sample_many(cfg: SampleConfig, model, device, out, draft=None) -> None:
                 batch = group[first:first + cfg.batch_size]
                 params = batch[0][2]
                 start = time.perf_counter()
+                rows = [RowState(params) for _ in batch]
                 try:
-                    rows = generate(model, torch.tensor([ids for _, ids, _ in batch], device=device), params,
-                                   decode=cfg.decode, draft=draft, draft_tokens=cfg.draft_tokens, stats=stats)
+                    generate(model, torch.tensor([ids for _, ids, _ in batch], device=device), params,
+                             decode=cfg.decode, draft=draft, draft_tokens=cfg.draft_tokens, stats=stats, rows=rows)
                 except UserError as e:  # e.g. a prompt too long for the context: these lines alone fail
                     for number, _, _ in batch:
                         write({"line": number, "error": str(e)})
@@ -281,10 +275,9 @@ def sample_many(cfg: SampleConfig, model, device, out, draft=None) -> None:
                     bar.update(len(batch))
                     continue
                 latency = time.perf_counter() - start
-                for (number, ids, _), row in zip(batch, rows.tolist()):
-                    tokens, reason = completion(ids, row, params)
-                    write({"line": number, "text": decode(tokens), "tokens": tokens, "finish_reason": reason,
-                           "latency_s": round(latency, 4)})
+                for (number, _, _), row in zip(batch, rows):
+                    write({"line": number, "text": decode(row.tokens), "tokens": row.tokens,
+                           "finish_reason": OPENAI_FINISH_REASONS[row.finish_reason], "latency_s": round(latency, 4)})
                 bar.update(len(batch))
     if draft is not None:
         print(stats.summary(), file=sys.stderr)

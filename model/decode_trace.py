@@ -31,7 +31,7 @@ import weakref
 import torch
 
 from model.gpt import GPT
-from model.kv_cache import AttentionInputs, KVCache, write_columns
+from model.kv_cache import AttentionInputs, CacheWrites, KVCache, write_columns
 from model.packed_linear import PackedLinear, packed_while
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ _TRACES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 KEPT_TRACES = 8
 
 
-class _CacheViews:
+class _CacheViews(CacheWrites):
     """One traced step's cache: the views of a cache's columns handed to the graph, into which the step writes its
     tokens' keys and values at the columns the attention inputs name, or else at their last W columns (a slice
     from the end is recorded as such, not as a number: one trace serves every length).  The count of filled

@@ -1,4 +1,4 @@
-"""Autoregressive sampling with a KV cache: temperature, top-k, top-p, seed, stop at end-of-text."""
+"""Autoregressive sampling with a KV cache: temperature, top-k, top-p, seed; rows end as model/row_state.py says."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,6 +9,7 @@ from model.config import EOT_TOKEN
 from model.decode_steps import DECODE_MODES, DecodeSteps
 from model.gpt import GPT
 from model.kv_cache import ContextOverflow
+from model.row_state import RowState
 from model.sampling import SamplingParams, row_generators, sample_rows
 from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats, speculative_generate
 
@@ -38,12 +39,13 @@ class CallTiming:
 def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: bool = True,
              on_token=None, decode: str = "auto", draft: GPT | None = None,
              draft_tokens: int = DEFAULT_DRAFT_TOKENS, stats: SpeculativeStats | None = None,
-             timing: CallTiming | None = None) -> torch.Tensor:
+             timing: CallTiming | None = None, rows: list[RowState] | None = None) -> torch.Tensor:
     """Extend the prompts `idx` (B, T) by up to `params.max_new_tokens` tokens.
 
-    Rows that emit end-of-text stop growing (later positions are filled with
-    end-of-text); generation ends early when every row has stopped.  `on_token`
-    is called with each new column of tokens, for streaming and timing.
+    A row that ends (model/row_state.py: at end-of-text, or at a stop string of its RowState) stops growing: its
+    later positions are filled with end-of-text, and generation ends early when every row has ended.  `rows`, one
+    RowState per row, are the rows' states to read afterwards (their tokens, text and finish reason); by default
+    plain ones with `params`.  `on_token` is called with each new column of tokens, for streaming and timing.
     `decode` picks how the cached steps run (model/decode_steps.py's DECODE_MODES); the tokens are the same.  The
     model is not changed: the traced steps hold their own oneDNN-packed copies of its float32 weights.
 
@@ -55,6 +57,9 @@ def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: b
     """
     model.eval()
     B, T = idx.shape
+    rows = rows if rows is not None else [RowState(params) for _ in range(B)]
+    if len(rows) != B:
+        raise ValueError(f"{len(rows)} row states for {B} rows")
     block_size = model.config.block_size
     if T + params.max_new_tokens > block_size:
         raise ContextOverflow(f"prompt of {T} tokens + {params.max_new_tokens} new tokens exceeds the "
@@ -68,20 +73,19 @@ def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: b
     if timing is not None:
         on_token = timing.watch(on_token, used)
     if draft is not None:
-        out = speculative_generate(*used, idx, params, draft_tokens, on_token, stats)
+        out = speculative_generate(*used, idx, params, draft_tokens, on_token, stats, rows)
     else:
-        out = _plain_generate(model, used[0], idx, params, use_cache, on_token)
+        out = _plain_generate(model, used[0], idx, params, use_cache, on_token, rows)
     if timing is not None:
         timing.setup_s = sum(steps.setup_s for steps in used)
     return out
 
 
 def _plain_generate(model: GPT, steps: DecodeSteps, idx: torch.Tensor, params: SamplingParams, use_cache: bool,
-                    on_token) -> torch.Tensor:
+                    on_token, rows: list[RowState]) -> torch.Tensor:
     B, T = idx.shape
     generators = row_generators(params.seed, B, idx.device)
     cache = steps.new_cache(B, T + params.max_new_tokens) if use_cache else None
-    done = torch.zeros(B, dtype=torch.bool, device=idx.device)
     out = idx
     step_input = idx
     for made in range(params.max_new_tokens):
@@ -89,14 +93,18 @@ def _plain_generate(model: GPT, steps: DecodeSteps, idx: torch.Tensor, params: S
             logits = steps.logits(cache, step_input, 1, tokens_left=params.max_new_tokens - made)
         else:
             logits, _ = model(out, last_only=True)
-        token = torch.tensor(sample_rows(logits[:, -1], [params] * B, generators), device=idx.device)
-        token = torch.where(done, torch.full_like(token, EOT_TOKEN), token)
+        column = []
+        for row, token in zip(rows, sample_rows(logits[:, -1], [params] * B, generators)):
+            if row.finished:
+                token = EOT_TOKEN
+            else:
+                row.accept(token)
+            column.append(token)
+        token = torch.tensor(column, device=idx.device)
         out = torch.cat([out, token[:, None]], dim=1)
         if on_token is not None:
             on_token(token)
-        if params.stop_at_eot:
-            done |= token == EOT_TOKEN
-            if bool(done.all()):
-                break
+        if all(row.finished for row in rows):
+            break
         step_input = token[:, None]
     return out

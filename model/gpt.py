@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from model.config import GPTConfig
 from model.head_loss import head_cross_entropy, padded_cross_entropy
-from model.kv_cache import AttentionInputs, ContextOverflow, KVCache
+from model.kv_cache import AttentionInputs, CacheWrites, ContextOverflow, KVCache
 
 
 class Linear(nn.Linear):
@@ -46,7 +46,7 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
 
-    def forward(self, x, attention: AttentionInputs, layer: int = 0, cache: KVCache | None = None):
+    def forward(self, x, attention: AttentionInputs, layer: int = 0, cache: CacheWrites | None = None):
         B, T, _ = x.shape
         q, k, v = self.c_attn(x).split(self.n_head * self.head_dim, dim=2)
         q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))
@@ -84,7 +84,7 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
         self.mlp = MLP(config, config.layer_mlp_hidden(layer))
 
-    def forward(self, x, attention: AttentionInputs, cache: KVCache | None = None):
+    def forward(self, x, attention: AttentionInputs, cache: CacheWrites | None = None):
         x = x + self.attn(self.ln_1(x), attention, self.layer, cache)
         return x + self.mlp(self.ln_2(x))
 

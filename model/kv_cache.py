@@ -13,6 +13,7 @@ step to step and advances on the device, so that a step can be captured once as 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -49,6 +50,17 @@ def write_columns(cache: torch.Tensor, columns: torch.Tensor, new: torch.Tensor)
     (B, W).  Indexing by (row, column) pairs writes a few columns of a strided view faster than a scatter does."""
     rows = torch.arange(new.size(0), device=new.device)[:, None]
     cache[rows, :, columns] = new.transpose(1, 2)
+
+
+class CacheWrites(Protocol):
+    """What the model's layers do with a cache: write a layer's new keys and values (returning the columns
+    attention reads), and count the tokens a pass added.  KVCache does it over its own tensors; a traced step
+    (model/decode_trace.py) over the views of them its graph is handed."""
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor,
+               attention: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def advance(self, T: int) -> None: ...
 
 
 class KVCache:
@@ -126,6 +138,23 @@ class KVCache:
         in a cache sized for its most rows): what a step writes, advances or truncates there lands here; lengths
         set here directly are read again by the next `first_rows`."""
         return type(self)([k[:rows] for k in self.k], [v[:rows] for v in self.v], self.lengths[:rows])
+
+    def put_row(self, row: int, source: KVCache, source_row: int = 0) -> None:
+        """Row `row` holds what `source`'s row `source_row` holds (a one-row prefill's cache, or another row of
+        this one's), its length included; what the row held before is gone."""
+        end = int(source.lengths[source_row])
+        if end > self.max_len:
+            raise ContextOverflow(f"KV cache holds {self.max_len} positions; the row to put there holds {end}")
+        for layer in range(len(self.k)):
+            self.k[layer][row, :, :end] = source.k[layer][source_row, :, :end]
+            self.v[layer][row, :, :end] = source.v[layer][source_row, :, :end]
+        self.lengths[row] = end  # in place: a captured step reads this tensor
+        self._lengths_changed()
+
+    def clear_rows(self, first: int) -> None:
+        """Rows `first` and after hold nothing (their keys and values are left, unread)."""
+        self.lengths[first:] = 0
+        self._lengths_changed()
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Keep only `rows` (indices, in that order); the others leave the batch."""

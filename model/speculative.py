@@ -27,6 +27,7 @@ from model.config import EOT_TOKEN
 from model.decode_steps import DecodeSteps
 from model.gpt import GPT
 from model.kv_cache import KVCache
+from model.row_state import RowState
 from model.sampling import SamplingParams, draw, filter_logits, row_generators, settings_groups
 from runtime.errors import UserError
 
@@ -197,10 +198,11 @@ def speculative_step(target_steps: DecodeSteps, draft_steps: DecodeSteps, target
 @torch.inference_mode()
 def speculative_generate(target_steps: DecodeSteps, draft_steps: DecodeSteps, idx: torch.Tensor,
                          params: SamplingParams, draft_tokens: int = DEFAULT_DRAFT_TOKENS, on_token=None,
-                         stats: SpeculativeStats | None = None) -> torch.Tensor:
+                         stats: SpeculativeStats | None = None, rows: list[RowState] | None = None) -> torch.Tensor:
     """generate()'s result for the target model (see model/generate.py), decoded with the draft proposing
-    `draft_tokens` tokens per step, each model's passes run by its steps; `stats`, when given, is filled in.  The
-    target's context is checked by generate()."""
+    `draft_tokens` tokens per step, each model's passes run by its steps; `stats`, when given, is filled in, and
+    `rows` (one RowState per row, plain ones by default) take each row's tokens.  The target's context is checked
+    by generate()."""
     model, draft = target_steps.model, draft_steps.model
     model.eval()
     draft.eval()
@@ -208,6 +210,7 @@ def speculative_generate(target_steps: DecodeSteps, draft_steps: DecodeSteps, id
     end = T + params.max_new_tokens
     check_draft(model, draft, end, draft_tokens)
     stats = stats if stats is not None else SpeculativeStats()
+    rows = rows if rows is not None else [RowState(params) for _ in range(B)]
     device = idx.device
     generators = row_generators(params.seed, B, device)
     # Room for a whole step's proposals past the last token asked for (discarded there), within both contexts: a
@@ -229,25 +232,19 @@ def speculative_generate(target_steps: DecodeSteps, draft_steps: DecodeSteps, id
         stats.target_passes += 1
         stats.row_steps += active.numel()
 
-        new = torch.cat([proposals, torch.zeros_like(proposals[:, :1])], 1)
-        new.scatter_(1, kept[:, None], next_token[:, None])
-        offsets = torch.arange(k + 1, device=device)
-        columns = n[:, None] + offsets
-        written = (offsets <= kept[:, None]) & (columns < end)
-        new_lengths = n + written.sum(1)
-        finished = new_lengths >= end
-        if params.stop_at_eot:
-            eot = written & (new == EOT_TOKEN)
-            stopped = eot.any(1)
-            # A row ends at its first end-of-text: what it kept after one stays end-of-text.
-            new_lengths = torch.where(stopped, n + eot.long().argmax(1) + 1, new_lengths)
-            written &= columns < new_lengths[:, None]
-            finished |= stopped
-        tokens[active[:, None].expand_as(columns)[written], columns[written]] = new[written]
-        lengths[active] = new_lengths
-
-        if bool(finished.any()):
-            stay = (~finished).nonzero()[:, 0]
+        # Each row takes its kept proposals and the target's token after them, up to the token that ends it.
+        stay = []
+        for place, (row, proposed, n_kept, after) in enumerate(zip(active.tolist(), proposals.tolist(),
+                                                                   kept.tolist(), next_token.tolist())):
+            new = proposed[:n_kept] + [after]
+            taken = rows[row].accept_all(new)
+            start = int(lengths[row])
+            tokens[row, start:start + taken] = torch.tensor(new[:taken], dtype=tokens.dtype)
+            lengths[row] = start + taken
+            if not rows[row].finished:
+                stay.append(place)
+        if len(stay) < active.numel():
+            stay = torch.tensor(stay, dtype=torch.long, device=device)
             active = active[stay]
             generators = [generators[i] for i in stay.tolist()]
             if active.numel():

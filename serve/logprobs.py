@@ -17,7 +17,7 @@ from __future__ import annotations
 import codecs
 
 from data.tokenizer import get_tokenizer
-from serve.engine import DoneEvent
+from serve.events import DoneEvent
 from serve.schemas import CompletionLogprobs
 
 

@@ -13,7 +13,8 @@ import uuid
 from fastapi import APIRouter, Depends, Request
 
 from model.sampling import SamplingParams
-from serve.engine import DoneEvent, ErrorEvent, TokenEvent
+from model.row_state import OPENAI_FINISH_REASONS
+from serve.events import DoneEvent, ErrorEvent, TokenEvent
 from serve.errors import APIError, error_body
 from serve.event_stream import EventStream
 from serve.logprobs import completion_logprobs
@@ -25,9 +26,6 @@ from serve.state import ServerState, require_api_key, server_state
 from serve.submission import Submission, error_for
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], responses=error_responses(401))
-
-# The engine's reasons in OpenAI's words: end-of-text and stop strings are both "stop".
-FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
 
 
 @router.get("/models", response_model=ModelList)
@@ -66,7 +64,7 @@ def completion_choice(result: DoneEvent, index: int, prompt_text: str, echo: boo
     """The choice's text (after the prompt, with echo) and, when asked for, its log-probabilities."""
     logprobs = None if result.logprobs is None else completion_logprobs(result, prompt_text, echo)
     return CompletionChoice(text=(prompt_text if echo else "") + result.text, index=index, logprobs=logprobs,
-                            finish_reason=FINISH_REASONS[result.finish_reason])
+                            finish_reason=OPENAI_FINISH_REASONS[result.finish_reason])
 
 
 def check_count(body: CompletionRequest, state: ServerState) -> None:
@@ -128,7 +126,7 @@ async def stream(submission: Submission, completion_id: str, created: int, model
                 elif isinstance(event, DoneEvent):
                     results[index] = event
                     out.append(chunk([CompletionChoice(text=event.tail, index=index,
-                                                       finish_reason=FINISH_REASONS[event.finish_reason])]))
+                                                       finish_reason=OPENAI_FINISH_REASONS[event.finish_reason])]))
                 elif isinstance(event, ErrorEvent):
                     yield "".join(out) + error_event(error_for(event))
                     return

@@ -46,7 +46,7 @@ class Slots:
     def clear_free_rows(self) -> None:
         """Free rows hold nothing: a step that padded its batch with them advanced their caches."""
         for cache in self.caches:
-            cache.lengths[self.rows:] = 0
+            cache.clear_rows(self.rows)
 
     def add(self, prefills: list[KVCache], tokens: list[int]) -> None:
         """A sequence whose prompt each model prefilled in a one-row cache, holding `tokens` (the prompt and the
@@ -55,10 +55,7 @@ class Slots:
             raise RuntimeError(f"all {self.rows} rows are in use")
         row = self.rows
         for cache, prefill in zip(self.caches, prefills):
-            for layer in range(len(cache.k)):
-                cache.k[layer][row, :, : prefill.length] = prefill.k[layer][0, :, : prefill.length]
-                cache.v[layer][row, :, : prefill.length] = prefill.v[layer][0, :, : prefill.length]
-            cache.lengths[row] = prefill.length
+            cache.put_row(row, prefill)
         self.tokens[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
         self.lengths[row] = len(tokens)
         self.rows += 1
@@ -74,14 +71,10 @@ class Slots:
         last = self.rows - 1
         if row != last:
             for cache in self.caches:
-                end = int(cache.lengths[last])
-                for layer in range(len(cache.k)):
-                    cache.k[layer][row, :, :end] = cache.k[layer][last, :, :end]
-                    cache.v[layer][row, :, :end] = cache.v[layer][last, :, :end]
-                cache.lengths[row] = cache.lengths[last]
+                cache.put_row(row, cache, last)
             self.tokens[row] = self.tokens[last]
             self.lengths[row] = self.lengths[last]
         for cache in self.caches:
-            cache.lengths[last] = 0
+            cache.clear_rows(last)
         self.lengths[last] = 0
         self.rows = last

@@ -14,7 +14,9 @@ from typing import AsyncIterator
 from fastapi import Request
 
 from model.sampling import SamplingParams
-from serve.engine import DoneEvent, Engine, EngineStopped, ErrorEvent, Event, GenerationRequest, QueueFull
+from serve.engine import Engine
+from serve.events import DoneEvent, ErrorEvent, Event, GenerationRequest
+from serve.scheduler import EngineStopped, QueueFull
 from serve.errors import APIError, shutdown_error
 
 

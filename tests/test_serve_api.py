@@ -310,7 +310,7 @@ def test_a_request_whose_sampling_fails_gets_an_error_without_internal_text(chec
             raise FloatingPointError("secret internal detail")
         return sample_rows(logits, params, generators)
 
-    monkeypatch.setattr("serve.engine.sample_rows", poisoned)
+    monkeypatch.setattr("serve.runner.sample_rows", poisoned)
     with make_client(checkpoint) as client:
         response = client.post("/generate", json={"prompt": "hi", "max_new_tokens": 4, "seed": POISON_SEED})
         assert response.status_code == 500 and response.json()["error"]["type"] == "server_error"
@@ -336,7 +336,7 @@ def test_vanishing_temperature_or_top_p_decodes_greedily(client, checkpoint, set
 
 def test_ignore_eos_generates_exactly_max_new_tokens(checkpoint, monkeypatch):
     """A model that always says end-of-text: the reply stops at it, unless the request sets ignore_eos."""
-    monkeypatch.setattr("serve.engine.sample_rows", lambda logits, params, generators: [EOT_TOKEN] * len(params))
+    monkeypatch.setattr("serve.runner.sample_rows", lambda logits, params, generators: [EOT_TOKEN] * len(params))
     with make_client(checkpoint) as client:
         stopped = client.post("/generate", json={"prompt": "hi", "max_new_tokens": 5}).json()
         assert (stopped["tokens"], stopped["finish_reason"]) == (1, "eos")
@@ -462,7 +462,7 @@ def test_logprobs_of_a_token_holding_the_stop_string_show_only_its_part_in_the_t
     [" Paris", "."]: the token that holds the stop string's start is kept, cut to its part in the text, with the
     whole token's log-probability; the token after it is left out, as its text is."""
     generated = iter([6342, 526, 632])  # " Paris", '."', " It"
-    monkeypatch.setattr("serve.engine.sample_rows", lambda logits, params, generators: [next(generated)])
+    monkeypatch.setattr("serve.runner.sample_rows", lambda logits, params, generators: [next(generated)])
     with make_client(checkpoint) as client:
         body = {"model": Path(checkpoint).name, "prompt": "Hello", "max_tokens": 3, "logprobs": 1, "stop": ['"']}
         choice = client.post("/v1/completions", json=body).json()["choices"][0]
@@ -477,7 +477,7 @@ def test_logprobs_of_a_token_holding_the_stop_string_show_only_its_part_in_the_t
 def test_a_generated_end_of_text_is_scored(checkpoint, monkeypatch):
     """The harness drops the last entry of an echo + max_tokens 1 reply: it must be the generated token even when
     that token is end-of-text, which the text leaves out."""
-    monkeypatch.setattr("serve.engine.sample_rows", lambda logits, params, generators: [EOT_TOKEN] * len(params))
+    monkeypatch.setattr("serve.runner.sample_rows", lambda logits, params, generators: [EOT_TOKEN] * len(params))
     with make_client(checkpoint) as client:
         body = {"model": Path(checkpoint).name, "prompt": "Hello there", "max_tokens": 1, "echo": True, "logprobs": 1}
         choice = client.post("/v1/completions", json=body).json()["choices"][0]

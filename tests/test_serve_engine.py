@@ -11,10 +11,12 @@ from model.generate import generate
 from model.gpt import GPT
 from model.sampling import SamplingParams, sample_rows
 from model.decode_steps import DECODE_MODES
-from serve.engine import DoneEvent, Engine, ErrorEvent, GenerationRequest, QueueFull, TokenEvent
+from model.text import TextAssembler
+from serve.engine import Engine
+from serve.events import DoneEvent, ErrorEvent, GenerationRequest, TokenEvent
+from serve.scheduler import QueueFull
 from serve.metrics import ServerMetrics
 from serve.slots import Slots
-from serve.text import TextAssembler
 from tests.conftest import small_config
 
 
@@ -59,7 +61,7 @@ def short_context_model() -> GPT:
 def test_auto_decodes_through_the_traced_steps_on_the_cpu(short_context_model):
     assert DECODE_MODES[0] == "auto"  # the server's default
     engine = Engine(short_context_model, torch.device("cpu"), max_batch_size=2, max_queue=2, request_timeout_s=60)
-    assert engine.decode == "traced" and engine.steps.traced is not None
+    assert engine.decode == "traced" and engine.runner.steps.traced is not None
 
 
 @pytest.fixture(params=[mode for mode in DECODE_MODES if mode not in ("auto", "cuda-graph")])  # cuda-graph: test_cuda.py
@@ -172,7 +174,7 @@ def test_time_limit_ends_a_request_with_a_clear_error(short_context_model):
     assert isinstance(error, ErrorEvent) and error.kind == "timeout"
     assert "time limit of 0.15s" in error.message and "of 20 tokens" in error.message
     assert 0 < len(out.tokens[0]) < 20
-    assert engine.batch_size == 0 and engine.slots.rows == 0
+    assert engine.batch_size == 0 and engine.runner.slots.rows == 0
 
 
 def test_a_stopped_engine_serves_again_once_started(short_context_model):
@@ -209,7 +211,7 @@ def test_cancelled_request_leaves_the_batch(short_context_model):
         deadline = time.monotonic() + 10
         while engine.batch_size and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert engine.batch_size == 0 and engine.slots.rows == 0
+        assert engine.batch_size == 0 and engine.runner.slots.rows == 0
         # The freed row serves the next request.
         assert isinstance(run(engine, [([3], SamplingParams(max_new_tokens=2))]).ends[0], DoneEvent)
     finally:
@@ -279,7 +281,7 @@ def test_a_failing_request_ends_alone_and_its_batch_completes_as_if_alone(engine
                 raise KeyError(f"Invalid token for decoding: {token}")
             return super().add(token)
 
-    monkeypatch.setattr("serve.engine.TextAssembler", PoisonedText)
+    monkeypatch.setattr("model.row_state.TextAssembler", PoisonedText)
     collector = Collector(4)
     for i, ids in enumerate(prompts):
         engine.submit(GenerationRequest(ids, greedy, collector.callback(i)))
@@ -309,7 +311,7 @@ def test_a_request_whose_sampling_fails_ends_alone_and_its_batch_completes_as_if
                 raise FloatingPointError("poisoned logits")
         return tokens
 
-    monkeypatch.setattr("serve.engine.sample_rows", poisoned)
+    monkeypatch.setattr("serve.runner.sample_rows", poisoned)
     together = run(engine, [*others, ([1, 2], poison)])
     assert together.tokens[:3] == alone and all(isinstance(together.ends[i], DoneEvent) for i in range(3))
     failure = together.ends[3]

@@ -12,7 +12,8 @@ from model.gpt import GPT
 from model.sampling import SamplingParams
 from model.speculative import DraftMismatch, SpeculativeStats
 from prune.structured import select_units, shrink
-from serve.engine import DoneEvent, Engine, Latency
+from serve.engine import Engine
+from serve.events import DoneEvent, Latency
 from serve.routes_generate import response_body
 from serve.routes_openai import usage
 from tests.conftest import small_config

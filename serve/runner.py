@@ -1,0 +1,223 @@
+"""Runs the batch: prefills each joining request, steps every row together (plain or speculative), samples, hands
+each row its tokens (model/row_state.py decides when it ends), sends the events, and frees the rows that end.
+
+Every row sits in the KV cache from column 0 at its own length (serve/slots.py), and each shared step runs through
+the model's DecodeSteps (model/decode_steps.py), the step runner generate() uses: under `auto` one traced graph on
+the CPU (rows at different lengths are written and masked at their own columns inside it) and one captured CUDA
+graph on a GPU, either made per row count, so the batch is padded to one of a few counts; eager steps with
+`decode="dynamic"` or `"static"`.
+
+With a draft model every step is speculative (model/speculative.py): the draft proposes K tokens for every row
+together, the model checks them in one pass, and each row keeps as many as its own sampling accepts, plus one.  K
+is cut for every row when one nears the end of the context, so a seeded request's tokens then depend on its
+neighbours (each still follows the model's distribution).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+import torch
+
+from model.decode_steps import DecodeSteps
+from model.sampling import sample_rows
+from model.speculative import SpeculativeStats, check_draft, speculative_step
+from serve.events import REQUEST_FAILED, ErrorEvent, GenerationRequest
+from serve.metrics import ServerMetrics
+from serve.sequence import Sequence
+from serve.slots import Slots, padded_rows
+
+log = logging.getLogger("serve.engine")
+
+# How often the log gets a line of the draft's acceptance while requests decode speculatively.
+SPECULATIVE_LOG_INTERVAL_S = 30.0
+
+
+class Runner:
+    def __init__(self, model: torch.nn.Module, device: torch.device, max_batch_size: int, metrics: ServerMetrics,
+                 decode: str, draft: torch.nn.Module | None, draft_tokens: int):
+        # With a draft, each model's passes as generate() runs them; the weights stay as loaded while they serve.
+        speculative = draft is not None
+        self.steps = DecodeSteps(model, device, decode, max_batch_size, speculative)
+        self.draft_steps = DecodeSteps(draft, device, decode, max_batch_size, speculative) if speculative else None
+        self.all_steps = [self.steps] if self.draft_steps is None else [self.steps, self.draft_steps]
+        self.model = model.eval()
+        self.config = model.config
+        self.draft = draft.eval() if draft is not None else None
+        self.draft_tokens = draft_tokens
+        if draft is not None:  # any request the model takes must fit the draft's context too
+            check_draft(model, draft, model.config.block_size, draft_tokens)
+        self.speculative = SpeculativeStats()  # since the last log line
+        self.speculative_logged_at = time.perf_counter()
+        self.device = device
+        self.max_batch_size = max_batch_size
+        self.metrics = metrics
+        # A request's prompt and new tokens fit the served model's context.
+        self.slots = Slots([steps.new_cache(max_batch_size, model.config.block_size) for steps in self.all_steps])
+        self.active: list[Sequence] = []  # active[i] lives in slot row i
+
+    def warm_up(self) -> None:
+        """Make the first steps now (the traces or CUDA-graph captures, with their first runs) rather than in the
+        first request's time, so that a model that cannot be traced or captured fails at startup: the plain step,
+        or the speculative check of K + 1 tokens and the draft's one-token step.  They run on free row 0 of the
+        empty caches, which a joining sequence overwrites."""
+        widths = [1] if self.draft is None else [self.draft_tokens + 1, 1]
+        caches, _, _ = self.slots.views(1)
+        for steps, cache, width in zip(self.all_steps, caches, widths):
+            steps.prepare(cache, width)
+        self.slots.clear_free_rows()
+
+    def join(self, request: GenerationRequest) -> None:
+        """Prefill the prompt alone, sample the first token, and give the sequence a row."""
+        seq = Sequence(request, self.device, time.perf_counter(), speculative=self.draft is not None)
+        prompt = torch.tensor([request.prompt_ids], dtype=torch.long, device=self.device)
+        prefills = [steps.new_cache(1, prompt.size(1)) for steps in self.all_steps]
+        # With echo the prompt's own positions are scored too: logits at every position, not just the last.
+        scored = seq.row.logprobs is not None and request.echo
+        logits = self.steps.logits(prefills[0], prompt, prompt.size(1) if scored else 1)
+        if scored:
+            seq.row.score_prompt(request.prompt_ids, logits[0])
+        if seq.row.finished:  # no new tokens asked for: scoring only (echo)
+            self._finish(seq, time.perf_counter())
+            return
+        [token] = self._sample(logits[:, -1], [seq])
+        if token is None:
+            self.fail(seq)
+            return
+        self._accept(seq, token, logits[0, -1])
+        if seq.done:
+            return
+        if self.draft_steps is not None:
+            self.draft_steps.logits(prefills[1], prompt, 1)
+        self.slots.add(prefills, request.prompt_ids + [token])
+        self.active.append(seq)
+
+    def step(self) -> None:
+        """Every row gains its next token, or with a draft its kept draft tokens and one of the model's."""
+        if self.draft is not None:
+            self._speculative_step()
+            return
+        active = len(self.active)
+        rows = padded_rows(active, self.max_batch_size) if self.steps.compiled else active
+        (cache,), tokens, lengths = self.slots.views(rows)
+        last = tokens.gather(1, (lengths - 1).clamp(min=0)[:, None])  # each row's last token (a free row's: any)
+        logits = self.steps.logits(cache, last, 1)[:active]
+        self.slots.clear_free_rows()
+        self.metrics.decode_batch.observe(active)
+        tokens = self._sample(logits[:, -1], self.active)
+        for row, (seq, token) in enumerate(zip(self.active, tokens)):
+            if token is None:
+                self.fail(seq)
+                continue
+            try:
+                self._accept(seq, token, logits[row, -1])
+            except Exception:  # noqa: BLE001 - a failure in one request's tokens ends that request alone
+                log.exception("request failed while handling its token %d", token)
+                self.fail(seq)
+            if not seq.done:
+                self.slots.extend(row, [token])
+        self.end_where(lambda s: s.done)
+
+    def _speculative_step(self) -> None:
+        """Each row's kept tokens are accepted in turn as a plain step's token is, so that stop strings,
+        end-of-text and max_tokens end a row at the right token."""
+        (target_cache, draft_cache), tokens, lengths = self.slots.views()
+        # No position beyond the context: a row holds fewer tokens than that while it generates.
+        k = min(self.draft_tokens, self.config.block_size - int(lengths.max()))
+        proposals, kept, next_token, logits = speculative_step(
+            self.steps, self.draft_steps, target_cache, draft_cache, tokens, lengths, k,
+            [s.params for s in self.active], [s.generator for s in self.active])
+        self.metrics.decode_batch.observe(len(self.active))
+        self.metrics.speculative_passes.inc()
+        step = SpeculativeStats(target_passes=1)
+        for row, seq in enumerate(self.active):
+            n_kept = int(kept[row])
+            new = proposals[row, :n_kept].tolist() + [int(next_token[row])]
+            # Counted before the tokens are accepted, so that the reply sent as the row ends holds this step too;
+            # proposals kept beyond the token that ends a row never reach it and count as not accepted.
+            accepted_before = seq.speculative.accepted
+            seq.speculative.add(SpeculativeStats(proposed=k, row_steps=1))
+            try:
+                for position, token in enumerate(new):
+                    seq.speculative.accepted += position < n_kept
+                    self._accept(seq, token, logits[row, position])
+                    if seq.done:
+                        break
+            except Exception:  # noqa: BLE001 - a failure in one request's tokens ends that request alone
+                log.exception("request failed while handling its tokens %s", new)
+                self.fail(seq)
+            step.add(SpeculativeStats(proposed=k, accepted=seq.speculative.accepted - accepted_before, row_steps=1))
+            if not seq.done:
+                self.slots.extend(row, new)
+        self.metrics.speculative_proposed.inc(step.proposed)
+        self.metrics.speculative_accepted.inc(step.accepted)
+        self.speculative.add(step)
+        if time.perf_counter() - self.speculative_logged_at >= SPECULATIVE_LOG_INTERVAL_S:
+            log.info("%s", self.speculative.summary())
+            self.speculative, self.speculative_logged_at = SpeculativeStats(), time.perf_counter()
+        self.end_where(lambda s: s.done)
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int | None]:
+        """One token per sequence, sampled together; None for a sequence whose sampling failed (logged).
+
+        When the batch fails, each row is sampled again alone from its generator's state before the
+        batch: a row's token depends only on its own logits, settings and generator, so the rows that
+        succeed get the token they would have got in the batch.
+        """
+        generators = [seq.generator for seq in seqs]
+        states = [g.get_state() for g in generators]
+        try:
+            return sample_rows(logits, [seq.params for seq in seqs], generators)
+        except Exception:  # noqa: BLE001 - find the rows that fail, so that only they end
+            log.exception("sampling a batch of %d failed; sampling its rows one at a time", len(seqs))
+        tokens: list[int | None] = []
+        for row, (seq, state) in enumerate(zip(seqs, states)):
+            seq.generator.set_state(state)
+            try:
+                tokens.append(sample_rows(logits[row:row + 1], [seq.params], [seq.generator])[0])
+            except Exception:  # noqa: BLE001 - this request alone ends
+                log.exception("sampling failed for a request with %s", seq.params)
+                tokens.append(None)
+        return tokens
+
+    def _accept(self, seq: Sequence, token: int, logits: torch.Tensor) -> None:
+        """`logits` (vocab,): the distribution `token` was drawn from."""
+        now = time.perf_counter()
+        self.metrics.tokens.inc()
+        event = seq.accept(token, logits, now)
+        if event is not None:
+            seq.request.on_event(event)
+        if seq.row.finished:
+            self._finish(seq, now)
+
+    def _finish(self, seq: Sequence, now: float) -> None:
+        reply = seq.reply(now)
+        arrival = seq.request.arrival
+        self.metrics.queue_time.observe(seq.started - arrival)
+        self.metrics.first_token.observe(reply.latency.time_to_first_token_ms / 1000)
+        self.metrics.total_time.observe(now - arrival)
+        seq.request.on_event(reply)
+
+    def fail(self, seq: Sequence) -> None:
+        """End one sequence with an error that says nothing of the cause (the log has it)."""
+        seq.failed = True
+        seq.request.on_event(ErrorEvent("internal", REQUEST_FAILED))
+
+    def end_where(self, leaving: Callable[[Sequence], bool]) -> None:
+        """Free the rows of the sequences `leaving` picks."""
+        # Highest row first: the last row, which fills each gap, is then never one that leaves.
+        for row in reversed(range(len(self.active))):
+            if leaving(self.active[row]):
+                self.slots.remove(row)
+                self.active[row] = self.active[-1]
+                self.active.pop()
+
+    def fail_all(self, message: str) -> None:
+        """End every row with `message` (a step that failed for the whole batch)."""
+        for seq in self.active:
+            if not seq.done and not seq.request.cancelled:
+                seq.request.on_event(ErrorEvent("internal", message))
+        self.active.clear()
+        while self.slots.rows:
+            self.slots.remove(self.slots.rows - 1)

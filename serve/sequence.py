@@ -1,0 +1,52 @@
+"""A request in the running batch: its row's state (model/row_state.py), its own random generator, and the times
+its reply reports."""
+from __future__ import annotations
+
+import secrets
+from dataclasses import replace
+
+import torch
+
+from model.row_state import RowState
+from model.speculative import SpeculativeStats
+from serve.events import DoneEvent, GenerationRequest, Latency, TokenEvent
+
+
+class Sequence:
+    def __init__(self, request: GenerationRequest, device: torch.device, started: float, speculative: bool):
+        self.request = request
+        self.params = request.params
+        # Seeded from the request's own seed, so its draws do not depend on its neighbours in the batch.
+        seed = request.params.seed if request.params.seed is not None else secrets.randbits(63)
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.row = RowState(request.params, request.stop, request.logprobs, releases_text=True)
+        self.started = started
+        self.first_token_at: float | None = None
+        self.failed = False  # ended without a reply of its own: an error or a timeout was sent instead
+        self.speculative = SpeculativeStats() if speculative else None
+
+    @property
+    def done(self) -> bool:
+        return self.row.finished or self.failed
+
+    def accept(self, token: int, logits: torch.Tensor, now: float) -> TokenEvent | None:
+        """The row takes `token`, drawn from `logits` (vocab,); the event for the client, if the token has one."""
+        if self.first_token_at is None:
+            self.first_token_at = now
+        released = self.row.accept(token, logits)
+        return None if released is None else TokenEvent(token, released)
+
+    def reply(self, now: float) -> DoneEvent:
+        """The reply for a row that ended at `now`."""
+        arrival = self.request.arrival
+        total = now - arrival
+        first_token_at = self.first_token_at if self.first_token_at is not None else now  # scoring only: none
+        latency = Latency(queue_ms=1000 * (self.started - arrival),
+                          time_to_first_token_ms=1000 * (first_token_at - arrival),
+                          total_ms=1000 * total, tokens_per_s=self.row.generated / total if total > 0 else 0.0)
+        tail = self.row.text.finish()
+        return DoneEvent(text=self.row.text.text, tail=tail, tokens=self.row.generated,
+                         prompt_tokens=len(self.request.prompt_ids), finish_reason=self.row.finish_reason,
+                         latency=latency, logprobs=self.row.logprobs,
+                         # a copy: what the reply says as the request ends
+                         speculative=replace(self.speculative) if self.speculative is not None else None)
