@@ -31,7 +31,7 @@ from data.documents import text_blocks
 from data.loader import eval_batches
 from data.local_files import TEXT_FIX, whole_file_corpus
 from data.shards import load_split, prepare_split
-from model.evaluate import evaluate_loss
+from training.evaluate import evaluate_loss
 from model.generate import generate
 from model.gpt import GPT
 from model.packed_linear import pack_for_inference

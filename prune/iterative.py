@@ -25,7 +25,7 @@ import torch
 
 from data.loader import WindowSampler, eval_batches
 from data.shards import load_split
-from model.evaluate import evaluate_loss
+from training.evaluate import evaluate_loss
 from model.gpt import GPT
 from prune.config import PruneConfig, method_names, validate_against_model
 from prune.finetune import FinetuneSettings, finetune

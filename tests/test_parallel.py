@@ -136,7 +136,7 @@ def _inference_parity(rank, world, root, result):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from model.evaluate import evaluate_loss
+    from training.evaluate import evaluate_loss
     from model.generate import generate
     from model.sampling import SamplingParams
     from parallel.tensor_parallel import apply_tensor_parallel
@@ -406,7 +406,7 @@ def test_more_ranks_than_gpus_is_refused_before_touching_cuda(monkeypatch):
 def test_data_parallel_trains_on_the_mean_of_its_replicas_losses(monkeypatch):
     """nn.DataParallel gathers one loss per replica.  No second GPU here: a stand-in splits the batch (3 rows:
     2 + 1) and returns the two losses as DataParallel would; one step must equal a single-device step."""
-    from model.optim import build_optimizer
+    from training.optim import build_optimizer
     from parallel import strategies
     from runtime.device import precision_policy
     from training.step import TrainStep

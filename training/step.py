@@ -15,7 +15,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from model.optim import build_optimizer
+from training.optim import build_optimizer
 from parallel import CommsMeter, DistContext, SingleDevice
 from runtime.device import Precision
 from runtime.errors import UserError

@@ -13,9 +13,9 @@ import torch
 from data.loader import WindowSampler, eval_batches
 from data.shards import load_split, prepare_split
 from model.config import GPTConfig, preset
-from model.evaluate import evaluate_loss
+from training.evaluate import evaluate_loss
 from model.gpt import GPT, CausalSelfAttention
-from model.optim import build_optimizer, lr_at
+from training.optim import build_optimizer, lr_at
 from parallel import CommsMeter, check_divisibility, parallelize, scaled_lr
 from parallel.distributed import run_on_node_leader
 from parallel.state import local_state_bytes
