@@ -113,3 +113,17 @@ def test_python_m_serve_names_itself_in_its_usage(capsys):
     with pytest.raises(SystemExit) as exit_info:
         serve.__main__.main(["--help"])
     assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("usage: python -m serve [-h]")
+
+
+def test_a_bounded_list_needs_a_value_unless_it_may_be_empty():
+    with pytest.raises(DemoError, match="^--sizes needs at least one value$"):
+        Demo(sizes=[])
+
+    @dataclass
+    class Optional:
+        levels: list[int] = option([1], "levels (none: skip them)", min=1, may_be_empty=True)
+
+        def __post_init__(self):
+            check_options(self, DemoError)
+
+    assert Optional(levels=[]).levels == []
