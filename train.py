@@ -53,7 +53,7 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> EvalRecord:
         if isinstance(e, (UserError, SystemExit)) or ctx.world_size == 1:
             raise
         if isinstance(e, dist.DistError) or "gloo" in str(e).lower() or "nccl" in str(e).lower():
-            culprit = failed_rank(ctx)
+            culprit = failed_rank()
             raise TrainingError(f"rank {ctx.rank}: a collective failed ({str(e).splitlines()[0][:200]}); "
                                 f"{f'rank {culprit} stopped first' if culprit else 'another rank exited or hung'}"
                                 f" -- stopping (collective timeout {cfg.dist_timeout_s:g}s)") from e

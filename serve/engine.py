@@ -132,7 +132,7 @@ class _Sequence:
         self.logprobs: list[TokenLogprob] | None = None if request.logprobs is None else []
         self.speculative = SpeculativeStats()
 
-    def record_logprobs(self, logits: torch.Tensor, tokens: list[int], first: bool = False) -> None:
+    def record_logprobs(self, logits: torch.Tensor, tokens: list[int]) -> None:
         """Log-probabilities of `tokens`, each under the row of `logits` (positions, vocab) that predicts it."""
         if self.logprobs is None:
             return

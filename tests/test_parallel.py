@@ -327,9 +327,9 @@ def test_fused_qkv_is_split_per_head():
 def test_sizes_that_do_not_divide_are_refused():
     config = GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=64)
     with pytest.raises(ParallelError, match="4 attention heads, not divisible by --tp-size 3"):
-        check_divisibility(config, DistContext(ParallelDims(tp=3)), 8)
+        check_divisibility(config, DistContext(ParallelDims(tp=3)))
     with pytest.raises(ParallelError, match="padded vocabulary of 50304 rows is not divisible by --tp-size 256"):
-        check_divisibility(dataclasses.replace(config, n_head=256, n_embd=512), DistContext(ParallelDims(tp=256)), 8)
+        check_divisibility(dataclasses.replace(config, n_head=256, n_embd=512), DistContext(ParallelDims(tp=256)))
     with pytest.raises(ParallelError, match="Use --parallel ddp"):
         replicate_with_data_parallel(torch.nn.Linear(2, 2), torch.device("cpu"))
 
