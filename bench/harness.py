@@ -30,7 +30,7 @@ from data.corpus import builtin_documents
 from data.tiktoken_cache import fill_cache
 from data.tokenizer import get_tokenizer, ranks_file
 from training.evaluate import evaluate_loss
-from runtime.cli import check_options, option, parse_config
+from runtime.cli import check_options, entry_point, option, parse_config
 from runtime.errors import UserError
 from runtime.provenance import git_commit
 from serve.launch import running_server
@@ -159,12 +159,10 @@ def harness(cfg: HarnessConfig) -> dict:
     }
 
 
+@entry_point
 def main(argv=None) -> None:
-    try:
-        cfg = parse_config(HarnessConfig, __doc__, argv)
-        result = harness(cfg)
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    cfg = parse_config(HarnessConfig, __doc__, argv)
+    result = harness(cfg)
     Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
     Path(cfg.out).write_text(json.dumps(result, indent=2) + "\n")
     agreement = result["agreement"]

@@ -4,9 +4,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import operator
+import sys
 import types
 import typing
+
+from runtime.errors import UserError
 
 # The bounds `option` takes: how a message states each, and the test a value within it passes (NaN fails all).
 _BOUNDS = {"min": ("at least", operator.ge), "above": ("above", operator.gt),
@@ -126,6 +130,28 @@ def _base_type(hint):
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
         return next(a for a in args if a is not type(None))
     return hint
+
+
+def entry_point(main=None, *, interrupted: str | None = None):
+    """Every command's `main(argv=None)` is wrapped by this, as `@entry_point` or `@entry_point(interrupted=...)`:
+    a UserError ends the command with the one line `error: <message>` and exit status 1, while any other exception
+    (a bug) keeps its traceback.  With `interrupted`, Ctrl-C ends it with that line and exit status 130, as a
+    shell reports a command stopped by SIGINT; without, Python's own KeyboardInterrupt does (the command handles
+    its interruptions inside, or has nothing to say)."""
+    def wrap(body):
+        @functools.wraps(body)
+        def command(argv=None):
+            try:
+                return body(argv)
+            except UserError as e:
+                sys.exit(f"error: {e}")
+            except KeyboardInterrupt:
+                if interrupted is None:
+                    raise
+                print(f"\n{interrupted}", file=sys.stderr)
+                raise SystemExit(130)
+        return command
+    return wrap if main is None else wrap(main)
 
 
 class ToolParser(argparse.ArgumentParser):
