@@ -245,14 +245,14 @@ class Engine:
                 for request in joining:
                     try:
                         self._join(request)
-                    except Exception:  # noqa: BLE001 - one bad request must not take the server down
+                    except Exception:  # one bad request must not take the server down
                         log.exception("prefill failed")
                         request.on_event(ErrorEvent("internal", REQUEST_FAILED))
                 try:
                     self._drop_cancelled_and_expired()
                     if self.active:
                         self._decode_step()
-                except Exception:  # noqa: BLE001 - one bad step must not take the server down
+                except Exception:  # one bad step must not take the server down
                     log.exception("generation step failed; failing the %d requests in the batch", len(self.active))
                     self._fail_all("generation failed for every request in the batch; the server log has the details")
                 self.metrics.batch_size.set(len(self.active))
@@ -310,7 +310,7 @@ class Engine:
                 continue
             try:
                 self._accept(seq, token, logits[row:row + 1, -1])
-            except Exception:  # noqa: BLE001 - a failure in one request's tokens ends that request alone
+            except Exception:  # a failure in one request's tokens ends that request alone
                 log.exception("request failed while handling its token %d", token)
                 self._fail(seq)
             if not seq.finished:
@@ -342,7 +342,7 @@ class Engine:
                     self._accept(seq, token, logits[row, position:position + 1])
                     if seq.finished:
                         break
-            except Exception:  # noqa: BLE001 - a failure in one request's tokens ends that request alone
+            except Exception:  # a failure in one request's tokens ends that request alone
                 log.exception("request failed while handling its tokens %s", new)
                 self._fail(seq)
             step.add(SpeculativeStats(proposed=k, accepted=seq.speculative.accepted - accepted_before, row_steps=1))
@@ -367,14 +367,14 @@ class Engine:
         states = [g.get_state() for g in generators]
         try:
             return sample_rows(logits, [seq.params for seq in seqs], generators)
-        except Exception:  # noqa: BLE001 - find the rows that fail, so that only they end
+        except Exception:  # find the rows that fail, so that only they end
             log.exception("sampling a batch of %d failed; sampling its rows one at a time", len(seqs))
         tokens: list[int | None] = []
         for row, (seq, state) in enumerate(zip(seqs, states)):
             seq.generator.set_state(state)
             try:
                 tokens.append(sample_rows(logits[row:row + 1], [seq.params], [seq.generator])[0])
-            except Exception:  # noqa: BLE001 - this request alone ends
+            except Exception:  # this request alone ends
                 log.exception("sampling failed for a request with %s", seq.params)
                 tokens.append(None)
         return tokens

@@ -44,12 +44,12 @@ def _train_config(out_dir, **overrides):
 
 
 def _losses(out_dir) -> list[float]:
-    records = [json.loads(l) for l in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
     return [r["loss"] for r in records if "loss" in r]
 
 
 def _records(out_dir) -> list[dict]:
-    return [json.loads(l) for l in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
 def _worker(rank: int, world: int, port: int, job: str, root: str) -> None:
