@@ -31,7 +31,7 @@ from model.packed_linear import pack_for_inference
 from model.row_state import OPENAI_FINISH_REASONS, RowState
 from model.sampling import SamplingParams
 from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats
-from runtime.cli import check_options, flag, option, parse_config
+from runtime.cli import check_options, entry_point, flag, option, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
 from runtime.progress import ProgressBar
@@ -285,31 +285,29 @@ def sample_many(cfg: SampleConfig, model, device, out, draft=None) -> None:
         print(f"wrote {len(jobs) + len(errors)} results ({failed} errors) to {cfg.output}", file=sys.stderr)
 
 
+@entry_point
 def main(argv=None) -> None:
-    try:
-        cfg = parse_config(SampleConfig, __doc__, argv)
-        with open_output(cfg) as out:
-            folder, why = pick_checkpoint(cfg.checkpoint)
-            # The draft's name too, before the model loads: a typo must not cost the wait for the model.
-            draft_folder = None if cfg.draft is None else resolve_checkpoint(cfg.draft, "--draft")
-            print(f"model: {folder} ({why})", file=sys.stderr)
-            device = choose_device(cfg.device)
-            if cfg.decode == "cuda-graph" and device.type != "cuda":
-                raise SampleError(f"--decode cuda-graph needs a CUDA device, and this run is on {device}; use "
-                                  f"--decode dynamic")
-            model, meta = load_model(folder, device)
-            print(f"loaded {meta.kind} model from {folder}; {pack_for_inference(model)}", file=sys.stderr)
-            draft = None
-            if draft_folder is not None:
-                draft, draft_meta = load_model(draft_folder, device)
-                print(f"loaded {draft_meta.kind} draft model from {cfg.draft}; {pack_for_inference(draft)}",
-                      file=sys.stderr)
-            if cfg.prompts_file:
-                sample_many(cfg, model, device, out, draft)
-            else:
-                sample_one(cfg, model, device, draft)
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    cfg = parse_config(SampleConfig, __doc__, argv)
+    with open_output(cfg) as out:
+        folder, why = pick_checkpoint(cfg.checkpoint)
+        # The draft's name too, before the model loads: a typo must not cost the wait for the model.
+        draft_folder = None if cfg.draft is None else resolve_checkpoint(cfg.draft, "--draft")
+        print(f"model: {folder} ({why})", file=sys.stderr)
+        device = choose_device(cfg.device)
+        if cfg.decode == "cuda-graph" and device.type != "cuda":
+            raise SampleError(f"--decode cuda-graph needs a CUDA device, and this run is on {device}; use "
+                              f"--decode dynamic")
+        model, meta = load_model(folder, device)
+        print(f"loaded {meta.kind} model from {folder}; {pack_for_inference(model)}", file=sys.stderr)
+        draft = None
+        if draft_folder is not None:
+            draft, draft_meta = load_model(draft_folder, device)
+            print(f"loaded {draft_meta.kind} draft model from {cfg.draft}; {pack_for_inference(draft)}",
+                  file=sys.stderr)
+        if cfg.prompts_file:
+            sample_many(cfg, model, device, out, draft)
+        else:
+            sample_one(cfg, model, device, draft)
 
 
 if __name__ == "__main__":

@@ -12,13 +12,12 @@ is training/trainer.py.
 from __future__ import annotations
 
 import signal
-import sys
 
 import torch.distributed as dist
 
 from parallel import init_distributed, layout_from_flags
 from parallel.distributed import announce_failure, exit_rank, failed_rank, launched_by_torchrun, shutdown
-from runtime.cli import given_fields, parse_config
+from runtime.cli import entry_point, given_fields, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
 from storage.claim import missing_folders, remove_unused_folders
@@ -53,7 +52,7 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> EvalRecord:
         if isinstance(e, (UserError, SystemExit)) or ctx.world_size == 1:
             raise
         if isinstance(e, dist.DistError) or "gloo" in str(e).lower() or "nccl" in str(e).lower():
-            culprit = failed_rank(ctx)
+            culprit = failed_rank()
             raise TrainingError(f"rank {ctx.rank}: a collective failed ({str(e).splitlines()[0][:200]}); "
                                 f"{f'rank {culprit} stopped first' if culprit else 'another rank exited or hung'}"
                                 f" -- stopping (collective timeout {cfg.dist_timeout_s:g}s)") from e
@@ -63,14 +62,10 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> EvalRecord:
         shutdown(ctx)
 
 
+# Ctrl-C while starting: the training loop ends its own interruptions with their message.
+@entry_point(interrupted="interrupted while starting; nothing was saved in this run")
 def main(argv=None) -> None:
-    try:
-        train(parse_config(TrainConfig, __doc__, argv), given_fields(TrainConfig, argv))
-    except UserError as e:
-        sys.exit(f"error: {e}")
-    except KeyboardInterrupt:  # while starting: the training loop ends its own interruptions with their message
-        print("\ninterrupted while starting; nothing was saved in this run", file=sys.stderr)
-        raise SystemExit(130)
+    train(parse_config(TrainConfig, __doc__, argv), given_fields(TrainConfig, argv))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from model.decode_steps import DecodeSteps
 from model.gpt import GPT
 from model.int8 import quantize_model
 from model.packed_linear import PackedLinear, pack_for_inference
+from runtime.cli import entry_point
 from runtime.timing import environment
 
 STREAMED_BYTES = 200e6
@@ -83,6 +84,7 @@ def step_profile(model: GPT, batch: int, traced: bool, steps: int = 20) -> tuple
     return ms, [(e.key, e.self_cpu_time_total / 1e3 / steps, e.count // steps) for e in ops[:8]]
 
 
+@entry_point
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="gpt2", choices=tuple(PRESETS), help="model preset (random weights)")

@@ -113,7 +113,7 @@ def _serve(spec: SideSpec, requests, answers) -> None:
     send = lambda message: (pickle.dump(message, answers), answers.flush())
     try:
         decode, about = _build(spec)
-    except BaseException:  # noqa: BLE001 -- the parent names the side and shows its traceback
+    except BaseException:  # the parent names the side and shows its traceback
         send(("error", traceback.format_exc()))
         return
     send(("ready", about))
@@ -126,7 +126,7 @@ def _serve(spec: SideSpec, requests, answers) -> None:
             tokens = decode(prompt, new_tokens)
             synchronize(device)
             send(("ok", (time.perf_counter() - start, tokens.cpu())))
-        except BaseException:  # noqa: BLE001
+        except BaseException:
             send(("error", traceback.format_exc()))
 
 

@@ -85,14 +85,3 @@ class Experiment(Generic[S, R]):
         return [sys.executable, "-m", "bench.experiments", self.name, *non_default_flags(settings),
                 "--results-dir", str(workspace.results_dir), "--work-dir", str(self.work_dir(workspace))]
 
-
-def at_least(settings, minimum: float, *names: str) -> None:
-    """For `__post_init__`: each named setting (unless None) is at least `minimum`; a list setting holds at
-    least one value and each is at least `minimum`.  In the form of `runtime.cli.check_options`, which settings
-    declaring their bounds (`option(..., min=1)`) call instead."""
-    for name in names:
-        value, flag = getattr(settings, name), "--" + name.replace("_", "-")
-        if isinstance(value, list) and not value:
-            raise SettingsError(f"{flag} needs at least one value")
-        if value is not None and min(value if isinstance(value, list) else [value]) < minimum:
-            raise SettingsError(f"{flag} must be at least {minimum}, got {value}")

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from bench.record import RESULTS_DIR, write_result
-from runtime.cli import check_options, option, parse_config
+from runtime.cli import check_options, entry_point, option, parse_config
 from runtime.errors import UserError
 from runtime.timing import Environment, environment
 from tests.hostile import FUZZ_FACTOR, PROFILE_ENV, REPORT_ENV
@@ -133,18 +133,16 @@ def table(report: FuzzReport) -> str:
     return "\n".join(rows)
 
 
+@entry_point
 def main(argv=None) -> None:
-    try:
-        cfg = parse_config(FuzzConfig, __doc__, argv)
-        report = fuzz(cfg)
-        print(table(report))
-        print(f"{report.rounds} rounds, {report.attempts:,} inputs: {report.tracebacks} tracebacks, "
-              f"{report.bad_messages} unclear messages, {report.sources_changed} changed sources, "
-              f"{len(report.failed_properties)} failing properties")
-        if report.failed_properties:
-            sys.exit("error: some properties failed:\n" + "\n".join(report.failed_properties))
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    cfg = parse_config(FuzzConfig, __doc__, argv)
+    report = fuzz(cfg)
+    print(table(report))
+    print(f"{report.rounds} rounds, {report.attempts:,} inputs: {report.tracebacks} tracebacks, "
+          f"{report.bad_messages} unclear messages, {report.sources_changed} changed sources, "
+          f"{len(report.failed_properties)} failing properties")
+    if report.failed_properties:
+        sys.exit("error: some properties failed:\n" + "\n".join(report.failed_properties))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ backend's tenacity, aiohttp and tiktoken) and pass its `lm_eval`.  The result go
 (context, next word) from the built-in corpus's validation split as a local JSONL task, fills tiktoken's
 cache with the project's tokenizer (`data.fetch_tokenizer`), serves the checkpoint as `gpt2` (a name tiktoken
 maps to GPT-2's encoding), runs the harness's `local-completions` backend with token-id prompts, and scores
-every item again with `model/evaluate.py`: the log-likelihood of the continuation given the context, split
+every item again with `training/evaluate.py`: the log-likelihood of the continuation given the context, split
 into tokens as the harness splits them.  The result names both versions, the task's score and the largest
 per-item difference.
 """
@@ -29,8 +29,8 @@ import torch
 from data.corpus import builtin_documents
 from data.tiktoken_cache import fill_cache
 from data.tokenizer import get_tokenizer, ranks_file
-from model.evaluate import evaluate_loss
-from runtime.cli import check_options, option, parse_config
+from training.evaluate import evaluate_loss
+from runtime.cli import check_options, entry_point, option, parse_config
 from runtime.errors import UserError
 from runtime.provenance import git_commit
 from serve.launch import running_server
@@ -141,7 +141,7 @@ def harness(cfg: HarnessConfig) -> dict:
             started = time.perf_counter()
             results, samples, version = run_harness(cfg, work, server.url, cache)
             say(f"harness: lm-eval {version} scored {len(samples)} items in {time.perf_counter() - started:.0f} s")
-    say("harness: scoring the same items with model/evaluate.py")
+    say("harness: scoring the same items with training/evaluate.py")
     ours = our_scores(str(folder), items)
     theirs = [(float(s["resps"][0][0][0]), str(s["resps"][0][0][1]) == "True") for s in samples]  # logged as text
     differences = [abs(a[0] - b[0]) for a, b in zip(ours, theirs)]
@@ -153,24 +153,22 @@ def harness(cfg: HarnessConfig) -> dict:
                     "acc": metrics.get("acc,none"), "perplexity": metrics.get("perplexity,none")},
         "agreement": {"items_compared": len(differences), "max_abs_loglikelihood_difference": max(differences),
                       "greedy_flags_equal": sum(a[1] == b[1] for a, b in zip(ours, theirs)),
-                      "ours": "model/evaluate.py evaluate_loss on the harness's token split"},
+                      "ours": "training/evaluate.py evaluate_loss on the harness's token split"},
         "checkpoint": str(folder), "torch": torch.__version__, "git_commit": git_commit(),
         "command": " ".join(["python bench/harness.py", *sys.argv[1:]]),
     }
 
 
+@entry_point
 def main(argv=None) -> None:
-    try:
-        cfg = parse_config(HarnessConfig, __doc__, argv)
-        result = harness(cfg)
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    cfg = parse_config(HarnessConfig, __doc__, argv)
+    result = harness(cfg)
     Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
     Path(cfg.out).write_text(json.dumps(result, indent=2) + "\n")
     agreement = result["agreement"]
     print(f"{TASK}: acc {result['harness']['acc']:.3f}, perplexity {result['harness']['perplexity']:.2f} "
           f"(lm-eval {result['harness']['lm_eval']}); per item, largest log-likelihood difference from "
-          f"model/evaluate.py {agreement['max_abs_loglikelihood_difference']:.2e}, greedy flags equal "
+          f"training/evaluate.py {agreement['max_abs_loglikelihood_difference']:.2e}, greedy flags equal "
           f"{agreement['greedy_flags_equal']}/{agreement['items_compared']}; wrote {cfg.out}")
 
 

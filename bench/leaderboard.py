@@ -31,13 +31,13 @@ from data.documents import text_blocks
 from data.loader import eval_batches
 from data.local_files import TEXT_FIX, whole_file_corpus
 from data.shards import load_split, prepare_split
-from model.evaluate import evaluate_loss
+from training.evaluate import evaluate_loss
 from model.generate import generate
 from model.gpt import GPT
 from model.packed_linear import pack_for_inference
 from model.sampling import SamplingParams
 from parallel.layout import MULTI_PROCESS_MODES
-from runtime.cli import check_options, option, parse_config
+from runtime.cli import check_options, entry_point, option, parse_config
 from runtime.device import choose_device, peak_memory_bytes, precision_policy, synchronize
 from runtime.errors import UserError
 from runtime.progress import ProgressBar
@@ -366,12 +366,10 @@ def scorecard(args: LeaderboardConfig) -> dict:
     return record(args, measure(args))
 
 
+@entry_point
 def main(argv=None) -> dict:
-    try:
-        args = parse_config(LeaderboardConfig, __doc__, argv)
-        score = scorecard(args)
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    args = parse_config(LeaderboardConfig, __doc__, argv)
+    score = scorecard(args)
     text = json.dumps(score, indent=2)
     print(text)
     if args.out:

@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 import httpx
 import numpy as np
 
-from runtime.cli import check_options, option, parse_config
+from runtime.cli import check_options, entry_point, option, parse_config
 from runtime.errors import UserError
 from runtime.progress import ProgressBar
 
@@ -294,11 +294,9 @@ def report(cfg: LoadTestConfig, url: str) -> None:
                 break
 
 
+@entry_point
 def main(argv=None) -> None:
-    try:
-        cfg = parse_config(LoadTestConfig, __doc__, argv)
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    cfg = parse_config(LoadTestConfig, __doc__, argv)
     if cfg.checkpoint is None:
         report(cfg, cfg.url.rstrip("/"))
         return

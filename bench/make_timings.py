@@ -11,7 +11,6 @@ from nothing).  The README quotes these figures.
 from __future__ import annotations
 
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from pathlib import Path
 import torch
 
 from bench.record import RESULTS_DIR, write_result
-from runtime.cli import option, parse_config
+from runtime.cli import entry_point, option, parse_config
 from runtime.errors import UserError
 from runtime.timing import Environment, environment
 
@@ -72,12 +71,10 @@ def time_targets(cfg: TimingsConfig) -> MakeTimings:
     return MakeTimings(commit, timings, environment(torch.device("cpu")))
 
 
+@entry_point
 def main(argv=None) -> None:
-    try:
-        cfg = parse_config(TimingsConfig, __doc__, argv)
-        write_result(cfg.results_dir, "make_timings", time_targets(cfg))
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    cfg = parse_config(TimingsConfig, __doc__, argv)
+    write_result(cfg.results_dir, "make_timings", time_targets(cfg))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from data.corpus import dataset_help
 from data.loader import sliding_windows
 from data.shards import load_split
 from data.tokenizer import get_tokenizer
-from runtime.cli import check_options, option, parse_config
+from runtime.cli import check_options, entry_point, option, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
 from runtime.progress import ProgressBar
@@ -127,12 +127,10 @@ def run(cfg: PerplexityConfig) -> dict:
             "protocols": [asdict(p) for p in protocols], "skipped": skipped}
 
 
+@entry_point
 def main(argv=None) -> None:
-    try:
-        cfg = parse_config(PerplexityConfig, __doc__, argv)
-        result = run(cfg)
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    cfg = parse_config(PerplexityConfig, __doc__, argv)
+    result = run(cfg)
     print(f"{result['checkpoint']} on {result['dataset']} {result['split']}: {result['tokens']:,} tokens, "
           f"{result['bytes_per_token']:.2f} bytes per token")
     for p in result["protocols"]:

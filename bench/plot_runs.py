@@ -5,10 +5,9 @@ tokens/s), e.g. ddp against fsdp against tp, or a run before and after pruning's
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
-from runtime.cli import option, parse_config
+from runtime.cli import entry_point, option, parse_config
 from runtime.errors import UserError
 from training.curves import plot_runs, read_metrics
 
@@ -31,17 +30,15 @@ class PlotConfig:
             raise PlotError(f"--labels names {len(self.labels.split(','))} runs but {len(self.runs)} were given")
 
 
+@entry_point
 def main(argv=None) -> None:
-    try:
-        cfg = parse_config(PlotConfig, __doc__, argv)
-        for run in cfg.runs:
-            try:
-                read_metrics(run)
-            except FileNotFoundError as e:
-                raise PlotError(str(e)) from e
-        out = plot_runs(cfg.runs, cfg.out, cfg.labels.split(",") if cfg.labels else None)
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    cfg = parse_config(PlotConfig, __doc__, argv)
+    for run in cfg.runs:
+        try:
+            read_metrics(run)
+        except FileNotFoundError as e:
+            raise PlotError(str(e)) from e
+    out = plot_runs(cfg.runs, cfg.out, cfg.labels.split(",") if cfg.labels else None)
     print(f"wrote {out}")
 
 

@@ -8,9 +8,9 @@ from typing import Any, TypeVar
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from bench.typed_json import from_json, to_json  # noqa: E402
+from bench.typed_json import from_json, to_json
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 T = TypeVar("T")

@@ -9,7 +9,6 @@ Only what the results hold is written: an experiment that has not run gets a lin
 """
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,8 +16,7 @@ from pathlib import Path
 from bench.experiments import EXPERIMENTS
 from bench.record import RESULTS_DIR, gpu_results, read_result
 from bench.report_page import Page, mib, num
-from runtime.cli import option, parse_config
-from runtime.errors import UserError
+from runtime.cli import entry_point, option, parse_config
 
 REPORT = RESULTS_DIR.parent / "REPORT.md"
 SCORECARD_KEYS = ("loss", "inference_latency_1", "inference_latency_12", "training_throughput_4",
@@ -173,12 +171,10 @@ def write_report(results_dir: Path, out: Path) -> Path:
     return out
 
 
+@entry_point
 def main(argv=None) -> Path:
-    try:
-        cfg = parse_config(ReportConfig, __doc__, argv)
-        return write_report(cfg.results_dir, cfg.out)
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    cfg = parse_config(ReportConfig, __doc__, argv)
+    return write_report(cfg.results_dir, cfg.out)
 
 
 if __name__ == "__main__":

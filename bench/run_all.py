@@ -35,7 +35,7 @@ from bench.leaderboard import LeaderboardConfig
 from bench.record import RESULTS_DIR, gpu_results, read_result, write_result
 from bench.report import REPORT, write_report
 from bench.runner import ROOT, run_train
-from runtime.cli import non_default_flags, option, parse_config
+from runtime.cli import entry_point, non_default_flags, option, parse_config
 from runtime.errors import UserError
 from training.config import TrainConfig
 
@@ -128,14 +128,12 @@ def run_stage(name: str, command: list[str]) -> dict:
     return {"name": name, "seconds": time.perf_counter() - t0, "ok": ok, "command": " ".join(command)}
 
 
+@entry_point
 def main(argv=None) -> None:
-    try:
-        cfg = parse_config(RunAllConfig, __doc__, argv)
-        gpu = uses_gpu_profile(cfg)
-        size = "quick" if cfg.quick else "full"
-        commands = gpu_stage_commands(cfg) if gpu else stage_commands(cfg, size)  # checks every stage's settings
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    cfg = parse_config(RunAllConfig, __doc__, argv)
+    gpu = uses_gpu_profile(cfg)
+    size = "quick" if cfg.quick else "full"
+    commands = gpu_stage_commands(cfg) if gpu else stage_commands(cfg, size)  # checks every stage's settings
     wanted = set(cfg.only or STAGES)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     results_dir = gpu_results(cfg.results_dir) if gpu else cfg.results_dir

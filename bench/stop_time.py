@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from bench.record import RESULTS_DIR, write_result
-from runtime.cli import option, parse_config
+from runtime.cli import entry_point, option, parse_config
 from runtime.errors import UserError
 from runtime.timing import Environment, Spread, environment
 from storage.training_state import TrainingState
@@ -75,21 +75,19 @@ def stop_once(cfg: StopTimeConfig, out: Path) -> tuple[float, float, int, int, s
     return exit_s, step_s, status, saved, estimate, said
 
 
+@entry_point
 def main(argv=None) -> None:
-    try:
-        cfg = parse_config(StopTimeConfig, __doc__, argv)
-        runs = []
-        with tempfile.TemporaryDirectory() as tmp:
-            for i in range(cfg.repeats):
-                runs.append(stop_once(cfg, Path(tmp) / f"run-{i}"))
-                print(f"repeat {i + 1}: exit {runs[-1][0]:.1f} s after SIGTERM (step {runs[-1][1]:.0f} s), "
-                      f"status {runs[-1][2]}, saved step {runs[-1][3]}", flush=True)
-        result = StopTime(" ".join(["python", *COMMAND]), cfg.into_step_s, Spread.of([r[0] for r in runs]),
-                          Spread.of([r[1] for r in runs]), [r[2] for r in runs], [r[3] for r in runs],
-                          [r[4] for r in runs], [r[5] for r in runs], environment(torch.device("cpu")))
-        write_result(cfg.results_dir, 'stop_time', result)
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    cfg = parse_config(StopTimeConfig, __doc__, argv)
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(cfg.repeats):
+            runs.append(stop_once(cfg, Path(tmp) / f"run-{i}"))
+            print(f"repeat {i + 1}: exit {runs[-1][0]:.1f} s after SIGTERM (step {runs[-1][1]:.0f} s), "
+                  f"status {runs[-1][2]}, saved step {runs[-1][3]}", flush=True)
+    result = StopTime(" ".join(["python", *COMMAND]), cfg.into_step_s, Spread.of([r[0] for r in runs]),
+                      Spread.of([r[1] for r in runs]), [r[2] for r in runs], [r[3] for r in runs],
+                      [r[4] for r in runs], [r[5] for r in runs], environment(torch.device("cpu")))
+    write_result(cfg.results_dir, 'stop_time', result)
 
 
 if __name__ == "__main__":

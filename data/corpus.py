@@ -8,9 +8,10 @@ Dataset names (the `--dataset` flag everywhere):
 - `hf:OWNER/NAME[/SUBFOLDER]` (or `OWNER/NAME` where no such local path exists): a Hugging Face dataset
   repository's data files, from the hub or its cache, read as a local folder.
 
-Each corpus hands out `TextPass`es: one read of some text that writes one or more splits (a corpus without a
-validation split has it carved from the training text in the same pass).  A pass's `key` names its content
-and how it is cut into documents, so token caches are reused while the content is the same, wherever it lies.
+Each corpus hands out `TextPass`es (data/corpus_types.py): one read of some text that writes one or more splits
+(a corpus without a validation split has it carved from the training text in the same pass).  A pass's `key`
+names its content and how it is cut into documents, so token caches are reused while the content is the same,
+wherever it lies.
 """
 from __future__ import annotations
 
@@ -18,19 +19,18 @@ import ast
 import sys
 import sysconfig
 import zlib
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from data.corpus_types import DATASET_NAMES, SPLITS, Corpus, Progress, TextPass
 from data.documents import DatasetError, DocumentCutter
 from data.hub_access import hub_access
+from data.local_files import local_corpus
 
 __all__ = ["SPLITS", "DATASET_NAMES", "DATASET_FORMATS", "DatasetError", "Corpus", "TextPass", "get_corpus", "builtin_corpus"]
 
-SPLITS = ("train", "validation", "test")
 HUB_CONFIGS = {"wikitext-103": "wikitext-103-raw-v1", "wikitext-2": "wikitext-2-raw-v1"}
 HUB_REPO = "Salesforce/wikitext"
-DATASET_NAMES = ("wikitext-103", "wikitext-2", "builtin", "hf:OWNER/NAME")
 # Every form --dataset takes and what it reads, in one place: the tools' --help (`dataset_help`) and the README's
 # table of formats (`formats_table`; tests/test_data.py checks the README holds it) are both written from it.
 DATASET_FORMATS = (
@@ -56,30 +56,6 @@ def formats_table() -> str:
     rows = [f"| `{form}` | {what} |" for form, what in DATASET_FORMATS]
     return "\n".join(["| `--dataset` | reads |", "|---|---|", *rows])
 HUB_ROWS_PER_READ = 4096
-
-Progress = Callable[[int], None]  # called with the bytes read since its last call
-
-
-@dataclass(frozen=True)
-class TextPass:
-    """One read of a corpus's text: `read(progress)` yields (split, document) pairs for the `splits` it writes."""
-    key: str  # the content and its cutting into documents; the token cache's folder name
-    splits: tuple[str, ...]
-    read: Callable[[Progress], Iterator[tuple[str, str]]]
-    total_bytes: int | None = None  # for the progress bar; None where unknown
-    # Where each split's text comes from, in words (its files and sizes, or how it was carved), for the data line
-    # every run prints, whether it tokenizes or reads the cache.
-    origins: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Corpus:
-    name: str
-    text_pass: Callable[[str], TextPass]  # the pass that writes a split
-
-    def documents(self, split: str) -> Iterator[str]:
-        """The split's documents in order (a carved split reads the whole pass)."""
-        return (doc for which, doc in self.text_pass(split).read(lambda n: None) if which == split)
 
 
 def single_split_pass(key: str, split: str, documents: Callable[[Progress], Iterator[str]], origin: str) -> TextPass:
@@ -183,7 +159,6 @@ HUB_DATA_FILES = ("*.txt", "*.raw", "*.jsonl", "*.parquet")
 def hub_repository_corpus(spec: str) -> Corpus:
     """`OWNER/NAME[/SUBFOLDER]`: the repository's text, JSON-lines and parquet files (under SUBFOLDER),
     downloaded once into the hub's cache (to disk, never into memory) and then read as a local folder."""
-    from data.local_files import local_corpus
     owner, _, rest = spec.partition("/")
     name, _, subfolder = rest.partition("/")
     if not owner or not name:
@@ -205,7 +180,6 @@ def hub_repository_corpus(spec: str) -> Corpus:
 
 
 def get_corpus(name: str) -> Corpus:
-    from data.local_files import local_corpus
     if name == "builtin":
         return builtin_corpus()
     if name in HUB_CONFIGS:

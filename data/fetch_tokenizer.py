@@ -17,8 +17,7 @@ from pathlib import Path
 
 from data.tiktoken_cache import cache_dir, default_cache_dir, fill_cache
 from data.tokenizer import DEFAULT_RANKS_FILE, GPT2_RANKS_SHA256, TokenizerError
-from runtime.cli import option, parse_config
-from runtime.errors import UserError
+from runtime.cli import entry_point, option, parse_config
 
 SDIST = "openai-whisper==20250625"
 MEMBER_SUFFIX = "whisper/assets/gpt2.tiktoken"
@@ -73,14 +72,12 @@ class FetchConfig:
                                         "$DATA_GYM_CACHE_DIR, else <tempdir>/data-gym-cache)")
 
 
+@entry_point
 def main(argv=None):
-    try:
-        cfg = parse_config(FetchConfig, __doc__, argv)
-        fetch(cfg.dest)
-        if cfg.tiktoken_cache:
-            fill_tiktoken_cache(cfg.dest)
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    cfg = parse_config(FetchConfig, __doc__, argv)
+    fetch(cfg.dest)
+    if cfg.tiktoken_cache:
+        fill_tiktoken_cache(cfg.dest)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from typing import Iterator
 
 import xxhash
 
-from data.corpus import SPLITS, Corpus, Progress, TextPass
+from data.corpus_types import DATASET_NAMES, SPLITS, Corpus, Progress, TextPass
 from data.documents import MAX_DOCUMENT_CHARS, DatasetError, DocumentCutter, document_bound, text_blocks
 
 RAW_FILES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw", "test": "wiki.test.raw"}
@@ -286,7 +286,6 @@ def carving_read(files: list[DataFile], carved: tuple[str, ...], max_chars: int)
 
 
 def local_corpus(path: str | Path, name: str | None = None) -> Corpus:
-    from data.corpus import DATASET_NAMES
     root = Path(path).expanduser().resolve()
     if not root.exists():
         raise DatasetError(f"dataset {str(path)!r} is neither a known name ({', '.join(DATASET_NAMES)}) nor an "

@@ -27,7 +27,8 @@ from typing import BinaryIO, Iterator
 
 import numpy as np
 
-from data.corpus import SPLITS, Corpus, DatasetError, TextPass, get_corpus
+from data.corpus import DatasetError, get_corpus
+from data.corpus_types import SPLITS, Corpus, TextPass
 from data.tokenizer import GPT2_RANKS_SHA256, get_tokenizer
 from model.config import EOT_TOKEN, GPT2_VOCAB_SIZE
 from runtime.progress import ProgressBar

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from model.config import EOT_TOKEN
-from model.decode_steps import DECODE_MODES, DecodeSteps
+from model.decode_steps import DecodeSteps
 from model.gpt import GPT
 from model.kv_cache import ContextOverflow
 from model.row_state import RowState

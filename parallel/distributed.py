@@ -125,7 +125,7 @@ def check_ranks_fit_devices(local_ranks: int, gpus: int) -> None:
                             f"--device cpu to run the ranks on the CPU with gloo")
 
 
-def check_divisibility(config: GPTConfig, ctx: DistContext, batch_size: int) -> None:
+def check_divisibility(config: GPTConfig, ctx: DistContext) -> None:
     """Refuse, before any training, the sizes the layout cannot split evenly."""
     tp = ctx.tp_size
     if tp > 1:
@@ -190,7 +190,8 @@ def announce_failure(ctx: DistContext) -> None:
         pass
 
 
-def failed_rank(ctx: DistContext) -> str | None:
+def failed_rank() -> str | None:
+    """The rank that `announce_failure` named in the rendezvous store, if any did."""
     try:
         store = dist.distributed_c10d._get_default_store()
         return store.get(FAILURE_KEY).decode() if store.check([FAILURE_KEY]) else None

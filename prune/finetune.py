@@ -7,7 +7,7 @@ import torch
 
 from data.loader import WindowSampler
 from model.gpt import GPT
-from model.optim import lr_at
+from training.optim import lr_at
 from prune.masks import MaskSet
 from runtime.device import Precision
 from runtime.errors import UserError

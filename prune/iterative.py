@@ -25,7 +25,7 @@ import torch
 
 from data.loader import WindowSampler, eval_batches
 from data.shards import load_split
-from model.evaluate import evaluate_loss
+from training.evaluate import evaluate_loss
 from model.gpt import GPT
 from prune.config import PruneConfig, method_names, validate_against_model
 from prune.finetune import FinetuneSettings, finetune
@@ -35,9 +35,8 @@ from prune.report import read_report, report_writers, round_row, round_summary, 
 from prune.schedule import sparsity_schedule
 from prune.source import resolve_dataset
 from prune.speed import SpeedSettings, sparse_format_verdict, speed_against_dense
-from runtime.cli import parse_config
+from runtime.cli import entry_point, parse_config
 from runtime.device import choose_device, precision_policy
-from runtime.errors import UserError
 from runtime.progress import ProgressBar
 from runtime.provenance import provenance
 from storage.artifact import artifact_writers, load_model, model_state_for_saving, write_folder_atomically
@@ -223,16 +222,12 @@ def interrupted_rounds(saved: int, rounds: int, out_dir: Path) -> str:
     return f"interrupted {when}; {kept}"
 
 
+# Ctrl-C during loading or the dense baseline; interrupts inside rounds are handled there.
+@entry_point(interrupted="interrupted before the first pruning round finished; nothing was written")
 def main(argv=None) -> None:
-    try:
-        cfg = parse_config(PruneConfig, __doc__, argv)
-        for method in method_names(cfg):  # each adds its curve to the same report in --out-dir
-            run(dataclasses.replace(cfg, method=method))
-    except KeyboardInterrupt:  # during loading or the dense baseline; interrupts inside rounds are handled there
-        print("\ninterrupted before the first pruning round finished; nothing was written", file=sys.stderr)
-        raise SystemExit(130)
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    cfg = parse_config(PruneConfig, __doc__, argv)
+    for method in method_names(cfg):  # each adds its curve to the same report in --out-dir
+        run(dataclasses.replace(cfg, method=method))
 
 
 if __name__ == "__main__":

@@ -14,11 +14,11 @@ import matplotlib
 import torch
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from model.gpt import GPT  # noqa: E402
-from prune.masks import count_nonzero  # noqa: E402
-from runtime.errors import UserError  # noqa: E402
+from model.gpt import GPT
+from prune.masks import count_nonzero
+from runtime.errors import UserError
 
 REPORT_FILE = "prune_report.json"
 LOSS_PLOT = "loss_vs_sparsity.png"

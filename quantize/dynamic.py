@@ -39,7 +39,7 @@ from data.shards import load_split
 from model.int8 import HEAD_FORMATS, default_head_format, quantize_model
 from model.packed_linear import pack_for_inference
 from quantize.measure import generation_speed, greedy_agreement, paired_validation, prompts_from
-from runtime.cli import check_options, non_default_flags, option, parse_config
+from runtime.cli import check_options, entry_point, non_default_flags, option, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
 from runtime.provenance import git_commit, provenance
@@ -181,14 +181,12 @@ def quantize(cfg: QuantizeConfig) -> dict:
     }
 
 
+@entry_point
 def main(argv=None) -> None:
-    try:
-        cfg = parse_config(QuantizeConfig, __doc__, argv)
-        if cfg.threads is not None:
-            torch.set_num_threads(cfg.threads)
-        report = quantize(cfg)
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    cfg = parse_config(QuantizeConfig, __doc__, argv)
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    report = quantize(cfg)
     out_dir = Path(cfg.out_dir)
     write_folder_atomically(out_dir, {REPORT_FILE: json_writer(report)})
     print_table(report)

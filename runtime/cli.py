@@ -4,22 +4,29 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import operator
+import sys
 import types
 import typing
+
+from runtime.errors import UserError
 
 # The bounds `option` takes: how a message states each, and the test a value within it passes (NaN fails all).
 _BOUNDS = {"min": ("at least", operator.ge), "above": ("above", operator.gt),
            "max": ("at most", operator.le), "below": ("below", operator.lt)}
 
 
-def option(default, help_text: str, *, min=None, max=None, above=None, below=None, **metadata):
+def option(default, help_text: str, *, min=None, max=None, above=None, below=None, may_be_empty: bool = False,
+           **metadata):
     """A config field whose help (and `choices`, `positional=True`, or `bare=VALUE`: the flag alone means
     VALUE, as `--resume` means `--resume yes`) the command line shows.  `min`/`max` (inclusive) and
-    `above`/`below` (exclusive) bound its value, or each value of a list; `check_options` enforces them."""
+    `above`/`below` (exclusive) bound its value, or each value of a list, which then holds at least one value
+    unless `may_be_empty`; `check_options` enforces them."""
     bounds = {name: bound for name, bound in (("min", min), ("above", above), ("max", max), ("below", below))
               if bound is not None}
-    metadata = {"help": help_text, **metadata, **({"bounds": bounds} if bounds else {})}
+    metadata = {"help": help_text, **metadata, **({"bounds": bounds} if bounds else {}),
+                **({"may_be_empty": True} if may_be_empty else {})}
     if isinstance(default, list):  # mutable: every instance gets its own copy
         return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -32,12 +39,15 @@ def flag(name: str) -> str:
 
 def check_options(config, error: type[Exception]) -> None:
     """For `__post_init__`: raise `error` (the tool's UserError) for the first field of the dataclass instance
-    `config` outside its `option` bounds, in one form for every tool: `--batch-size must be at least 1, got 0`.
-    None passes: a field that may be None says "not given" or "none" with it, and bounds are for numbers."""
+    `config` outside its `option` bounds, in one form for every tool: `--batch-size must be at least 1, got 0`,
+    or a bounded list left empty (`--batch-sizes needs at least one value`).  None passes: a field that may be
+    None says "not given" or "none" with it, and bounds are for numbers."""
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if "bounds" not in f.metadata or value is None:
             continue
+        if value == [] and not f.metadata.get("may_be_empty"):
+            raise error(f"{flag(f.name)} needs at least one value")
         for item in value if isinstance(value, list) else [value]:
             for name, bound in f.metadata["bounds"].items():
                 words, within = _BOUNDS[name]
@@ -120,6 +130,28 @@ def _base_type(hint):
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
         return next(a for a in args if a is not type(None))
     return hint
+
+
+def entry_point(main=None, *, interrupted: str | None = None):
+    """Every command's `main(argv=None)` is wrapped by this, as `@entry_point` or `@entry_point(interrupted=...)`:
+    a UserError ends the command with the one line `error: <message>` and exit status 1, while any other exception
+    (a bug) keeps its traceback.  With `interrupted`, Ctrl-C ends it with that line and exit status 130, as a
+    shell reports a command stopped by SIGINT; without, Python's own KeyboardInterrupt does (the command handles
+    its interruptions inside, or has nothing to say)."""
+    def wrap(body):
+        @functools.wraps(body)
+        def command(argv=None):
+            try:
+                return body(argv)
+            except UserError as e:
+                sys.exit(f"error: {e}")
+            except KeyboardInterrupt:
+                if interrupted is None:
+                    raise
+                print(f"\n{interrupted}", file=sys.stderr)
+                raise SystemExit(130)
+        return command
+    return wrap if main is None else wrap(main)
 
 
 class ToolParser(argparse.ArgumentParser):

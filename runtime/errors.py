@@ -1,7 +1,7 @@
 """The one base class for mistakes a user can fix.
 
-Every command's `main` catches `UserError` and prints `error: <message>` without a traceback; any other
-exception (a bug) keeps its traceback.  Each part subclasses it to say where the problem was found.
+Every command's `main` is wrapped by `runtime.cli.entry_point`, which ends a `UserError` with the one line
+`error: <message>` and no traceback; any other exception (a bug) keeps its traceback.  Each part subclasses it to say where the problem was found.
 """
 from __future__ import annotations
 

@@ -11,12 +11,10 @@ import ipaddress
 import logging
 import resource
 import socket
-import sys
 
 import uvicorn
 
-from runtime.cli import parse_config
-from runtime.errors import UserError
+from runtime.cli import entry_point, parse_config
 from serve.app import create_app
 from serve.config import API_KEY_ENV, ServeConfig, ServeConfigError
 from serve.slow_clients import connection_protocol
@@ -60,14 +58,12 @@ def check_port(host: str, port: int) -> None:
         raise ServeConfigError(f"--host {shown(host)} is not a host name or address") from e
 
 
+@entry_point
 def main(argv=None) -> None:
-    try:
-        config = parse_config(ServeConfig, __doc__, argv, epilog=f"Set {API_KEY_ENV} to require an API key.",
-                              prog="python -m serve")
-        check_port(config.host, config.port)
-        app = create_app(config)
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    config = parse_config(ServeConfig, __doc__, argv, epilog=f"Set {API_KEY_ENV} to require an API key.",
+                          prog="python -m serve")
+    check_port(config.host, config.port)
+    app = create_app(config)
     if not is_loopback(config.host):
         logging.getLogger("serve").warning("binding to %s: the server is reachable from other machines%s", config.host,
                                            "" if app.state.server.api_key else f"; set {API_KEY_ENV} to require a key")

@@ -4,7 +4,6 @@
 """
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from runtime.cli import option, parse_config
+from runtime.cli import entry_point, option, parse_config
 from runtime.errors import UserError
 from serve.launch import running_server
 from storage.run_folder import pick_checkpoint
@@ -55,11 +54,9 @@ def demo(args: DemoConfig) -> None:
     print("server stopped")
 
 
+@entry_point
 def main(argv=None) -> None:
-    try:
-        demo(parse_config(DemoConfig, __doc__, argv))
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    demo(parse_config(DemoConfig, __doc__, argv))
 
 
 if __name__ == "__main__":

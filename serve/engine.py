@@ -78,7 +78,7 @@ class Engine:
                 for request in joining:
                     try:
                         self.runner.join(request)
-                    except Exception:  # noqa: BLE001 - one bad request must not take the server down
+                    except Exception:  # one bad request must not take the server down
                         log.exception("prefill failed")
                         request.on_event(ErrorEvent("internal", REQUEST_FAILED))
                 try:
@@ -86,7 +86,7 @@ class Engine:
                     self.runner.end_where(lambda s: s.done or s.request.cancelled)
                     if self.runner.active:
                         self.runner.step()
-                except Exception:  # noqa: BLE001 - one bad step must not take the server down
+                except Exception:  # one bad step must not take the server down
                     log.exception("generation step failed; failing the %d requests in the batch", self.batch_size)
                     self.runner.fail_all("generation failed for every request in the batch; the server log has "
                                          "the details")

@@ -112,7 +112,7 @@ class Runner:
                 continue
             try:
                 self._accept(seq, token, logits[row, -1])
-            except Exception:  # noqa: BLE001 - a failure in one request's tokens ends that request alone
+            except Exception:  # a failure in one request's tokens ends that request alone
                 log.exception("request failed while handling its token %d", token)
                 self.fail(seq)
             if not seq.done:
@@ -144,7 +144,7 @@ class Runner:
                     self._accept(seq, token, logits[row, position])
                     if seq.done:
                         break
-            except Exception:  # noqa: BLE001 - a failure in one request's tokens ends that request alone
+            except Exception:  # a failure in one request's tokens ends that request alone
                 log.exception("request failed while handling its tokens %s", new)
                 self.fail(seq)
             step.add(SpeculativeStats(proposed=k, accepted=seq.speculative.accepted - accepted_before, row_steps=1))
@@ -169,14 +169,14 @@ class Runner:
         states = [g.get_state() for g in generators]
         try:
             return sample_rows(logits, [seq.params for seq in seqs], generators)
-        except Exception:  # noqa: BLE001 - find the rows that fail, so that only they end
+        except Exception:  # find the rows that fail, so that only they end
             log.exception("sampling a batch of %d failed; sampling its rows one at a time", len(seqs))
         tokens: list[int | None] = []
         for row, (seq, state) in enumerate(zip(seqs, states)):
             seq.generator.set_state(state)
             try:
                 tokens.append(sample_rows(logits[row:row + 1], [seq.params], [seq.generator])[0])
-            except Exception:  # noqa: BLE001 - this request alone ends
+            except Exception:  # this request alone ends
                 log.exception("sampling failed for a request with %s", seq.params)
                 tokens.append(None)
         return tokens

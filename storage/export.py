@@ -15,8 +15,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from model.gpt import GPT
-from runtime.cli import option, parse_config
-from runtime.errors import UserError
+from runtime.cli import entry_point, option, parse_config
 from storage.artifact import WEIGHTS_FILE, load_model
 from storage.claim import EXPORT_TOOL, claim_output_folder
 from storage.folder import write_folder_atomically
@@ -58,11 +57,9 @@ def export(cfg: ExportConfig) -> Path:
     return Path(cfg.out)
 
 
+@entry_point
 def main(argv=None) -> None:
-    try:
-        out = export(parse_config(ExportConfig, __doc__, argv))
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    out = export(parse_config(ExportConfig, __doc__, argv))
     print(f"wrote {out}/config.json and {out}/model.safetensors (load with "
           f"transformers.GPT2LMHeadModel.from_pretrained({str(out)!r}))")
 

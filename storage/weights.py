@@ -2,7 +2,6 @@
 loaded.  artifact.py, hf.py and int8_weights.py build on it; it imports none of them."""
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 

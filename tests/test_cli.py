@@ -1,7 +1,9 @@
-"""runtime/cli.py's bounded options: one message form for an out-of-range flag in every tool."""
+"""runtime/cli.py: bounded options (one message form for an out-of-range flag in every tool), the parser's one-line
+refusals and `entry_point`, the wrapper of every command's `main`."""
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 from dataclasses import dataclass
 
@@ -12,9 +14,10 @@ from bench.leaderboard import LeaderboardConfig
 from prune.config import PruneConfig
 from prune.errors import PruneError
 from quantize.dynamic import QuantizeConfig, QuantizeError
-from runtime.cli import add_dataclass_args, check_options, option, parse_config
+from runtime.cli import add_dataclass_args, check_options, entry_point, option, parse_config
 from runtime.errors import UserError
 from serve.config import ServeConfig, ServeConfigError
+from tests.source_tree import ROOT, parsed, python_files
 from training.config import TrainConfig, TrainingError
 
 
@@ -113,3 +116,60 @@ def test_python_m_serve_names_itself_in_its_usage(capsys):
     with pytest.raises(SystemExit) as exit_info:
         serve.__main__.main(["--help"])
     assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("usage: python -m serve [-h]")
+
+
+def test_a_bounded_list_needs_a_value_unless_it_may_be_empty():
+    with pytest.raises(DemoError, match="^--sizes needs at least one value$"):
+        Demo(sizes=[])
+
+    @dataclass
+    class Optional:
+        levels: list[int] = option([1], "levels (none: skip them)", min=1, may_be_empty=True)
+
+        def __post_init__(self):
+            check_options(self, DemoError)
+
+    assert Optional(levels=[]).levels == []
+
+
+def test_entry_point_ends_a_user_error_with_one_line_and_lets_a_bug_keep_its_traceback():
+    @entry_point
+    def main(argv=None):
+        if argv == ["bug"]:
+            raise KeyError("bug")
+        if argv == ["ctrl-c"]:
+            raise KeyboardInterrupt
+        raise DemoError(f"--flag {argv[0]} is wrong; give --flag 1")
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["x"])
+    assert exit_info.value.code == "error: --flag x is wrong; give --flag 1"
+    with pytest.raises(KeyError):
+        main(["bug"])
+    with pytest.raises(KeyboardInterrupt):  # no message of its own: Python's Ctrl-C
+        main(["ctrl-c"])
+
+
+def test_entry_point_with_a_message_ends_ctrl_c_with_it_and_exit_status_130(capsys):
+    @entry_point(interrupted="interrupted while starting; nothing was written")
+    def main(argv=None):
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([])
+    assert exit_info.value.code == 130
+    assert capsys.readouterr().err == "\ninterrupted while starting; nothing was written\n"
+
+
+def test_every_command_main_is_wrapped_by_entry_point():
+    """A module run as a command (`if __name__ == "__main__"`) with a `main` decorates it with `entry_point`, so
+    every command ends a user's mistake the same way."""
+    commands = [path for path in python_files() if '__name__ == "__main__"' in path.read_text()]
+    unwrapped = []
+    for path in commands:
+        for node in parsed(path).body:
+            if isinstance(node, ast.FunctionDef) and node.name == "main":
+                names = {ast.unparse(d.func if isinstance(d, ast.Call) else d) for d in node.decorator_list}
+                if "entry_point" not in names:
+                    unwrapped.append(str(path.relative_to(ROOT)))
+    assert len(commands) > 15 and unwrapped == []

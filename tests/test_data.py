@@ -5,7 +5,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tiktoken
 import torch
 
 from data import corpus, hub_access, shards

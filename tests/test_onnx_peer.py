@@ -9,11 +9,11 @@ import torch
 pytest.importorskip("onnxruntime")
 pytest.importorskip("transformers")
 
-from bench.onnx_peer import OrtDecoder, ort_files  # noqa: E402
-from model.generate import generate  # noqa: E402
-from model.gpt import GPT  # noqa: E402
-from model.sampling import SamplingParams  # noqa: E402
-from tests.conftest import small_config  # noqa: E402
+from bench.onnx_peer import OrtDecoder, ort_files
+from model.generate import generate
+from model.gpt import GPT
+from model.sampling import SamplingParams
+from tests.conftest import small_config
 
 
 def test_onnx_runtime_decodes_our_greedy_tokens_and_its_int8_graph_is_quantized(tmp_path):

@@ -44,12 +44,12 @@ def _train_config(out_dir, **overrides):
 
 
 def _losses(out_dir) -> list[float]:
-    records = [json.loads(l) for l in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
     return [r["loss"] for r in records if "loss" in r]
 
 
 def _records(out_dir) -> list[dict]:
-    return [json.loads(l) for l in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
 def _worker(rank: int, world: int, port: int, job: str, root: str) -> None:
@@ -136,7 +136,7 @@ def _inference_parity(rank, world, root, result):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from model.evaluate import evaluate_loss
+    from training.evaluate import evaluate_loss
     from model.generate import generate
     from model.sampling import SamplingParams
     from parallel.tensor_parallel import apply_tensor_parallel
@@ -328,9 +328,9 @@ def test_fused_qkv_is_split_per_head():
 def test_sizes_that_do_not_divide_are_refused():
     config = GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=64)
     with pytest.raises(ParallelError, match="4 attention heads, not divisible by --tp-size 3"):
-        check_divisibility(config, DistContext(ParallelDims(tp=3)), 8)
+        check_divisibility(config, DistContext(ParallelDims(tp=3)))
     with pytest.raises(ParallelError, match="padded vocabulary of 50304 rows is not divisible by --tp-size 256"):
-        check_divisibility(dataclasses.replace(config, n_head=256, n_embd=512), DistContext(ParallelDims(tp=256)), 8)
+        check_divisibility(dataclasses.replace(config, n_head=256, n_embd=512), DistContext(ParallelDims(tp=256)))
     with pytest.raises(ParallelError, match="Use --parallel ddp"):
         replicate_with_data_parallel(torch.nn.Linear(2, 2), torch.device("cpu"))
 
@@ -407,7 +407,7 @@ def test_more_ranks_than_gpus_is_refused_before_touching_cuda(monkeypatch):
 def test_data_parallel_trains_on_the_mean_of_its_replicas_losses(monkeypatch):
     """nn.DataParallel gathers one loss per replica.  No second GPU here: a stand-in splits the batch (3 rows:
     2 + 1) and returns the two losses as DataParallel would; one step must equal a single-device step."""
-    from model.optim import build_optimizer
+    from training.optim import build_optimizer
     from parallel import strategies
     from runtime.device import precision_policy
     from training.step import TrainStep

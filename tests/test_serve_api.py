@@ -247,9 +247,9 @@ def test_served_model_name_and_health_without_the_path(checkpoint, monkeypatch):
 
 def test_logprobs_and_echo_score_text_as_evaluation_does(client, checkpoint):
     """echo + max_tokens 0 returns the prompt's own log-probabilities; their sum is minus the summed
-    cross-entropy that model/evaluate.py computes on the same text."""
+    cross-entropy that training/evaluate.py computes on the same text."""
     from data.tokenizer import encode
-    from model.evaluate import evaluate_loss
+    from training.evaluate import evaluate_loss
     from storage.artifact import load_model
     text = "The quick brown fox jumps over the lazy dog."
     name = Path(checkpoint).name

@@ -2,7 +2,6 @@
 ragged batches, end-of-text and max_new_tokens, int8 models, clear refusals, and sample.py --draft."""
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch

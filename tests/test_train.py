@@ -20,7 +20,7 @@ FAST = dict(model="tiny", dataset="builtin", device="cpu", batch_size=4, block_s
 
 def losses(out_dir) -> dict[int, float]:
     """step -> training loss (the last record wins, as a resumed run re-logs its steps)."""
-    records = [json.loads(l) for l in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
@@ -30,7 +30,7 @@ def test_loss_falls_and_metrics_are_logged(tmp_path):
                                       tensorboard=True))
     curve = losses(out)
     assert curve[1] > 10.0 and curve[40] < 7.5
-    records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     step_record = next(r for r in records if "loss" in r)
     assert {"step", "loss", "lr", "tokens_per_s", "mfu", "phase_s", "peak_memory_bytes"} <= set(step_record)
     assert set(step_record["phase_s"]) == {"data", "forward", "backward", "optimizer", "other"}

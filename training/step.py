@@ -15,7 +15,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from model.optim import build_optimizer
+from training.optim import build_optimizer
 from parallel import CommsMeter, DistContext, SingleDevice
 from runtime.device import Precision
 from runtime.errors import UserError
@@ -63,7 +63,7 @@ class TrainStep:
                       weight_decay: float = 0.1, grad_clip: float = 1.0, masks: GradientMasks | None = None):
         """The step of a one-device run with train.py's optimizer (pruning fine-tunes, benchmarks)."""
         model.train()
-        optimizer = build_optimizer(model, lr, weight_decay, device_type=device.type)
+        optimizer = build_optimizer(model, lr, weight_decay)
         return cls(model, optimizer, SingleDevice(model, DistContext(device=device), CommsMeter()), device,
                    precision, grad_clip=grad_clip, masks=masks)
 

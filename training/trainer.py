@@ -13,9 +13,9 @@ import torch
 from data.loader import WindowSampler, eval_batches
 from data.shards import load_split, prepare_split
 from model.config import GPTConfig, preset
-from model.evaluate import evaluate_loss
+from training.evaluate import evaluate_loss
 from model.gpt import GPT, CausalSelfAttention
-from model.optim import build_optimizer, lr_at
+from training.optim import build_optimizer, lr_at
 from parallel import CommsMeter, check_divisibility, parallelize, scaled_lr
 from parallel.distributed import run_on_node_leader
 from parallel.state import local_state_bytes
@@ -98,7 +98,7 @@ class Trainer:
         self.precision = precision_policy(self.device, cfg.precision)
         model = build_model(cfg, self.checkpointer)
         self.model_config, self.block = model.config, training_block(cfg, model.config)
-        check_divisibility(self.model_config, ctx, cfg.batch_size)
+        check_divisibility(self.model_config, ctx)
         model.to(self.device)
         model.gradient_checkpointing = cfg.activation_checkpointing
         # Counted before parallelize: afterwards a tensor-parallel rank holds a shard of the parameters.
@@ -115,7 +115,7 @@ class Trainer:
         self.val_tokens = load_split(cfg.dataset, "validation")
         self.sampler = WindowSampler(self.train_tokens, self.block, cfg.batch_size, seed=cfg.seed,
                                      dp_rank=ctx.dp_rank, dp_size=ctx.dp_size)
-        self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, device_type=self.device.type)
+        self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
         self.max_lr = scaled_lr(cfg.lr, self.sampler.global_batch, cfg.reference_batch or cfg.batch_size,
                                 cfg.scale_lr)
         self.checkpointer.register(self.par, self.model_config, self.optimizer, self.sampler)
@@ -132,9 +132,9 @@ class Trainer:
         self.flops_per_token = flops_per_token(self.model_config, self.n_params, self.block)
         self.metrics = (MetricsLog(self.out_dir, cfg.tensorboard, self.start_step if resuming else None, cfg.curves)
                         if ctx.is_writer else NullLog())
-        self.announce(model)
+        self.announce()
 
-    def announce(self, model: GPT) -> None:
+    def announce(self) -> None:
         cfg, ctx = self.cfg, self.ctx
         self.say(f"model {cfg.init_from or cfg.model}: {self.n_params:,} parameters "
                  f"({self.n_params_padded:,} with the vocabulary padded to {self.model_config.padded_vocab_size}); "

@@ -9,14 +9,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from bench.experiment import Workspace
 from bench.experiments import EXPERIMENTS, find
 from bench.record import RESULTS_DIR
-from runtime.cli import add_dataclass_args, dataclass_from_args
-from runtime.errors import UserError
+from runtime.cli import add_dataclass_args, dataclass_from_args, entry_point
 
 
 def parser() -> argparse.ArgumentParser:
@@ -34,14 +32,12 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+@entry_point
 def main(argv=None):
     args = parser().parse_args(argv)
-    try:
-        experiment = find(args.experiment)
-        settings = dataclass_from_args(experiment.settings, args)
-        return experiment.run(settings, Workspace(args.results_dir, args.work_dir))
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    experiment = find(args.experiment)
+    settings = dataclass_from_args(experiment.settings, args)
+    return experiment.run(settings, Workspace(args.results_dir, args.work_dir))
 
 
 if __name__ == "__main__":

@@ -47,8 +47,6 @@ class Settings(ParallelSettings):
 
     def __post_init__(self):
         super().__post_init__()  # checks the bounds of these fields too
-        if not self.world_sizes:
-            raise SettingsError("--world-sizes needs at least one value")
         if not self.modes:
             raise SettingsError("--modes needs at least one mode")
 

@@ -54,8 +54,6 @@ class Settings:
                                    "cores)", min=1)
 
     def __post_init__(self):
-        if not self.sizes_gb:
-            raise SettingsError("--sizes-gb needs at least one value")
         check_options(self, SettingsError)
         if any(r == 1 or r < 0 for r in self.ranks):
             raise SettingsError(f"--ranks takes process counts of 2 or more (or 0 for none), got {self.ranks}")

@@ -46,7 +46,7 @@ import torch
 
 from bench.colocated import busy_cores
 from bench.decode_sides import Sides, SideSpec
-from bench.experiment import Experiment, SettingsError, at_least
+from bench.experiment import Experiment, SettingsError
 from bench.record import plt
 from bench.report_page import Page, spread
 from data.corpus import builtin_documents
@@ -55,7 +55,7 @@ from model.config import PRESETS, preset
 from model.decode_steps import DECODE_MODES, fastest_decode
 from model.gpt import GPT
 from model.int8 import HEAD_FORMATS
-from runtime.cli import option
+from runtime.cli import check_options, option
 from runtime.device import choose_device
 from runtime.progress import ProgressBar
 from runtime.provenance import provenance
@@ -67,12 +67,13 @@ from storage.export import export_hf_gpt2
 @dataclass
 class Settings:
     model: str = option("gpt2", "model preset (random weights)", choices=tuple(PRESETS))
-    prompt_tokens: int = option(32, "prompt length (English text: the built-in corpus's validation split)")
-    new_tokens: int = option(128, "tokens generated per row")
-    batch_sizes: list[int] = option([1, 4, 12], "rows generated together")
+    prompt_tokens: int = option(32, "prompt length (English text: the built-in corpus's validation split)", min=1)
+    # the decode-only rate is that of the tokens after the first
+    new_tokens: int = option(128, "tokens generated per row", min=2)
+    batch_sizes: list[int] = option([1, 4, 12], "rows generated together", min=1)
     busy_cores: list[int] = option([0, 1], "cores kept busy by another process while the sides run (a Python "
-                                           "loop each, bench/colocated.py): 0 is a quiet machine")
-    repeats: int = option(5, "timed repeats of each side (interleaved)")
+                                           "loop each, bench/colocated.py): 0 is a quiet machine", min=0)
+    repeats: int = option(5, "timed repeats of each side (interleaved)", min=1)
     onnx: bool = option(True, "time ONNX Runtime beside ours when onnxruntime is installed (its export takes "
                               "about a minute for GPT-2 124M)")
     llama_cpp: bool = option(True, "time llama.cpp F32 and Q8_0 beside ours when llama-cpp-python and gguf are "
@@ -86,9 +87,7 @@ class Settings:
     device: str = option("auto", "auto, cpu, cuda, ...")
 
     def __post_init__(self):
-        at_least(self, 1, "prompt_tokens", "repeats", "batch_sizes")
-        at_least(self, 0, "busy_cores")
-        at_least(self, 2, "new_tokens")  # the decode-only rate is that of the tokens after the first
+        check_options(self, SettingsError)
 
 
 @dataclass

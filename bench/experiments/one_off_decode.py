@@ -21,12 +21,12 @@ from pathlib import Path
 
 import torch
 
-from bench.experiment import Experiment, ExperimentError, SettingsError, at_least
+from bench.experiment import Experiment, ExperimentError, SettingsError
 from bench.record import plt
 from bench.report_page import Page, num, spread
 from bench.runner import ROOT
 from model.config import PRESETS
-from runtime.cli import non_default_flags, option
+from runtime.cli import check_options, non_default_flags, option
 from runtime.timing import Environment, Spread, environment, paired_ratio
 
 PATHS = ("auto", "dynamic")
@@ -62,14 +62,14 @@ print(json.dumps({"call_s": call_s, "first_token_s": first[0], "tokens": out[0].
 @dataclass
 class Settings:
     models: list[str] = option(["tiny", "gpt2"], "model presets (random weights)", choices=tuple(PRESETS))
-    new_tokens: list[int] = option([32, 200], "tokens per call")
+    new_tokens: list[int] = option([32, 200], "tokens per call", min=1)
     prompt_tokens: int = option(16, "prompt length", min=1)
     rounds: int = option(5, "fresh processes per path, model and length", min=1)
     threads: int | None = option(None, "torch threads in each process (default: torch's own); on a machine "
                                        "others load, 1 keeps a step from waiting on a descheduled thread", min=1)
 
     def __post_init__(self):
-        at_least(self, 1, "new_tokens")
+        check_options(self, SettingsError)
         if not self.models:
             raise SettingsError("--models needs at least one preset")
 

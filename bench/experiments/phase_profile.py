@@ -24,7 +24,7 @@ from bench.report_page import Page, num
 from data.loader import WindowSampler, eval_batches
 from data.shards import load_split
 from model.config import PRESETS, preset
-from model.evaluate import evaluate_loss
+from training.evaluate import evaluate_loss
 from model.gpt import GPT
 from runtime.cli import check_options, option
 from runtime.device import choose_device, precision_policy

@@ -51,8 +51,6 @@ class Settings:
     seed: int = option(0, "seed of the random weights")
 
     def __post_init__(self):
-        if not self.csr_sparsities:
-            raise SettingsError("--csr-sparsities needs at least one value")
         check_options(self, SettingsError)
 
 

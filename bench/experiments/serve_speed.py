@@ -33,13 +33,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from bench.experiment import Experiment, SettingsError, at_least
+from bench.experiment import Experiment, SettingsError
 from bench.loadtest import (PROMPTS, LevelResult, checked, completion_body, exact_request_body, level_name,
                            run_level)
 from bench.record import plt
@@ -51,7 +51,7 @@ from model.gpt import GPT
 from model.int8 import quantize_model
 from model.packed_linear import pack_for_inference
 from model.sampling import SamplingParams
-from runtime.cli import option
+from runtime.cli import check_options, option
 from runtime.device import choose_device
 from runtime.provenance import provenance
 from runtime.timing import Environment, Spread, environment, paired_ratio, time_interleaved
@@ -66,10 +66,10 @@ REQUEST_TIMEOUT_S = 600.0
 @dataclass
 class Settings:
     model: str = option("gpt2", "model preset (random weights)", choices=tuple(PRESETS))
-    new_tokens: int = option(128, "tokens generated per request")
-    clients: list[int] = field(default_factory=lambda: [12], metadata={
-        "help": "concurrency levels measured beside one client: that many requests sent at once"})
-    repeats: int = option(3, "timed rounds (after one untimed warm-up round)")
+    new_tokens: int = option(128, "tokens generated per request", min=1)
+    clients: list[int] = option([12], "concurrency levels measured beside one client: that many requests sent at "
+                                      "once", min=2)
+    repeats: int = option(3, "timed rounds (after one untimed warm-up round)", min=1)
     device: str = option("auto", "auto, cpu, cuda, ... (the server's too)")
     decode: list[str] = option(["traced", "dynamic"], "ways of running decode steps, each in generate() and in a "
                                                    "server of its own; the first is compared with the others",
@@ -78,12 +78,10 @@ class Settings:
                           choices=("fp32", "int8"))
     llama_server: str | None = option(None, "llama.cpp's llama-server binary: compare the server with it on the "
                                             "same weights as GGUF (F32, or Q8_0 with --weights int8)")
-    peer_clients: list[int] = option([1, 4, 12], "concurrency levels of the llama-server comparison")
+    peer_clients: list[int] = option([1, 4, 12], "concurrency levels of the llama-server comparison", min=1)
 
     def __post_init__(self):
-        at_least(self, 1, "new_tokens", "repeats")
-        at_least(self, 2, "clients")
-        at_least(self, 1, "peer_clients")
+        check_options(self, SettingsError)
         if self.llama_server is not None and not Path(self.llama_server).is_file():
             raise SettingsError(f"--llama-server {self.llama_server} is not a file; build llama.cpp's llama-server "
                                 f"(bench/llama_cpp_peer.py says how) and give its path")

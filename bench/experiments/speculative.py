@@ -45,7 +45,7 @@ from model.sampling import SamplingParams
 from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats
 from prune.config import PruneConfig
 from quantize.dynamic import QuantizeConfig
-from runtime.cli import check_options, flag, non_default_flags, option
+from runtime.cli import check_options, non_default_flags, option
 from runtime.progress import ProgressBar
 from runtime.timing import Environment, Spread, environment, paired_ratio, timed_call
 from storage.artifact import load_model
@@ -68,7 +68,8 @@ class Settings:
     train_batch_size: int = option(4, "their training batch", min=1)
     train_block_size: int = option(256, "their training context", min=1)
     prune_targets: list[float] = option([0.5, 0.75], "row-pruning targets of the pruned drafts: the share of each "
-                                                     "layer's heads and MLP units removed", above=0, below=1)
+                                                     "layer's heads and MLP units removed", above=0, below=1,
+                                     may_be_empty=True)
     prune_rounds: int = option(2, "prune/iterative.py rounds per pruned draft", min=1)
     prune_finetune_steps: int = option(100, "fine-tuning steps after each pruning round", min=0)
     draft_tokens: list[int] = option([2, 4, 6, 8], "draft tokens per step (K) to time", min=1)
@@ -80,14 +81,12 @@ class Settings:
                                              "acceptance of sampled tokens (0: greedy only)", min=0)
     server_clients: list[int] = option([1, 4], "concurrency levels at which `python -m serve --draft` (with the "
                                                "draft that paid best for one greedy row, at the default K) is timed "
-                                               "against the server alone (none: no servers)", min=1)
+                                               "against the server alone (none: no servers)", min=1,
+                                     may_be_empty=True)
     threads: int | None = option(None, "CPU threads for torch (default: torch's choice)", min=1)
 
     def __post_init__(self):
         check_options(self, SettingsError)
-        for name in ("draft_tokens", "batch_sizes"):
-            if not getattr(self, name):
-                raise SettingsError(f"{flag(name)} needs at least one value")
         if self.prompt_tokens + self.new_tokens > self.train_block_size:
             raise SettingsError(f"--prompt-tokens + --new-tokens ({self.prompt_tokens + self.new_tokens}) exceed "
                                 f"the models' context (--train-block-size {self.train_block_size})")

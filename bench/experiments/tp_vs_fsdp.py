@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.experiment import Experiment, SettingsError
+from bench.experiment import Experiment
 from bench.parallel_runs import ParallelRow, ParallelSettings, run_parallel
 from bench.record import plt
 from bench.report_page import Page, mib, num, spread
@@ -32,8 +32,6 @@ class Settings(ParallelSettings):
 
     def __post_init__(self):
         super().__post_init__()  # checks the bounds of these fields too
-        if not self.global_batches:
-            raise SettingsError("--global-batches needs at least one value")
 
 
 @dataclass

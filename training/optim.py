@@ -6,8 +6,8 @@ import math
 import torch
 
 
-def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, betas=(0.9, 0.95),
-                    device_type: str = "cpu") -> torch.optim.AdamW:
+def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float,
+                    betas=(0.9, 0.95)) -> torch.optim.AdamW:
     """Matrices (linear weights, embeddings) decay; biases and LayerNorm gains do not."""
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     decay = [p for p in params.values() if p.dim() >= 2]
