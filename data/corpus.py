@@ -85,8 +85,8 @@ def _docstrings(source: str) -> list[str]:
 
 def builtin_documents(split: str, progress: Progress = lambda n: None) -> Iterator[str]:
     """Python standard library documentation: every docstring of the stdlib sources (read with
-    `ast`, nothing imported), one document per module, plus pydoc's topic pages.  About 2.7 MB of
-    English text.  Modules are assigned to splits by a stable hash of their path (90/5/5).
+    `ast`, nothing imported), one document per module, plus pydoc's topic pages: English text, offline and
+    always there.  Modules are assigned to splits by a stable hash of their path (90/5/5).
     `progress` gets the characters of each document yielded (the sources' other bytes are not text)."""
     root = _stdlib_root()
     # site-packages is not walked (an interpreter's own packages can hold several times the stdlib's files);

@@ -1,7 +1,7 @@
 """Text to documents, in bounded memory: blocks of a text file, lines of a table, cut into documents.
 
 A document ends at a WikiText article heading (a line such as " = Valkyria Chronicles III = "), at the end of
-a file, or, in text without headings, at a paragraph boundary once it reaches a bound: so a heading-less 5 GB
+a file, or, in text without headings, at a paragraph boundary once it reaches a bound: so a large heading-less
 file becomes many documents instead of one string, and no more than a few blocks of text are ever held.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Iterator
 from runtime.errors import UserError
 
 # An article starts at a top-level heading line such as " = Valkyria Chronicles III = ".  Matched with the
-# newline before it, a literal prefix that re finds several times faster than a line start.
+# newline before it, a literal prefix that re finds faster than a line start.
 ARTICLE_HEADING = re.compile(r"\n( = [^=\n][^\n]* = )(?=\n)")
 NON_BLANK = re.compile(r"\S")
 BLOCK_CHARS = 4 << 20  # characters read from a file at a time
@@ -28,8 +28,9 @@ class DatasetError(UserError, ValueError):
 
 
 def document_bound(total_bytes: int) -> int:
-    """The length at which heading-less text is cut: 1 Mi characters, less for a corpus under 4 GB so that even
-    a small one yields some 4,000 documents to carve validation and test documents from."""
+    """The length at which heading-less text is cut: MAX_DOCUMENT_CHARS, less for a corpus too small to make
+    some 4,000 documents of that length, so that even a small one yields enough to carve validation and test
+    documents from."""
     return max(MIN_DOCUMENT_CHARS, min(MAX_DOCUMENT_CHARS, total_bytes // 4000))
 
 

@@ -1,6 +1,6 @@
 """Reach the Hugging Face hub once, or not at all: offline, the `datasets` library reads its cache at once.
 
-Without HF_HUB_OFFLINE, an unreachable hub costs every request about 25 s of retries inside the hub client
+Without HF_HUB_OFFLINE, an unreachable hub costs every request its seconds of retries inside the hub client
 (no argument of `load_dataset` shortens them), and a wikitext split makes several.  So the hub is asked once,
 with a short timeout, and when it does not answer (or HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is set) the load
 runs in the libraries' offline mode: cached copies still load, and a missing one fails immediately.

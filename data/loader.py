@@ -37,8 +37,8 @@ class WindowSampler:
 
     def _epoch_order(self, epoch: int) -> tuple[int, np.ndarray]:
         """The epoch's first window offset and its windows' indices in visiting order.  Indices, not start
-        positions, in 4 bytes each: the order is the one array that grows with the corpus (a 5 GB one has some
-        17 million windows of 65 tokens).  Shuffling an index range draws the permutation `rng.permutation`
+        positions, in 4 bytes each: the order is the one array that grows with the corpus (one index per window,
+        millions of them in a corpus of gigabytes).  Shuffling an index range draws the permutation `rng.permutation`
         would, so the order is the same whatever the index type."""
         rng = np.random.default_rng([self.seed, epoch])
         span = self.block_size + 1

@@ -153,7 +153,7 @@ def encode_documents(docs: list[str]) -> np.ndarray:
 
     One call encodes them all, joined by the end-of-text marker: tiktoken encodes the text between special
     tokens exactly as it encodes each part alone, and one call hands the GIL back once instead of once per
-    document (per-document calls waited on the reading thread and ran at half the speed).  A document that
+    document (per-document calls waited on the reading thread and ran slower).  A document that
     holds the marker's text itself is encoded as ordinary text, on its own."""
     encoder = get_tokenizer()
     if any(EOT_TEXT in doc for doc in docs):

@@ -30,8 +30,8 @@ TRACE_REPAID_AFTER = 128
 def fastest_decode(model: torch.nn.Module, device: torch.device, speculative: bool = False) -> str:
     """What `auto` runs for `model` on `device`.  CPU: the traced steps, whose graph multiplies through
     oneDNN-packed weights, the fastest path measured there (`python -m bench.experiments generate_speed`).  CUDA:
-    one captured graph per step, which a probe on an H100 ran at 3.7x eager steps at batch 1
-    (shared/device/README.md); speculative passes (whose row counts and widths change from step to step, each
+    one captured graph per step (the same experiment times it against eager steps on a CUDA machine, into
+    bench/results/gpu/); speculative passes (whose row counts and widths change from step to step, each
     needing a capture of its own) run eagerly there, as no GPU has measured them captured.  Eager steps elsewhere,
     in a process group of several ranks (a sharded model's collectives can be neither traced nor captured), and
     for a model with a layer that says the tracer cannot record it (`traceable = False`, as prune/csr.py's sparse

@@ -1,7 +1,8 @@
 """Decode steps run as one traced TorchScript graph: the CPU's counterpart of model/decode_graph.py.
 
 At batch 1 on the CPU a GPT-2 124M decode step is ~150 small operators, and in eager PyTorch the Python between
-them (module calls, argument checks, dispatch) is a large share of an int8 step, whose products read only 125 MB.
+them (module calls, argument checks, dispatch) is a large share of an int8 step, whose products read a quarter of
+the fp32 step's weight bytes.
 Traced once, the step runs in TorchScript's interpreter with no Python in between (bench/results/generate_speed.json
 measures it against the eager steps, ONNX Runtime and llama.cpp). generate(decode="traced") and the server
 (serve/engine.py) decode through it, and speculative decoding (model/speculative.py) runs the target's check of a
@@ -18,7 +19,7 @@ place since (a loaded state dict, an optimizer step) are traced anew. tests/test
 against the eager steps.
 
 Why TorchScript's tracer although torch 2.13 marks it deprecated: torch.compile (Inductor on the CPU) ran the
-fp32 step at half the eager speed (its matmuls are not the oneDNN-packed ones), and cannot trace fbgemm's
+fp32 step slower than the eager steps (its matmuls are not the oneDNN-packed ones), and cannot trace fbgemm's
 packed int8 weights (TorchScript objects) at all; torch is pinned.
 """
 from __future__ import annotations
@@ -142,7 +143,7 @@ class TracedSteps:
     """The traced decode steps of `model` as its weights are now, made on first use for each row count, token
     count (and mask or none), at most `kept` of them (the oldest goes first), and kept with the model for later
     instances while its weights stay the same. Weights changed after an instance is made are not seen by it:
-    checking walks every parameter (0.2 ms for GPT-2 124M), which is done once, not at every step."""
+    checking walks every parameter, which is done once, not at every step."""
 
     def __init__(self, model: GPT, kept: int = KEPT_TRACES):
         self.kept = kept

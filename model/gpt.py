@@ -20,8 +20,8 @@ from model.kv_cache import AttentionInputs, CacheWrites, ContextOverflow, KVCach
 class Linear(nn.Linear):
     """nn.Linear that computes a product of only a few rows (a decoding step) as (W @ x^T)^T on the CPU.
 
-    Same weights, same result up to float rounding; MKL runs that layout of the product about 2x
-    faster for 12 rows of GPT-2 widths (see bench/experiments/generate_speed.py), and no slower for one row.
+    Same weights, same result up to float rounding; MKL runs that layout of the product faster for a
+    dozen rows of GPT-2 widths (see bench/experiments/generate_speed.py), and no slower for one row.
     """
     FEW_ROWS = 16
 

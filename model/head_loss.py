@@ -2,7 +2,7 @@
 
 The plain path keeps three (tokens x vocabulary) tensors alive at once: the logits, log-softmax's output
 (saved for backward) and, in backward, the gradients of both.  At GPT-2's vocabulary a batch of 8 x 256
-tokens makes each of them 412 MB.  Here the forward pass computes the logits, then turns them in place,
+tokens makes each of them 8 x 256 x 50,304 floats.  Here the forward pass computes the logits, then turns them in place,
 a chunk of rows at a time, into the gradient of the loss with respect to them (softmax minus one-hot):
 that one tensor is all backward needs, so the peak is one logits-sized tensor and backward skips the
 softmax entirely.  The padded vocabulary columns are -inf: no probability, no gradient, the same loss as

@@ -111,7 +111,7 @@ class Int8Embedding(nn.Module):
 class Fp16WeightLinear(nn.Module):
     """The tied output head computed from a half-precision copy of its weight (fbgemm's fp16 GEMM).
 
-    Still floating point (an 11-bit mantissa, ~16x finer than per-row int8), but the matmul reads half
+    Still floating point (an 11-bit significand, finer than per-row int8's 256 levels), but the matmul reads half
     the bytes, which is what a batch-1 decoding step over a 50k-row head is limited by.  The fp32
     weight stays the stored, tied parameter; the fp16 copy is derived at load time.
     """

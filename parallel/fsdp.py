@@ -1,6 +1,6 @@
 """FSDP2 (torch's `fully_shard`) per transformer block and at the root, with its collectives counted.
 
-Its own module because importing torch's FSDP and DTensor packages costs about 0.7 s, which every
+Its own module because importing torch's FSDP and DTensor packages is slow, a cost which every
 process that trains without FSDP (one device, DDP, TP, and every tool that only loads a model) is spared:
 the FSDP strategy imports this module when it wraps a model.  The collectives are counted through the
 custom all-gather / reduce-scatter hooks FSDP2 provides, which call its default implementation after

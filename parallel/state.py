@@ -14,7 +14,7 @@ OPTIMIZER_FORMAT = "full-by-name"
 
 
 def is_dtensor(t) -> bool:
-    """Whether `t` is a DTensor, without importing torch.distributed.tensor (0.6 s) into the processes that
+    """Whether `t` is a DTensor, without importing torch.distributed.tensor (slow to import) into the processes that
     never shard anything: until FSDP or torch's TP has imported it, no tensor can be one."""
     module = sys.modules.get("torch.distributed.tensor")
     return module is not None and isinstance(t, module.DTensor)

@@ -163,7 +163,7 @@ class FullyShardedDataParallel(DataParallelStrategy):
     shards_parameters = True
 
     def wrap(self, module, param_dtype, cpu_offload):
-        from parallel.fsdp import apply_fsdp  # imported by the one strategy that needs it (0.7 s)
+        from parallel.fsdp import apply_fsdp  # imported by the one strategy that needs it (slow)
         self.wrapped = apply_fsdp(module, self.model.transformer.h, self.ctx.mesh["dp"], self.meter, param_dtype,
                                   cpu_offload)
         return self.wrapped, self.wrapped

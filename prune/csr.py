@@ -1,7 +1,7 @@
 """An inference copy of a masked model whose block linear layers hold their weights in sparse CSR format.
 
 Used only to measure whether unstructured sparsity buys real speed on this device:
-a dense matmul over a weight that is 80% zeros costs exactly as much as over a dense one.
+a dense matmul over a weight that is mostly zeros costs exactly as much as over a dense one.
 """
 from __future__ import annotations
 

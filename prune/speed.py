@@ -18,6 +18,8 @@ from prune.csr import csr_copy
 from runtime.timing import time_interleaved
 
 GENERATION_PROMPT_TOKENS = 16
+# The smallest noise floor a speed-up must clear, however closely the two dense copies agreed in round 0.
+MIN_NOISE_FLOOR = 0.05
 
 
 @dataclass(frozen=True)
@@ -88,12 +90,12 @@ def sparse_format_verdict(rows: list[dict], device: torch.device) -> dict | None
     """Whether storing the zeros in CSR made the final model faster than dense here (measured, not assumed).
 
     A speedup counts only beyond the noise floor: round 0 times two copies of the dense model, and
-    however far their ratio strays from 1 (at least 5%) is what chance alone can produce.
+    however far their ratio strays from 1 (at least MIN_NOISE_FLOOR) is what chance alone can produce.
     """
     last = rows[-1].get("csr")
     if last is None:
         return None
-    noise = max(0.05, abs(rows[0]["forward_speedup"] - 1), abs(rows[0]["generation_speedup"] - 1))
+    noise = max(MIN_NOISE_FLOOR, abs(rows[0]["forward_speedup"] - 1), abs(rows[0]["generation_speedup"] - 1))
     forward, generation = last["forward_speedup"], last["generation_speedup"]
     faster = forward > 1 + noise or generation > 1 + noise
     verdict = "a real speedup" if faster else f"no real speedup (noise floor in this run: +-{noise:.0%})"

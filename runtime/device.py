@@ -47,7 +47,9 @@ class Precision:
 
 
 def precision_policy(device: torch.device, requested: str = "auto") -> Precision:
-    """fp32 on CPU (bf16 matmuls there measured ~400x slower); bf16 autocast on CUDA when supported, else fp16."""
+    """fp32 on CPU, where bf16 autocast gains little and, on CPUs without bf16 units, costs much (`python -m
+    bench.experiments precision_memory`, bench/results/precision_memory.json: each row's time_vs_fp32); bf16
+    autocast on CUDA when supported, else fp16."""
     if requested == "auto":
         if device.type != "cuda":
             requested = "fp32"

@@ -106,7 +106,7 @@ def off_the_main_thread(fn: Callable[[], T]) -> T:
 
     The server's torch work then runs on the engine's thread alone.  OpenMP gives every thread that runs
     parallel work a pool of workers of its own, and a pool left on the main thread by loading the model
-    competes with the engine's for the same cores (on a 2-core CPU it slowed decoding by a quarter); a pool that
+    competes with the engine's for the same cores (on a 2-core CPU it slowed decoding); a pool that
     ends with its thread costs nothing."""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="serve-load") as pool:
         return pool.submit(fn).result()

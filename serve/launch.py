@@ -57,8 +57,8 @@ class ServerProcess:
 
     def wait_until_healthy(self, timeout_s: float) -> dict:
         deadline = time.monotonic() + timeout_s
-        # One client for every try: httpx.get builds a client, and with it an SSL context (about 80 ms of CPU
-        # loading the CA bundle), on each call, taken from the starting server on a small machine.
+        # One client for every try: httpx.get builds a client, and with it an SSL context (CPU time spent loading
+        # the CA bundle), on each call, taken from the starting server on a small machine.
         with httpx.Client(timeout=2, verify=False) as client:
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:

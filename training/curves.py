@@ -45,7 +45,7 @@ def run_labels(runs: list[Path]) -> list[str]:
 def plot_runs(runs: list[Path], out: Path, labels: list[str] | None = None) -> Path:
     """Train and validation loss against tokens seen, learning rate and tokens/s: one panel each, one
     colour per run.  Written atomically (a reader never sees half a PNG)."""
-    # Imported here, not at the top: a run with --no-curves never pays matplotlib's 0.4 s import.
+    # Imported here, not at the top: a run with --no-curves never pays for importing matplotlib.
     import matplotlib
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt

@@ -12,7 +12,7 @@ GPU_SIZED_S = 12 * 3600
 
 
 def duration(seconds: float) -> str:
-    """40 ms, 2.5 s, 45 s, 12 min, 6 h 10 min, 9 days 4 h: a fast step is not "0 s"."""
+    """`40 ms`, `2.5 s`, `45 s`, `12 min`, `6 h 10 min`, `9 days 4 h`: a fast step is not `0 s`."""
     if seconds < 1:
         return f"{seconds * 1000:.0f} ms"
     if seconds < 10:

@@ -1,10 +1,10 @@
 """Stopping when a scheduler (or Ctrl-C) asks: within one micro-batch, saving the last whole step, with an exit
 status that says why.
 
-Schedulers end a job with SIGTERM and, after a grace period (often 30-60 s), SIGKILL (Slurm can also send SIGUSR1
-ahead of time, `--signal=USR1@90`); torchrun passes a SIGTERM or SIGINT it receives on to its workers and kills them
-30 s later.  A step of many micro-batches can take minutes, so the handler only notes the signal (and rank 0 says at
-once what will happen), and the ranks agree on it after every micro-batch: one all-reduce of a flag, since the
+Schedulers end a job with SIGTERM and, after a grace period, SIGKILL (Slurm can also send SIGUSR1 ahead of time,
+`--signal=USR1@90`); torchrun passes a SIGTERM or SIGINT it receives on to its workers and kills them after a grace
+period of its own.  A step of many micro-batches can take minutes, so the handler only notes the signal (and rank 0
+says at once what will happen), and the ranks agree on it after every micro-batch: one all-reduce of a flag, since the
 signal can reach them at different times (on a CPU group: no GPU synchronisation); a validation checks before each
 batch and is abandoned.  The step under way is dropped (unless its last micro-batch has begun: it then finishes):
 its partial gradients are discarded and the data position and RNG go back to its start, so the saved step is
