@@ -7,8 +7,8 @@ quantized per tensor on the fly and the product is accumulated in int32.  That e
 kernels, so on any other device the same module runs weight-only: int8 weights are dequantized per
 matmul (memory saved, float arithmetic), with a warning saying so.
 
-The tied embedding / output head is fp32 by default, or fp16 (a half-precision copy used only for
-the head matmul, derived at load time) or int8 (embedding rows and head share one int8 matrix).
+The tied embedding / output head is int8 (embedding rows and head share one int8 matrix; quantize/dynamic.py's
+default), fp16 (a half-precision copy used only for the head matmul, derived at load time) or fp32 (unchanged).
 """
 from __future__ import annotations
 
@@ -139,12 +139,6 @@ def replace_module(model: nn.Module, name: str, module: nn.Module) -> None:
 
 
 HEAD_FORMATS = ("fp32", "fp16", "int8")
-
-
-def default_head_format() -> str:
-    """fp16 where fbgemm's fp16 GEMM exists (x86): still floating point, and the head matmul that
-    dominates batch-1 decoding reads half the bytes; fp32 elsewhere."""
-    return "fp16" if "fbgemm" in torch.backends.quantized.supported_engines else "fp32"
 
 
 def quantize_model(model: GPT, head: str = "fp32") -> dict:

@@ -2,13 +2,15 @@
 
     python quantize/dynamic.py                                  # the most-trained checkpoint under out/
     python quantize/dynamic.py --checkpoint out/train --out-dir out/int8 --dataset wikitext-103
-    python quantize/dynamic.py --head int8                      # the tied embedding / output head too
+    python quantize/dynamic.py --head fp16                      # keep the tied embedding / output head float
 
 The linear layers of the transformer blocks get int8 weights (symmetric, per output channel) and
-activations quantized per tensor at run time.  The tied embedding / output head stays floating
-point by default: `--head auto` picks fp16 on x86 (the head matmul runs from a half-precision copy
-through fbgemm's fp16 GEMM; at batch 1 that matmul is memory-bound and dominates once the blocks are
-int8) and fp32 elsewhere; `--head fp32` keeps it unchanged, and `--head int8` quantizes it too.  The output folder is an ordinary artifact (config.json with "artifact": "int8" and
+activations quantized per tensor at run time.  The tied embedding / output head is quantized too by
+default (`--head int8`: one shared int8 matrix), as ONNX Runtime's GPT-2 converter and llama.cpp's Q8_0 do:
+at batch 1 the head matmul is memory-bound and dominates once the blocks are int8, and int8 reads the fewest
+bytes (`python -m bench.experiments generate_speed` times this default against both peers).  `--head fp16`
+keeps it floating point and runs the head matmul from a half-precision copy (fbgemm's fp16 GEMM, x86 only);
+`--head fp32` keeps it unchanged.  The report measures what the chosen head costs in validation loss.  The output folder is an ordinary artifact (config.json with "artifact": "int8" and
 the list of quantized layers, model.safetensors with int8 weights and float32 scales) plus
 quant_report.json; `sample.py --checkpoint OUT` and `serve/` load it.
 
@@ -36,7 +38,7 @@ import torch
 from data.corpus import dataset_help
 from data.loader import eval_batches
 from data.shards import load_split
-from model.int8 import HEAD_FORMATS, default_head_format, quantize_model
+from model.int8 import HEAD_FORMATS, quantize_model
 from model.packed_linear import pack_for_inference
 from quantize.measure import generation_speed, greedy_agreement, paired_validation, prompts_from
 from runtime.cli import check_options, entry_point, non_default_flags, option, parse_config
@@ -67,10 +69,10 @@ class QuantizeConfig:
                                     "files are removed first)")
     dataset: str | None = option(None, f"validation text for the report: {dataset_help()} (default: the "
                                           f"checkpoint's training dataset, else {DEFAULT_DATASET})")
-    head: str = option("auto", "format of the tied embedding / output head: auto (fp16 on x86, where fbgemm has an "
-                               "fp16 GEMM, else fp32), fp32 (unchanged), fp16 (half-precision weight copy for the "
-                               "head matmul; floating point, faster), int8 (head and embedding quantized too: "
-                               "smallest and fastest, least accurate)", choices=("auto", *HEAD_FORMATS))
+    head: str = option("int8", "format of the tied embedding / output head: int8 (head and embedding quantized "
+                               "too, as ONNX Runtime's converter and llama.cpp's Q8_0 do: smallest and fastest), "
+                               "fp16 (half-precision weight copy for the head matmul; floating point; x86 only), "
+                               "fp32 (unchanged)", choices=HEAD_FORMATS)
     threads: int | None = option(None, "CPU threads for the measurements (default: torch's choice); both models "
                                        "get the same", min=1)
     eval_batches: int = option(16, "validation batches (the same leading windows)", min=1)
@@ -140,9 +142,6 @@ def quantize(cfg: QuantizeConfig) -> dict:
                          f"the model's context of {context}")
     tokens = load_split(dataset, "validation")  # before writing anything: a bad --dataset fails early
     int8_model, _ = load_model(source, "cpu")
-    if cfg.head == "auto":
-        cfg.head = default_head_format()
-        print(f"head format: {cfg.head} (auto; pass --head to choose)", file=sys.stderr)
     quantization = quantize_model(int8_model, head=cfg.head)
     writers = int8_artifact_writers(int8_model, provenance("quantize/dynamic.py", source), quantization)
     # The weights replace an earlier run's in this folder together with a report that says they are not

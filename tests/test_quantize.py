@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import sample
 from model.generate import generate
 from model.gpt import GPT
-from model.int8 import (HEAD_FORMATS, Fp16WeightLinear, Int8Embedding, Int8Linear, default_head_format,
+from model.int8 import (HEAD_FORMATS, Fp16WeightLinear, Int8Embedding, Int8Linear,
                         quantize_model, quantize_per_channel)
 from model.sampling import SamplingParams
 from quantize import dynamic
@@ -224,7 +224,7 @@ def test_cli_writes_artifact_and_report_that_sample_loads(workspace, monkeypatch
     assert set(report["generation"]) >= {"batch_1", "batch_12"}
     assert report["generation"]["batch_12"]["int8_tokens_per_s"] > 0
     assert report["size_bytes"]["int8"] < report["size_bytes"]["float"]
-    assert report["quantization"]["head"] == default_head_format()  # auto: floating point either way
+    assert report["quantization"]["head"] == "int8"  # the default
     assert (report["dataset"], report["dataset_chosen"]) == (str(workspace / "corpus"), "from --dataset")
     printed = capsys.readouterr().out
     assert printed.startswith(f"validation on {workspace / 'corpus'}, validation split, windows of 64 tokens\n")

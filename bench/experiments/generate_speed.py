@@ -81,6 +81,8 @@ class Settings:
     int8_head: str = option("int8", "head format of our int8 model (quantize/dynamic.py --head): int8 matches "
                                     "llama.cpp's Q8_0, which quantizes the tied output matrix too",
                             choices=HEAD_FORMATS)
+    fp16_head_too: bool = option(False, "also time our int8 model with an fp16 head (quantize/dynamic.py --head "
+                                        "fp16) in the same rounds, to compare the head formats")
     transformers: bool = option(True, "time Hugging Face transformers beside ours when it is installed")
     decode: str = option("auto", "how our decode steps run (sample.py --decode; auto: its default)",
                          choices=DECODE_MODES)
@@ -153,7 +155,7 @@ TRANSFORMERS_SETUP = "GPT2LMHeadModel.generate(do_sample=False, use_cache=True),
 # The pairs compared at every batch size both sides ran: our side first.
 COMPARED = (("ours fp32", "ONNX Runtime fp32"), ("ours fp32", "llama.cpp F32"), ("ours int8", "ONNX Runtime int8"),
             ("ours int8", "llama.cpp Q8_0"), ("ours fp32", "transformers"), ("ours fp32", "ours fp32 eager"),
-            ("ours int8", "ours int8 eager"))
+            ("ours int8", "ours int8 eager"), ("ours int8", "ours int8 fp16 head"))
 
 
 def real_prompts(rows: int, length: int) -> torch.Tensor:
@@ -185,6 +187,8 @@ def side_specs(model: GPT, settings: Settings, device: torch.device, decode: str
     specs = [run("ours fp32", decode=decode)]
     if cpu:
         specs.append(run("ours int8", decode=decode, int8_head=settings.int8_head))
+        if settings.fp16_head_too:
+            specs.append(run("ours int8 fp16 head", decode=decode, int8_head="fp16"))
     if decode != "dynamic":
         specs.append(run("ours fp32 eager"))
         if cpu:
@@ -315,8 +319,8 @@ def peer_setups(versions: dict[str, str]) -> dict[str, str]:
 
 
 def plot(result: GenerateSpeed):
-    order = ["ours fp32", "ONNX Runtime fp32", "llama.cpp F32", "ours int8", "ONNX Runtime int8", "llama.cpp Q8_0",
-             "transformers"]
+    order = ["ours fp32", "ONNX Runtime fp32", "llama.cpp F32", "ours int8", "ours int8 fp16 head",
+             "ONNX Runtime int8", "llama.cpp Q8_0", "transformers"]
     names = [n for n in order if any(n in r.sides for r in result.results)]
     busy = sorted({r.busy_cores for r in result.results})
     batches = sorted({r.batch for r in result.results})
