@@ -118,8 +118,9 @@ async def health(request: Request) -> dict:
     checkpoint = state.checkpoint.name if state.api_key else str(state.checkpoint)
     return {"status": "ok", "model_loaded": True, "artifact": state.artifact_kind, "checkpoint": checkpoint,
             "model": state.model_id, "device": str(state.device), "context": state.block_size,
-            "max_batch_size": state.config.max_batch_size, "batch_size": state.engine.batch_size,
-            "queue_depth": state.engine.queue_depth}
+            "vocab_size": state.vocab_size, "max_batch_size": state.config.max_batch_size,
+            "batch_size": state.engine.batch_size, "queue_depth": state.engine.queue_depth,
+            "api_key_required": state.api_key is not None}
 
 
 async def prometheus_metrics(request: Request) -> PlainTextResponse:
