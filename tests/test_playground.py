@@ -3,7 +3,7 @@
 
 Without chromium or playwright the browser tests skip, and the run's summary says in one line what installs them
 (tests/conftest.py); the page's files are still checked, over HTTP.  PLAYGROUND_SCREENSHOT=PATH has the streaming
-test save a screenshot of the page there (the README's, bench/results/playground.png), and PLAYGROUND_CHECKPOINT
+test save a screenshot of the page there (the README's, bench/results/playground_page.png), and PLAYGROUND_CHECKPOINT
 serves that artifact instead of the random small model, so that the screenshot shows a trained model's tokens.
 """
 from __future__ import annotations
