@@ -23,6 +23,7 @@ from serve import routes_generate, routes_openai
 from serve.body_limit import BodySizeLimit
 from serve.config import CHECKPOINT_ENV, ServeConfig, api_key_from_environment
 from serve.docs import install_docs
+from serve.playground_page import install_playground
 from serve.engine import Engine
 from serve.errors import install_error_handlers
 from serve.metrics import ServerMetrics
@@ -92,8 +93,9 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     app.add_api_route("/metrics", prometheus_metrics, methods=["GET"], response_class=PlainTextResponse)
     install_error_handlers(app, {"/generate": GenerateRequest, "/v1/completions": CompletionRequest},
                            config.max_body_bytes)
+    page_paths = install_playground(app)
     docs_paths = install_docs(app)
-    known_paths = set(app.openapi()["paths"]) | docs_paths | {app.openapi_url}
+    known_paths = set(app.openapi()["paths"]) | docs_paths | page_paths | {app.openapi_url}
     app.add_middleware(BodySizeLimit, max_body_bytes=config.max_body_bytes)
     app.add_middleware(BodyReadDeadline, timeout_s=config.read_timeout_s)
     # Added last, so outermost: it logs and counts the 413s too.
@@ -118,8 +120,9 @@ async def health(request: Request) -> dict:
     checkpoint = state.checkpoint.name if state.api_key else str(state.checkpoint)
     return {"status": "ok", "model_loaded": True, "artifact": state.artifact_kind, "checkpoint": checkpoint,
             "model": state.model_id, "device": str(state.device), "context": state.block_size,
-            "max_batch_size": state.config.max_batch_size, "batch_size": state.engine.batch_size,
-            "queue_depth": state.engine.queue_depth}
+            "vocab_size": state.vocab_size, "max_batch_size": state.config.max_batch_size,
+            "batch_size": state.engine.batch_size, "queue_depth": state.engine.queue_depth,
+            "api_key_required": state.api_key is not None}
 
 
 async def prometheus_metrics(request: Request) -> PlainTextResponse:

@@ -19,6 +19,7 @@ REQUEST_FAILED = "generation failed for this request; the server log has the det
 class TokenEvent:
     token: int
     text: str  # newly releasable text; may be empty while a character or a stop string is incomplete
+    logprob: TokenLogprob | None = None  # the token's, when its request asked for log-probabilities
 
 
 @dataclass

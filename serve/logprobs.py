@@ -1,4 +1,5 @@
-"""OpenAI's completions `logprobs` from the engine's: each token's text and its character offset.
+"""OpenAI's completions `logprobs` from the engine's: each token's text and its character offset; and /generate's,
+each token with its alternatives.
 
 GPT-2's tokens are byte strings, and a character of several UTF-8 bytes (an emoji, most CJK) is
 often split across tokens.  As OpenAI reports such tokens, one that leaves a character unfinished
@@ -17,8 +18,9 @@ from __future__ import annotations
 import codecs
 
 from data.tokenizer import get_tokenizer
+from model.row_state import TokenLogprob
 from serve.events import DoneEvent
-from serve.schemas import CompletionLogprobs
+from serve.schemas import CompletionLogprobs, TokenAlternative, TokenLogprobs
 
 
 def completion_logprobs(result: DoneEvent, prompt_text: str, echo: bool) -> CompletionLogprobs:
@@ -40,6 +42,13 @@ def completion_logprobs(result: DoneEvent, prompt_text: str, echo: bool) -> Comp
             out.top_logprobs.append(top)
             out.text_offset.append(offset)
     return out
+
+
+def token_logprobs(entry: TokenLogprob, reader: TokenReader) -> TokenLogprobs:
+    """/generate's entry for a generated token that `reader` has not read yet (it reads it): labels as OpenAI's."""
+    top = [TokenAlternative(token=token, text=reader.label(token), logprob=logprob) for token, logprob in entry.top]
+    label, _, _ = reader.read(entry.token)
+    return TokenLogprobs(token=entry.token, text=label, logprob=entry.logprob, top_logprobs=top)
 
 
 class TokenReader:

@@ -102,6 +102,10 @@ class ServerMetrics:
                                           "Speculative steps, each one forward pass of the model over every row's "
                                           "proposals; generated tokens over decode_batch_size's sum per step is "
                                           "the mean tokens a row gains per pass.")
+        self.cancelled = Counter("serve_requests_cancelled_total",
+                                 "Generation requests stopped before they finished because their client closed the "
+                                 "connection (a disconnect, the playground's Stop) or the server shut down; their "
+                                 "batch rows were freed.")
         self.connections_closed = Counter("serve_connections_closed_total",
                                           "Connections the server closed: over_limit (refused on arrival) or "
                                           "read_timeout (a request's bytes came too slowly).")
@@ -109,5 +113,5 @@ class ServerMetrics:
     def render(self) -> str:
         parts = (self.requests, self.tokens, self.queue_time, self.first_token, self.total_time,
                  self.decode_batch, self.queue_depth, self.batch_size, self.speculative_proposed,
-                 self.speculative_accepted, self.speculative_passes, self.connections_closed)
+                 self.speculative_accepted, self.speculative_passes, self.cancelled, self.connections_closed)
         return "\n".join(line for metric in parts for line in metric.render()) + "\n"

@@ -2,7 +2,8 @@
 
 The stream is a `token` event per generated token ({"token": id, "text": new text}; the text
 of all token events joined is the final text), then one `done` event with the same body as
-the non-streaming reply, or an `error` event.
+the non-streaming reply, or an `error` event.  With `logprobs`, each token event also carries
+the token's log-probability and its alternatives, which the non-streaming reply lists in `logprobs`.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from model.sampling import SamplingParams
 from serve.events import DoneEvent, TokenEvent
 from serve.errors import APIError, error_body
 from serve.event_stream import EventStream
+from serve.logprobs import TokenReader, token_logprobs
 from serve.schemas import (GENERATE_EVENT, GenerateRequest, GenerateResponse, LatencyBody, SpeculativeBody,
                            error_responses, streamed_responses)
 from serve.state import require_api_key, server_state
@@ -27,14 +29,18 @@ def sse(event: str, data: dict) -> str:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n"
 
 
-def response_body(done: DoneEvent) -> GenerateResponse:
+def response_body(done: DoneEvent, with_logprobs: bool = True) -> GenerateResponse:
+    """The reply; `with_logprobs=False` leaves out the log-probabilities (a stream's token events carried them)."""
     stats = done.speculative
     speculative = None if stats is None else SpeculativeBody(
         draft_tokens_proposed=stats.proposed, draft_tokens_accepted=stats.accepted,
         acceptance_rate=stats.acceptance_rate, tokens_per_target_pass=stats.tokens_per_target_pass)
+    reader = TokenReader(0)
+    logprobs = [token_logprobs(entry, reader) for entry in done.logprobs] \
+        if with_logprobs and done.logprobs is not None else None
     return GenerateResponse(text=done.text, tokens=done.tokens, prompt_tokens=done.prompt_tokens,
                             finish_reason=done.finish_reason, latency=LatencyBody(**dataclasses.asdict(done.latency)),
-                            speculative=speculative)
+                            speculative=speculative, logprobs=logprobs)
 
 
 @router.post("/generate", response_model=GenerateResponse, dependencies=[Depends(require_api_key)],
@@ -47,7 +53,8 @@ async def generate(body: GenerateRequest, request: Request):
     state.check_top_k(body.top_k)
     params = SamplingParams(max_new_tokens=body.max_new_tokens, temperature=body.temperature, top_k=body.top_k,
                             top_p=body.top_p, seed=body.seed, stop_at_eot=not body.ignore_eos)
-    submission = Submission(state.engine, [(prompt_ids, params, body.stop_strings)], state.config.retry_after_s)
+    submission = Submission(state.engine, [(prompt_ids, params, body.stop_strings)], state.config.retry_after_s,
+                            body.logprobs)
     submission.submit()
     if not body.stream:
         [done] = await submission.results(request)
@@ -56,20 +63,25 @@ async def generate(body: GenerateRequest, request: Request):
 
 
 async def stream(submission: Submission):
+    reader = TokenReader(0)  # labels each token's alternatives as its text so far leaves them
     try:
         async for batch in submission.event_batches():
-            yield "".join(render(event) for _, event in batch)
+            yield "".join(render(event, reader) for _, event in batch)
     finally:
         # Runs when the client disconnects too (Starlette cancels the stream): the row is freed.
         submission.cancel()
 
 
-def render(event) -> str:
+def render(event, reader: TokenReader) -> str:
     if isinstance(event, TokenEvent):
-        return sse("token", {"token": event.token, "text": event.text})
+        data = {"token": event.token, "text": event.text}
+        if event.logprob is not None:
+            entry = token_logprobs(event.logprob, reader)
+            data |= {"logprob": entry.logprob, "top_logprobs": [a.model_dump() for a in entry.top_logprobs]}
+        return sse("token", data)
     if isinstance(event, DoneEvent):
         tail = sse("token", {"token": None, "text": event.tail}) if event.tail else ""
-        return tail + sse("done", response_body(event).model_dump())
+        return tail + sse("done", response_body(event, with_logprobs=False).model_dump())
     return error_event(error_for(event))
 
 

@@ -12,6 +12,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MAX_SEED = 2**63 - 1
+MAX_LOGPROBS = 5  # alternatives per position, as OpenAI's completions API allows
 MAX_STOP_STRINGS = 4
 StopString = Annotated[str, Field(min_length=1, max_length=100)]
 # The count bounds the list alone: a bound on the field would also bound a single string's length.
@@ -39,10 +40,25 @@ class GenerateRequest(StrictBody):
     stream: bool = False
     ignore_eos: bool = Field(False, description="keep generating past end-of-text: exactly max_new_tokens tokens "
                                                  "(for benchmarks, as vLLM's option of that name)")
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description=(
+        "each generated token's log-probability and this many most likely alternatives (the model's own "
+        "distribution, as /v1/completions reports them): on each token event when streaming, else in the reply's "
+        "logprobs"))
 
     @property
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class TokenAlternative(BaseModel):
+    token: int
+    text: str  # the token's own text; one that ends inside a character shows as its bytes, "bytes:\\xNN"
+    logprob: float  # under the model's distribution (temperature 1, no top-k/top-p)
+
+
+class TokenLogprobs(TokenAlternative):
+    """A generated token's log-probability and the most likely tokens at its position, best first."""
+    top_logprobs: list[TokenAlternative]
 
 
 class LatencyBody(BaseModel):
@@ -67,6 +83,9 @@ class GenerateResponse(BaseModel):
     finish_reason: str
     latency: LatencyBody
     speculative: SpeculativeBody | None = None
+    # With `logprobs`: one entry per generated token, end-of-text included (none in a stream's done event: its
+    # token events carried them).
+    logprobs: list[TokenLogprobs] | None = None
 
 
 # ---- POST /v1/completions (OpenAI) ----
@@ -84,8 +103,8 @@ class CompletionRequest(StrictBody):
     echo: bool = False
     frequency_penalty: float = Field(0.0, allow_inf_nan=False)
     logit_bias: dict[str, float] | None = None
-    logprobs: int | None = Field(None, ge=0, le=5, description="log-probabilities of the chosen tokens and of "
-                                                                 "this many alternatives per position")
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="log-probabilities of the chosen tokens "
+                                                                            "and of this many alternatives per position")
     max_tokens: int = Field(16, ge=0, description="0 only with echo: score the prompt, generate nothing")
     n: int = Field(1, ge=1)
     presence_penalty: float = Field(0.0, allow_inf_nan=False)
@@ -258,8 +277,12 @@ def json_text(schema: dict) -> dict:
     return {"type": "string", "contentMediaType": "application/json", "contentSchema": schema}
 
 
+# With `logprobs`, a generated token's event also holds its log-probability and alternatives (TokenLogprobs'); the
+# last event before `done` may carry text held back for a stop string, with token null.
 TOKEN_EVENT_DATA = {"type": "object", "required": ["token", "text"], "additionalProperties": False,
-                    "properties": {"token": {"type": ["integer", "null"]}, "text": {"type": "string"}}}
+                    "properties": {"token": {"type": ["integer", "null"]}, "text": {"type": "string"},
+                                   "logprob": {"type": "number"},
+                                   "top_logprobs": {"type": "array", "items": component("TokenAlternative")}}}
 # /generate's events: `token`, then `done` with the reply, or `error`.
 GENERATE_EVENT = {"type": "object", "required": ["event", "data"], "oneOf": [
     {"properties": {"event": {"const": "token"}, "data": json_text(TOKEN_EVENT_DATA)}},

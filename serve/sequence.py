@@ -34,7 +34,9 @@ class Sequence:
         if self.first_token_at is None:
             self.first_token_at = now
         released = self.row.accept(token, logits)
-        return None if released is None else TokenEvent(token, released)
+        if released is None:
+            return None
+        return TokenEvent(token, released, self.row.logprobs[-1] if self.row.logprobs is not None else None)
 
     def reply(self, now: float) -> DoneEvent:
         """The reply for a row that ended at `now`."""

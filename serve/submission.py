@@ -30,6 +30,7 @@ class Submission:
         self.requests = [GenerationRequest(ids, params, functools.partial(self._deliver, i), stop, logprobs, echo)
                          for i, (ids, params, stop) in enumerate(jobs)]
         self.open = set(range(len(jobs)))
+        self.submitted = False
 
     def _deliver(self, index: int, event: Event) -> None:
         try:
@@ -46,8 +47,13 @@ class Submission:
             self.cancel()
             raise APIError(503, f"server busy: {e}; retry after {self.retry_after_s}s", code="overloaded",
                            headers={"Retry-After": str(self.retry_after_s)}) from e
+        self.submitted = True
 
     def cancel(self) -> None:
+        """Stop whatever still generates; every reader calls this when it ends.  A submission stopped before
+        its generations finished (its client went away) counts in serve_requests_cancelled_total."""
+        if self.submitted and any(not self.requests[i].cancelled for i in self.open):
+            self.engine.metrics.cancelled.inc()
         for request in self.requests:
             request.cancel()
 

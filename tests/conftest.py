@@ -75,3 +75,11 @@ LONGEST_FIRST = ("test_bench.py", "test_parallel.py", "test_launch.py", "test_tr
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: order within a file is kept
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The reason the browser tests skipped, in one line: `-q` summaries count skips without saying why."""
+    reasons = {report.longrepr[2].removeprefix("Skipped: ") for report in terminalreporter.stats.get("skipped", [])
+               if isinstance(report.longrepr, tuple) and "browser tests skipped" in report.longrepr[2]}
+    for reason in sorted(reasons):
+        terminalreporter.write_line(reason)

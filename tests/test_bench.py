@@ -37,8 +37,9 @@ HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 # speculative trains its models: tests/test_speculative_bench.py; one_off_decode starts a process per call, and the
 # paths it times have their tests in tests/test_decode_trace.py; tp_vs_fsdp's two trainings under torchrun are
 # tests/test_parallel.py's (equal to single-device training), and its tiny run here cost 14 s of make test;
-# data_prep's tokenizing paths are tests/test_data.py's, and its tiny run (a process per path) cost 12 s.
-NOT_RUN = ("batch_sweep", "faults", "speculative", "one_off_decode", "tp_vs_fsdp", "data_prep")
+# data_prep's tokenizing paths are tests/test_data.py's, and its tiny run (a process per path) cost 12 s;
+# playground drives a browser, against the page that tests/test_playground.py drives already.
+NOT_RUN = ("batch_sweep", "faults", "speculative", "one_off_decode", "tp_vs_fsdp", "data_prep", "playground")
 
 
 @pytest.fixture(scope="module")

@@ -53,6 +53,7 @@ def test_health_names_the_model(client, checkpoint):
     body = client.get("/health").json()
     assert body["model_loaded"] is True and body["artifact"] == "float"
     assert body["device"] == "cpu" and body["checkpoint"] == checkpoint and body["context"] == BLOCK_SIZE
+    assert body["vocab_size"] == small_config().vocab_size and body["api_key_required"] is False
 
 
 def test_generate_replies_with_text_and_latency(client):
@@ -79,6 +80,31 @@ def test_stream_sends_each_token_then_the_reply(client):
     done = events[-1][1]
     assert done["text"] == expected["text"] and done["tokens"] == expected["tokens"]
     assert set(done["latency"]) == {"queue_ms", "time_to_first_token_ms", "total_ms", "tokens_per_s"}
+
+
+def test_generate_logprobs_come_with_each_streamed_token_as_the_openai_endpoint_scores_them(client, checkpoint):
+    """The playground's shading: each token event carries the token's log-probability and alternatives, the same
+    as the reply's `logprobs` without a stream and as /v1/completions' for the same tokens."""
+    request = {"prompt": "Hello there", "max_new_tokens": 6, "temperature": 0, "logprobs": 3, "ignore_eos": True}
+    reply = client.post("/generate", json=request).json()
+    entries = reply["logprobs"]
+    assert len(entries) == reply["tokens"] == 6 and "".join(e["text"] for e in entries) == reply["text"]
+    for entry in entries:  # greedy: the chosen token is the most likely
+        assert len(entry["top_logprobs"]) == 3 and entry["top_logprobs"][0]["token"] == entry["token"]
+        assert entry["top_logprobs"][0]["logprob"] == entry["logprob"] < 0
+    with client.stream("POST", "/generate", json={**request, "stream": True}) as response:
+        events = sse_events(response)
+    assert [{k: d[k] for k in ("token", "logprob", "top_logprobs")} for name, d in events if name == "token"] == \
+        [{k: e[k] for k in ("token", "logprob", "top_logprobs")} for e in entries]
+    assert events[-1][1]["logprobs"] is None  # the token events carried them
+    openai = client.post("/v1/completions", json={"model": Path(checkpoint).name, "prompt": "Hello there",
+                                                  "max_tokens": 6, "temperature": 0, "logprobs": 3,
+                                                  "ignore_eos": True}).json()["choices"][0]["logprobs"]
+    assert openai["tokens"] == [e["text"] for e in entries]
+    assert openai["token_logprobs"] == pytest.approx([e["logprob"] for e in entries])
+    assert openai["top_logprobs"] == [{a["text"]: pytest.approx(a["logprob"]) for a in e["top_logprobs"]}
+                                      for e in entries]
+    assert client.post("/generate", json={"prompt": "hi", "max_new_tokens": 2}).json()["logprobs"] is None
 
 
 def test_stop_string_ends_the_text_before_it(client):

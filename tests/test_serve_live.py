@@ -115,6 +115,7 @@ def test_openai_client_works_unchanged(server, checkpoint):
 
 def test_client_that_disconnects_mid_stream_frees_its_slot(server):
     tokens_before = metric(server.url, "serve_generated_tokens_total")
+    cancelled_before = metric(server.url, "serve_requests_cancelled_total")
     body = {"prompt": "Tell me a long story", "max_new_tokens": 200, "seed": 1, "stream": True}
     with httpx.stream("POST", f"{server.url}/generate", json=body, timeout=60) as response:
         lines = response.iter_lines()
@@ -126,6 +127,7 @@ def test_client_that_disconnects_mid_stream_frees_its_slot(server):
         time.sleep(0.02)
     assert httpx.get(f"{server.url}/health").json()["batch_size"] == 0
     assert metric(server.url, "serve_generated_tokens_total") - tokens_before < 200
+    assert metric(server.url, "serve_requests_cancelled_total") == cancelled_before + 1
 
 
 def wait_until(condition, timeout_s: float = 10) -> bool:
@@ -144,6 +146,7 @@ def test_client_that_disconnects_while_waiting_frees_its_rows(server, checkpoint
     """Non-streaming: the rows leave the batch as soon as the socket closes, and the request is logged 499."""
     rows, max_tokens = 8, 250  # about a second of decoding: ample time to close the socket in the middle
     tokens_before = metric(server.url, "serve_generated_tokens_total")
+    cancelled_before = metric(server.url, "serve_requests_cancelled_total")
     body = json.dumps({"model": Path(checkpoint).name, "prompt": "Tell me a long story", "max_tokens": max_tokens,
                        "n": rows, "temperature": 0}).encode()
     with socket.create_connection((LOOPBACK, server.port)) as client:
@@ -152,6 +155,7 @@ def test_client_that_disconnects_while_waiting_frees_its_rows(server, checkpoint
     assert wait_until(lambda: httpx.get(f"{server.url}/health").json()["batch_size"] == 0, timeout_s=2)
     assert metric(server.url, "serve_generated_tokens_total") - tokens_before < rows * max_tokens
     assert wait_until(lambda: "POST /v1/completions 499" in server.log(), timeout_s=2)
+    assert metric(server.url, "serve_requests_cancelled_total") == cancelled_before + 1  # one request, 8 rows
 
 
 # Values each field must refuse (a wrong model name is a 404, also a 4xx).
@@ -161,6 +165,7 @@ BAD_VALUES = {
         "temperature": [None, True, -1, -1e308, 1e308, "x", []], "top_k": [True, -1, 0, 1.5, 10**40, "5"],
         "top_p": [True, -1, 0, 1.5, "x", {}], "seed": [True, -1, 1.5, 10**40, "1"],
         "stop": [True, 1, "", [""], ["a"] * 5, [1], {}, "x" * 200], "stream": [None, 1, "yes", []],
+        "logprobs": [True, -1, 6, 1.5, "5", []],
     },
     "/v1/completions": {
         "model": [None, 1, [], "x"], "prompt": [None, 1, "", [], [-1], [50257], [[]], [1.5], [[1], "x"], [""], {"a": 1}],
