@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from bench import leaderboard, report, run_all
-from bench.decode_sides import SideError, Sides, SideSpec
+from bench.peers.decode_sides import SideError, Sides, SideSpec
 from bench.experiment import Workspace
 from bench.experiments import EXPERIMENTS
 from bench.experiments.__main__ import main as run_experiment
@@ -376,7 +376,7 @@ def test_fuzz_counts_every_attempt_per_surface_and_keeps_the_first_bad_messages(
 
 
 def test_busy_cores_keep_running_through_the_block_and_end_with_it():
-    from bench.colocated import busy_cores
+    from bench.peers.colocated import busy_cores
     with busy_cores(2) as processes:
         time.sleep(0.2)
         assert len(processes) == 2 and all(p.poll() is None for p in processes)

@@ -95,12 +95,12 @@ def _build(spec: SideSpec) -> tuple[Callable[[torch.Tensor, int], torch.Tensor],
     if spec.runtime == "onnxruntime":
         import onnxruntime
 
-        from bench.onnx_peer import OrtDecoder
+        from bench.peers.onnx_peer import OrtDecoder
         return OrtDecoder.load(Path(spec.files[0]), spec.threads).generate, {"version": onnxruntime.__version__}
     if spec.runtime == "llama.cpp":
         import llama_cpp
 
-        from bench.llama_cpp_peer import LlamaCppDecoder
+        from bench.peers.llama_cpp_peer import LlamaCppDecoder
         return (LlamaCppDecoder.load(Path(spec.files[0]), spec.threads, spec.context, spec.rows).generate,
                 {"version": llama_cpp.__version__})
     if spec.runtime == "transformers":
@@ -136,14 +136,14 @@ class SideError(RuntimeError):
 
 class Sides:
     """Side processes, started together (their loading overlaps) and ended on leaving the `with` block.  Each
-    is a fresh `python -m bench.decode_sides`, which imports only what its runtime needs, talking pickles over
+    is a fresh `python -m bench.peers.decode_sides`, which imports only what its runtime needs, talking pickles over
     its stdin and stdout (what a runtime prints goes to stderr)."""
 
     def __init__(self, specs: list[SideSpec]):
         self.names = [spec.name for spec in specs]
         self.processes: dict[str, subprocess.Popen] = {}
         for spec in specs:
-            process = subprocess.Popen([sys.executable, "-m", "bench.decode_sides"], stdin=subprocess.PIPE,
+            process = subprocess.Popen([sys.executable, "-m", "bench.peers.decode_sides"], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE)
             pickle.dump(spec, process.stdin)
             process.stdin.flush()

@@ -3,14 +3,14 @@
 # converter works with), llama-cpp-python and gguf, and llama.cpp's llama-server built from the llama.cpp that
 # llama-cpp-python's sdist vendors.  About 20 minutes on 2 cores, most of it compiling llama.cpp twice.
 #
-#     bash bench/setup_peers.sh            # after `make setup`; writes .peers/
+#     bash bench/peers/setup.sh            # after `make setup`; writes .peers/
 #     .peers/venv/bin/python -m bench.experiments generate_speed
 #     .peers/venv/bin/python -m bench.experiments serve_speed --llama-server .peers/llama-server
 #
 # .peers/venv sees the project's packages through a .pth file pointing at .venv's site-packages, so the
 # benchmark runs our code beside the peers with the project's own pinned torch; its own packages come first.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PEERS=.peers
 LLAMA_CPP_PYTHON=0.3.36
 test -x .venv/bin/python || { echo "error: no .venv here; run 'make setup' first" >&2; exit 1; }
