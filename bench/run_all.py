@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from bench.experiment import WORK_ROOT, Workspace
+from bench.eval.scorecard import LeaderboardConfig
 from bench.experiments import EXPERIMENTS, find
-from bench.leaderboard import LeaderboardConfig
 from bench.record import RESULTS_DIR, gpu_results, read_result, write_result
 from bench.report import REPORT, write_report
 from bench.runner import ROOT, run_train

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from bench import leaderboard, report, run_all
+from bench.eval import scorecard
 from bench.peers.decode_sides import SideError, Sides, SideSpec
 from bench.experiment import Workspace
 from bench.experiments import EXPERIMENTS
@@ -340,7 +341,7 @@ def test_a_failed_train_run_is_reported_by_its_telling_line_not_torchrun_banner(
 
 
 def test_the_scorecard_checks_its_data_before_loading_the_model(results, monkeypatch, tmp_path):
-    monkeypatch.setattr(leaderboard, "load_model", lambda *a, **k: pytest.fail("loaded the model before the data"))
+    monkeypatch.setattr(scorecard, "load_model", lambda *a, **k: pytest.fail("loaded the model before the data"))
     with pytest.raises(SystemExit, match=r"error: dataset .*nowhere.* is neither a known name"):
         leaderboard.main(["--checkpoint", str(results["root"] / "artifact"), "--dataset", str(tmp_path / "nowhere"),
                           "--device", "cpu", "--out", str(tmp_path / "card.json")])

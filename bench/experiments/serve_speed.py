@@ -23,7 +23,7 @@ client's own, over every request of every round.
 
 With --llama-server, the server is also compared with llama.cpp's own server on the same weights as GGUF (F32,
 or Q8_0 beside our int8), at each --peer-clients level: that many streaming OpenAI /v1/completions requests at
-once to each (bench/loadtest.py's completion_body: 32-token prompts as token ids, greedy, exactly --new-tokens
+once to each (bench/eval/loadtest.py's completion_body: 32-token prompts as token ids, greedy, exactly --new-tokens
 tokens), ours from `python -m serve` with its defaults, llama-server with as many slots as clients, as its docs
 advise (bench/peers/llama_cpp_peer.py's SERVER_SETUP), in interleaved rounds.  Each round sends new prompts
 (English windows of the built-in validation text), so no server answers from a cache of an earlier round's
@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from bench.experiment import Experiment, SettingsError
-from bench.loadtest import (PROMPTS, LevelResult, checked, completion_body, exact_request_body, level_name,
+from bench.eval.loadtest import (PROMPTS, LevelResult, checked, completion_body, exact_request_body, level_name,
                            run_level)
 from bench.record import plt
 from bench.report_page import Page, spread

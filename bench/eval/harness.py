@@ -1,6 +1,6 @@
 """lm-evaluation-harness against `python -m serve`, unchanged, and item by item against our own scoring.
 
-    python bench/harness.py --lm-eval /path/to/venv/bin/lm_eval --checkpoint out/demo/train
+    python bench/eval/harness.py --lm-eval /path/to/venv/bin/lm_eval --checkpoint out/demo/train
 
 lm-eval is not a dependency of the project: install it anywhere with its API backends (`python -m venv /tmp/lm &&
 /tmp/lm/bin/pip install torch==2.13.0 'lm-eval[api]==0.4.13'`: the `api` extra brings the `local-completions`
@@ -155,7 +155,7 @@ def harness(cfg: HarnessConfig) -> dict:
                       "greedy_flags_equal": sum(a[1] == b[1] for a, b in zip(ours, theirs)),
                       "ours": "training/evaluate.py evaluate_loss on the harness's token split"},
         "checkpoint": str(folder), "torch": torch.__version__, "git_commit": git_commit(),
-        "command": " ".join(["python bench/harness.py", *sys.argv[1:]]),
+        "command": " ".join(["python bench/eval/harness.py", *sys.argv[1:]]),
     }
 
 
