@@ -360,7 +360,7 @@ def test_a_side_that_cannot_start_is_named_with_its_error():
 
 
 def test_fuzz_counts_every_attempt_per_surface_and_keeps_the_first_bad_messages(tmp_path):
-    from bench.fuzz import KEPT_BAD_EXAMPLES, count, fuzz_report, table
+    from tests.fuzz import KEPT_BAD_EXAMPLES, count, fuzz_report, table
     rows = [("corpus", "worked", ""), ("corpus", "refused", "")] + \
         [("signals", "bad message", f"exit -2: case {i}") for i in range(KEPT_BAD_EXAMPLES + 2)]
     attempts = tmp_path / "attempts.jsonl"

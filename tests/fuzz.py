@@ -1,8 +1,8 @@
 """The hostile-input suite's long run (`make fuzz`): tests/test_hostile_*.py under Hypothesis's `fuzz` profile, round
 after round with fresh random examples until the time is up, every attempt counted per surface and outcome.
 
-    python bench/fuzz.py                      # 20 minutes; writes bench/results/fuzz.json
-    python bench/fuzz.py --minutes 3          # a shorter look
+    python -m tests.fuzz                     # 20 minutes; writes bench/results/fuzz.json
+    python -m tests.fuzz --minutes 3         # a shorter look
 
 `make test` runs the same properties under the fixed-seed `ci` profile; here each property draws FUZZ_FACTOR
 times the examples (tests/hostile.py), and each round new ones.  A round stops at its first failing property and

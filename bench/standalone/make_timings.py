@@ -1,7 +1,8 @@
 """Time a new user's two commands in the README's order, `make demo` then `make test`, on a fresh clone of the
 current commit.
 
-    python bench/make_timings.py                  # about 11 minutes on 2 CPU cores; writes bench/results/make_timings.json
+    python bench/standalone/make_timings.py   # about 11 minutes on 2 CPU cores; writes
+                                              # bench/results/make_timings.json
 
 The clone starts without `.venv`, so `make demo` includes creating it and installing the pins (from the local
 wheel cache where there is one) and fetching the tokenizer; `make test` then runs with that `.venv`, as for a
@@ -23,7 +24,7 @@ from runtime.cli import entry_point, option, parse_config
 from runtime.errors import UserError
 from runtime.timing import Environment, environment
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass

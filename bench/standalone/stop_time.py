@@ -1,6 +1,6 @@
 """How long train.py takes to exit after SIGTERM in the middle of a long step, saving the last whole step.
 
-    python bench/stop_time.py        # about 8 minutes on 2 CPU cores; writes bench/results/stop_time.json
+    python bench/standalone/stop_time.py   # about 8 minutes on 2 CPU cores; writes bench/results/stop_time.json
 
 The run is GPT-2 124M at a CPU-sized batch (4 x 256 tokens, 32 micro-batches a step: about two minutes a step on
 2 cores), so a stop that waited for the step to end would take a minute on average.  Each repeat starts the run
@@ -25,7 +25,7 @@ from runtime.errors import UserError
 from runtime.timing import Environment, Spread, environment
 from storage.training_state import TrainingState
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMMAND = ["train.py", "--model", "gpt2", "--dataset", "builtin", "--batch-size", "4", "--grad-accum", "32",
            "--block-size", "256", "--max-steps", "100", "--log-interval", "1", "--no-curves"]
 
