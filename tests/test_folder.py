@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import train
-from bench.experiments.faults import READER
+from bench.drills.readers_during_saves import READER
 from quantize.dynamic import main as quantize_main
 from runtime.provenance import provenance
 from storage.artifact import STAGING_DIR, load_model, read_meta, save_artifact
