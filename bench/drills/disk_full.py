@@ -8,7 +8,8 @@ import shutil
 import time
 from pathlib import Path
 
-from bench.drills.drill import Drill, DrillSettings, last_error_line, run_quietly, saved_step, train_command
+from bench.drills.drill import Drill, DrillSettings, last_error_line, saved_step, train_command
+from bench.processes import run_command
 from storage.artifact import load_model
 
 
@@ -17,7 +18,7 @@ def run(s: DrillSettings, work: Path) -> Drill:
     disk = work / "full-disk"
     disk.mkdir()
     # Room for the tiny model's checkpoint (weights and Adam moments) once, not for staging a second beside it.
-    mounted = run_quietly(["mount", "-t", "tmpfs", "-o", "size=150m", "tmpfs", str(disk)])
+    mounted = run_command(["mount", "-t", "tmpfs", "-o", "size=150m", "tmpfs", str(disk)])
     if mounted.returncode:
         return Drill("disk full during a save", 0, 0, "-", time.perf_counter() - started,
                      [f"not run: mounting a small tmpfs failed ({last_error_line(mounted.stderr)}); needs root"])
@@ -25,7 +26,7 @@ def run(s: DrillSettings, work: Path) -> Drill:
     try:
         for trial in range(s.disk_full_runs):
             out = disk / f"run-{trial}"
-            training = run_quietly(train_command(max_steps=4, checkpoint_interval=2, out_dir=str(out)))
+            training = run_command(train_command(max_steps=4, checkpoint_interval=2, out_dir=str(out)))
             error = next((line for line in training.stderr.splitlines() if line.startswith("error:")), "no error line")
             try:
                 intact = saved_step(out) == 2 and load_model(out)[1].step == 2
@@ -37,6 +38,6 @@ def run(s: DrillSettings, work: Path) -> Drill:
             notes.append(f"trial {trial}: exit {training.returncode}, {'intact' if intact else 'NOT intact'}: {error}")
             shutil.rmtree(out, ignore_errors=True)
     finally:
-        run_quietly(["umount", str(disk)])
+        run_command(["umount", str(disk)])
     return Drill("disk full during a save", s.disk_full_runs, failures, "-", time.perf_counter() - started,
                  notes[:2])

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,10 +65,6 @@ class Drill:
     work_lost: str  # in the drill's own unit, or "-" where nothing can be lost
     seconds: float
     notes: list[str]
-
-
-def run_quietly(command: list[str], **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(command, capture_output=True, text=True, **kwargs)
 
 
 def last_error_line(text: str) -> str:

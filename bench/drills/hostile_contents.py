@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.drills.drill import Drill, DrillSettings, last_error_line, run_quietly, small_artifact
+from bench.drills.drill import Drill, DrillSettings, last_error_line, small_artifact
+from bench.processes import run_command
 from storage.folder import STAGING_DIR
 
 
@@ -37,7 +38,7 @@ def run(s: DrillSettings, work: Path) -> Drill:
                 (folder / ".contents").write_text(json.dumps(["config.json", entry]))
                 command = [sys.executable, "quantize/dynamic.py", "--checkpoint", str(source), "--out-dir",
                            str(folder), "--overwrite", "--eval-batches", "1", "--repeats", "1", "--new-tokens", "1"]
-            answer = run_quietly(command)
+            answer = run_command(command)
             error = last_error_line(answer.stderr)
             ok = (answer.returncode == 1 and (root / "victim" / "precious.txt").exists()
                   and f"lists {entry!r}, which is not a file inside" in error and "Traceback" not in answer.stderr)

@@ -6,25 +6,27 @@ from __future__ import annotations
 
 import random
 import signal
-import subprocess
 import time
 from pathlib import Path
 
-from bench.drills.drill import (Drill, DrillSettings, last_error_line, logged_losses, run_quietly, saved_step, steps,
-                                train_command)
+from bench.drills.drill import Drill, DrillSettings, last_error_line, logged_losses, saved_step, steps, train_command
+from bench.experiment import ExperimentError
+from bench.processes import DEVNULL, run_command, start
 from storage.folder import STAGING_DIR
 
 
 def run(s: DrillSettings, work: Path) -> Drill:
     started, rng = time.perf_counter(), random.Random(s.seed)
     reference = work / "kill-reference"
-    run_quietly(train_command(max_steps=s.kill_steps, checkpoint_interval=1000, out_dir=str(reference)), check=True)
+    done = run_command(train_command(max_steps=s.kill_steps, checkpoint_interval=1000, out_dir=str(reference)))
+    if not done.ok:
+        raise ExperimentError(f"the uninterrupted run of the kill drill failed: {last_error_line(done.stderr)}")
     expected = logged_losses(reference)[s.kill_steps]
     failures, lost, notes, inside_a_save = 0, [], [], 0
     for trial in range(s.kills):
         out = work / f"kill-{trial}"
-        process = subprocess.Popen(train_command(max_steps=s.kill_steps, checkpoint_interval=1, out_dir=str(out)),
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = start(train_command(max_steps=s.kill_steps, checkpoint_interval=1, out_dir=str(out)),
+                        stdout=DEVNULL, stderr=DEVNULL)
         while saved_step(out) < 2 and process.poll() is None:
             time.sleep(0.02)
         while not (out / STAGING_DIR).exists() and process.poll() is None:  # the next save begins
@@ -34,7 +36,7 @@ def run(s: DrillSettings, work: Path) -> Drill:
         process.wait()
         inside_a_save += (out / STAGING_DIR).exists()
         trained = max(logged_losses(out), default=0)
-        resumed = run_quietly(train_command(max_steps=s.kill_steps, checkpoint_interval=1, out_dir=str(out),
+        resumed = run_command(train_command(max_steps=s.kill_steps, checkpoint_interval=1, out_dir=str(out),
                                             resume="yes"))
         resumed_at = next((int(w) for line in resumed.stdout.splitlines() if line.startswith("resumed")
                            for w in line.split()[-1:] if w.isdigit()), None)

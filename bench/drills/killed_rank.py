@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 from bench.drills.drill import (Drill, DrillSettings, last_error_line, logged_losses, saved_step, steps, train_argv,
                                 worker_pids)
 from bench.experiment import ExperimentError
+from bench.processes import DEVNULL, start
 
 
 def run(s: DrillSettings, work: Path) -> Drill:
@@ -27,30 +27,25 @@ def run(s: DrillSettings, work: Path) -> Drill:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                    *train_argv(parallel="ddp", max_steps=500, checkpoint_interval=5, dist_timeout_s=s.dist_timeout_s,
                                out_dir=str(out))]
-        job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+        job = start(command, threads=1, stdout=DEVNULL)
         while saved_step(out) < 5 and job.poll() is None:
             time.sleep(0.05)
         time.sleep(rng.uniform(0.2, 2.0))  # somewhere in the next checkpoint interval (5 steps)
         victim = worker_pids(job.pid).get(1)
         if victim is None:
-            job.kill()
-            raise ExperimentError(f"torchrun's rank 1 was not found: {job.stderr.read()[-300:]}")
+            job.kill_all()
+            raise ExperimentError(f"torchrun's rank 1 was not found: {job.finish().stderr[-300:]}")
         killed_at = time.monotonic()
         os.kill(victim, signal.SIGKILL)
-        try:
-            _, stderr = job.communicate(timeout=s.dist_timeout_s + 60)
-            ended_s = time.monotonic() - killed_at
-        except subprocess.TimeoutExpired:
-            job.kill()
-            stderr, ended_s = job.communicate()[1], None
+        done = job.finish(timeout_s=s.dist_timeout_s + 60)
+        ended_s = None if done.returncode is None else time.monotonic() - killed_at
         trained = max(logged_losses(out), default=0)
         lost.append(max(0, trained - saved_step(out)))
-        if ended_s is None or job.returncode == 0:
+        if ended_s is None or done.ok:
             failures += 1
             notes.append(f"trial {trial}: the job {'did not end' if ended_s is None else 'exited 0'}")
         else:
-            notes.append(f"trial {trial}: ended {ended_s:.1f} s after the kill, exit {job.returncode}: "
-                         f"{last_error_line(stderr)}")
+            notes.append(f"trial {trial}: ended {ended_s:.1f} s after the kill, exit {done.returncode}: "
+                         f"{last_error_line(done.stderr)}")
     return Drill("one rank of 2 killed (DDP, gloo)", s.rank_kills, failures,
                  f"{steps(sum(lost))} in all", time.perf_counter() - started, notes)

@@ -5,13 +5,13 @@ training run that does not finish.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
 
-from bench.drills.drill import Drill, DrillSettings, last_error_line, run_quietly, saved_step, steps, train_command
+from bench.drills.drill import Drill, DrillSettings, last_error_line, saved_step, steps, train_command
+from bench.processes import INHERIT, run_command, start
 
 
 # A reader in its own process: load the checkpoint (config, weights, training state as one save) until
@@ -44,11 +44,10 @@ READER = textwrap.dedent("""
 def run(s: DrillSettings, work: Path) -> Drill:
     out, stop = work / "readers", work / "readers.stop"
     started = time.perf_counter()
-    readers = [subprocess.Popen([sys.executable, "-c", READER, str(out), str(stop)], stdout=subprocess.PIPE,
-                                text=True) for _ in range(s.readers)]
-    training = run_quietly(train_command(max_steps=s.reader_steps, checkpoint_interval=1, out_dir=str(out)))
+    readers = [start([sys.executable, "-c", READER, str(out), str(stop)], stderr=INHERIT) for _ in range(s.readers)]
+    training = run_command(train_command(max_steps=s.reader_steps, checkpoint_interval=1, out_dir=str(out)))
     stop.touch()
-    reports = [json.loads(r.communicate(timeout=120)[0]) for r in readers]
+    reports = [json.loads(r.finish(timeout_s=120).stdout) for r in readers]
     errors = [e for r in reports for e in r["errors"]]
     notes = errors[:3]
     if training.returncode:

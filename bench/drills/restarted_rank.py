@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,20 +15,20 @@ from pathlib import Path
 from bench.drills.drill import (Drill, DrillSettings, last_error_line, logged_losses, saved_step, steps, train_argv,
                                 worker_pids)
 from bench.experiment import ExperimentError
+from bench.processes import Process, start
 
 
 def run(s: DrillSettings, work: Path) -> Drill:
     started, rng = time.perf_counter(), random.Random(s.seed + 1)
     steps_in_run = 30
 
-    def job(out: Path, *launcher: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                                 *launcher, *train_argv(parallel="ddp", max_steps=steps_in_run, checkpoint_interval=5,
-                                                        resume="auto", out_dir=str(out))],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+    def job(out: Path, *launcher: str) -> Process:
+        return start([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *launcher,
+                      *train_argv(parallel="ddp", max_steps=steps_in_run, checkpoint_interval=5, resume="auto",
+                                  out_dir=str(out))],
+                     threads=1, env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
     reference = work / "restart-reference"
-    if job(reference).wait() != 0:
+    if not job(reference).finish().ok:
         raise ExperimentError("the uninterrupted 2-rank run of the restart drill failed")
     expected = logged_losses(reference)[steps_in_run]
     failures, lost, notes = 0, [], []
@@ -42,18 +41,19 @@ def run(s: DrillSettings, work: Path) -> Drill:
         trained = max(logged_losses(out), default=0)
         victim = worker_pids(running.pid).get(1)
         if victim is None:
-            running.kill()
-            raise ExperimentError(f"torchrun's rank 1 was not found: {running.communicate()[1][-300:]}")
+            running.kill_all()
+            raise ExperimentError(f"torchrun's rank 1 was not found: {running.finish().stderr[-300:]}")
         os.kill(victim, signal.SIGKILL)
-        stdout, stderr = running.communicate(timeout=300)
-        resumed_at = next((int(line.split()[-1]) for line in stdout.splitlines() if line.startswith("resumed")), None)
+        done = running.finish(timeout_s=300)
+        resumed_at = next((int(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("resumed")),
+                          None)
         got = logged_losses(out).get(steps_in_run)
         if resumed_at is not None:
             lost.append(max(0, trained - resumed_at))
-        if running.returncode or resumed_at is None or got != expected:
+        if not done.ok or resumed_at is None or got != expected:
             failures += 1
-            notes.append(f"trial {trial}: exit {running.returncode}, resumed at {resumed_at}, final loss {got} vs "
-                         f"{expected}: {last_error_line(stderr)}")
+            notes.append(f"trial {trial}: exit {done.returncode}, resumed at {resumed_at}, final loss {got} vs "
+                         f"{expected}: {last_error_line(done.stderr)}")
         else:
             notes.append(f"trial {trial}: killed near step {trained}, restarted from step {resumed_at}, final loss "
                          f"equal to the uninterrupted run's")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from bench.processes import run_command
 from data.corpus import builtin_documents
 from data.tiktoken_cache import fill_cache
 from data.tokenizer import get_tokenizer, ranks_file
@@ -104,19 +104,21 @@ def run_harness(cfg: HarnessConfig, work: Path, url: str, cache: Path) -> tuple[
                f"model=gpt2,base_url={url}/v1/completions,tokenizer_backend=tiktoken,num_concurrent=1",
                "--tasks", TASK, "--include_path", str(work), "--output_path", str(work / "out"), "--log_samples",
                "--batch_size", "1"]
+    # lm-eval's own environment, not ours: only what it needs, and its path as the user gave it.
     env = {"TIKTOKEN_CACHE_DIR": str(cache), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
            "PATH": "/usr/bin:/bin"}
     try:
-        run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
+        run = run_command(command, cwd=None, base_env=env, timeout_s=1800)
     except FileNotFoundError as e:
         raise HarnessError(f"--lm-eval {cfg.lm_eval} cannot be run ({e}); install lm-eval and pass its lm_eval")
-    if run.returncode:
+    if run.returncode is None:
+        raise HarnessError(f"lm_eval did not finish in {run.seconds / 60:.0f} minutes:\n{run.stderr[-3000:]}")
+    if not run.ok:
         raise HarnessError(f"lm_eval failed (exit {run.returncode}):\n{run.stderr[-3000:]}")
     results = json.loads(next((work / "out").rglob("results_*.json")).read_text())
     samples = [json.loads(line) for line in next((work / "out").rglob(f"samples_{TASK}_*.jsonl")).open()]
-    version = subprocess.run([str(Path(cfg.lm_eval).with_name("python")), "-c",
-                              "import importlib.metadata as m; print(m.version('lm_eval'))"],
-                             capture_output=True, text=True).stdout.strip()
+    version = run_command([str(Path(cfg.lm_eval).with_name("python")), "-c",
+                           "import importlib.metadata as m; print(m.version('lm_eval'))"], cwd=None).stdout.strip()
     return results, sorted(samples, key=lambda s: s["doc_id"]), version
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ import torch
 from bench.experiment import Experiment, ExperimentError, SettingsError
 from bench.record import plt
 from bench.report_page import Page, num, spread
-from bench.runner import ROOT
+from bench.processes import run_command
 from model.config import PRESETS
 from runtime.cli import check_options, non_default_flags, option
 from runtime.timing import Environment, Spread, environment, paired_ratio
@@ -108,12 +107,11 @@ class OneOffDecode:
 
 
 def one_call(model: str, decode: str, new_tokens: int, settings: Settings) -> dict:
-    run = subprocess.run([sys.executable, "-c", CHILD, model, decode, str(new_tokens), str(settings.prompt_tokens),
-                          str(settings.threads or 0)],
-                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
-    if run.returncode:
-        raise ExperimentError(f"the {decode} call on {model} failed:\n{run.stderr[-2000:]}")
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    done = run_command([sys.executable, "-c", CHILD, model, decode, str(new_tokens), str(settings.prompt_tokens),
+                        str(settings.threads or 0)])
+    if not done.ok:
+        raise ExperimentError(f"the {decode} call on {model} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def measure(settings: Settings, work_dir: Path) -> OneOffDecode:

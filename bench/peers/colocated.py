@@ -4,8 +4,9 @@ another service)."""
 from __future__ import annotations
 
 import contextlib
-import subprocess
 import sys
+
+from bench.processes import INHERIT, start
 
 # A plain Python loop: one core's worth of work that never sleeps and touches little memory, so it takes CPU time
 # from the runtime under test and not memory bandwidth.
@@ -16,10 +17,9 @@ BUSY_LOOP = "while True:\n    pass\n"
 def busy_cores(count: int):
     """`count` processes, each a busy Python loop, for the block's duration (none when `count` is 0); the block
     gets them."""
-    processes = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(count)]
+    processes = [start([sys.executable, "-c", BUSY_LOOP], stdout=INHERIT, stderr=INHERIT) for _ in range(count)]
     try:
         yield processes
     finally:
         for process in processes:
-            process.kill()
-            process.wait()
+            process.stop()
