@@ -117,9 +117,13 @@ def run_harness(cfg: HarnessConfig, work: Path, url: str, cache: Path) -> tuple[
         raise HarnessError(f"lm_eval failed (exit {run.returncode}):\n{run.stderr[-3000:]}")
     results = json.loads(next((work / "out").rglob("results_*.json")).read_text())
     samples = [json.loads(line) for line in next((work / "out").rglob(f"samples_{TASK}_*.jsonl")).open()]
-    version = run_command([str(Path(cfg.lm_eval).with_name("python")), "-c",
-                           "import importlib.metadata as m; print(m.version('lm_eval'))"], cwd=None).stdout.strip()
-    return results, sorted(samples, key=lambda s: s["doc_id"]), version
+    return results, sorted(samples, key=lambda s: s["doc_id"]), lm_eval_version(cfg.lm_eval)
+
+
+def lm_eval_version(lm_eval: str) -> str:
+    """What pip in lm_eval's own environment says of the package's version ("" when it cannot tell)."""
+    shown = run_command([str(Path(lm_eval).with_name("python")), "-m", "pip", "show", "lm_eval"], cwd=None).stdout
+    return next((line.split(":", 1)[1].strip() for line in shown.splitlines() if line.startswith("Version:")), "")
 
 
 def say(what: str) -> None:

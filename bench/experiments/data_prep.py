@@ -3,7 +3,7 @@
     python -m bench.experiments data_prep --sizes-gb 1 5          # about 15 minutes on 2 CPU cores
 
 Speed: the same WikiText text (the shared validation split repeated to `--speed-mb`) tokenized three ways, each in
-a fresh process as a user's first start is, in interleaved rounds: ours (`data.shards.prepare_split`: read from
+a fresh process as a user's first start is (bench/workloads/tokenize_split.py), in interleaved rounds: ours (`data.shards.prepare_split`: read from
 the file, cut into documents, encoded by a thread per core, written to the token file), tiktoken's own
 multi-threaded `encode_ordinary_batch` on the same documents already in memory (the encoder's limit here: no
 reading, no writing, no conversion), and a nanoGPT-style preparation (`datasets.Dataset.map(num_proc=2)` of
@@ -127,54 +127,11 @@ def write_wikitext_folder(folder: Path, text: bytes, train_bytes: float) -> int:
 
 # --- the speed rounds: each method in a fresh process --------------------------------------------------
 
-CHILD = """
-import json, sys, time
-from pathlib import Path
-method, folder = sys.argv[1], Path(sys.argv[2])
-from data.local_files import local_corpus
-from data.shards import encoding_threads, prepare_split
-from data.tokenizer import get_tokenizer
-threads = encoding_threads()
-get_tokenizer()  # loaded before timing, for every method
-if method == "ours":
-    start = time.perf_counter()
-    prepare_split(str(folder), "train")
-    seconds = time.perf_counter() - start
-else:
-    docs = list(local_corpus(folder).documents("train"))  # not timed: the text is already in memory
-    encoder = get_tokenizer()
-    if method == "tiktoken":
-        start = time.perf_counter()
-        encoder.encode_ordinary_batch(docs, num_threads=threads)
-        seconds = time.perf_counter() - start
-    else:
-        import datasets, numpy as np
-        datasets.disable_progress_bars()
-        table = datasets.Dataset.from_dict({"text": docs})
-        del docs
-        def process(example):
-            ids = encoder.encode_ordinary(example["text"]) + [encoder.eot_token]
-            return {"ids": ids, "len": len(ids)}
-        start = time.perf_counter()
-        tokenized = table.map(process, remove_columns=["text"], num_proc=int(sys.argv[3]))
-        total = int(np.sum(tokenized["len"], dtype=np.uint64))
-        out = np.memmap(folder / "nanogpt.bin", dtype=np.uint16, mode="w+", shape=(total,))
-        shards, index = min(64, len(tokenized)), 0
-        for shard in range(shards):
-            batch = tokenized.shard(num_shards=shards, index=shard, contiguous=True).with_format("numpy")
-            ids = np.concatenate(batch["ids"])
-            out[index:index + len(ids)] = ids
-            index += len(ids)
-        out.flush()
-        seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "threads": threads}))
-"""
-
-
 def run_child(method: str, folder: Path, cache: Path, settings: Settings) -> dict:
     shutil.rmtree(cache, ignore_errors=True)
     env = {"GPT2_DATA_CACHE": str(cache), "HF_DATASETS_CACHE": str(cache / "hf"), "TQDM_DISABLE": "1"}
-    done = run_command([sys.executable, "-c", CHILD, method, str(folder), str(settings.map_processes)], env=env)
+    done = run_command([sys.executable, "-m", "bench.workloads.tokenize_split", method, str(folder),
+                        str(settings.map_processes)], env=env)
     if not done.ok:
         raise ExperimentError(f"the {method} tokenizer failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -8,16 +8,13 @@ import sys
 
 from bench.processes import INHERIT, start
 
-# A plain Python loop: one core's worth of work that never sleeps and touches little memory, so it takes CPU time
-# from the runtime under test and not memory bandwidth.
-BUSY_LOOP = "while True:\n    pass\n"
-
 
 @contextlib.contextmanager
 def busy_cores(count: int):
-    """`count` processes, each a busy Python loop, for the block's duration (none when `count` is 0); the block
-    gets them."""
-    processes = [start([sys.executable, "-c", BUSY_LOOP], stdout=INHERIT, stderr=INHERIT) for _ in range(count)]
+    """`count` processes, each a busy Python loop (bench/workloads/busy_loop.py), for the block's duration (none
+    when `count` is 0); the block gets them."""
+    processes = [start([sys.executable, "-m", "bench.workloads.busy_loop"], stdout=INHERIT, stderr=INHERIT)
+                 for _ in range(count)]
     try:
         yield processes
     finally:

@@ -16,8 +16,11 @@ LLAMA_CPP_PYTHON=0.3.36
 test -x .venv/bin/python || { echo "error: no .venv here; run 'make setup' first" >&2; exit 1; }
 mkdir -p "$PEERS"
 test -x "$PEERS/venv/bin/python" || python3 -m venv "$PEERS/venv"
-site=$("$PEERS/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$site/project.pth"
+# A Python's site-packages, as its own `python -m sysconfig` reports it.
+site_packages() { "$1" -m sysconfig | sed -n 's/^\tpurelib = "\(.*\)"$/\1/p'; }
+site=$(site_packages "$PEERS/venv/bin/python")
+test -d "$site" || { echo "error: $PEERS/venv's python names no site-packages folder" >&2; exit 1; }
+site_packages .venv/bin/python > "$site/project.pth"
 # torch and numpy as the project pins them, never replaced by a peer's requirement.
 .venv/bin/pip freeze | grep -E '^(torch|numpy)==' > "$PEERS/constraints.txt"
 # transformers 4.44: ONNX Runtime's GPT-2 converter hands the model a tuple cache, which transformers 5 refuses.
