@@ -27,7 +27,7 @@ def read_until(folder: Path, stop: Path) -> dict:
                 errors.append(f"config.json of step {meta.step} beside state.json of step {state.step}")
             reads += 1
         except ArtifactError as e:  # before the first save there is nothing to read
-            if reads or "has no config.json" not in str(e) and "does not exist" not in str(e):
+            if reads or not any(m in str(e) for m in ("has no config.json", "does not exist", "no such folder")):
                 errors.append(str(e))
         except Exception as e:
             errors.append(f"{type(e).__name__}: {e}")
