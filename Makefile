@@ -50,7 +50,7 @@ test: setup
 # FUZZ_MINUTES; writes bench/results/fuzz.json (inputs tried per surface, outcomes, tracebacks, changed sources).
 FUZZ_MINUTES ?= 20
 fuzz: setup
-	$(PY) bench/fuzz.py --minutes $(FUZZ_MINUTES)
+	$(PY) -m tests.fuzz --minutes $(FUZZ_MINUTES)
 
 # The scorecard evaluates on WikiText-103 validation when the shared copy is here (the hub is not
 # reachable offline); otherwise on the built-in corpus, and bench/REPORT.md says so.  NANOGPT=path/to/nanoGPT

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -30,11 +29,12 @@ from pathlib import Path
 import torch
 
 from bench.experiment import WORK_ROOT, Workspace
+from bench.eval.scorecard import LeaderboardConfig
 from bench.experiments import EXPERIMENTS, find
-from bench.leaderboard import LeaderboardConfig
 from bench.record import RESULTS_DIR, gpu_results, read_result, write_result
 from bench.report import REPORT, write_report
-from bench.runner import ROOT, run_train
+from bench.processes import INHERIT, ROOT, run_command
+from bench.runner import run_train
 from runtime.cli import entry_point, non_default_flags, option, parse_config
 from runtime.errors import UserError
 from training.config import TrainConfig
@@ -121,11 +121,10 @@ def train(steps: int) -> dict:
 
 def run_stage(name: str, command: list[str]) -> dict:
     print(f"== {name}: {' '.join(command)}", flush=True)
-    t0 = time.perf_counter()
-    ok = subprocess.run(command, cwd=ROOT).returncode == 0
-    if not ok:
+    done = run_command(command, stdout=INHERIT, stderr=INHERIT)
+    if not done.ok:
         print(f"== {name} failed; going on with the others", file=sys.stderr, flush=True)
-    return {"name": name, "seconds": time.perf_counter() - t0, "ok": ok, "command": " ".join(command)}
+    return {"name": name, "seconds": done.seconds, "ok": done.ok, "command": " ".join(command)}
 
 
 @entry_point

@@ -9,20 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.processes import ROOT, STDOUT, run_command
 from runtime.cli import non_default_flags
 from runtime.timing import Spread
 from storage.run_folder import is_training_checkpoint
 from training.config import TrainConfig
 
-ROOT = Path(__file__).resolve().parent.parent
 TRAIN_SCRIPT = ROOT / "train.py"
 # train.py's message when a batch does not fit (it catches torch.OutOfMemoryError).
 OOM_MESSAGES = ("does not fit in", "out of memory", "can't allocate memory")
@@ -75,30 +71,6 @@ def train_command(config: TrainConfig, nproc: int | None) -> list[str]:
             str(TRAIN_SCRIPT), *non_default_flags(config)]
 
 
-def run_command(command: list[str], threads: int | None = None,
-                timeout_s: float | None = None) -> tuple[int | None, str, float]:
-    """(exit code or None at the timeout, stdout and stderr together, seconds), run from the project root;
-    `threads` sets OMP_NUM_THREADS for it and its children."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    if threads is not None:
-        env["OMP_NUM_THREADS"] = str(threads)
-    start = time.perf_counter()
-    # A session of its own, so that a timeout stops torchrun's ranks too, not only torchrun.
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=timeout_s)
-        returncode = process.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        returncode = None
-    except BaseException:  # Ctrl-C: leave no ranks behind
-        os.killpg(process.pid, signal.SIGKILL)
-        raise
-    return returncode, output, time.perf_counter() - start
-
-
 def run_train(out_dir: Path, config: TrainConfig, nproc: int | None = None, threads: int | None = None,
               timeout_s: float | None = None) -> TrainRun:
     """Train `config` into a fresh `out_dir`; `nproc` launches that many ranks with torchrun (None: one plain
@@ -110,11 +82,11 @@ def run_train(out_dir: Path, config: TrainConfig, nproc: int | None = None, thre
     if (out_dir / "metrics.jsonl").exists():
         (out_dir / "metrics.jsonl").unlink()  # a rerun must not read a failed earlier run's records
     command = train_command(dataclasses.replace(config, out_dir=str(out_dir)), nproc)
-    returncode, output, elapsed = run_command(command, threads, timeout_s)
+    done = run_command(command, threads=threads, timeout_s=timeout_s, stderr=STDOUT)
     metrics = out_dir / "metrics.jsonl"
     records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] \
         if metrics.exists() else []
-    return TrainRun(command, returncode, elapsed, records, output[-3000:])
+    return TrainRun(command, done.returncode, done.seconds, records, done.stdout[-3000:])
 
 
 def window_summary(windows: list[dict], key: str) -> Spread | None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.loadtest import LoadTestError, checked, exact_request_body, level_name, run_level
+from bench.eval.loadtest import LoadTestError, checked, exact_request_body, level_name, run_level
 from runtime.timing import Spread, paired_ratio, time_interleaved
 from serve.launch import ServerProcess
 

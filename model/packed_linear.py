@@ -4,7 +4,7 @@ A decoding step multiplies each weight matrix by one row per sequence, so it is 
 weights from memory. PyTorch's default CPU path for that product (MKL) does not stream a weight at the machine's
 read rate on every host (on one 2-core EPYC its one-row product ran on one of the two cores); oneDNN's product
 over a weight packed ahead of time read GPT-2 124M's matrices faster on the hosts measured. How much, per
-product and per host: bench/decode_profile.py (bench/results/decode_profile.md), and the whole step against
+product and per host: bench/standalone/decode_profile.py (bench/results/decode_profile.md), and the whole step against
 ONNX Runtime and llama.cpp: bench/experiments/generate_speed.py. One row (a decoding step at batch 1) is the
 exception: there a batched product over the weight cut into one block of rows per thread, a view with no copy,
 streams the weight faster than either library's one-row product. The packed copy is derived and never saved:

@@ -28,7 +28,7 @@ def free_port() -> int:
 
 class ServerProcess:
     """`python -m serve` on `checkpoint`; or, from `start`, any server that answers GET /health with 200 once it
-    is ready (bench/llama_cpp_peer.py starts llama.cpp's llama-server so)."""
+    is ready (bench/peers/llama_cpp_peer.py starts llama.cpp's llama-server so)."""
 
     def __init__(self, checkpoint: str | Path, log_path: str | Path, extra_args: list[str] | None = None,
                  env: dict[str, str] | None = None):

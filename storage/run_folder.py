@@ -3,8 +3,8 @@ the one default-checkpoint policy), and what a training checkpoint says about it
 `training_state/` through storage/training_state.py; the tools that only load artifacts read it here, so
 none of them imports training/ or parallel/ to find a model.
 
-The tools that measure a model (quantize/, prune/, bench/perplexity.py, bench/leaderboard.py) measure it on the
-data and at the context it was trained on unless told otherwise: `evaluation_dataset` and `evaluation_context`
+The tools that measure a model (quantize/, prune/, bench/eval/perplexity.py, bench/leaderboard.py) measure it on
+the data and at the context it was trained on unless told otherwise: `evaluation_dataset` and `evaluation_context`
 are that one rule, read from the run's record by `trained_on`.
 """
 from __future__ import annotations

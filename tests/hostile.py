@@ -5,7 +5,7 @@ byte-identical afterwards.
 Each surface's suite draws bad inputs with Hypothesis and passes every attempt through `attempt` (in-process: the
 tool's `main`, or the function it calls) or `run_command` (a subprocess: signals, exit codes).  Two profiles
 (tests/conftest.py): `ci`, fixed-seed and bounded, in `make test`; `fuzz`, `make fuzz`'s long run, which sets
-HOSTILE_REPORT so every attempt is counted per surface and outcome (bench/fuzz.py writes the table).
+HOSTILE_REPORT so every attempt is counted per surface and outcome (tests/fuzz.py writes the table).
 """
 from __future__ import annotations
 

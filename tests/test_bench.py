@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from bench import leaderboard, report, run_all
-from bench.decode_sides import SideError, Sides, SideSpec
+from bench.eval import scorecard
+from bench.peers.decode_sides import SideError, Sides, SideSpec
 from bench.experiment import Workspace
 from bench.experiments import EXPERIMENTS
 from bench.experiments.__main__ import main as run_experiment
@@ -341,7 +342,7 @@ def test_a_failed_train_run_is_reported_by_its_telling_line_not_torchrun_banner(
 
 
 def test_the_scorecard_checks_its_data_before_loading_the_model(results, monkeypatch, tmp_path):
-    monkeypatch.setattr(leaderboard, "load_model", lambda *a, **k: pytest.fail("loaded the model before the data"))
+    monkeypatch.setattr(scorecard, "load_model", lambda *a, **k: pytest.fail("loaded the model before the data"))
     with pytest.raises(SystemExit, match=r"error: dataset .*nowhere.* is neither a known name"):
         leaderboard.main(["--checkpoint", str(results["root"] / "artifact"), "--dataset", str(tmp_path / "nowhere"),
                           "--device", "cpu", "--out", str(tmp_path / "card.json")])
@@ -360,7 +361,7 @@ def test_a_side_that_cannot_start_is_named_with_its_error():
 
 
 def test_fuzz_counts_every_attempt_per_surface_and_keeps_the_first_bad_messages(tmp_path):
-    from bench.fuzz import KEPT_BAD_EXAMPLES, count, fuzz_report, table
+    from tests.fuzz import KEPT_BAD_EXAMPLES, count, fuzz_report, table
     rows = [("corpus", "worked", ""), ("corpus", "refused", "")] + \
         [("signals", "bad message", f"exit -2: case {i}") for i in range(KEPT_BAD_EXAMPLES + 2)]
     attempts = tmp_path / "attempts.jsonl"
@@ -377,7 +378,7 @@ def test_fuzz_counts_every_attempt_per_surface_and_keeps_the_first_bad_messages(
 
 
 def test_busy_cores_keep_running_through_the_block_and_end_with_it():
-    from bench.colocated import busy_cores
+    from bench.peers.colocated import busy_cores
     with busy_cores(2) as processes:
         time.sleep(0.2)
         assert len(processes) == 2 and all(p.poll() is None for p in processes)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from bench.experiments.prune_speed import Settings as PruneSpeedSettings
-from bench.leaderboard import LeaderboardConfig
+from bench.eval.scorecard import LeaderboardConfig
 from prune.config import PruneConfig
 from prune.errors import PruneError
 from quantize.dynamic import QuantizeConfig, QuantizeError

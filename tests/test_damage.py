@@ -7,7 +7,8 @@ import pytest
 
 import sample
 import train
-from bench import leaderboard, perplexity
+from bench import leaderboard
+from bench.eval import perplexity
 from prune import iterative
 from quantize import dynamic
 from serve import __main__ as serve_main

@@ -89,7 +89,7 @@ def test_bad_dataset_files_are_named_errors(tmp_path):
         load_split(str(tmp_path / "wt"), "validation")
     with pytest.raises(DatasetError, match=r"wiki.test.raw is not a file"):
         load_split(str(tmp_path / "wt"), "test")
-    from bench.leaderboard import text_file_corpus  # --eval-text reads through the same check
+    from bench.eval.scorecard import text_file_corpus  # --eval-text reads through the same check
     with pytest.raises(DatasetError, match=r"wiki.valid.raw is not UTF-8"):
         text_file_corpus(tmp_path / "wt" / "wiki.valid.raw")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.perplexity import PerplexityConfig, run
+from bench.eval.perplexity import PerplexityConfig, run
 from runtime.provenance import provenance
 from storage.meta import CONFIG_FILE
 from storage.run_folder import evaluation_context, evaluation_dataset, trained_on
@@ -87,7 +87,7 @@ def test_perplexity_measures_on_the_checkpoints_own_data_and_context(tmp_path, m
     assert first == f"model: {train} (--checkpoint); dataset: {tmp_path / 'notes'} ({result['dataset_chosen']})"
 
 
-@pytest.mark.parametrize("tool", ["bench/perplexity.py", "quantize/dynamic.py", "bench/leaderboard.py"])
+@pytest.mark.parametrize("tool", ["bench/eval/perplexity.py", "quantize/dynamic.py", "bench/leaderboard.py"])
 def test_the_tools_help_says_the_dataset_defaults_to_the_checkpoints(tool, capsys):
     import importlib
     module = importlib.import_module(tool.removesuffix(".py").replace("/", "."))

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import train
-from bench.experiments.faults import READER
 from quantize.dynamic import main as quantize_main
 from runtime.provenance import provenance
 from storage.artifact import STAGING_DIR, load_model, read_meta, save_artifact
@@ -112,8 +111,8 @@ FAST_FLAGS = ["--model", "tiny", "--dataset", "builtin", "--device", "cpu", "--b
 
 def test_training_that_saves_every_step_is_undisturbed_by_a_reader_in_a_tight_loop(tmp_path, monkeypatch):
     out, stop = tmp_path / "run", tmp_path / "stop"
-    reader = subprocess.Popen([sys.executable, "-c", READER, str(out), str(stop)], stdout=subprocess.PIPE,
-                              text=True)
+    reader = subprocess.Popen([sys.executable, "-m", "bench.workloads.checkpoint_reader", str(out), str(stop)],
+                              stdout=subprocess.PIPE, text=True)
     undo = interrupt_training_at_batch(monkeypatch, 7)  # Ctrl-C after 6 saves
     try:
         with pytest.raises(SystemExit):

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 import sample
 import train
 from bench.experiments import generate_speed, serve_speed
-from bench.leaderboard import LeaderboardConfig
-from bench.perplexity import PerplexityConfig
+from bench.eval.scorecard import LeaderboardConfig
+from bench.eval.perplexity import PerplexityConfig
 from prune.config import PruneConfig
 from quantize.dynamic import QuantizeConfig
 from runtime.cli import flag, given_fields, parse_config
@@ -22,7 +22,7 @@ from tests.hostile import attempt, examples
 
 CLI = "command line"
 TOOLS = {"train.py": train.TrainConfig, "sample.py": sample.SampleConfig, "python -m serve": ServeConfig,
-         "quantize/dynamic.py": QuantizeConfig, "bench/perplexity.py": PerplexityConfig,
+         "quantize/dynamic.py": QuantizeConfig, "bench/eval/perplexity.py": PerplexityConfig,
          "bench/leaderboard.py": LeaderboardConfig, "prune/iterative.py": PruneConfig,
          # the settings of the experiments that start peers and busy processes
          "generate_speed": generate_speed.Settings, "serve_speed": serve_speed.Settings}

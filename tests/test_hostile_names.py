@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 import sample
 import serve.__main__ as serve_main
 import train
-from bench import harness, leaderboard, perplexity
+from bench import leaderboard
+from bench.eval import harness, perplexity
 from prune import iterative
 from quantize import dynamic
 from serve import demo
@@ -30,8 +31,8 @@ from tests.hostile import attempt, examples, unchanged
 # The folders under the working directory that the drawn names are typos of.
 EXISTING = ("out/mine-int8", "out/train")
 # Every module that loads a model for a tool, by the name it imported load_model under.
-LOADERS = ("sample", "serve.app", "prune.iterative", "quantize.dynamic", "storage.export", "bench.leaderboard",
-           "bench.perplexity", "bench.harness", "training.checkpoint")
+LOADERS = ("sample", "serve.app", "prune.iterative", "quantize.dynamic", "storage.export", "bench.eval.scorecard",
+           "bench.eval.perplexity", "bench.eval.harness", "training.checkpoint")
 
 
 def typo(draw, name: str) -> str:

@@ -142,7 +142,7 @@ def test_a_killed_rank_restarts_and_a_preempted_job_requeues_with_nothing_change
     continue from the last checkpoint), then the scheduler's SIGTERM reaches the agent (every rank finishes
     its step, rank 0 saves it) and the same command is run again.  The final weights are the uninterrupted
     run's, bit for bit."""
-    from bench.experiments.faults import worker_pids
+    from bench.drills.drill import worker_pids
     out = tmp_path / "run"
     launch = ["--standalone", "--nproc_per_node=2", "--max-restarts=1"]
     job = torchrun(launch, out, "--parallel", "ddp", "--resume", "auto")

@@ -1,10 +1,10 @@
-"""bench/llama_cpp_peer.py: GPT-2's tokenizer rebuilt in the form GGUF files carry it (always checked), and
+"""bench/peers/llama_cpp_peer.py: GPT-2's tokenizer rebuilt in the form GGUF files carry it (always checked), and
 llama.cpp's greedy tokens on our weights written as GGUF (only where gguf and llama-cpp-python are installed;
 CI has neither: pip builds llama.cpp from source)."""
 import pytest
 import torch
 
-from bench.llama_cpp_peer import EOT, byte_symbols, merges_from_ranks
+from bench.peers.llama_cpp_peer import EOT, byte_symbols, merges_from_ranks
 from data.tokenizer import get_tokenizer
 
 
@@ -28,7 +28,7 @@ def test_byte_symbols_are_gpt2s_printable_alphabet():
 def test_llama_cpp_decodes_our_weights(tmp_path):
     pytest.importorskip("gguf")
     pytest.importorskip("llama_cpp")
-    from bench.llama_cpp_peer import LlamaCppDecoder, gguf_files
+    from bench.peers.llama_cpp_peer import LlamaCppDecoder, gguf_files
     from model.generate import generate
     from model.gpt import GPT
     from model.sampling import SamplingParams

@@ -1,4 +1,4 @@
-"""bench/onnx_peer.py: our weights converted by ONNX Runtime's GPT-2 converter decode, in ONNX Runtime with IO
+"""bench/peers/onnx_peer.py: our weights converted by ONNX Runtime's GPT-2 converter decode, in ONNX Runtime with IO
 binding, the tokens our generate() decodes (fp32), its optimizer fused attention, and its int8 graph really is
 quantized.  Needs the optional onnxruntime, onnx and transformers 4.44 (its converter's)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("onnxruntime")
 pytest.importorskip("transformers")
 
-from bench.onnx_peer import OrtDecoder, ort_files
+from bench.peers.onnx_peer import OrtDecoder, ort_files
 from model.generate import generate
 from model.gpt import GPT
 from model.sampling import SamplingParams

@@ -1,11 +1,11 @@
-"""bench/perplexity.py: both protocols score every token once, against a hand-computed case and transformers."""
+"""bench/eval/perplexity.py: both protocols score every token once, against a hand-computed case and transformers."""
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from bench.perplexity import PerplexityConfig, main, run, score
+from bench.eval.perplexity import PerplexityConfig, main, run, score
 from data.loader import sliding_windows
 
 

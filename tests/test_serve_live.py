@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from bench.loadtest import checked, completion_body, format_table, run_level, run_levels
+from bench.eval.loadtest import checked, completion_body, format_table, run_level, run_levels
 from serve.launch import LOOPBACK, running_server
 from tests.conftest import save_small_artifact
 

@@ -6,7 +6,7 @@ import torch
 
 import model.gpt
 import train
-from bench.plot_runs import main as plot_runs_main
+from bench.eval.plot_runs import main as plot_runs_main
 from runtime.provenance import provenance
 from storage.artifact import STAGING_DIR, load_model, save_artifact
 from storage.training_state import STATE_FILE, TrainingState
@@ -40,7 +40,7 @@ def test_loss_falls_and_metrics_are_logged(tmp_path):
     assert summary.val_loss == evals[-1]["val_loss"] < 8.0
     assert evals[-1]["tokens"] == 40 * 4 * 64
 
-    # The pictures: curves.png kept by the run, several runs overlaid by bench.plot_runs.
+    # The pictures: curves.png kept by the run, several runs overlaid by bench.eval.plot_runs.
     assert (out / "curves.png").read_bytes().startswith(b"\x89PNG")
     overlay = tmp_path / "overlay.png"
     plot_runs_main([str(out), str(out), "--labels", "a,b", "--out", str(overlay)])

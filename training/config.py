@@ -73,7 +73,7 @@ class TrainConfig:
     tensorboard: bool = option(False, "also write the metrics as TensorBoard event files under OUT/tb/ (needs the "
                                       "tensorboard package)")
     curves: bool = option(True, "redraw OUT/curves.png at every evaluation (about half a second each with "
-                                "matplotlib; with --no-curves, `python -m bench.plot_runs OUT` draws it later)")
+                                "matplotlib; with --no-curves, `python -m bench.eval.plot_runs OUT` draws it later)")
     peak_flops: float | None = option(None, "one device's peak FLOP/s for MFU (default: a table of known GPUs; "
                                             "none on CPU)", above=0)
 

@@ -1,5 +1,5 @@
 """Training curves as pictures: one run's `curves.png` (kept up to date at every evaluation) and
-several runs overlaid (`python -m bench.plot_runs RUN [RUN ...]`), read from their metrics.jsonl."""
+several runs overlaid (`python -m bench.eval.plot_runs RUN [RUN ...]`), read from their metrics.jsonl."""
 from __future__ import annotations
 
 import json

@@ -19,7 +19,7 @@ from pathlib import Path
 from bench.experiment import Experiment, ExperimentError, SettingsError
 from bench.record import plt
 from bench.report_page import Page, num
-from bench.runner import ROOT, run_command
+from bench.processes import ROOT, STDOUT, run_command
 from runtime.cli import check_options, option
 from runtime.device import choose_device
 from runtime.timing import Environment, environment
@@ -125,10 +125,10 @@ class Compression:
 def run_tool(script: str, flags: list[str], timeout_s: float) -> str:
     command = [sys.executable, str(ROOT / script), *flags]
     print(" ".join(command), flush=True)
-    returncode, output, _ = run_command(command, timeout_s=timeout_s)
-    if returncode != 0:
-        what = "timed out" if returncode is None else f"failed (exit code {returncode})"
-        raise ExperimentError(f"{script} {what}:\n{output[-2000:]}")
+    done = run_command(command, timeout_s=timeout_s, stderr=STDOUT)
+    if not done.ok:
+        what = "timed out" if done.returncode is None else f"failed (exit code {done.returncode})"
+        raise ExperimentError(f"{script} {what}:\n{done.stdout[-2000:]}")
     return " ".join(command)
 
 

@@ -3,7 +3,7 @@
     python -m bench.experiments data_prep --sizes-gb 1 5          # about 15 minutes on 2 CPU cores
 
 Speed: the same WikiText text (the shared validation split repeated to `--speed-mb`) tokenized three ways, each in
-a fresh process as a user's first start is, in interleaved rounds: ours (`data.shards.prepare_split`: read from
+a fresh process as a user's first start is (bench/workloads/tokenize_split.py), in interleaved rounds: ours (`data.shards.prepare_split`: read from
 the file, cut into documents, encoded by a thread per core, written to the token file), tiktoken's own
 multi-threaded `encode_ordinary_batch` on the same documents already in memory (the encoder's limit here: no
 reading, no writing, no conversion), and a nanoGPT-style preparation (`datasets.Dataset.map(num_proc=2)` of
@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -31,12 +30,12 @@ from pathlib import Path
 import torch
 
 from bench.experiment import Experiment, ExperimentError, SettingsError
+from bench.processes import ROOT, STDOUT, run_command, start
 from bench.record import plt
 from bench.report_page import Page, num, spread
 from runtime.cli import check_options, option
 from runtime.timing import Environment, Spread, environment
 
-ROOT = Path(__file__).resolve().parents[2]
 SHARED_TEXT = ROOT.parent / "shared" / "data" / "wikitext-103-raw" / "wiki.valid.raw"
 METHODS = ("ours (prepare_split)", "tiktoken encode_ordinary_batch", "datasets.map, nanoGPT-style")
 GB = 1e9
@@ -128,59 +127,14 @@ def write_wikitext_folder(folder: Path, text: bytes, train_bytes: float) -> int:
 
 # --- the speed rounds: each method in a fresh process --------------------------------------------------
 
-CHILD = """
-import json, sys, time
-from pathlib import Path
-method, folder = sys.argv[1], Path(sys.argv[2])
-from data.local_files import local_corpus
-from data.shards import encoding_threads, prepare_split
-from data.tokenizer import get_tokenizer
-threads = encoding_threads()
-get_tokenizer()  # loaded before timing, for every method
-if method == "ours":
-    start = time.perf_counter()
-    prepare_split(str(folder), "train")
-    seconds = time.perf_counter() - start
-else:
-    docs = list(local_corpus(folder).documents("train"))  # not timed: the text is already in memory
-    encoder = get_tokenizer()
-    if method == "tiktoken":
-        start = time.perf_counter()
-        encoder.encode_ordinary_batch(docs, num_threads=threads)
-        seconds = time.perf_counter() - start
-    else:
-        import datasets, numpy as np
-        datasets.disable_progress_bars()
-        table = datasets.Dataset.from_dict({"text": docs})
-        del docs
-        def process(example):
-            ids = encoder.encode_ordinary(example["text"]) + [encoder.eot_token]
-            return {"ids": ids, "len": len(ids)}
-        start = time.perf_counter()
-        tokenized = table.map(process, remove_columns=["text"], num_proc=int(sys.argv[3]))
-        total = int(np.sum(tokenized["len"], dtype=np.uint64))
-        out = np.memmap(folder / "nanogpt.bin", dtype=np.uint16, mode="w+", shape=(total,))
-        shards, index = min(64, len(tokenized)), 0
-        for shard in range(shards):
-            batch = tokenized.shard(num_shards=shards, index=shard, contiguous=True).with_format("numpy")
-            ids = np.concatenate(batch["ids"])
-            out[index:index + len(ids)] = ids
-            index += len(ids)
-        out.flush()
-        seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "threads": threads}))
-"""
-
-
 def run_child(method: str, folder: Path, cache: Path, settings: Settings) -> dict:
     shutil.rmtree(cache, ignore_errors=True)
-    env = {**os.environ, "GPT2_DATA_CACHE": str(cache), "HF_DATASETS_CACHE": str(cache / "hf"),
-           "TQDM_DISABLE": "1"}
-    run = subprocess.run([sys.executable, "-c", CHILD, method, str(folder), str(settings.map_processes)], cwd=ROOT,
-                         env=env, capture_output=True, text=True)
-    if run.returncode:
-        raise ExperimentError(f"the {method} tokenizer failed:\n{run.stderr[-2000:]}")
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    env = {"GPT2_DATA_CACHE": str(cache), "HF_DATASETS_CACHE": str(cache / "hf"), "TQDM_DISABLE": "1"}
+    done = run_command([sys.executable, "-m", "bench.workloads.tokenize_split", method, str(folder),
+                        str(settings.map_processes)], env=env)
+    if not done.ok:
+        raise ExperimentError(f"the {method} tokenizer failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def measure_speed(settings: Settings, text: bytes, work: Path) -> tuple[list[SpeedRow], list[float], int, int]:
@@ -224,9 +178,9 @@ def tree_rss(pid: int) -> int:
 
 
 def run_measured(command: list[str], env: dict) -> tuple[float, int, str]:
-    """(seconds, peak resident bytes of the process tree sampled every 0.1 s, stdout + stderr)."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """(seconds, peak resident bytes of the process tree sampled every 0.1 s, stdout + stderr); `env`: variables
+    set for it."""
+    proc = start(command, env=env, stderr=STDOUT)
     peak = [0]
 
     def sample():
@@ -235,11 +189,11 @@ def run_measured(command: list[str], env: dict) -> tuple[float, int, str]:
             time.sleep(0.1)
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    output = proc.communicate()[0]
+    done = proc.finish()
     sampler.join()
-    if proc.returncode:
-        raise ExperimentError(f"{' '.join(command)} failed:\n{output[-3000:]}")
-    return time.perf_counter() - start, peak[0], output
+    if not done.ok:
+        raise ExperimentError(f"{' '.join(command)} failed:\n{done.stdout[-3000:]}")
+    return done.seconds, peak[0], done.stdout
 
 
 def train_command(folder: Path, out: Path) -> list[str]:
@@ -255,7 +209,7 @@ def measure_first_starts(settings: Settings, text: bytes, work: Path) -> tuple[l
         folder, cache = work / f"wikitext-{size:g}gb", work / "cache"
         split_bytes = write_wikitext_folder(folder, text, size * GB)
         shutil.rmtree(cache, ignore_errors=True)
-        env = {**os.environ, "GPT2_DATA_CACHE": str(cache)}
+        env = {"GPT2_DATA_CACHE": str(cache)}
         seconds, peak, _ = run_measured([sys.executable, *train_command(folder, work / "run")], env)
         tokens = sum(len(read_tokens(p)) for p in cache.rglob("train.bin"))
         splits.append(SplitRun(split_bytes, tokens, seconds, peak))

@@ -1,8 +1,8 @@
 """Decoding speed against the runtimes a CPU user would pick, on the same weights, each set up as its own docs
 recommend: ONNX Runtime in fp32 and int8 through its GPT-2 converter, optimizer and IO binding
-(bench/onnx_peer.py), llama.cpp in F32 and Q8_0 through its C API, several sequences in one context
-(bench/llama_cpp_peer.py), and Hugging Face transformers' generate(), each when installed; quiet, and with one
-core kept busy by another process (bench/colocated.py).
+(bench/peers/onnx_peer.py), llama.cpp in F32 and Q8_0 through its C API, several sequences in one context
+(bench/peers/llama_cpp_peer.py), and Hugging Face transformers' generate(), each when installed; quiet, and with
+one core kept busy by another process (bench/peers/colocated.py).
 
     pip install onnxruntime onnx "transformers==4.44.2"  # the peers, each optional (onnx_peer.py says why 4.44)
     pip install gguf llama-cpp-python                    # builds llama.cpp from source: 4.5 min on 2 cores
@@ -16,8 +16,8 @@ in int8 too (`quantize/dynamic.py --head int8`; `--int8-head` picks another form
 quantizes GPT-2's tied token-embedding / output matrix; its decode steps as `--decode` says (auto: what
 generate() picks), and the same steps eager beside them.
 
-Every side runs in a process of its own, kept loaded (bench/decode_sides.py), and is called in turns whose order
-reverses every other round, so that machine noise hits all alike and no runtime's threads or caches are in
+Every side runs in a process of its own, kept loaded (bench/peers/decode_sides.py), and is called in turns whose
+order reverses every other round, so that machine noise hits all alike and no runtime's threads or caches are in
 another's way. A side's first call is untimed (our traces, ONNX Runtime's and llama.cpp's first allocations);
 then each round times a one-token call (the prompt's prefill and the first token) and a whole call: end-to-end
 new tokens/s, and decode-only tokens/s (the tokens after the first over the time after the first). Each ratio is
@@ -44,9 +44,9 @@ from pathlib import Path
 
 import torch
 
-from bench.colocated import busy_cores
-from bench.decode_sides import Sides, SideSpec
 from bench.experiment import Experiment, SettingsError
+from bench.peers.colocated import busy_cores
+from bench.peers.decode_sides import Sides, SideSpec
 from bench.record import plt
 from bench.report_page import Page, spread
 from data.corpus import builtin_documents
@@ -72,7 +72,7 @@ class Settings:
     new_tokens: int = option(128, "tokens generated per row", min=2)
     batch_sizes: list[int] = option([1, 4, 12], "rows generated together", min=1)
     busy_cores: list[int] = option([0, 1], "cores kept busy by another process while the sides run (a Python "
-                                           "loop each, bench/colocated.py): 0 is a quiet machine", min=0)
+                                           "loop each, bench/peers/colocated.py): 0 is a quiet machine", min=0)
     repeats: int = option(5, "timed repeats of each side (interleaved)", min=1)
     onnx: bool = option(True, "time ONNX Runtime beside ours when onnxruntime is installed (its export takes "
                               "about a minute for GPT-2 124M)")
@@ -195,12 +195,12 @@ def side_specs(model: GPT, settings: Settings, device: torch.device, decode: str
             specs.append(run("ours int8 eager", int8_head=settings.int8_head))
     if settings.onnx and cpu and installed("onnxruntime", "onnx", "transformers"):
         print("converting the model with ONNX Runtime's GPT-2 converter and optimizer", file=sys.stderr, flush=True)
-        from bench.onnx_peer import ort_files
+        from bench.peers.onnx_peer import ort_files
         for name, graph in ort_files(model, work_dir / "onnx").items():
             specs.append(SideSpec(f"ONNX Runtime {name}", "onnxruntime", (str(graph),), threads))
     if settings.llama_cpp and cpu and installed("llama_cpp", "gguf"):
         print("writing the model as GGUF and quantizing it with llama.cpp", file=sys.stderr, flush=True)
-        from bench.llama_cpp_peer import gguf_files
+        from bench.peers.llama_cpp_peer import gguf_files
         context = settings.prompt_tokens + settings.new_tokens
         for name, path in gguf_files(model, work_dir / "gguf").items():
             specs.append(SideSpec(f"llama.cpp {name}", "llama.cpp", (str(path),), threads, context=context,
@@ -308,10 +308,10 @@ def peer_setups(versions: dict[str, str]) -> dict[str, str]:
     """How each peer that ran was set up, from the module that set it up."""
     setups = {}
     if "onnxruntime" in versions:
-        from bench.onnx_peer import SETUP
+        from bench.peers.onnx_peer import SETUP
         setups["onnxruntime"] = SETUP
     if "llama.cpp" in versions:
-        from bench.llama_cpp_peer import SETUP
+        from bench.peers.llama_cpp_peer import SETUP
         setups["llama.cpp"] = SETUP
     if "transformers" in versions:
         setups["transformers"] = TRANSFORMERS_SETUP

@@ -4,8 +4,8 @@ inside the call timed.
 
     python -m bench.experiments one_off_decode      # tiny and GPT-2 124M (random weights), 32 and 200 new tokens
 
-Each process builds the preset with random weights (seeded), packs its linear layers as sample.py does, and times
-one greedy call (end-of-text does not stop it) on a seeded random prompt: the whole call, and its first new token.
+Each process (bench/workloads/generate_once.py) builds the preset with random weights (seeded), packs its linear
+layers as sample.py does, and times one greedy call (end-of-text does not stop it) on a seeded random prompt: the whole call, and its first new token.
 The two paths run in turns within every round, in an order reversed every other round, so that a machine whose
 load drifts weighs on both alike; each figure is the median over the rounds, and the 1-minute load average is
 recorded before every round.  The tokens of the two paths are compared (greedy: they must be the same).
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,40 +23,12 @@ import torch
 from bench.experiment import Experiment, ExperimentError, SettingsError
 from bench.record import plt
 from bench.report_page import Page, num, spread
-from bench.runner import ROOT
+from bench.processes import run_command
 from model.config import PRESETS
 from runtime.cli import check_options, non_default_flags, option
 from runtime.timing import Environment, Spread, environment, paired_ratio
 
 PATHS = ("auto", "dynamic")
-
-# One call in a fresh process: argv is preset, decode, new tokens, prompt tokens, threads (0: torch's default);
-# prints one JSON line.
-CHILD = """
-import json, sys, time
-import torch
-from model.config import preset
-from model.generate import generate
-from model.gpt import GPT
-from model.packed_linear import pack_for_inference
-from model.sampling import SamplingParams
-name, decode, new_tokens, prompt_tokens, threads = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
-if threads:
-    torch.set_num_threads(threads)
-torch.manual_seed(0)
-model = GPT(preset(name)).eval()
-pack_for_inference(model)
-prompt = torch.randint(0, model.config.vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(1))
-params = SamplingParams(max_new_tokens=new_tokens, temperature=0, stop_at_eot=False)
-first = []
-start = time.perf_counter()
-out = generate(model, prompt, params, decode=decode,
-               on_token=lambda _: first or first.append(time.perf_counter() - start))
-call_s = time.perf_counter() - start
-print(json.dumps({"call_s": call_s, "first_token_s": first[0], "tokens": out[0].tolist(),
-                  "threads": torch.get_num_threads()}))
-"""
-
 
 @dataclass
 class Settings:
@@ -108,12 +79,11 @@ class OneOffDecode:
 
 
 def one_call(model: str, decode: str, new_tokens: int, settings: Settings) -> dict:
-    run = subprocess.run([sys.executable, "-c", CHILD, model, decode, str(new_tokens), str(settings.prompt_tokens),
-                          str(settings.threads or 0)],
-                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
-    if run.returncode:
-        raise ExperimentError(f"the {decode} call on {model} failed:\n{run.stderr[-2000:]}")
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    done = run_command([sys.executable, "-m", "bench.workloads.generate_once", model, decode, str(new_tokens),
+                        str(settings.prompt_tokens), str(settings.threads or 0)])
+    if not done.ok:
+        raise ExperimentError(f"the {decode} call on {model} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def measure(settings: Settings, work_dir: Path) -> OneOffDecode:

@@ -9,7 +9,7 @@ chromium (bench/browser.py) opens the page on one of them, never on the other.  
 - opens the page in a fresh browser context (no cache): the weight is the bytes of every file it loads (GET / and
   its scripts and stylesheet, as served), once it has read the server's limits and polled /metrics;
 - first token: the page generates (the form's fields as below; it asks for a stream and `logprobs`) and an httpx
-  client sends the page's own request body (bench/loadtest.py's one_request), in turns, the order reversed every
+  client sends the page's own request body (bench/eval/loadtest.py's one_request), in turns, the order reversed every
   other round.  The page's time runs from its form's submit event to the first shaded token in its document
   (performance.now(), bench/browser.py's TOKEN_TIMELINE); the client's from sending the request to reading the
   first token event;
@@ -38,7 +38,7 @@ import torch
 
 from bench.browser import TOKEN_TIMELINE, browser_missing, chromium
 from bench.experiment import Experiment, ExperimentError, SettingsError
-from bench.loadtest import PROMPTS, one_request
+from bench.eval.loadtest import PROMPTS, one_request
 from bench.record import plt
 from bench.report_page import Page, spread
 from model.config import PRESETS, preset

@@ -23,10 +23,11 @@ client's own, over every request of every round.
 
 With --llama-server, the server is also compared with llama.cpp's own server on the same weights as GGUF (F32,
 or Q8_0 beside our int8), at each --peer-clients level: that many streaming OpenAI /v1/completions requests at
-once to each (bench/loadtest.py's completion_body: 32-token prompts as token ids, greedy, exactly --new-tokens
+once to each (bench/eval/loadtest.py's completion_body: 32-token prompts as token ids, greedy, exactly --new-tokens
 tokens), ours from `python -m serve` with its defaults, llama-server with as many slots as clients, as its docs
-advise (bench/llama_cpp_peer.py's SERVER_SETUP), in interleaved rounds.  Each round sends new prompts (English
-windows of the built-in validation text), so no server answers from a cache of an earlier round's prompt.
+advise (bench/peers/llama_cpp_peer.py's SERVER_SETUP), in interleaved rounds.  Each round sends new prompts
+(English windows of the built-in validation text), so no server answers from a cache of an earlier round's
+prompt.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ import numpy as np
 import torch
 
 from bench.experiment import Experiment, SettingsError
-from bench.loadtest import (PROMPTS, LevelResult, checked, completion_body, exact_request_body, level_name,
+from bench.eval.loadtest import (PROMPTS, LevelResult, checked, completion_body, exact_request_body, level_name,
                            run_level)
 from bench.record import plt
 from bench.report_page import Page, spread
@@ -84,7 +85,7 @@ class Settings:
         check_options(self, SettingsError)
         if self.llama_server is not None and not Path(self.llama_server).is_file():
             raise SettingsError(f"--llama-server {self.llama_server} is not a file; build llama.cpp's llama-server "
-                                f"(bench/llama_cpp_peer.py says how) and give its path")
+                                f"(bench/peers/llama_cpp_peer.py says how) and give its path")
         if len(set(self.decode)) != len(self.decode):
             raise SettingsError(f"--decode names a mode twice: {' '.join(self.decode)}")
 
@@ -185,7 +186,7 @@ def measure(settings: Settings, work_dir: Path) -> ServeSpeed:
     float_model = GPT(config).eval()
     gguf = None
     if settings.llama_server:
-        from bench.llama_cpp_peer import gguf_files
+        from bench.peers.llama_cpp_peer import gguf_files
         gguf = gguf_files(float_model, work_dir / "gguf")["F32" if settings.weights == "fp32" else "Q8_0"]
     save_served_artifact(artifact, float_model, settings.weights)
     model, _ = load_model(artifact, device)  # what the server loads
@@ -253,7 +254,7 @@ def against_llama_server(settings: Settings, artifact: Path, gguf: Path, work_di
                          device: torch.device) -> PeerComparison:
     """Our server and llama-server on the same weights, each --peer-clients level in interleaved rounds."""
     from bench.experiments.generate_speed import real_prompts
-    from bench.llama_cpp_peer import SERVER_SETUP, llama_server_command, llama_server_version
+    from bench.peers.llama_cpp_peer import SERVER_SETUP, llama_server_command, llama_server_version
     binary = Path(settings.llama_server)
     threads = torch.get_num_threads()
     context = PEER_PROMPT_TOKENS + settings.new_tokens

@@ -34,10 +34,11 @@ import torch
 
 from bench.experiment import Experiment, ExperimentError, SettingsError
 from bench.experiments.generate_speed import real_prompts
-from bench.speculative_server import ServerComparison, compare_servers
+from bench.processes import ROOT, STDOUT, run_command
 from bench.record import plt
 from bench.report_page import Page, num
-from bench.runner import ROOT, TRAIN_SCRIPT, run_command
+from bench.runner import TRAIN_SCRIPT
+from bench.speculative_server import ServerComparison, compare_servers
 from data.tokenizer import decode
 from model.config import PRESETS
 from model.generate import generate
@@ -151,9 +152,9 @@ def make_model(folder: Path, command: list[str], record: list[str]) -> str:
     if folder.exists():  # the benchmark's own scratch model, made by other settings
         shutil.rmtree(folder)
     print(" ".join(command), flush=True)
-    returncode, output, _ = run_command(command)
-    if returncode != 0:
-        raise ExperimentError(f"making {folder} failed (exit code {returncode}):\n{output[-2000:]}")
+    done = run_command(command, stderr=STDOUT)
+    if not done.ok:
+        raise ExperimentError(f"making {folder} failed (exit code {done.returncode}):\n{done.stdout[-2000:]}")
     (folder / COMMAND_RECORD).write_text(json.dumps(record))
     return " ".join(command)
 

@@ -1,7 +1,7 @@
 """Where a CPU decoding step spends its time, and what each matrix product reaches: the evidence behind
 model/packed_linear.py, written as one Markdown page.
 
-    python bench/decode_profile.py                  # GPT-2 124M, random weights -> bench/results/decode_profile.md
+    python bench/standalone/decode_profile.py   # GPT-2 124M, random weights -> bench/results/decode_profile.md
 
 1. Each product of a GPT-2 step, on 1 and on 12 rows, through nn.Linear (PyTorch's default CPU path, MKL) and
    through PackedLinear (oneDNN, weight packed ahead; one row: a batched product over blocks of the weight's
@@ -99,8 +99,8 @@ def main(argv=None) -> None:
     pack_for_inference(int8)
     env = environment(torch.device("cpu"))
     lines = [f"# Decoding step profile: {args.model} on the CPU", "",
-             f"`python bench/decode_profile.py --model {args.model}` on {env.cpu}, {env.threads} threads, torch "
-             f"{env.torch}, commit {env.git_commit}, {env.date}. Read bandwidth (a sum over 1 GiB): "
+             f"`python bench/standalone/decode_profile.py --model {args.model}` on {env.cpu}, {env.threads} threads, "
+             f"torch {env.torch}, commit {env.git_commit}, {env.date}. Read bandwidth (a sum over 1 GiB): "
              f"{statistics.median(read_bandwidth()):.1f} GB/s. Ours packed: {note}.", "",
              "## Each product, weights streamed from memory (GB/s of weights read)", "",
              "| matrix (out x in) | rows | nn.Linear (MKL) | PackedLinear (one row: row blocks; more: oneDNN) "

@@ -1,7 +1,8 @@
 """Time a new user's two commands in the README's order, `make demo` then `make test`, on a fresh clone of the
 current commit.
 
-    python bench/make_timings.py                  # about 11 minutes on 2 CPU cores; writes bench/results/make_timings.json
+    python bench/standalone/make_timings.py   # about 11 minutes on 2 CPU cores; writes
+                                              # bench/results/make_timings.json
 
 The clone starts without `.venv`, so `make demo` includes creating it and installing the pins (from the local
 wheel cache where there is one) and fetching the tokenizer; `make test` then runs with that `.venv`, as for a
@@ -10,20 +11,18 @@ from nothing).  The README quotes these figures.
 """
 from __future__ import annotations
 
-import subprocess
+import os
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from bench.processes import INHERIT, ROOT, run_command
 from bench.record import RESULTS_DIR, write_result
 from runtime.cli import entry_point, option, parse_config
 from runtime.errors import UserError
 from runtime.timing import Environment, environment
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -48,20 +47,23 @@ class MakeTimings:
 
 
 def time_targets(cfg: TimingsConfig) -> MakeTimings:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                            check=True).stdout.strip()
+    described = run_command(["git", "rev-parse", "--short", "HEAD"])
+    if not described.ok:
+        raise UserError(f"git cannot name this checkout's commit: {described.stderr.strip()}")
+    commit = described.stdout.strip()
     timings = []
     with tempfile.TemporaryDirectory() as tmp:
         clone = Path(tmp) / "clone"
-        subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+        if not run_command(["git", "clone", "-q", str(ROOT), str(clone)], stdout=INHERIT, stderr=INHERIT).ok:
+            raise UserError(f"git could not clone {ROOT} into {clone}")
         for target in cfg.targets.split(","):
-            started = time.perf_counter()
-            run = subprocess.run(["make", target], cwd=clone, capture_output=True, text=True)
-            seconds = time.perf_counter() - started
-            lines = [line for line in (run.stdout + run.stderr).splitlines() if line.strip()]
+            # The clone's make runs the clone's code: this process's environment, not this checkout first on
+            # PYTHONPATH.
+            run = run_command(["make", target], cwd=clone, base_env=os.environ)
+            lines = [line for line in run.output.splitlines() if line.strip()]
             summary = next((line for line in reversed(lines) if " passed" in line), lines[-1] if lines else "")
-            timings.append(TargetTiming(target, seconds, run.returncode, summary.strip()[:200]))
-            minutes, rest = divmod(round(seconds), 60)  # whole minutes: 333 s is 5 min 33 s, not "6 min 33 s"
+            timings.append(TargetTiming(target, run.seconds, run.returncode, summary.strip()[:200]))
+            minutes, rest = divmod(round(run.seconds), 60)  # whole minutes: 333 s is 5 min 33 s, not "6 min 33 s"
             print(f"make {target}: {minutes} min {rest:02d} s, exit {run.returncode}: {summary}")
             if run.returncode:
                 # pytest's FAILED/ERROR lines name what broke; stderr (pip's notices) would bury them.

@@ -1,6 +1,6 @@
 """How long train.py takes to exit after SIGTERM in the middle of a long step, saving the last whole step.
 
-    python bench/stop_time.py        # about 8 minutes on 2 CPU cores; writes bench/results/stop_time.json
+    python bench/standalone/stop_time.py   # about 8 minutes on 2 CPU cores; writes bench/results/stop_time.json
 
 The run is GPT-2 124M at a CPU-sized batch (4 x 256 tokens, 32 micro-batches a step: about two minutes a step on
 2 cores), so a stop that waited for the step to end would take a minute on average.  Each repeat starts the run
@@ -10,7 +10,6 @@ in a fresh folder, waits for step 1 to finish (so the save holds optimizer state
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -19,13 +18,13 @@ from pathlib import Path
 
 import torch
 
+from bench.processes import STDOUT, start
 from bench.record import RESULTS_DIR, write_result
 from runtime.cli import entry_point, option, parse_config
 from runtime.errors import UserError
 from runtime.timing import Environment, Spread, environment
 from storage.training_state import TrainingState
 
-ROOT = Path(__file__).resolve().parent.parent
 COMMAND = ["train.py", "--model", "gpt2", "--dataset", "builtin", "--batch-size", "4", "--grad-accum", "32",
            "--block-size", "256", "--max-steps", "100", "--log-interval", "1", "--no-curves"]
 
@@ -51,8 +50,7 @@ class StopTime:
 
 
 def stop_once(cfg: StopTimeConfig, out: Path) -> tuple[float, float, int, int, str, str]:
-    proc = subprocess.Popen([sys.executable, *COMMAND, "--out-dir", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = start([sys.executable, *COMMAND, "--out-dir", str(out)], stderr=STDOUT)
     step_s, estimate, said = None, "", ""
     for line in proc.stdout:
         print(line, end="", flush=True)

@@ -220,7 +220,7 @@ def llama_server_command(binary: Path, gguf: Path, slots: int, context: int, thr
 
 def llama_server_version(binary: Path) -> str:
     """What `llama-server --version` says of its build (version number and commit)."""
-    import subprocess
-    done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
-    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("version")]
+    from bench.processes import run_command
+    lines = [line for line in run_command([str(binary), "--version"], cwd=None, timeout_s=60).output.splitlines()
+             if line.startswith("version")]
     return lines[0].removeprefix("version: ") if lines else "unknown"

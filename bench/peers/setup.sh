@@ -3,21 +3,24 @@
 # converter works with), llama-cpp-python and gguf, and llama.cpp's llama-server built from the llama.cpp that
 # llama-cpp-python's sdist vendors.  About 20 minutes on 2 cores, most of it compiling llama.cpp twice.
 #
-#     bash bench/setup_peers.sh            # after `make setup`; writes .peers/
+#     bash bench/peers/setup.sh            # after `make setup`; writes .peers/
 #     .peers/venv/bin/python -m bench.experiments generate_speed
 #     .peers/venv/bin/python -m bench.experiments serve_speed --llama-server .peers/llama-server
 #
 # .peers/venv sees the project's packages through a .pth file pointing at .venv's site-packages, so the
 # benchmark runs our code beside the peers with the project's own pinned torch; its own packages come first.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PEERS=.peers
 LLAMA_CPP_PYTHON=0.3.36
 test -x .venv/bin/python || { echo "error: no .venv here; run 'make setup' first" >&2; exit 1; }
 mkdir -p "$PEERS"
 test -x "$PEERS/venv/bin/python" || python3 -m venv "$PEERS/venv"
-site=$("$PEERS/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$site/project.pth"
+# A Python's site-packages, as its own `python -m sysconfig` reports it.
+site_packages() { "$1" -m sysconfig | sed -n 's/^\tpurelib = "\(.*\)"$/\1/p'; }
+site=$(site_packages "$PEERS/venv/bin/python")
+test -d "$site" || { echo "error: $PEERS/venv's python names no site-packages folder" >&2; exit 1; }
+site_packages .venv/bin/python > "$site/project.pth"
 # torch and numpy as the project pins them, never replaced by a peer's requirement.
 .venv/bin/pip freeze | grep -E '^(torch|numpy)==' > "$PEERS/constraints.txt"
 # transformers 4.44: ONNX Runtime's GPT-2 converter hands the model a tuple cache, which transformers 5 refuses.

@@ -1,7 +1,7 @@
 """Perplexity of any model over a whole split, with both protocols of transformers' perplexity guide.
 
-    python bench/perplexity.py --checkpoint out/demo/train      # its training dataset's validation split
-    python bench/perplexity.py --checkpoint /path/to/gpt2 --dataset ../shared/data/wikitext-103-raw --split test
+    python bench/eval/perplexity.py --checkpoint out/demo/train      # its training dataset's validation split
+    python bench/eval/perplexity.py --checkpoint /path/to/gpt2 --dataset ../shared/data/wikitext-103-raw --split test
 
 Non-overlapping windows restart the context every `context` tokens; the sliding window advances by
 `--stride` (default half the context: 512 for GPT-2) and scores each token once with up to a full context

@@ -1,7 +1,7 @@
 """Overlay the training curves of several runs in one picture (loss against tokens seen, learning rate,
 tokens/s), e.g. ddp against fsdp against tp, or a run before and after pruning's fine-tune.
 
-    python -m bench.plot_runs out/ddp out/fsdp out/tp --out out/compare.png
+    python -m bench.eval.plot_runs out/ddp out/fsdp out/tp --out out/compare.png
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class PlotConfig:
 
     def __post_init__(self):
         if not self.runs:
-            raise PlotError("name at least one run folder: python -m bench.plot_runs RUN [RUN ...]")
+            raise PlotError("name at least one run folder: python -m bench.eval.plot_runs RUN [RUN ...]")
         if self.labels is not None and len(self.labels.split(",")) != len(self.runs):
             raise PlotError(f"--labels names {len(self.labels.split(','))} runs but {len(self.runs)} were given")
 

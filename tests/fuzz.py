@@ -1,8 +1,8 @@
 """The hostile-input suite's long run (`make fuzz`): tests/test_hostile_*.py under Hypothesis's `fuzz` profile, round
 after round with fresh random examples until the time is up, every attempt counted per surface and outcome.
 
-    python bench/fuzz.py                      # 20 minutes; writes bench/results/fuzz.json
-    python bench/fuzz.py --minutes 3          # a shorter look
+    python -m tests.fuzz                     # 20 minutes; writes bench/results/fuzz.json
+    python -m tests.fuzz --minutes 3         # a shorter look
 
 `make test` runs the same properties under the fixed-seed `ci` profile; here each property draws FUZZ_FACTOR
 times the examples (tests/hostile.py), and each round new ones.  A round stops at its first failing property and
@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,13 +20,13 @@ from pathlib import Path
 
 import torch
 
+from bench.processes import ROOT, run_command
 from bench.record import RESULTS_DIR, write_result
 from runtime.cli import check_options, entry_point, option, parse_config
 from runtime.errors import UserError
 from runtime.timing import Environment, environment
 from tests.hostile import FUZZ_FACTOR, PROFILE_ENV, REPORT_ENV
 
-ROOT = Path(__file__).resolve().parent.parent
 SUITE = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_hostile_*.py"))
 BAD_OUTCOMES = ("traceback", "bad message", "source changed")
 KEPT_BAD_EXAMPLES = 5
@@ -69,9 +67,8 @@ class FuzzReport:
 
 def run_round(report_path: Path, workers: int) -> list[str]:
     """One pytest run of the suite under the fuzz profile; returns its FAILED lines."""
-    env = {**os.environ, PROFILE_ENV: "fuzz", REPORT_ENV: str(report_path)}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", str(workers),
-                          "--dist", "loadfile", "-x", *SUITE], cwd=ROOT, env=env, capture_output=True, text=True)
+    run = run_command([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", str(workers), "--dist",
+                       "loadfile", "-x", *SUITE], env={PROFILE_ENV: "fuzz", REPORT_ENV: str(report_path)})
     failed = [line for line in run.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
     for line in run.stdout.splitlines():  # what a user needs to replay a failure: the property and its example
         if line.startswith(("FAILED", "ERROR")) or "@reproduce_failure" in line or \
@@ -97,8 +94,7 @@ def count(report_path: Path) -> list[SurfaceCount]:
 def fuzz(cfg: FuzzConfig) -> FuzzReport:
     if not SUITE:
         raise UserError("no tests/test_hostile_*.py files: run this from the repository")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
+    commit = run_command(["git", "rev-parse", "--short", "HEAD"]).stdout.strip()
     deadline, rounds, failed = time.monotonic() + cfg.minutes * 60, 0, []
     with tempfile.TemporaryDirectory() as tmp:
         report_path = Path(tmp) / "attempts.jsonl"

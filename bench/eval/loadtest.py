@@ -1,7 +1,7 @@
 """Load-test a running generation server from loopback at several concurrency levels.
 
-    python bench/loadtest.py --url http://127.0.0.1:8000
-    python bench/loadtest.py --checkpoint out/demo/train        # starts its own server on a free port
+    python bench/eval/loadtest.py --url http://127.0.0.1:8000
+    python bench/eval/loadtest.py --checkpoint out/demo/train        # starts its own server on a free port
 
 Each level sends max(--min-requests, concurrency) streaming /generate requests, at most
 `concurrency` at a time, and starts no new request after --level-time-limit seconds.  Request

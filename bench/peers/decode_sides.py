@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import subprocess
 import sys
 import time
 import traceback
@@ -24,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from bench.processes import INHERIT, PIPE, Process, start
 from runtime.device import synchronize
 
 @dataclass(frozen=True)
@@ -95,12 +95,12 @@ def _build(spec: SideSpec) -> tuple[Callable[[torch.Tensor, int], torch.Tensor],
     if spec.runtime == "onnxruntime":
         import onnxruntime
 
-        from bench.onnx_peer import OrtDecoder
+        from bench.peers.onnx_peer import OrtDecoder
         return OrtDecoder.load(Path(spec.files[0]), spec.threads).generate, {"version": onnxruntime.__version__}
     if spec.runtime == "llama.cpp":
         import llama_cpp
 
-        from bench.llama_cpp_peer import LlamaCppDecoder
+        from bench.peers.llama_cpp_peer import LlamaCppDecoder
         return (LlamaCppDecoder.load(Path(spec.files[0]), spec.threads, spec.context, spec.rows).generate,
                 {"version": llama_cpp.__version__})
     if spec.runtime == "transformers":
@@ -136,15 +136,16 @@ class SideError(RuntimeError):
 
 class Sides:
     """Side processes, started together (their loading overlaps) and ended on leaving the `with` block.  Each
-    is a fresh `python -m bench.decode_sides`, which imports only what its runtime needs, talking pickles over
+    is a fresh `python -m bench.peers.decode_sides`, which imports only what its runtime needs, talking pickles over
     its stdin and stdout (what a runtime prints goes to stderr)."""
 
     def __init__(self, specs: list[SideSpec]):
         self.names = [spec.name for spec in specs]
-        self.processes: dict[str, subprocess.Popen] = {}
+        self.processes: dict[str, Process] = {}
         for spec in specs:
-            process = subprocess.Popen([sys.executable, "-m", "bench.decode_sides"], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE)
+            # Where the parent is: the files it names may be relative to its working directory.
+            process = start([sys.executable, "-m", "bench.peers.decode_sides"], cwd=None, stdin=PIPE, stderr=INHERIT,
+                            text=False)
             pickle.dump(spec, process.stdin)
             process.stdin.flush()
             self.processes[spec.name] = process
@@ -165,10 +166,7 @@ class Sides:
             except OSError:  # it has ended already
                 pass
         for process in self.processes.values():
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            process.stop(grace_s=10)
 
     def _answer(self, name: str):
         process = self.processes[name]

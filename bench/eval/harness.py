@@ -1,6 +1,6 @@
 """lm-evaluation-harness against `python -m serve`, unchanged, and item by item against our own scoring.
 
-    python bench/harness.py --lm-eval /path/to/venv/bin/lm_eval --checkpoint out/demo/train
+    python bench/eval/harness.py --lm-eval /path/to/venv/bin/lm_eval --checkpoint out/demo/train
 
 lm-eval is not a dependency of the project: install it anywhere with its API backends (`python -m venv /tmp/lm &&
 /tmp/lm/bin/pip install torch==2.13.0 'lm-eval[api]==0.4.13'`: the `api` extra brings the `local-completions`
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from bench.processes import run_command
 from data.corpus import builtin_documents
 from data.tiktoken_cache import fill_cache
 from data.tokenizer import get_tokenizer, ranks_file
@@ -104,20 +104,26 @@ def run_harness(cfg: HarnessConfig, work: Path, url: str, cache: Path) -> tuple[
                f"model=gpt2,base_url={url}/v1/completions,tokenizer_backend=tiktoken,num_concurrent=1",
                "--tasks", TASK, "--include_path", str(work), "--output_path", str(work / "out"), "--log_samples",
                "--batch_size", "1"]
+    # lm-eval's own environment, not ours: only what it needs, and its path as the user gave it.
     env = {"TIKTOKEN_CACHE_DIR": str(cache), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
            "PATH": "/usr/bin:/bin"}
     try:
-        run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
+        run = run_command(command, cwd=None, base_env=env, timeout_s=1800)
     except FileNotFoundError as e:
         raise HarnessError(f"--lm-eval {cfg.lm_eval} cannot be run ({e}); install lm-eval and pass its lm_eval")
-    if run.returncode:
+    if run.returncode is None:
+        raise HarnessError(f"lm_eval did not finish in {run.seconds / 60:.0f} minutes:\n{run.stderr[-3000:]}")
+    if not run.ok:
         raise HarnessError(f"lm_eval failed (exit {run.returncode}):\n{run.stderr[-3000:]}")
     results = json.loads(next((work / "out").rglob("results_*.json")).read_text())
     samples = [json.loads(line) for line in next((work / "out").rglob(f"samples_{TASK}_*.jsonl")).open()]
-    version = subprocess.run([str(Path(cfg.lm_eval).with_name("python")), "-c",
-                              "import importlib.metadata as m; print(m.version('lm_eval'))"],
-                             capture_output=True, text=True).stdout.strip()
-    return results, sorted(samples, key=lambda s: s["doc_id"]), version
+    return results, sorted(samples, key=lambda s: s["doc_id"]), lm_eval_version(cfg.lm_eval)
+
+
+def lm_eval_version(lm_eval: str) -> str:
+    """What pip in lm_eval's own environment says of the package's version ("" when it cannot tell)."""
+    shown = run_command([str(Path(lm_eval).with_name("python")), "-m", "pip", "show", "lm_eval"], cwd=None).stdout
+    return next((line.split(":", 1)[1].strip() for line in shown.splitlines() if line.startswith("Version:")), "")
 
 
 def say(what: str) -> None:
@@ -155,7 +161,7 @@ def harness(cfg: HarnessConfig) -> dict:
                       "greedy_flags_equal": sum(a[1] == b[1] for a, b in zip(ours, theirs)),
                       "ours": "training/evaluate.py evaluate_loss on the harness's token split"},
         "checkpoint": str(folder), "torch": torch.__version__, "git_commit": git_commit(),
-        "command": " ".join(["python bench/harness.py", *sys.argv[1:]]),
+        "command": " ".join(["python bench/eval/harness.py", *sys.argv[1:]]),
     }
 
 

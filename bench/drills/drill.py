@@ -1,0 +1,116 @@
+"""What a fault drill is, and what the drills share.  A drill (one module each in bench/drills/) runs the real
+tools in their own processes under one suite's settings and returns a `Drill`: its trials, failures, the work lost
+and notes.  Shared: the drills' training run, reading what a run logged and saved, the small served model, and
+torchrun's worker processes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bench.experiment import SettingsError
+from model.config import GPTConfig
+from model.gpt import GPT
+from runtime.cli import check_options, non_default_flags, option
+from runtime.provenance import provenance
+from storage.artifact import save_artifact
+from storage.training_state import TrainingState
+from storage.weights import ArtifactError
+from training.config import TrainConfig
+
+# The drills' training run; each drill changes its steps, checkpoints and folder.
+DRILL_RUN = TrainConfig(model="tiny", dataset="builtin", device="cpu", batch_size=4, block_size=64, log_interval=1,
+                        eval_interval=1000, final_eval_batches=2, warmup_steps=5, lr=2e-3)
+
+
+def train_argv(**changes) -> list[str]:
+    """train.py and its flags for the drills' run with `changes` (typed: a misspelt setting fails here)."""
+    return ["train.py", *non_default_flags(dataclasses.replace(DRILL_RUN, **changes))]
+
+
+def train_command(**changes) -> list[str]:
+    return [sys.executable, *train_argv(**changes)]
+
+
+@dataclass
+class DrillSettings:
+    reader_steps: int = option(12, "steps of the run read during saves (one save a step)", min=1)
+    readers: int = option(2, "reader processes beside that run", min=1)
+    kills: int = option(3, "kill -9 drills", min=1)
+    kill_steps: int = option(12, "steps of each killed-and-resumed run", min=8)
+    poison_batches: int = option(3, "batches with a poison request", min=1)
+    greedy_per_batch: int = option(3, "greedy requests batched with each poison one", min=1)
+    slow_clients: int = option(20, "connections trickling their headers", min=1)
+    read_timeout_s: float = option(2.0, "the server's --read-timeout-s in that drill")
+    rank_kills: int = option(1, "2-rank DDP jobs whose second rank is killed (each drill: "
+                                "job ends, job restarts)", min=1)
+    dist_timeout_s: float = option(20.0, "those jobs' --dist-timeout-s")
+    disk_full_runs: int = option(1, "training runs that fill a small tmpfs")
+    seed: int = option(0, "seed of the kill moments")
+
+    def __post_init__(self):
+        check_options(self, SettingsError)
+
+
+@dataclass
+class Drill:
+    name: str
+    trials: int
+    failures: int
+    work_lost: str  # in the drill's own unit, or "-" where nothing can be lost
+    seconds: float
+    notes: list[str]
+
+
+def last_error_line(text: str) -> str:
+    """The line that says what went wrong: the tool's own `error:` line, else torchrun's exit summary."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return next((line for marker in ("error:", "exitcode", "Signal") for line in reversed(lines) if marker in line),
+                lines[-1] if lines else "")[:200]
+
+
+def steps(n: int) -> str:
+    return f"{n} step{'' if n == 1 else 's'}"
+
+
+def logged_losses(folder: Path) -> dict[int, float]:
+    path = folder / "metrics.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+
+def saved_step(folder: Path) -> int:
+    try:
+        state = TrainingState.read(folder)
+        return state.step if state else 0
+    except ArtifactError:  # read while the first save was being written
+        return 0
+
+
+def small_artifact(folder: Path) -> Path:
+    """The served model of the server drills, saved by the first drill that needs it."""
+    if not (folder / "config.json").exists():
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=128))
+        save_artifact(folder, model, model.config, "float", provenance("bench/drills/drill.py"))
+    return folder
+
+
+def worker_pids(parent: int) -> dict[int, int]:
+    """LOCAL_RANK -> pid of torchrun's worker processes (read from /proc)."""
+    workers = {}
+    for task in Path(f"/proc/{parent}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            rank = next((int(v.split(b"=")[1]) for v in env if v.startswith(b"LOCAL_RANK=")), None)
+            if rank is not None:
+                workers[rank] = int(child)
+    return workers

@@ -1,0 +1,354 @@
+"""The scorecard of one artifact, measured: the configuration, the plan checked against the model's context, the
+validation loss, generation and training throughput, and the record of each figure with its unit, definition and
+spread.  `python bench/leaderboard.py` is its command; its help says what the five keys mean.
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from bench.runner import run_train, window_summary
+from data.corpus import Corpus, dataset_help
+from data.documents import text_blocks
+from data.loader import eval_batches
+from data.local_files import TEXT_FIX, whole_file_corpus
+from data.shards import load_split, prepare_split
+from training.evaluate import evaluate_loss
+from model.generate import generate
+from model.gpt import GPT
+from model.packed_linear import pack_for_inference
+from model.sampling import SamplingParams
+from parallel.layout import MULTI_PROCESS_MODES
+from runtime.cli import check_options, option
+from runtime.device import choose_device, peak_memory_bytes, precision_policy, synchronize
+from runtime.errors import UserError
+from runtime.progress import ProgressBar
+from runtime.provenance import provenance
+from runtime.timing import Spread, environment, time_repeats
+from storage.artifact import load_model, save_artifact
+from storage.run_folder import evaluation_context, evaluation_dataset, pick_checkpoint
+from training.config import TrainConfig
+
+GENERATION_BATCHES = (1, 12)
+TRAINING_BATCHES = (4, 12)
+REFERENCE_NEW_TOKENS = 500
+UNITS = {
+    "loss": "nats per token (mean cross-entropy)",
+    "inference_latency_1": "new tokens per second",
+    "inference_latency_12": "new tokens per second",
+    "training_throughput_4": "training tokens per second (whole job)",
+    "training_throughput_12": "training tokens per second (whole job)",
+    "time_to_first_token_s": "seconds",
+    "ms_per_token_batch_1": "milliseconds per new token",
+    "peak_memory_bytes": "bytes",
+}
+
+
+DEFAULT_DATASET = "wikitext-103"  # for a checkpoint that records no training dataset
+# The reference scorecard's protocol: gradient accumulation per optimizer step (this project's default: 1).
+REFERENCE_GRAD_ACCUM = 40
+REFERENCE_BLOCK = 128
+PROTOCOLS = {"default": 1, "reference": REFERENCE_GRAD_ACCUM}
+
+
+class LeaderboardError(UserError):
+    """Settings that cannot work, or a training run that failed; printed without a traceback."""
+
+
+@dataclass
+class LeaderboardConfig:
+    checkpoint: str | None = option(None, "artifact folder or Hugging Face GPT-2 id (default: the train.py checkpoint under out/ trained on "
+                                          "the most tokens)")
+    dataset: str | None = option(None, f"evaluation corpus, validation split: {dataset_help()} (default: the "
+                                       f"checkpoint's training dataset, else {DEFAULT_DATASET})")
+    eval_text: Path | None = option(None, "evaluate on this local text file instead of "
+                                          "--dataset (all of it)")
+    eval_batch_size: int = option(8, "evaluation windows per forward pass", min=1)
+    eval_block_size: int | None = option(None, "evaluation window (default: the block size the model was "
+                                               "trained at, else its context)", min=1)
+    prompt_tokens: int = option(16, "prompt length for the generation figures", min=1)
+    new_tokens: int | None = option(None, f"new tokens per generation (default: {REFERENCE_NEW_TOKENS} as the reference, or as many as the "
+                                          f"model's context leaves after the prompt, whichever is smaller)", min=1)
+    repeats: int = option(3, "timed repeats per figure (after one warm-up)", min=1)
+    parallel: str = option("none", "training figures: none (one process) or a torchrun mode of train.py", choices=("none", *MULTI_PROCESS_MODES))
+    nproc_per_node: int = option(2, "ranks for --parallel (torchrun)", min=1)
+    block_size: int | None = option(None, "training block size (default: the model's "
+                                          "context)", min=1)
+    train_steps: int = option(3, "optimizer steps per timed training window", min=1)
+    train_dataset: str = option("builtin", "training text for the throughput runs (content does not change the speed)")
+    threads: int | None = option(None, "torch threads per training rank (default: "
+                                       "torch's choice)", min=1)
+    device: str = option("auto", "auto, cpu, cuda, ...")
+    protocol: str = option("default", f"reference: the reference scorecard's settings (training: grad accumulation {REFERENCE_GRAD_ACCUM} "
+                                      f"x micro-batch 4 or 12 x block {REFERENCE_BLOCK}; generation: batch x {REFERENCE_NEW_TOKENS} new "
+                                      f"tokens / time); default: this project's", choices=tuple(PROTOCOLS))
+    out: Path | None = option(None, "also write the JSON here")
+
+    def __post_init__(self):
+        check_options(self, LeaderboardError)
+        if self.eval_text is not None and self.dataset is not None:
+            raise LeaderboardError("give --dataset or --eval-text, not both")
+        if self.parallel not in ("none", *MULTI_PROCESS_MODES):
+            raise LeaderboardError(f"--parallel {self.parallel} is not a torchrun mode")
+
+
+def text_file_corpus(path: Path) -> Corpus:
+    """A local text file as a corpus whose validation split is the whole file."""
+    if not path.is_file():
+        raise LeaderboardError(f"--eval-text {path} is not a file")
+    if not any(block.strip() for block in text_blocks(path, TEXT_FIX)):
+        raise LeaderboardError(f"--eval-text {path} holds no text")
+    return whole_file_corpus(path, "validation")
+
+
+def evaluation_tokens(args: LeaderboardConfig, dataset: str):
+    if args.eval_text:
+        return load_split(text_file_corpus(args.eval_text), "validation"), f"file {args.eval_text}"
+    return load_split(dataset, "validation"), f"{dataset} validation split"
+
+
+def chosen_dataset(args: LeaderboardConfig, folder: Path) -> tuple[str, str]:
+    """The evaluation text's name and why it was chosen, for the first line and the scorecard."""
+    if args.eval_text:
+        return str(args.eval_text), "from --eval-text"
+    return evaluation_dataset(args.dataset, folder, DEFAULT_DATASET)
+
+
+def validation_loss(model, tokens, block: int, batch_size: int, device, precision) -> dict:
+    n_batches = -(-((len(tokens) - 1 + block - 1) // block) // batch_size)
+    batches = ProgressBar(eval_batches(tokens, block, batch_size), total=n_batches, desc="validation",
+                          unit=" batch", leave=False)
+    return evaluate_loss(model, batches, device, precision.autocast)
+
+
+def generation_figures(model, tokens, prompt_tokens: int, new_tokens: int, repeats: int, device) -> dict:
+    """Greedy decoding with the KV cache and no early stop, so every run makes exactly `new_tokens` per row."""
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=0, stop_at_eot=False)
+    stride = max(1, (len(tokens) - prompt_tokens) // max(GENERATION_BATCHES))
+    rows = [torch.from_numpy(tokens[i * stride:i * stride + prompt_tokens].astype("int64"))
+            for i in range(max(GENERATION_BATCHES))]
+    figures = {}
+    bar = ProgressBar(total=len(GENERATION_BATCHES) * (repeats + 1), desc="generation throughput", unit=" call",
+                      file=sys.stderr)
+    for batch in GENERATION_BATCHES:
+        prompt = torch.stack(rows[:batch]).to(device)
+        first_token_s = []  # per call: from its start to its first new token
+        bar.set_postfix_str(f"batch {batch}")
+
+        def run():
+            start, first = time.perf_counter(), []
+
+            def on_token(_token):
+                if not first:
+                    synchronize(device)
+                    first.append(time.perf_counter() - start)
+
+            generate(model, prompt, params, on_token=on_token)
+            first_token_s.append(first[0])
+            bar.update()
+
+        totals = time_repeats(run, repeats, warmup=1, device=device)
+        ttfts = first_token_s[1:]  # the first call is the warm-up
+        figures[batch] = {
+            "tokens_per_s": Spread.of([batch * new_tokens / total for total in totals]),
+            "time_to_first_token_s": Spread.of(ttfts),
+            # Decoding after the first token (the prompt's prefill is in the time to first token).
+            "ms_per_token": Spread.of([1000 * (total - ttft) / max(1, new_tokens - 1)
+                                       for total, ttft in zip(totals, ttfts)]),
+        }
+    bar.close()  # stays on screen with its rate
+    return figures
+
+
+def trainable_source(folder: Path, meta: dict, workdir: Path) -> Path:
+    """The folder train.py starts from: the artifact itself, or for int8 its float architecture."""
+    if meta.kind != "int8":
+        return folder
+    config = meta.model
+    float_copy = workdir / "float-architecture"
+    save_artifact(float_copy, GPT(config), config, "float", provenance("bench/leaderboard.py", folder))
+    return float_copy
+
+
+def training_figures(args: LeaderboardConfig, source: Path, block: int, workdir: Path, grad_accum: int) -> dict:
+    parallel = args.parallel != "none"
+    steps = args.train_steps * (args.repeats + 1)
+    figures = {}
+    for number, batch in enumerate(TRAINING_BATCHES, 1):
+        config = TrainConfig(init_from=str(source), dataset=args.train_dataset, batch_size=batch, block_size=block,
+                             max_steps=steps, log_interval=args.train_steps, eval_interval=steps, eval_batches=1,
+                             final_eval_batches=1, warmup_steps=1, parallel=args.parallel, device=args.device,
+                             grad_accum=grad_accum, curves=False)
+        print(f"training throughput ({number}/{len(TRAINING_BATCHES)}): micro-batch {batch} x block {block}"
+              f"{f', {args.parallel} on {args.nproc_per_node} ranks' if parallel else ''}", file=sys.stderr)
+        run = run_train(workdir / f"train_{batch}", config, nproc=args.nproc_per_node if parallel else None,
+                        threads=args.threads)
+        if not run.ok:
+            raise LeaderboardError(f"train.py failed for micro-batch {batch}: {run.failure()}\n{run.output_tail}")
+        windows = run.timed_windows(skip=1)
+        last = run.step_records[-1]
+        figures[batch] = {"tokens_per_s": window_summary(windows, "tokens_per_s"),
+                          "peak_memory_bytes": last.get("peak_memory_bytes"),
+                          "peak_memory_bytes_per_rank": last.get("peak_memory_bytes_per_rank"),
+                          "topology": {key: last.get(key, default) for key, default in
+                                       (("nodes", 1), ("processes_per_node", 1), ("backend", None))},
+                          "command": " ".join(run.command)}
+    return figures
+
+
+@dataclass
+class Plan:
+    """What the scorecard measures, checked against the model's context before anything runs."""
+    eval_block: int
+    train_block: int
+    new_tokens: int
+    new_tokens_note: str
+
+
+def plan(args: LeaderboardConfig, context: int, eval_block: int) -> Plan:
+    """`eval_block`: the evaluation window, given or the one the model was trained at."""
+    reference = args.protocol == "reference"
+    train_block = REFERENCE_BLOCK if reference else args.block_size or context
+    if reference and args.prompt_tokens + REFERENCE_NEW_TOKENS > context:
+        raise LeaderboardError(f"--protocol reference generates {REFERENCE_NEW_TOKENS} new tokens after the "
+                               f"{args.prompt_tokens}-token prompt, which this model's context of {context} cannot "
+                               f"hold; score it with --protocol default (or a model with a longer context)")
+    if reference and args.new_tokens not in (None, REFERENCE_NEW_TOKENS):
+        raise LeaderboardError(f"--protocol reference fixes the new tokens at {REFERENCE_NEW_TOKENS}; "
+                               f"drop --new-tokens")
+    for name, value in (("--eval-block-size", eval_block), ("--block-size", train_block)):
+        if value > context:
+            raise LeaderboardError(f"{name} {value} exceeds the model's context of {context}")
+    if args.prompt_tokens >= context:
+        raise LeaderboardError(f"--prompt-tokens {args.prompt_tokens} leaves no room in the context of {context}")
+    if args.new_tokens is not None and args.prompt_tokens + args.new_tokens > context:
+        raise LeaderboardError(f"--prompt-tokens + --new-tokens = {args.prompt_tokens + args.new_tokens} exceeds "
+                               f"the model's context of {context}")
+    new_tokens = args.new_tokens or min(REFERENCE_NEW_TOKENS, context - args.prompt_tokens)
+    note = (f"{new_tokens} new tokens: the reference's {REFERENCE_NEW_TOKENS} do not fit after a "
+            f"{args.prompt_tokens}-token prompt in this model's context of {context}"
+            if args.new_tokens is None and new_tokens < REFERENCE_NEW_TOKENS else f"{new_tokens} new tokens")
+    return Plan(eval_block, train_block, new_tokens, note)
+
+
+@dataclass
+class Measured:
+    folder: Path
+    meta: dict
+    plan: Plan
+    device: torch.device
+    precision: object
+    dataset: str  # the evaluation text's name
+    dataset_chosen: str  # why it is that one
+    described: str  # the evaluation text, in words
+    eval_tokens: int
+    validation: dict
+    generation: dict
+    inference_peak: int | None
+    training: dict
+
+
+def measure(args: LeaderboardConfig) -> Measured:
+    """Load the model, check the plan, then measure: loss, generation, training."""
+    device = choose_device(args.device)
+    folder, why = pick_checkpoint(args.checkpoint)
+    dataset, dataset_chosen = chosen_dataset(args, folder)
+    print(f"scoring {folder} ({why}) on {dataset} ({dataset_chosen})", file=sys.stderr)
+    # The data first: an unreachable hub or a bad folder fails before the model is loaded.
+    tokens, described = evaluation_tokens(args, dataset)
+    if len(tokens) <= args.prompt_tokens * max(GENERATION_BATCHES):
+        raise LeaderboardError(f"the evaluation text has {len(tokens)} tokens, too few for "
+                               f"{max(GENERATION_BATCHES)} prompts of {args.prompt_tokens}")
+    prepare_split(args.train_dataset, "train")
+    model, meta = load_model(folder, device)
+    print(pack_for_inference(model), file=sys.stderr)
+    eval_block, warning = evaluation_context(args.eval_block_size, "--eval-block-size", folder, model.config.block_size)
+    settled = plan(args, model.config.block_size, eval_block)
+    if warning:
+        print(warning, file=sys.stderr)
+    precision = precision_policy(device)
+
+    print(f"validation loss over all of {described} ({len(tokens):,} tokens)", file=sys.stderr)
+    validation = validation_loss(model, tokens, settled.eval_block, args.eval_batch_size, device, precision)
+    print(f"generation throughput: {settled.new_tokens_note}, batches {GENERATION_BATCHES}", file=sys.stderr)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    generation = generation_figures(model, tokens, args.prompt_tokens, settled.new_tokens, args.repeats, device)
+    inference_peak = peak_memory_bytes(device)
+    del model
+    with tempfile.TemporaryDirectory(prefix="leaderboard-") as tmp:
+        training = training_figures(args, trainable_source(Path(folder), meta, Path(tmp)), settled.train_block,
+                                    Path(tmp), PROTOCOLS[args.protocol])
+    return Measured(Path(folder), meta, settled, device, precision, dataset, dataset_chosen, described, len(tokens),
+                    validation, generation, inference_peak, training)
+
+
+def record(args: LeaderboardConfig, m: Measured) -> dict:
+    """The scorecard: the five keys, their units and definitions, and how each was measured."""
+    p, generation, training = m.plan, m.generation, m.training
+    world = args.nproc_per_node if args.parallel != "none" else 1
+    score = {
+        "loss": m.validation["val_loss"],
+        **{f"inference_latency_{b}": generation[b]["tokens_per_s"].median for b in GENERATION_BATCHES},
+        **{f"training_throughput_{b}": training[b]["tokens_per_s"].median for b in TRAINING_BATCHES},
+        "units": UNITS,
+        "definitions": {
+            "loss": f"token-weighted mean cross-entropy over every target of {m.described} "
+                    f"({m.validation['val_tokens']:,} targets), non-overlapping windows of {p.eval_block} tokens",
+            **{f"inference_latency_{b}": f"generation throughput at batch {b}: {b} x {p.new_tokens} new tokens / "
+                                         f"seconds of generate() (greedy, KV cache, {args.prompt_tokens}-token "
+                                         f"prompts, prefill included); a throughput despite the name"
+               for b in GENERATION_BATCHES},
+            **{f"training_throughput_{b}": f"training tokens per second at micro-batch {b} per rank x block "
+                                           f"{p.train_block}, {'one process' if world == 1 else f'{args.parallel} on {world} ranks, all ranks together'}: "
+                                           f"train.py's own tokens/s (forward, backward, optimizer; evaluation "
+                                           f"and checkpoints excluded)" for b in TRAINING_BATCHES},
+            "time_to_first_token_s": "batch 1: from the generate() call to the first new token (prompt prefill)",
+            "ms_per_token_batch_1": "batch 1: decoding time after the first token / (new tokens - 1)",
+            "peak_memory_bytes": "CUDA: allocator peak; CPU: the process's peak resident set (the scorecard "
+                                 "process for inference, each train.py process for training)",
+            "spread": "each figure is the median of its repeats after one warm-up; min and max beside it",
+        },
+        "time_to_first_token_s": generation[1]["time_to_first_token_s"].median,
+        "ms_per_token_batch_1": generation[1]["ms_per_token"].median,
+        "peak_memory_bytes": {"inference": m.inference_peak,
+                              **{f"training_{b}": training[b]["peak_memory_bytes"] for b in TRAINING_BATCHES}},
+        "spread": {**{f"inference_latency_{b}": asdict(generation[b]["tokens_per_s"]) for b in GENERATION_BATCHES},
+                   **{f"training_throughput_{b}": asdict(training[b]["tokens_per_s"]) for b in TRAINING_BATCHES},
+                   "time_to_first_token_s": asdict(generation[1]["time_to_first_token_s"]),
+                   "ms_per_token_batch_1": asdict(generation[1]["ms_per_token"])},
+        "artifact": {"path": str(m.folder), "kind": m.meta.kind, "produced_by": asdict(m.meta.produced_by),
+                     "model": m.meta.model.to_dict()},
+        "evaluation": {"dataset": m.dataset, "dataset_chosen": m.dataset_chosen, "text": m.described,
+                       "tokens": m.eval_tokens, "targets": m.validation["val_tokens"],
+                       "block_size": p.eval_block, "batch_size": args.eval_batch_size,
+                       "val_ppl": m.validation["val_ppl"],
+                       "precision": str(m.precision.autocast_dtype or torch.float32)},
+        "generation": {"prompt_tokens": args.prompt_tokens, "new_tokens": p.new_tokens, "note": p.new_tokens_note,
+                       "repeats": args.repeats},
+        "protocol": {"name": args.protocol, "grad_accum": PROTOCOLS[args.protocol],
+                     "training_block_size": p.train_block, "new_tokens": p.new_tokens,
+                     "training_throughput": "global micro-batch x grad accumulation x block x steps / seconds",
+                     "generation_throughput": "batch x new tokens / seconds"},
+        "training": {"parallel": args.parallel, "world_size": world, "block_size": p.train_block,
+                     "steps_per_repeat": args.train_steps, "repeats": args.repeats, "dataset": args.train_dataset,
+                     "threads_per_rank": args.threads or "torch default",
+                     "per_rank_peak_memory_bytes": {b: training[b]["peak_memory_bytes_per_rank"]
+                                                    for b in TRAINING_BATCHES},
+                     "topology": training[TRAINING_BATCHES[0]]["topology"],
+                     "commands": {b: training[b]["command"] for b in TRAINING_BATCHES},
+                     "architecture_only": m.meta.kind == "int8"},
+        "environment": {**asdict(environment(m.device)), "world_size": world},
+    }
+    score["timestamp"] = score["environment"]["date"]
+    return score
+
+
+def scorecard(args: LeaderboardConfig) -> dict:
+    return record(args, measure(args))
+

@@ -1,0 +1,22 @@
+"""Another program on the benchmark's machine: processes that each keep one core busy, for measuring how a
+runtime holds up when it does not have the machine to itself (a server beside a training job, a notebook,
+another service)."""
+from __future__ import annotations
+
+import contextlib
+import sys
+
+from bench.processes import INHERIT, start
+
+
+@contextlib.contextmanager
+def busy_cores(count: int):
+    """`count` processes, each a busy Python loop (bench/workloads/busy_loop.py), for the block's duration (none
+    when `count` is 0); the block gets them."""
+    processes = [start([sys.executable, "-m", "bench.workloads.busy_loop"], stdout=INHERIT, stderr=INHERIT)
+                 for _ in range(count)]
+    try:
+        yield processes
+    finally:
+        for process in processes:
+            process.stop()
