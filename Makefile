@@ -39,11 +39,15 @@ demo: setup
 		--out $(DEMO_OUT)/scorecard.json
 	$(PY) -m serve.demo --checkpoint $(DEMO_OUT)/train
 
-# The linter first (pyproject.toml's rules; well under a second), then one pytest-xdist worker per core, each test
-# file on one worker (module fixtures train once), the files in tests/conftest.py's longest-first order: about 3.5
-# instead of 4.5 minutes on 2 cores.  A plain `pytest` runs serially and needs no xdist (the GPU image lacks it).
+# The linter first (pyproject.toml's rules; well under a second), then the project's own modules compiled once:
+# with PYTHONDONTWRITEBYTECODE set, every process the tests start (servers, torchrun ranks, train.py runs, some
+# hundreds) would otherwise compile them again.  Then one pytest-xdist worker per core, each test file on one worker
+# (module fixtures train once), the files in tests/conftest.py's longest-first order.  A plain `pytest` runs
+# serially and needs no xdist (the GPU image lacks it).
+SOURCES := model data parallel prune quantize serve storage training runtime bench tests train.py sample.py
 test: setup
 	$(VENV)/bin/ruff check .
+	$(PY) -m compileall -q -j 0 $(SOURCES) > /dev/null
 	$(PY) -m pytest -n auto --dist loadfile --no-loadscope-reorder
 
 # The hostile-input suite's long run: tests/test_hostile_*.py with fresh random examples, round after round, for
