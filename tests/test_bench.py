@@ -39,8 +39,11 @@ HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 # paths it times have their tests in tests/test_decode_trace.py; tp_vs_fsdp's two trainings under torchrun are
 # tests/test_parallel.py's (equal to single-device training), and its tiny run here cost 14 s of make test;
 # data_prep's tokenizing paths are tests/test_data.py's, and its tiny run (a process per path) cost 12 s;
-# playground drives a browser, against the page that tests/test_playground.py drives already.
-NOT_RUN = ("batch_sweep", "faults", "speculative", "one_off_decode", "tp_vs_fsdp", "data_prep", "playground")
+# playground drives a browser, against the page that tests/test_playground.py drives already; precision_memory
+# runs train.py once per setting (train.py's runs are tests/test_train.py's, recomputed activations' gradients
+# tests/test_model.py's), and its tiny run cost 8 s.
+NOT_RUN = ("batch_sweep", "faults", "speculative", "one_off_decode", "tp_vs_fsdp", "data_prep", "playground",
+           "precision_memory")
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +72,6 @@ def results(tmp_path_factory):
         "--max-workers", "1")
     run("phase_profile", "--block-size", "16", "--batch-size", "2", "--steps", "2", "--eval-interval", "1",
         "--eval-batches", "1", "--profile-steps", "1", "--device", "cpu")
-    run("precision_memory", "--precisions", "fp32", "--block-size", "16", "--batch-size", "2", "--steps", "3",
-        "--device", "cpu")
     # Several ranks on one machine run on the CPU (gloo) even where a GPU is present.
     tiny_parallel = ["--device", "cpu", "--block-size", "16", "--steps-per-window", "1", "--windows", "1"]
     run("comm_strategies", "--modes", "allreduce", "--world-sizes", "1", "2", "--global-batch", "2", *tiny_parallel)
@@ -173,15 +174,6 @@ def test_phase_profile_accounts_for_the_whole_time(results):
     assert sum(res.phase_s.values()) == pytest.approx(res.total_s, rel=1e-6)
     assert res.phase_s["evaluation"] > 0 and res.phase_s["backward"] > 0
     assert Path(res.profiler.trace).stat().st_size > 0 and res.profiler.top_ops
-
-
-def test_precision_memory_runs_train_py_per_setting(results):
-    rows = results["precision_memory"].rows
-    assert [(r.precision, r.activation_checkpointing) for r in rows] == [("fp32", False), ("fp32", True)]
-    for r in rows:
-        assert r.finished and len(r.losses) == 3 and r.step_s > 0 and r.peak_memory_bytes > 0
-    # Recomputing activations changes nothing numerically.
-    assert rows[0].losses == pytest.approx(rows[1].losses, rel=1e-4)
 
 
 def test_communication_bytes_match_theory_and_scaling_is_relative_to_one_rank(results):
