@@ -78,7 +78,8 @@ class Runner:
         logits = self.steps.logits(prefills[0], prompt, prompt.size(1) if scored else 1)
         if scored:
             seq.row.score_prompt(request.prompt_ids, logits[0])
-        if seq.row.finished:  # no new tokens asked for: scoring only (echo)
+        if seq.row.finished:  # no new tokens asked for: scoring only (echo), its answer ready as it starts
+            seq.first_token_at = seq.started
             self._finish(seq, time.perf_counter())
             return
         [token] = self._sample(logits[:, -1], [seq])
@@ -195,7 +196,7 @@ class Runner:
         reply = seq.reply(now)
         arrival = seq.request.arrival
         self.metrics.queue_time.observe(seq.started - arrival)
-        self.metrics.first_token.observe(reply.latency.time_to_first_token_ms / 1000)
+        self.metrics.first_token.observe(seq.first_token_at - arrival)
         self.metrics.total_time.observe(now - arrival)
         seq.request.on_event(reply)
 

@@ -42,9 +42,8 @@ class Sequence:
         """The reply for a row that ended at `now`."""
         arrival = self.request.arrival
         total = now - arrival
-        first_token_at = self.first_token_at if self.first_token_at is not None else now  # scoring only: none
         latency = Latency(queue_ms=1000 * (self.started - arrival),
-                          time_to_first_token_ms=1000 * (first_token_at - arrival),
+                          time_to_first_token_ms=1000 * (self.first_token_at - arrival),
                           total_ms=1000 * total, tokens_per_s=self.row.generated / total if total > 0 else 0.0)
         tail = self.row.text.finish()
         return DoneEvent(text=self.row.text.text, tail=tail, tokens=self.row.generated,
