@@ -23,10 +23,16 @@ import functools
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
 
 # What pack_for_inference says it did, after the count of layers.
 PACKED = "linear layers packed for oneDNN (float32, CPU; one row: blocks of weight rows per thread)"
+
+# weight -> (its version when packed, the packed copy): one copy per weight, whichever PackedLinear asks.  Each
+# traced step (one per row count, model/decode_trace.py) wraps the model's layers in PackedLinears of its own, and
+# a copy per wrapper would hold the weights once more for every trace kept.
+_PACKED_COPIES = WeakIdKeyDictionary()
 
 
 @functools.cache
@@ -48,8 +54,6 @@ class PackedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight  # the same parameter (a tied head stays tied)
         self.bias = linear.bias
-        self._packed: torch.Tensor | None = None
-        self._packed_version: int | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32:
@@ -79,17 +83,14 @@ class PackedLinear(nn.Module):
     def packed_weight(self) -> torch.Tensor:
         # Repacked whenever the weight was replaced or changed in place since (a loaded state dict, an optimizer
         # step); a tensor made under inference mode has no version counter, and cannot be changed outside it.
-        version = (id(self.weight), None if torch.is_inference(self.weight) else self.weight._version)
-        if self._packed is None or version != self._packed_version:
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
-            self._packed_version = version
-        return self._packed
-
-    def __getstate__(self) -> dict:
-        # The packed copy is an opaque oneDNN tensor that can be neither copied nor pickled; a copy of the layer
-        # (copy.deepcopy, torch.save of a model) repacks on first use instead.
-        state = super().__getstate__()
-        return {**state, "_packed": None, "_packed_version": None}
+        # The copy is kept beside the layer, not in it: an opaque oneDNN tensor can be neither copied nor pickled,
+        # and a copy of the layer (copy.deepcopy, torch.save of a model) has a weight of its own to pack.
+        version = None if torch.is_inference(self.weight) else self.weight._version
+        kept = _PACKED_COPIES.get(self.weight)
+        if kept is None or kept[0] != version:
+            kept = _PACKED_COPIES[self.weight] = (
+                version, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None))
+        return kept[1]
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

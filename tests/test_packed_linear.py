@@ -69,6 +69,19 @@ def test_a_weight_changed_in_place_is_repacked():
         assert torch.equal(packed(x), torch.ones(3, 24))
 
 
+@needs_onednn
+def test_layers_wrapping_one_weight_share_one_packed_copy():
+    # Each traced step wraps the model's layers anew: a packed copy per wrapper held the weights once per trace.
+    linear = nn.Linear(16, 24)
+    first, second = PackedLinear(linear), PackedLinear(linear)
+    packed = first.packed_weight()
+    assert second.packed_weight() is packed
+    assert PackedLinear(copy.deepcopy(linear)).packed_weight() is not packed
+    with torch.no_grad():
+        linear.weight.add_(1)
+    assert second.packed_weight() is not packed and second.packed_weight() is first.packed_weight()
+
+
 def test_gradients_flow_through_the_plain_product():
     torch.manual_seed(0)
     linear = nn.Linear(16, 24)
