@@ -34,6 +34,7 @@ import torch
 from model.gpt import GPT
 from model.kv_cache import AttentionInputs, CacheWrites, KVCache, write_columns
 from model.packed_linear import PackedLinear, packed_while
+from runtime.huge_pages import collapse_in_background
 
 log = logging.getLogger(__name__)
 
@@ -175,9 +176,10 @@ class TracedSteps:
             step = self.traces[key] = _trace(self.model, tokens, mask is not None, columns is not None, keys)
             seconds = time.perf_counter() - started
             self.setup_s += seconds
-            log.info("traced the decode step for %d row(s) of %d token(s)%s%s in %.2fs", *tokens.shape,
+            log.info("traced the decode step for %d row(s) of %d token(s)%s%s in %.2fs; %s", *tokens.shape,
                      " with a mask" if mask is not None else "",
-                     " at each row's own columns" if columns is not None else "", seconds)
+                     " at each row's own columns" if columns is not None else "", seconds,
+                     collapse_in_background())
         return step(tokens, positions, *([] if mask is None else [mask]), *([] if columns is None else [columns]),
                     *keys, *values)
 
