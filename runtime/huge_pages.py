@@ -36,6 +36,8 @@ SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
 _again = threading.Event()
+_idle = threading.Event()  # set while no pass is due or running
+_idle.set()
 
 
 def thp_setting() -> str | None:
@@ -90,17 +92,19 @@ def _worker(libc) -> None:
     while True:
         _again.clear()
         try:
-            collapsed = _collapse_all(libc)
+            log.info("moved %d MiB of weights and caches onto huge pages", _collapse_all(libc) >> 20)
         except OSError as e:  # /proc unreadable (a sandbox): the pages stay as they are
             log.info("weights stay on small pages: %s", e)
-            return
-        log.info("moved %d MiB of weights and caches onto 2 MiB pages", collapsed >> 20)
+        with _lock:  # a request that came during the pass keeps it due
+            if not _again.is_set():
+                _idle.set()
         _again.wait()  # until new weights are in place (another trace's packed copies)
 
 
 def _forget_thread() -> None:
     global _thread
     _thread = None  # a forked child has no copy of the thread
+    _idle.set()
 
 
 os.register_at_fork(after_in_child=_forget_thread)
@@ -118,6 +122,7 @@ def collapse_in_background() -> str:
     if setting != "madvise":
         return f"weights stay on small pages (transparent huge pages: {setting or 'not available'})"
     with _lock:
+        _idle.clear()
         if _thread is None:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -125,4 +130,10 @@ def collapse_in_background() -> str:
             _thread.start()
         else:
             _again.set()
-    return "moving the weights onto 2 MiB pages in the background (transparent huge pages: madvise)"
+    return "moving the weights onto huge pages in the background (transparent huge pages: madvise)"
+
+
+def settled(timeout: float) -> bool:
+    """Wait until the weights asked for so far are on huge pages (or cannot be), up to `timeout` seconds: for a
+    benchmark's warm-up, which times a kept-loaded process as it runs once its one-time set-up is done."""
+    return _idle.wait(timeout)

@@ -62,3 +62,18 @@ def test_without_madvise_nothing_is_started_and_the_line_says_why(tmp_path, monk
 def test_an_unreadable_setting_means_none(tmp_path, monkeypatch):
     monkeypatch.setattr(huge_pages, "SETTING", str(tmp_path / "missing"))
     assert huge_pages.thp_setting() is None
+
+
+def test_settled_waits_for_the_pass_asked_for_and_an_unreadable_proc_loses_nothing(monkeypatch):
+    if not sys.platform.startswith("linux") or huge_pages.thp_setting() != "madvise":
+        pytest.skip("needs Linux with transparent huge pages set to madvise")
+    passes = []
+
+    def unreadable(libc):
+        passes.append(1)
+        raise PermissionError("/proc/self/smaps: permission denied")
+    monkeypatch.setattr(huge_pages, "_collapse_all", unreadable)
+    for expected in (1, 2):
+        huge_pages.collapse_in_background()
+        assert huge_pages.settled(timeout=30)
+        assert len(passes) >= expected
