@@ -170,16 +170,20 @@ class TracedSteps:
         key = _key(tokens, mask, columns, keys[0].dtype)
         step = self.traces.get(key)
         if step is None:
+            first = not self.traces
             while len(self.traces) >= self.kept:
                 del self.traces[next(iter(self.traces))]  # the oldest
             started = time.perf_counter()
             step = self.traces[key] = _trace(self.model, tokens, mask is not None, columns is not None, keys)
             seconds = time.perf_counter() - started
             self.setup_s += seconds
-            log.info("traced the decode step for %d row(s) of %d token(s)%s%s in %.2fs; %s", *tokens.shape,
+            log.info("traced the decode step for %d row(s) of %d token(s)%s%s in %.2fs", *tokens.shape,
                      " with a mask" if mask is not None else "",
-                     " at each row's own columns" if columns is not None else "", seconds,
-                     collapse_in_background())
+                     " at each row's own columns" if columns is not None else "", seconds)
+            if first:
+                # The weights' packed copies exist from the first trace on, and later traces share them: one pass
+                # per set of weights, so that none runs (and contends for the process's memory map) under load.
+                log.info("%s", collapse_in_background())
         return step(tokens, positions, *([] if mask is None else [mask]), *([] if columns is None else [columns]),
                     *keys, *values)
 

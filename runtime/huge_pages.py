@@ -13,7 +13,8 @@ Collapsing copies the memory into new pages, which costs more than a one-off cal
 thread of its own at the lowest priority, and takes the CPU only when the process's own work and every other program
 leave it idle. What it saves a step: `python -m bench.experiments generate_speed`, whose sides are kept-loaded
 processes, as a server's is. Tokens are unchanged: only the pages under the same bytes change. model/decode_trace.py
-starts it once a step is traced, as the packed copies the steps read exist from then on.
+starts it once per set of weights, at their first traced step, as the packed copies every step reads exist from
+then on. A pass contends with the process's other threads for its memory map, so none is started under load.
 """
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import model.decode_steps
+import model.decode_trace
 from model.decode_steps import DecodeSteps, fastest_decode
 from model.decode_trace import _TRACES, TracedSteps
 from model.generate import CallTiming, generate
@@ -121,6 +122,19 @@ def test_weights_changed_in_place_are_traced_anew(small_model):
     assert torch.equal(generate(small_model, prompt(), GREEDY, decode="traced"),
                        generate(small_model, prompt(), GREEDY, decode="dynamic"))
     assert _TRACES[small_model][0] != old_weights and len(_TRACES[small_model][1]) == 1
+
+
+def test_weights_are_moved_onto_huge_pages_once_per_set_not_at_every_trace(small_model, monkeypatch):
+    passes = []
+    monkeypatch.setattr(model.decode_trace, "collapse_in_background", lambda: passes.append(1) or "asked")
+    pack_for_inference(small_model)
+    for rows in (1, 2, 3):  # later traces share the first one's packed copies: nothing new to move
+        generate(small_model, prompt(batch=rows), GREEDY, decode="traced")
+    assert len(passes) == 1
+    with torch.no_grad():
+        small_model.lm_head.weight.mul_(2)  # new weights, packed anew at their first trace
+    generate(small_model, prompt(), GREEDY, decode="traced")
+    assert len(passes) == 2
 
 
 def test_a_replaced_weight_is_traced_anew(small_model):
