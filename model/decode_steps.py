@@ -68,7 +68,8 @@ class DecodeSteps:
         self.trace_when_repaid = decode == "auto"
         self.traced = TracedSteps(model, max(KEPT_TRACES, 4 * max_rows)) if self.mode == "traced" else None
         self.captured = CapturedSteps(model) if self.mode == "cuda-graph" else None
-        # On the CPU, each step after the prompt runs with the thread count its recent timings favour.
+        # On the CPU, each step after the prompt runs with the thread count its recent timings favour, which stays
+        # set between steps until `release_threads`.
         self.threads = for_model(model) if device.type == "cpu" else None
 
     @property
@@ -97,6 +98,12 @@ class DecodeSteps:
         if cache.length > 0 and self.threads is not None:
             return self.threads.run(tuple(inputs.shape), lambda: self._step(cache, inputs, positions, tokens_left))
         return self._step(cache, inputs, positions, tokens_left)
+
+    def release_threads(self) -> None:
+        """Give the caller its thread count back: the steps leave the count they chose set between them
+        (model/step_threads.py)."""
+        if self.threads is not None:
+            self.threads.release()
 
     def _step(self, cache: KVCache, inputs: torch.Tensor, positions: int, tokens_left: int | None) -> torch.Tensor:
         if cache.length > 0 and self.traced is not None and self._runs_traced(cache, inputs, tokens_left):

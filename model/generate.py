@@ -72,10 +72,14 @@ def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: b
         used = [DecodeSteps(model, idx.device, decode, B)]
     if timing is not None:
         on_token = timing.watch(on_token, used)
-    if draft is not None:
-        out = speculative_generate(*used, idx, params, draft_tokens, on_token, stats, rows)
-    else:
-        out = _plain_generate(model, used[0], idx, params, use_cache, on_token, rows)
+    try:
+        if draft is not None:
+            out = speculative_generate(*used, idx, params, draft_tokens, on_token, stats, rows)
+        else:
+            out = _plain_generate(model, used[0], idx, params, use_cache, on_token, rows)
+    finally:
+        for steps in used:
+            steps.release_threads()
     if timing is not None:
         timing.setup_s = sum(steps.setup_s for steps in used)
     return out

@@ -12,6 +12,11 @@ rarer while they keep confirming the choice, so a quiet machine spends almost ev
 Steps are compared only with steps of the same model and shape (rows and new tokens per row), as each costs its
 own; what a model's steps learnt is kept for the process's life (`for_model`), so that each generate() call does
 not start over.
+
+The chosen count stays set between steps, for the sampling and bookkeeping in between (and a server's next prompt):
+a parallel operator there on all threads wakes the threads the step left idle, and OpenMP's idle threads spin a
+while before they sleep, so beside a busy program they took a core's share from the next step's own thread.
+`release` gives the caller its thread count back (generate() does at its end).
 """
 from __future__ import annotations
 
@@ -54,8 +59,8 @@ class StepThreads:
         self.shapes: dict[tuple[int, int], _Shape] = {}
 
     def run(self, shape: tuple[int, int], step):
-        """`step()` with the count chosen for `shape`, timed to inform the next choices; the process's thread count
-        is given back afterwards (the prompt's pass and everything else keep all threads)."""
+        """`step()` with the count chosen for `shape`, timed to inform the next choices; the count the next steps
+        will use stays set afterwards, until `release`."""
         if len(self.counts) == 1:
             return step()
         state = self.shapes.setdefault(shape, _Shape())
@@ -65,14 +70,15 @@ class StepThreads:
         if trying:
             others = [c for c in self.counts if c != best]
             count = others[state.turn % len(others)]
-        before = torch.get_num_threads()
-        torch.set_num_threads(count)
+        if torch.get_num_threads() != count:
+            torch.set_num_threads(count)
         try:
             start = time.perf_counter()
             out = step()
             seconds = time.perf_counter() - start
-        finally:
-            torch.set_num_threads(before)
+        except BaseException:
+            self.release()
+            raise
         seen = state.seen.get(count, 0)
         state.seen[count] = seen + 1
         if seen:  # a count's first step of a shape may carry one-time work (a trace, first allocations)
@@ -89,7 +95,14 @@ class StepThreads:
                 # A try that confirms the choice makes the next one rarer; one that changes it, sooner.
                 state.gap = min(LONGEST_GAP, 2 * state.gap) if state.best(self.most) == best else FIRST_TRY_AFTER
                 state.next_try = state.steps + state.gap
+        if torch.get_num_threads() != state.best(self.most):
+            torch.set_num_threads(state.best(self.most))
         return out
+
+    def release(self) -> None:
+        """Give the caller its thread count back (the count these steps were made with)."""
+        if torch.get_num_threads() != self.most:
+            torch.set_num_threads(self.most)
 
 
 _BY_MODEL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
