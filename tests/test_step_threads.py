@@ -58,3 +58,21 @@ def test_each_shape_is_judged_on_its_own_steps(monkeypatch):
     used = clock.steps(chooser, {2: 0.03, 1: 0.02}, 200, shape=(1, 1))
     assert used[20:].count(1) >= 0.9 * len(used[20:])
     assert chooser.shapes[12, 1].best(2) == 2 and chooser.shapes[1, 1].best(2) == 1
+
+
+def test_generate_gives_its_caller_the_thread_count_back_whatever_its_steps_chose(monkeypatch, small_model):
+    from model import decode_steps
+    from model.generate import generate
+    from model.sampling import SamplingParams
+    from model.step_threads import _Shape
+    before = torch.get_num_threads()
+    chooser = StepThreads(most=2)
+    chooser.shapes[1, 1] = _Shape(mean_s={2: 1.0, 1: 0.1}, seen={2: 5, 1: 5}, next_try=10 ** 9)  # a busy machine's
+    monkeypatch.setattr(decode_steps, "for_model", lambda model: chooser)
+    used = []
+    generate(small_model, torch.zeros(1, 4, dtype=torch.long),
+             SamplingParams(max_new_tokens=6, temperature=0, stop_at_eot=False), decode="dynamic",
+             on_token=lambda token: used.append(torch.get_num_threads()))
+    assert used[1:] == [1] * 5  # between steps the steps' count, for the sampling too
+    assert torch.get_num_threads() == 2 == chooser.most
+    torch.set_num_threads(before)
