@@ -70,8 +70,7 @@ class StepThreads:
         if trying:
             others = [c for c in self.counts if c != best]
             count = others[state.turn % len(others)]
-        if torch.get_num_threads() != count:
-            torch.set_num_threads(count)
+        _use(count)
         try:
             start = time.perf_counter()
             out = step()
@@ -95,14 +94,17 @@ class StepThreads:
                 # A try that confirms the choice makes the next one rarer; one that changes it, sooner.
                 state.gap = min(LONGEST_GAP, 2 * state.gap) if state.best(self.most) == best else FIRST_TRY_AFTER
                 state.next_try = state.steps + state.gap
-        if torch.get_num_threads() != state.best(self.most):
-            torch.set_num_threads(state.best(self.most))
+        _use(state.best(self.most))
         return out
 
     def release(self) -> None:
         """Give the caller its thread count back (the count these steps were made with)."""
-        if torch.get_num_threads() != self.most:
-            torch.set_num_threads(self.most)
+        _use(self.most)
+
+
+def _use(count: int) -> None:
+    if torch.get_num_threads() != count:
+        torch.set_num_threads(count)
 
 
 _BY_MODEL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

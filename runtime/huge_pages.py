@@ -51,29 +51,41 @@ def thp_setting() -> str | None:
     return chosen or None
 
 
-def _resident_mappings() -> list[tuple[int, int]]:
-    """(start, end) of the process's writable anonymous mappings, cut to whole huge pages, that are almost all resident and
-    not yet on huge pages, from /proc/self/smaps."""
-    found, current = [], None
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
+def smaps() -> list[dict]:
+    """The process's mappings from /proc/self/smaps: start, end, perms, path, and the sizes in bytes it lists
+    (`Rss:`, `AnonHugePages:`, ...)."""
+    found = []
+    with open("/proc/self/smaps") as lines:
+        for line in lines:
             head = line.split(None, 1)[0]
             if "-" in head and not head.endswith(":"):  # a mapping's first line: range perms offset dev inode [path]
                 fields = line.split()
-                path = fields[5] if len(fields) > 5 else ""
                 start, end = (int(x, 16) for x in fields[0].split("-"))
-                current = {"start": start, "end": end, "ok": "w" in fields[1] and path in ("", "[heap]")}
-                found.append(current)
-            elif current is not None and head in ("Rss:", "AnonHugePages:"):
-                current[head] = int(line.split()[1]) * 1024
+                found.append({"start": start, "end": end, "perms": fields[1],
+                              "path": fields[5] if len(fields) > 5 else ""})
+            elif found and line.rstrip().endswith(" kB"):
+                found[-1][head] = int(line.split()[1]) * 1024
+    return found
+
+
+def _resident_mappings() -> list[tuple[int, int]]:
+    """(start, end) of the process's writable anonymous mappings, cut to whole huge pages, that are almost all
+    resident and not yet on huge pages."""
     ranges = []
-    for m in found:
+    for m in smaps():
         start, end = -(-m["start"] // HUGE_PAGE) * HUGE_PAGE, m["end"] // HUGE_PAGE * HUGE_PAGE
         size, resident = m["end"] - m["start"], m.get("Rss:", 0)
-        if m["ok"] and end - start >= HUGE_PAGE and resident >= RESIDENT_SHARE * size \
-                and m.get("AnonHugePages:", 0) < resident / 2:
+        if "w" in m["perms"] and m["path"] in ("", "[heap]") and end - start >= HUGE_PAGE \
+                and resident >= RESIDENT_SHARE * size and m.get("AnonHugePages:", 0) < resident / 2:
             ranges.append((start, end))
     return ranges
+
+
+def libc() -> ctypes.CDLL:
+    """The C library, with madvise typed for addresses and lengths."""
+    library = ctypes.CDLL(None, use_errno=True)
+    library.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return library
 
 
 def _collapse_all(libc) -> int:
@@ -125,9 +137,7 @@ def collapse_in_background() -> str:
     with _lock:
         _idle.clear()
         if _thread is None:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-            _thread = threading.Thread(target=_worker, args=(libc,), name="huge-pages", daemon=True)
+            _thread = threading.Thread(target=_worker, args=(libc(),), name="huge-pages", daemon=True)
             _thread.start()
         else:
             _again.set()

@@ -8,15 +8,7 @@ from runtime import huge_pages
 
 
 def _huge_bytes_in(start: int, end: int) -> int:
-    total, inside = 0, False
-    for line in open("/proc/self/smaps"):
-        head = line.split(None, 1)[0]
-        if "-" in head and not head.endswith(":"):
-            low, high = (int(x, 16) for x in head.split("-"))
-            inside = low < end and high > start
-        elif inside and head == "AnonHugePages:":
-            total += int(line.split()[1]) * 1024
-    return total
+    return sum(m.get("AnonHugePages:", 0) for m in huge_pages.smaps() if m["start"] < end and m["end"] > start)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or huge_pages.thp_setting() != "madvise",
@@ -27,8 +19,7 @@ def test_a_resident_weight_is_moved_onto_huge_pages_with_its_values_unchanged():
     start = weight.data_ptr()
     end = start + weight.numel() * weight.element_size()
     assert _huge_bytes_in(start, end) == 0
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc = huge_pages.libc()
     if libc.madvise(start // huge_pages.HUGE_PAGE * huge_pages.HUGE_PAGE, huge_pages.HUGE_PAGE,
                     huge_pages.MADV_COLLAPSE) != 0 and ctypes.get_errno() == 22:
         pytest.skip("this kernel has no MADV_COLLAPSE (Linux 6.1 and later)")
