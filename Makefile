@@ -44,7 +44,7 @@ demo: setup
 # hundreds) would otherwise compile them again.  Then one pytest-xdist worker per core, each test file on one worker
 # (module fixtures train once), the files in tests/conftest.py's longest-first order.  A plain `pytest` runs
 # serially and needs no xdist (the GPU image lacks it).
-SOURCES := model data parallel prune quantize serve storage training runtime bench tests train.py sample.py
+SOURCES := model decode data parallel prune quantize serve storage training runtime bench tests train.py sample.py
 test: setup
 	$(VENV)/bin/ruff check .
 	$(PY) -m compileall -q -j 0 $(SOURCES) > /dev/null

@@ -25,12 +25,12 @@ import torch
 
 from data.tokenizer import decode, encode
 from model.config import EOT_TOKEN
-from model.decode_steps import DECODE_MODES
-from model.generate import CallTiming, generate
+from decode.steps import DECODE_MODES
+from decode.generate import CallTiming, generate
 from model.packed_linear import pack_for_inference
-from model.row_state import OPENAI_FINISH_REASONS, RowState
-from model.sampling import SamplingParams
-from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats
+from decode.row_state import OPENAI_FINISH_REASONS, RowState
+from decode.sampling import SamplingParams
+from decode.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats
 from runtime.cli import check_options, entry_point, flag, option, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError

@@ -8,7 +8,7 @@ the model hands that object to every layer, whose keys and values the cache then
 KVCache attends the filled columns only, the cheapest eager step; while every row holds the same number of tokens
 (plain decoding) its steps need no mask and write one slice.  StaticKVCache keeps every tensor shape fixed from
 step to step and advances on the device, so that a step can be captured once as a CUDA graph and replayed
-(model/decode_graph.py).
+(decode/cuda_graph.py).
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def write_columns(cache: torch.Tensor, columns: torch.Tensor, new: torch.Tensor)
 class CacheWrites(Protocol):
     """What the model's layers do with a cache: write a layer's new keys and values (returning the columns
     attention reads), and count the tokens a pass added.  KVCache does it over its own tensors; a traced step
-    (model/decode_trace.py) over the views of them its graph is handed."""
+    (decode/trace.py) over the views of them its graph is handed."""
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor,
                attention: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]: ...
@@ -166,7 +166,7 @@ class KVCache:
 
 class StaticKVCache(KVCache):
     """A KV cache whose every tensor shape stays the same from step to step, so that a decode step can be
-    captured once as a CUDA graph and replayed (model/decode_graph.py): attention reads all `max_len` columns
+    captured once as a CUDA graph and replayed (decode/cuda_graph.py): attention reads all `max_len` columns
     through a mask that hides each row's unfilled ones, and the rows' lengths, which decide the write columns,
     advance on the device, inside the step."""
 

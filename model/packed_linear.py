@@ -30,14 +30,14 @@ from torch.utils.weak import WeakIdKeyDictionary
 PACKED = "linear layers packed for oneDNN (float32, CPU; one row: blocks of weight rows per thread)"
 
 # weight -> (its version when packed, the packed copy): one copy per weight, whichever PackedLinear asks.  Each
-# traced step (one per row count, model/decode_trace.py) wraps the model's layers in PackedLinears of its own, and
+# traced step (one per row count, decode/trace.py) wraps the model's layers in PackedLinears of its own, and
 # a copy per wrapper would hold the weights once more for every trace kept.
 _PACKED_COPIES = WeakIdKeyDictionary()
 
 
 @functools.cache
 def _traceable_product():
-    """The same product as a TorchScript function, for model/decode_trace.py: the tracer cannot record the
+    """The same product as a TorchScript function, for decode/trace.py: the tracer cannot record the
     operator's empty `Scalar?[]` argument from Python, and TorchScript source can type it."""
     return torch.jit.CompilationUnit("""
 def linear_pointwise(x: Tensor, packed_weight: Tensor, bias: Optional[Tensor]) -> Tensor:

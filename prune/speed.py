@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from model.generate import generate
+from decode.generate import generate
 from model.gpt import GPT
-from model.sampling import SamplingParams
+from decode.sampling import SamplingParams
 from prune.csr import csr_copy
 from runtime.timing import time_interleaved
 

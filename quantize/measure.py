@@ -11,8 +11,8 @@ from typing import Iterable
 
 import torch
 
-from model.generate import generate
-from model.sampling import SamplingParams
+from decode.generate import generate
+from decode.sampling import SamplingParams
 from runtime.progress import ProgressBar
 from runtime.timing import paired_ratio, time_interleaved
 

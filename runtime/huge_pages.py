@@ -12,7 +12,7 @@ and later; before that the kernel's khugepaged collapses advised memory at its o
 Collapsing copies the memory into new pages, which costs more than a one-off call would earn back; so it runs on a
 thread of its own at the lowest priority, and takes the CPU only when the process's own work and every other program
 leave it idle. What it saves a step: `python -m bench.experiments generate_speed`, whose sides are kept-loaded
-processes, as a server's is. Tokens are unchanged: only the pages under the same bytes change. model/decode_trace.py
+processes, as a server's is. Tokens are unchanged: only the pages under the same bytes change. decode/trace.py
 starts it once per set of weights, at their first traced step, as the packed copies every step reads exist from
 then on. A pass contends with the process's other threads for its memory map, so none is started under load.
 """

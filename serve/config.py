@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from model.decode_steps import DECODE_MODES
-from model.speculative import DEFAULT_DRAFT_TOKENS
+from decode.steps import DECODE_MODES
+from decode.speculative import DEFAULT_DRAFT_TOKENS
 from runtime.cli import check_options, option
 from runtime.errors import UserError
 

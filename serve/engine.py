@@ -3,7 +3,7 @@
 Continuous batching: a request that arrives is prefilled on its own (one forward pass over its prompt, batch of
 one) and then joins the running batch, where every sequence advances one token per shared forward pass; a
 sequence leaves the batch the step it finishes, and its row goes to the next waiting request.  Each request
-samples with its own torch.Generator, seeded from its `seed` (model/sampling.py), so its random stream does not
+samples with its own torch.Generator, seeded from its `seed` (decode/sampling.py), so its random stream does not
 depend on its neighbours in the batch.
 
 The engine's loop joins two parts, as vLLM splits them: the scheduler (serve/scheduler.py) decides what runs next
@@ -18,7 +18,7 @@ import threading
 
 import torch
 
-from model.speculative import DEFAULT_DRAFT_TOKENS
+from decode.speculative import DEFAULT_DRAFT_TOKENS
 from serve.events import REQUEST_FAILED, ErrorEvent, GenerationRequest
 from serve.metrics import ServerMetrics
 from serve.runner import Runner

@@ -7,9 +7,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from model.row_state import TokenLogprob
-from model.sampling import SamplingParams
-from model.speculative import SpeculativeStats
+from decode.row_state import TokenLogprob
+from decode.sampling import SamplingParams
+from decode.speculative import SpeculativeStats
 
 # What a client hears when its generation fails: the cause (exception text, internals) goes to the log only.
 REQUEST_FAILED = "generation failed for this request; the server log has the details"
@@ -36,7 +36,7 @@ class DoneEvent:
     tail: str  # text not yet sent in a TokenEvent
     tokens: int  # generated tokens, end-of-text included
     prompt_tokens: int
-    finish_reason: str  # model/row_state.py's FINISH_REASONS: "eos", "stop" (a stop string) or "length"
+    finish_reason: str  # decode/row_state.py's FINISH_REASONS: "eos", "stop" (a stop string) or "length"
     latency: Latency
     logprobs: list[TokenLogprob] | None = None  # the prompt's (with echo), then the generated tokens'
     speculative: SpeculativeStats | None = None  # this request's draft tokens, with a draft model

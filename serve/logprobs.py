@@ -18,7 +18,7 @@ from __future__ import annotations
 import codecs
 
 from data.tokenizer import get_tokenizer
-from model.row_state import TokenLogprob
+from decode.row_state import TokenLogprob
 from serve.events import DoneEvent
 from serve.schemas import CompletionLogprobs, TokenAlternative, TokenLogprobs
 

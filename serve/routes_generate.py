@@ -12,7 +12,7 @@ import json
 
 from fastapi import APIRouter, Depends, Request
 
-from model.sampling import SamplingParams
+from decode.sampling import SamplingParams
 from serve.events import DoneEvent, TokenEvent
 from serve.errors import APIError, error_body
 from serve.event_stream import EventStream

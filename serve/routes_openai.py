@@ -12,8 +12,8 @@ import uuid
 
 from fastapi import APIRouter, Depends, Request
 
-from model.sampling import SamplingParams
-from model.row_state import OPENAI_FINISH_REASONS
+from decode.sampling import SamplingParams
+from decode.row_state import OPENAI_FINISH_REASONS
 from serve.events import DoneEvent, ErrorEvent, TokenEvent
 from serve.errors import APIError, error_body
 from serve.event_stream import EventStream

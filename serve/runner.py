@@ -1,13 +1,13 @@
 """Runs the batch: prefills each joining request, steps every row together (plain or speculative), samples, hands
-each row its tokens (model/row_state.py decides when it ends), sends the events, and frees the rows that end.
+each row its tokens (decode/row_state.py decides when it ends), sends the events, and frees the rows that end.
 
 Every row sits in the KV cache from column 0 at its own length (serve/slots.py), and each shared step runs through
-the model's DecodeSteps (model/decode_steps.py), the step runner generate() uses: under `auto` one traced graph on
+the model's DecodeSteps (decode/steps.py), the step runner generate() uses: under `auto` one traced graph on
 the CPU (rows at different lengths are written and masked at their own columns inside it) and one captured CUDA
 graph on a GPU, either made per row count, so the batch is padded to one of a few counts; eager steps with
 `decode="dynamic"` or `"static"`.
 
-With a draft model every step is speculative (model/speculative.py): the draft proposes K tokens for every row
+With a draft model every step is speculative (decode/speculative.py): the draft proposes K tokens for every row
 together, the model checks them in one pass, and each row keeps as many as its own sampling accepts, plus one.  K
 is cut for every row when one nears the end of the context, so a seeded request's tokens then depend on its
 neighbours (each still follows the model's distribution).
@@ -20,9 +20,9 @@ from typing import Callable
 
 import torch
 
-from model.decode_steps import DecodeSteps
-from model.sampling import sample_rows
-from model.speculative import SpeculativeStats, check_draft, speculative_step
+from decode.steps import DecodeSteps
+from decode.sampling import sample_rows
+from decode.speculative import SpeculativeStats, check_draft, speculative_step
 from serve.events import REQUEST_FAILED, ErrorEvent, GenerationRequest
 from serve.metrics import ServerMetrics
 from serve.sequence import Sequence

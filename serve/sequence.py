@@ -1,4 +1,4 @@
-"""A request in the running batch: its row's state (model/row_state.py), its own random generator, and the times
+"""A request in the running batch: its row's state (decode/row_state.py), its own random generator, and the times
 its reply reports."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import torch
 
-from model.row_state import RowState
-from model.speculative import SpeculativeStats
+from decode.row_state import RowState
+from decode.speculative import SpeculativeStats
 from serve.events import DoneEvent, GenerationRequest, Latency, TokenEvent
 
 

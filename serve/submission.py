@@ -13,7 +13,7 @@ from typing import AsyncIterator
 
 from fastapi import Request
 
-from model.sampling import SamplingParams
+from decode.sampling import SamplingParams
 from serve.engine import Engine
 from serve.events import DoneEvent, ErrorEvent, Event, GenerationRequest
 from serve.scheduler import EngineStopped, QueueFull

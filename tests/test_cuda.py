@@ -69,8 +69,8 @@ def test_one_nccl_rank_equals_one_device(tmp_path, mode):
 
 
 def test_kv_cache_generation_equals_uncached_on_cuda(small_model):
-    from model.generate import generate
-    from model.sampling import SamplingParams
+    from decode.generate import generate
+    from decode.sampling import SamplingParams
     model = small_model.cuda()
     prompt = torch.randint(0, 50257, (3, 5), device="cuda")
     params = SamplingParams(max_new_tokens=12, temperature=0, stop_at_eot=False)
@@ -80,8 +80,8 @@ def test_kv_cache_generation_equals_uncached_on_cuda(small_model):
 def test_cuda_graph_decoding_gives_the_tokens_of_eager_decoding(small_model):
     """Greedy tokens of decode steps replayed as one captured CUDA graph equal eager decoding's, at batch 1
     and 3, and a second call (a new graph for a new cache) agrees too."""
-    from model.generate import generate
-    from model.sampling import SamplingParams
+    from decode.generate import generate
+    from decode.sampling import SamplingParams
     model = small_model.cuda()
     params = SamplingParams(max_new_tokens=20, temperature=0, stop_at_eot=False)
     for batch in (1, 3):
@@ -123,8 +123,8 @@ def test_the_server_answers_on_cuda(small_artifact):
 def test_the_server_engine_decodes_through_captured_graphs_to_the_eager_tokens(small_model):
     """The engine's steps captured per padded row count (rows at their own lengths, joining and leaving) give the
     tokens of its eager steps; so do speculative passes captured per row count and width."""
-    from model.generate import generate
-    from model.sampling import SamplingParams
+    from decode.generate import generate
+    from decode.sampling import SamplingParams
     from serve.engine import Engine
     from tests.test_serve_engine import mixed_jobs, run
     model = small_model.cuda()

@@ -1,4 +1,4 @@
-"""model/decode_trace.py: traced decode steps give the eager steps' tokens (fp32 packed and plain, int8), one
+"""decode/trace.py: traced decode steps give the eager steps' tokens (fp32 packed and plain, int8), one
 trace serves every length for a batch size, and weights changed in place are traced anew."""
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import copy
 import pytest
 import torch
 
-import model.decode_steps
-import model.decode_trace
-from model.decode_steps import DecodeSteps, fastest_decode
-from model.decode_trace import _TRACES, TracedSteps
-from model.generate import CallTiming, generate
+import decode.steps
+import decode.trace
+from decode.steps import DecodeSteps, fastest_decode
+from decode.trace import _TRACES, TracedSteps
+from decode.generate import CallTiming, generate
 from model.kv_cache import ContextOverflow, KVCache
 from model.int8 import quantize_model
 from model.packed_linear import PackedLinear, pack_for_inference
-from model.sampling import SamplingParams
+from decode.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0, stop_at_eot=False)
 SAMPLED = SamplingParams(max_new_tokens=12, temperature=0.9, top_k=40, seed=5, stop_at_eot=False)
@@ -43,7 +43,7 @@ def test_traced_steps_give_the_eager_tokens_and_one_trace_serves_every_length(sm
 
 def test_the_default_decode_on_the_cpu_traces_packed_products_and_leaves_the_model_as_it_was(small_model,
                                                                                              monkeypatch):
-    monkeypatch.setattr(model.decode_steps, "TRACE_REPAID_AFTER", 4)  # these calls are long enough to trace
+    monkeypatch.setattr(decode.steps, "TRACE_REPAID_AFTER", 4)  # these calls are long enough to trace
     eager = copy.deepcopy(small_model)
     for params in (GREEDY, SAMPLED):
         assert torch.equal(generate(small_model, prompt(), params), generate(eager, prompt(), params, decode="dynamic"))
@@ -56,7 +56,7 @@ def test_the_default_decode_on_the_cpu_traces_packed_products_and_leaves_the_mod
 
 def test_the_default_decode_traces_a_call_only_when_enough_tokens_are_left_to_repay_the_trace(small_model,
                                                                                              monkeypatch):
-    monkeypatch.setattr(model.decode_steps, "TRACE_REPAID_AFTER", 20)
+    monkeypatch.setattr(decode.steps, "TRACE_REPAID_AFTER", 20)
     pack_for_inference(small_model)
     longer = SamplingParams(max_new_tokens=30, temperature=0, stop_at_eot=False)
     timings = []
@@ -126,7 +126,7 @@ def test_weights_changed_in_place_are_traced_anew(small_model):
 
 def test_weights_are_moved_onto_huge_pages_once_per_set_not_at_every_trace(small_model, monkeypatch):
     passes = []
-    monkeypatch.setattr(model.decode_trace, "collapse_in_background", lambda: passes.append(1) or "asked")
+    monkeypatch.setattr(decode.trace, "collapse_in_background", lambda: passes.append(1) or "asked")
     pack_for_inference(small_model)
     for rows in (1, 2, 3):  # later traces share the first one's packed copies: nothing new to move
         generate(small_model, prompt(batch=rows), GREEDY, decode="traced")

@@ -102,3 +102,31 @@ def test_no_import_circle():
     assert len(graph) > 100 and "data.corpus" in graph["data.shards"]  # the walk found the project
     assert cycles(graph) == [], "modules that import each other (directly or around a circle); break the " \
                                 "circle with a module both can import"
+
+
+# The one-way rule of the layout, folder by folder: an import from one top-level folder (or script) to another goes
+# down this ranking, never sideways or up.  model/ is the network and imports only runtime/; decode/ turns a model
+# into tokens; the tools at the top only load artifacts.
+LAYER = {"runtime": 0, "model": 1, "data": 2, "storage": 2, "parallel": 2, "decode": 3, "training": 4,
+         "train": 5, "sample": 5, "prune": 5, "quantize": 5, "serve": 5, "bench": 6, "tests": 7}
+
+
+def folder_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(importing folder, imported folder) for every import that crosses a top-level folder."""
+    top = lambda module: module.split(".")[0]
+    return {(top(a), top(b)) for a, imported in graph.items() for b in imported if top(a) != top(b)}
+
+
+def test_imports_between_folders_only_go_down():
+    crossings = folder_imports(import_graph())
+    assert {folder for pair in crossings for folder in pair} <= set(LAYER), "a new top-level folder: rank it in LAYER"
+    upward = sorted((a, b) for a, b in crossings if LAYER[b] >= LAYER[a])
+    assert upward == [], "imports that go up or sideways between folders (see LAYER); move the shared code down"
+    assert {b for a, b in crossings if a == "model"} <= {"runtime"}, "model/ is the network: it imports only runtime/"
+
+
+def test_a_folder_import_up_is_found():
+    graph = {"model.gpt": {"data.tokenizer"}, "data.tokenizer": {"model.config"}, "model.config": set()}
+    crossings = folder_imports(graph)
+    assert crossings == {("model", "data"), ("data", "model")}
+    assert [pair for pair in crossings if LAYER[pair[1]] >= LAYER[pair[0]]] == [("model", "data")]

@@ -29,9 +29,9 @@ def test_llama_cpp_decodes_our_weights(tmp_path):
     pytest.importorskip("gguf")
     pytest.importorskip("llama_cpp")
     from bench.peers.llama_cpp_peer import LlamaCppDecoder, gguf_files
-    from model.generate import generate
+    from decode.generate import generate
     from model.gpt import GPT
-    from model.sampling import SamplingParams
+    from decode.sampling import SamplingParams
     from tests.conftest import small_config
     torch.manual_seed(0)
     model = GPT(small_config()).eval()

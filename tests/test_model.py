@@ -2,10 +2,10 @@ import pytest
 import torch
 
 from model.config import GPTConfig, preset
-from model.generate import generate
+from decode.generate import generate
 from model.gpt import GPT
 from model.kv_cache import KVCache, StaticKVCache
-from model.sampling import SamplingParams, filter_logits
+from decode.sampling import SamplingParams, filter_logits
 from tests.conftest import small_config
 
 
@@ -192,7 +192,7 @@ def test_model_package_has_no_import_cycle():
 @pytest.mark.parametrize("settings", [dict(temperature=7.3e-39), dict(temperature=1.0), dict(temperature=0.7, top_k=5),
                                       dict(temperature=1.0, top_p=1e-300), dict(temperature=2.0, top_p=0.5)])
 def test_sampler_never_leaves_the_vocabulary(fill, settings):
-    from model.sampling import row_generators, sample_rows
+    from decode.sampling import row_generators, sample_rows
     logits = torch.randn(3, 50257)
     logits[0] = fill  # a whole row of it
     logits[1, ::7] = fill  # some of it
@@ -206,14 +206,14 @@ def test_sampler_never_leaves_the_vocabulary(fill, settings):
                                                (dict(top_p=0.0), "top_p must be in"),
                                                (dict(top_p=float("nan")), "top_p must be in")])
 def test_undefined_sampling_settings_are_refused(settings, message):
-    from model.sampling import SamplingError
+    from decode.sampling import SamplingError
     with pytest.raises(SamplingError, match=message):
         SamplingParams(**settings)
 
 
 def test_each_row_draws_the_token_whose_interval_holds_its_own_uniform():
     """The batched draw is inverse-CDF sampling per row, each row with one uniform from its own generator."""
-    from model.sampling import row_generators, sample_rows
+    from decode.sampling import row_generators, sample_rows
     torch.manual_seed(0)
     logits = torch.randn(5, 300) * 4
     tokens = sample_rows(logits, [SamplingParams(temperature=1.0)] * 5, row_generators(7, 5, "cpu"))

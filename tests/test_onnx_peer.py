@@ -10,9 +10,9 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("transformers")
 
 from bench.peers.onnx_peer import OrtDecoder, ort_files
-from model.generate import generate
+from decode.generate import generate
 from model.gpt import GPT
-from model.sampling import SamplingParams
+from decode.sampling import SamplingParams
 from tests.conftest import small_config
 
 

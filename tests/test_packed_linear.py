@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch.nn as nn
 
-from model.generate import generate
+from decode.generate import generate
 from model.gpt import GPT
 from model.int8 import Int8Linear, quantize_model
 from model.packed_linear import PACKED, PackedLinear, pack_for_inference
-from model.sampling import SamplingParams
+from decode.sampling import SamplingParams
 from tests.conftest import small_config
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this PyTorch has no oneDNN")

@@ -137,8 +137,8 @@ def _inference_parity(rank, world, root, result):
     from torch.distributed.fsdp import fully_shard
 
     from training.evaluate import evaluate_loss
-    from model.generate import generate
-    from model.sampling import SamplingParams
+    from decode.generate import generate
+    from decode.sampling import SamplingParams
     from parallel.tensor_parallel import apply_tensor_parallel
     mesh = init_device_mesh("cpu", (world,))
     torch.manual_seed(0)

@@ -10,9 +10,9 @@ import torch
 
 from data.loader import WindowSampler
 from model.config import GPTConfig
-from model.generate import generate
+from decode.generate import generate
 from model.gpt import GPT
-from model.sampling import SamplingParams
+from decode.sampling import SamplingParams
 from prune import iterative
 from prune.csr import csr_copy
 from prune.finetune import FinetuneSettings, finetune

@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 
 import sample
-from model.generate import generate
+from decode.generate import generate
 from model.gpt import GPT
 from model.int8 import (HEAD_FORMATS, Fp16WeightLinear, Int8Embedding, Int8Linear,
                         quantize_model, quantize_per_channel)
-from model.sampling import SamplingParams
+from decode.sampling import SamplingParams
 from quantize import dynamic
 from quantize.measure import greedy_agreement
 from runtime.provenance import provenance

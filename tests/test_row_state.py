@@ -1,4 +1,4 @@
-"""A row's life has one owner (model/row_state.py): generate(), speculative decoding and the server's engine end
+"""A row's life has one owner (decode/row_state.py): generate(), speculative decoding and the server's engine end
 the same rows at the same tokens for the same reasons; and the server's classes stay small."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from data.tokenizer import decode
-from model.generate import generate
+from decode.generate import generate
 from model.gpt import GPT
-from model.row_state import RowState
-from model.sampling import SamplingParams
+from decode.row_state import RowState
+from decode.sampling import SamplingParams
 from serve.engine import Engine
 from serve.events import GenerationRequest
 from tests.conftest import small_config
@@ -61,7 +61,7 @@ def test_generate_speculative_decoding_and_the_server_end_rows_alike(monkeypatch
     assert stop.strip() and "\ufffd" not in stop
     end_token = free[1][7]
     assert end_token not in free[0][:6] + free[1][:7] + free[2]
-    monkeypatch.setattr("model.row_state.EOT_TOKEN", end_token)
+    monkeypatch.setattr("decode.row_state.EOT_TOKEN", end_token)
     paths = ends_in_three_paths(model, prompts, greedy, [[stop], [], []])
 
     assert [reason for _, reason, _ in paths["generate"]] == ["stop", "eos", "length"]

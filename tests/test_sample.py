@@ -38,7 +38,7 @@ def test_sample_prints_text_and_speed(small_artifact):
 @pytest.mark.parametrize("before_first", [0.0, 0.2])
 def test_the_speed_line_leaves_the_prompt_and_the_set_up_out_of_the_decode_rate(before_first):
     import sample
-    from model.generate import CallTiming
+    from decode.generate import CallTiming
     # 32 columns of 2 rows: the first 50 ms after the start (plus any set-up before it), then 31 steps of 4 ms
     # with 300 ms of set-up among them.
     first = 0.05 + before_first

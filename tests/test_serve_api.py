@@ -329,7 +329,7 @@ POISON_SEED = 666
 
 def test_a_request_whose_sampling_fails_gets_an_error_without_internal_text(checkpoint, monkeypatch):
     """Plain and streamed: the failing request gets OpenAI's error shape, the server stays up."""
-    from model.sampling import sample_rows
+    from decode.sampling import sample_rows
 
     def poisoned(logits, params, generators):
         if any(p.seed == POISON_SEED for p in params):

@@ -7,11 +7,11 @@ import time
 import pytest
 import torch
 
-from model.generate import generate
+from decode.generate import generate
 from model.gpt import GPT
-from model.sampling import SamplingParams, sample_rows
-from model.decode_steps import DECODE_MODES
-from model.text import TextAssembler
+from decode.sampling import SamplingParams, sample_rows
+from decode.steps import DECODE_MODES
+from decode.text import TextAssembler
 from serve.engine import Engine
 from serve.events import DoneEvent, ErrorEvent, GenerationRequest, TokenEvent
 from serve.scheduler import QueueFull
@@ -105,7 +105,7 @@ def test_batched_generation_equals_generating_alone(engine, short_context_model,
     assert any(ragged for _, ragged in steps)
     if engine.decode == "traced":  # and traced steps ran on padded batches too
         assert any(padded for padded, _ in steps) and not all(padded for padded, _ in steps)
-    # Every row also equals model.generate, which sample.py uses: same sampler, same seeds.
+    # Every row also equals decode.generate, which sample.py uses: same sampler, same seeds.
     for (ids, params), tokens in zip(jobs, alone):
         reference = generate(short_context_model, torch.tensor([ids]), params)
         assert reference[0, len(ids):].tolist() == tokens
@@ -281,7 +281,7 @@ def test_a_failing_request_ends_alone_and_its_batch_completes_as_if_alone(engine
                 raise KeyError(f"Invalid token for decoding: {token}")
             return super().add(token)
 
-    monkeypatch.setattr("model.row_state.TextAssembler", PoisonedText)
+    monkeypatch.setattr("decode.row_state.TextAssembler", PoisonedText)
     collector = Collector(4)
     for i, ids in enumerate(prompts):
         engine.submit(GenerationRequest(ids, greedy, collector.callback(i)))

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from model.config import EOT_TOKEN
-from model.generate import generate
+from decode.generate import generate
 from model.gpt import GPT
-from model.sampling import SamplingParams
-from model.speculative import DraftMismatch, SpeculativeStats
+from decode.sampling import SamplingParams
+from decode.speculative import DraftMismatch, SpeculativeStats
 from prune.structured import select_units, shrink
 from serve.engine import Engine
 from serve.events import DoneEvent, Latency

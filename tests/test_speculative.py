@@ -9,10 +9,10 @@ import torch
 from model.config import EOT_TOKEN, GPTConfig
 from model.gpt import GPT
 from model.kv_cache import KVCache
-from model.generate import generate
+from decode.generate import generate
 from model.int8 import quantize_model
-from model.sampling import SamplingParams
-from model.speculative import DraftMismatch, SpeculativeStats, sampling_probs
+from decode.sampling import SamplingParams
+from decode.speculative import DraftMismatch, SpeculativeStats, sampling_probs
 from prune.structured import select_units, shrink
 from tests.conftest import small_config
 from tests.test_sample import run_sample
@@ -212,7 +212,7 @@ def test_a_draft_with_another_vocabulary_or_a_shorter_context_is_refused():
 
 
 def test_every_decode_mode_the_device_has_decodes_speculatively_to_the_targets_tokens():
-    # One step runner (model/decode_steps.py) for plain and speculative decoding: the fixed-shape cache of the
+    # One step runner (decode/steps.py) for plain and speculative decoding: the fixed-shape cache of the
     # static mode (what a CUDA graph captures) keeps rows at their own lengths as the filled-columns cache does.
     target = eot_prone_target()
     draft = draft_for(target, "random")
@@ -273,7 +273,7 @@ def test_sample_py_with_a_pruned_draft(tmp_path):
 
 
 def test_auto_traces_both_models_passes_after_the_prompt_aligned_or_not(monkeypatch):
-    from model.decode_trace import TracedSteps
+    from decode.trace import TracedSteps
     target = eot_prone_target()
     draft = draft_for(target, "random")
     traced_steps = []  # (which model, rows, tokens per row, whether the rows were at one length)

@@ -14,7 +14,7 @@ from bench.experiments.speculative import (COMMAND_RECORD, TARGET, ModelRecord, 
 from bench.speculative_server import ServerComparison, ServerLevel, compare_servers
 from bench.report_page import Page
 from model.gpt import GPT
-from model.sampling import SamplingParams
+from decode.sampling import SamplingParams
 from prune.structured import select_units, shrink
 from runtime.timing import Spread, environment
 from tests.conftest import save_small_artifact, small_config

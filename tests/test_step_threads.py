@@ -1,15 +1,15 @@
-"""model/step_threads.py: decode steps run with the thread count their own timings favour -- all threads on a
+"""decode/step_threads.py: decode steps run with the thread count their own timings favour -- all threads on a
 quiet machine, fewer when another program makes all of them slower -- and follow a load that comes and goes."""
 from __future__ import annotations
 
 import torch
 
-from model import step_threads
-from model.step_threads import LONGEST_GAP, StepThreads, thread_counts
+from decode import step_threads
+from decode.step_threads import LONGEST_GAP, StepThreads, thread_counts
 
 
 class FakeClock:
-    """perf_counter for model/step_threads.py, advanced by the steps: a step with n threads takes cost[n]."""
+    """perf_counter for decode/step_threads.py, advanced by the steps: a step with n threads takes cost[n]."""
 
     def __init__(self, monkeypatch):
         self.now = 0.0
@@ -61,10 +61,10 @@ def test_each_shape_is_judged_on_its_own_steps(monkeypatch):
 
 
 def test_generate_gives_its_caller_the_thread_count_back_whatever_its_steps_chose(monkeypatch, small_model):
-    from model import decode_steps
-    from model.generate import generate
-    from model.sampling import SamplingParams
-    from model.step_threads import _Shape
+    from decode import steps as decode_steps
+    from decode.generate import generate
+    from decode.sampling import SamplingParams
+    from decode.step_threads import _Shape
     before = torch.get_num_threads()
     chooser = StepThreads(most=2)
     chooser.shapes[1, 1] = _Shape(mean_s={2: 1.0, 1: 0.1}, seen={2: 5, 1: 5}, next_try=10 ** 9)  # a busy machine's

@@ -19,10 +19,10 @@ from data.loader import eval_batches
 from data.local_files import TEXT_FIX, whole_file_corpus
 from data.shards import load_split, prepare_split
 from training.evaluate import evaluate_loss
-from model.generate import generate
+from decode.generate import generate
 from model.gpt import GPT
 from model.packed_linear import pack_for_inference
-from model.sampling import SamplingParams
+from decode.sampling import SamplingParams
 from parallel.layout import MULTI_PROCESS_MODES
 from runtime.cli import check_options, option
 from runtime.device import choose_device, peak_memory_bytes, precision_policy, synchronize

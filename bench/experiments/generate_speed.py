@@ -31,7 +31,7 @@ Effective bandwidth at batch 1: the bytes of the matrices a decoding step reads 
 and the output head; not the one embedding row per token) times the decode-only steps per second, against the
 machine's read bandwidth measured in the same run with the sides idle (a sum over 1 GiB of float32, 5 before
 and 5 after the rounds). On a CUDA device our default decoding is one captured CUDA graph per step
-(model/decode_graph.py), timed beside the eager steps.
+(decode/cuda_graph.py), timed beside the eager steps.
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ from bench.report_page import Page, spread
 from data.corpus import builtin_documents
 from data.tokenizer import encode
 from model.config import PRESETS, preset
-from model.decode_steps import DECODE_MODES, fastest_decode
+from decode.steps import DECODE_MODES, fastest_decode
 from model.gpt import GPT
 from model.int8 import HEAD_FORMATS
 from runtime.cli import check_options, option
@@ -141,7 +141,7 @@ class GenerateSpeed:
     new_tokens: int
     prompts: str  # where the prompts' tokens come from
     linear_kernels: str  # what pack_for_inference did to our fp32 model
-    decode: str  # how our decode steps ran (model/decode_steps.py's DECODE_MODES)
+    decode: str  # how our decode steps ran (decode/steps.py's DECODE_MODES)
     int8_head: str | None
     versions: dict[str, str]  # runtime -> its version, for every runtime measured
     setups: dict[str, str]  # peer runtime -> how it was set up (converter, optimizer, API, threads)

@@ -47,16 +47,16 @@ from bench.record import plt
 from bench.report_page import Page, spread
 from data.tokenizer import encode
 from model.config import PRESETS, preset
-from model.generate import generate
+from decode.generate import generate
 from model.gpt import GPT
 from model.int8 import quantize_model
 from model.packed_linear import pack_for_inference
-from model.sampling import SamplingParams
+from decode.sampling import SamplingParams
 from runtime.cli import check_options, option
 from runtime.device import choose_device
 from runtime.provenance import provenance
 from runtime.timing import Environment, Spread, environment, paired_ratio, time_interleaved
-from model.decode_steps import DECODE_MODES
+from decode.steps import DECODE_MODES
 from serve.launch import ServerProcess, running, running_server
 from storage.artifact import int8_artifact_writers, load_model, save_artifact
 from storage.folder import write_folder_atomically

@@ -41,9 +41,9 @@ from bench.runner import TRAIN_SCRIPT
 from bench.speculative_server import ServerComparison, compare_servers
 from data.tokenizer import decode
 from model.config import PRESETS
-from model.generate import generate
-from model.sampling import SamplingParams
-from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats
+from decode.generate import generate
+from decode.sampling import SamplingParams
+from decode.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats
 from prune.config import PruneConfig
 from quantize.dynamic import QuantizeConfig
 from runtime.cli import check_options, non_default_flags, option

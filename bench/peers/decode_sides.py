@@ -28,7 +28,7 @@ from runtime.device import synchronize
 
 @dataclass(frozen=True)
 class SideSpec:
-    """What one side process builds.  `runtime`: "ours" (model/generate.py on the artifact in files[0], int8 when
+    """What one side process builds.  `runtime`: "ours" (decode/generate.py on the artifact in files[0], int8 when
     `int8_head` is set, its decode steps `decode`), "onnxruntime" (files: one converted graph), "llama.cpp"
     (files: one GGUF file, decoding up to `rows` sequences at once) or "transformers" (files: a Hugging Face
     folder)."""
@@ -60,10 +60,10 @@ def step_bytes(model: torch.nn.Module) -> int:
 
 
 def _ours(spec: SideSpec) -> tuple[Callable[[torch.Tensor, int], torch.Tensor], dict]:
-    from model.generate import generate
+    from decode.generate import generate
     from model.int8 import quantize_model
     from model.packed_linear import pack_for_inference
-    from model.sampling import SamplingParams
+    from decode.sampling import SamplingParams
     from runtime import huge_pages
     from storage.artifact import load_model
     model, _ = load_model(spec.files[0], spec.device)

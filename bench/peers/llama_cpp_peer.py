@@ -172,7 +172,7 @@ class LlamaCppDecoder:
 
     def generate(self, idx: torch.Tensor, new_tokens: int) -> torch.Tensor:
         """The prompts (B, T), B up to the rows it was loaded for, followed by `new_tokens` greedy tokens each, as
-        model.generate.generate returns them."""
+        decode.generate.generate returns them."""
         import llama_cpp
         rows, length = idx.shape
         if rows > self.rows:

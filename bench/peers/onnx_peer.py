@@ -86,7 +86,7 @@ class OrtDecoder:
         return binding.get_outputs()
 
     def generate(self, idx: torch.Tensor, new_tokens: int) -> torch.Tensor:
-        """The prompts (B, T) followed by `new_tokens` greedy tokens, as model.generate.generate returns them."""
+        """The prompts (B, T) followed by `new_tokens` greedy tokens, as decode.generate.generate returns them."""
         from onnxruntime import OrtValue
         tokens = idx.numpy()
         past = self.session.get_inputs()[1:]

@@ -8,7 +8,7 @@ model/packed_linear.py, written as one Markdown page.
    rows, one per thread): GB/s of weights read, with enough distinct copies of each
    matrix (about 200 MB) that they stream from memory as in a real step, not from cache.
 2. torch.profiler over decode steps at batch 1 and 12 (32 cached positions): eager with nn.Linear, eager
-   packed, and the traced steps `generate(decode="traced")` and the server run (model/decode_trace.py), in
+   packed, and the traced steps `generate(decode="traced")` and the server run (decode/trace.py), in
    fp32 packed and in int8 with the int8 head (`quantize/dynamic.py --head int8`): the operators by their own
    CPU time per step.
 3. The machine's read bandwidth (a sum over 1 GiB of float32) for scale.
@@ -27,7 +27,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench.experiments.generate_speed import read_bandwidth
 from model.config import PRESETS, preset
-from model.decode_steps import DecodeSteps
+from decode.steps import DecodeSteps
 from model.gpt import GPT
 from model.int8 import quantize_model
 from model.packed_linear import PackedLinear, pack_for_inference

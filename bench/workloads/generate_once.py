@@ -13,10 +13,10 @@ import time
 import torch
 
 from model.config import preset
-from model.generate import generate
+from decode.generate import generate
 from model.gpt import GPT
 from model.packed_linear import pack_for_inference
-from model.sampling import SamplingParams
+from decode.sampling import SamplingParams
 
 
 def one_call(name: str, decode: str, new_tokens: int, prompt_tokens: int, threads: int) -> dict:

@@ -1,11 +1,11 @@
-"""Decode steps run as one traced TorchScript graph: the CPU's counterpart of model/decode_graph.py.
+"""Decode steps run as one traced TorchScript graph: the CPU's counterpart of decode/cuda_graph.py.
 
 At batch 1 on the CPU a GPT-2 124M decode step is ~150 small operators, and in eager PyTorch the Python between
 them (module calls, argument checks, dispatch) is a large share of an int8 step, whose products read a quarter of
 the fp32 step's weight bytes.
 Traced once, the step runs in TorchScript's interpreter with no Python in between (bench/results/generate_speed.json
 measures it against the eager steps, ONNX Runtime and llama.cpp). generate(decode="traced") and the server
-(serve/engine.py) decode through it, and speculative decoding (model/speculative.py) runs the target's check of a
+(serve/engine.py) decode through it, and speculative decoding (decode/speculative.py) runs the target's check of a
 few proposals and the draft's catch-up the same way: a step of W tokens per row.
 
 The graph reads the cache through views that end at the new tokens' last column: every layer's keys and values
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 # model -> (its weights' versions, {(rows, masked, dtype, device): traced step})
 _TRACES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# Traces kept per model at the least (model/decode_steps.py keeps more for more rows): one per row count, width and
+# Traces kept per model at the least (decode/steps.py keeps more for more rows): one per row count, width and
 # placement a caller meets.
 KEPT_TRACES = 8
 

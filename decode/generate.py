@@ -1,4 +1,4 @@
-"""Autoregressive sampling with a KV cache: temperature, top-k, top-p, seed; rows end as model/row_state.py says."""
+"""Autoregressive sampling with a KV cache: temperature, top-k, top-p, seed; rows end as decode/row_state.py says."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,12 +6,12 @@ from dataclasses import dataclass
 import torch
 
 from model.config import EOT_TOKEN
-from model.decode_steps import DecodeSteps
+from decode.steps import DecodeSteps
 from model.gpt import GPT
 from model.kv_cache import ContextOverflow
-from model.row_state import RowState
-from model.sampling import SamplingParams, row_generators, sample_rows
-from model.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats, speculative_generate
+from decode.row_state import RowState
+from decode.sampling import SamplingParams, row_generators, sample_rows
+from decode.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats, speculative_generate
 
 
 @dataclass
@@ -42,14 +42,14 @@ def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: b
              timing: CallTiming | None = None, rows: list[RowState] | None = None) -> torch.Tensor:
     """Extend the prompts `idx` (B, T) by up to `params.max_new_tokens` tokens.
 
-    A row that ends (model/row_state.py: at end-of-text, or at a stop string of its RowState) stops growing: its
+    A row that ends (decode/row_state.py: at end-of-text, or at a stop string of its RowState) stops growing: its
     later positions are filled with end-of-text, and generation ends early when every row has ended.  `rows`, one
     RowState per row, are the rows' states to read afterwards (their tokens, text and finish reason); by default
     plain ones with `params`.  `on_token` is called with each new column of tokens, for streaming and timing.
-    `decode` picks how the cached steps run (model/decode_steps.py's DECODE_MODES); the tokens are the same.  The
+    `decode` picks how the cached steps run (decode/steps.py's DECODE_MODES); the tokens are the same.  The
     model is not changed: the traced steps hold their own oneDNN-packed copies of its float32 weights.
 
-    With a `draft` model, decoding is speculative (model/speculative.py): the draft proposes `draft_tokens` tokens
+    With a `draft` model, decoding is speculative (decode/speculative.py): the draft proposes `draft_tokens` tokens
     per step and the model checks them in one pass; greedy tokens are the model's own, sampled ones follow the
     model's distribution.  `stats`, a SpeculativeStats, is then filled with the acceptance counts.
 

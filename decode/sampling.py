@@ -10,7 +10,7 @@ depends only on its logits, its settings and its generator's state, never on the
 Why not `torch.multinomial` per row: it draws a random number per vocabulary entry and the
 per-row calls dominated a decode step of the demo model (50257 entries x 12 rows); so did
 full-vocabulary softmax and cumulative sums when top-k leaves 200 candidates.  `sample.py`
-(through `model/generate.py`) and the server share this sampler, so a seed gives the same text in both.
+(through `decode/generate.py`) and the server share this sampler, so a seed gives the same text in both.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ so the rules for ending are written once, here:
 - `max_new_tokens` ends it at its last token.
 
 A row also keeps its tokens' log-probabilities when asked (the server's `logprobs`), and releases its text as it
-grows, holding back what a stop string or an unfinished character could still take back (model/text.py).
+grows, holding back what a stop string or an unfinished character could still take back (decode/text.py).
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from typing import Iterable, Sequence
 import torch
 
 from model.config import EOT_TOKEN
-from model.sampling import SamplingParams
-from model.text import TextAssembler
+from decode.sampling import SamplingParams
+from decode.text import TextAssembler
 
 # Why a row ended, as the server's /generate reports it; the OpenAI API calls the first two both "stop".
 FINISH_REASONS = ("eos", "stop", "length")

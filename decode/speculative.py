@@ -7,13 +7,13 @@ Greedy: a proposal is kept when it is the target's argmax, and the token after t
 argmax, so the tokens are those the target alone decodes.  Sampling: a proposal x drawn from the draft's
 distribution q is kept with probability min(1, p(x) / q(x)) (p: the target's); at the first rejection the row
 draws from normalize(max(0, p - q)), after K acceptances from p.  Every kept token is then distributed as the
-target's own sampler draws it.  p and q are the distributions model/sampling.py draws from (the same temperature,
+target's own sampler draws it.  p and q are the distributions decode/sampling.py draws from (the same temperature,
 top-k and top-p), and every row draws from its own seeded generator, so a seed gives the same tokens again.
 
 Rows keep different numbers of tokens at each step, which the KV cache allows (model/kv_cache.py): each row at
 its own length, positions and an attention mask per row, rejected tokens truncated.  A row that is done
 (end-of-text, or max_new_tokens) leaves the batch.  Each model's passes run through its DecodeSteps
-(model/decode_steps.py); on the CPU under decode `auto` the passes after the prompt are traced graphs: an eager
+(decode/steps.py); on the CPU under decode `auto` the passes after the prompt are traced graphs: an eager
 pass over a few tokens spends as long in Python between operators as in them, which would eat most of what a
 step saves.
 """
@@ -24,11 +24,11 @@ from dataclasses import dataclass
 import torch
 
 from model.config import EOT_TOKEN
-from model.decode_steps import DecodeSteps
+from decode.steps import DecodeSteps
 from model.gpt import GPT
 from model.kv_cache import KVCache
-from model.row_state import RowState
-from model.sampling import SamplingParams, draw, filter_logits, row_generators, settings_groups
+from decode.row_state import RowState
+from decode.sampling import SamplingParams, draw, filter_logits, row_generators, settings_groups
 from runtime.errors import UserError
 
 # Draft tokens per step.  The best count grows with the draft's acceptance rate and falls with its cost relative to
@@ -84,7 +84,7 @@ def check_draft(model: GPT, draft: GPT, tokens_needed: int, draft_tokens: int) -
 
 
 def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """(rows, vocab): the distribution model/sampling.py's sample_rows draws from for non-greedy `params`,
+    """(rows, vocab): the distribution decode/sampling.py's sample_rows draws from for non-greedy `params`,
     with the same cleaning of NaN and infinite logits and exactly the k best tokens under top-k."""
     logits = torch.nan_to_num(logits.float(), nan=float("-inf"), posinf=torch.finfo(torch.float32).max,
                               neginf=float("-inf"))
@@ -199,7 +199,7 @@ def speculative_step(target_steps: DecodeSteps, draft_steps: DecodeSteps, target
 def speculative_generate(target_steps: DecodeSteps, draft_steps: DecodeSteps, idx: torch.Tensor,
                          params: SamplingParams, draft_tokens: int = DEFAULT_DRAFT_TOKENS, on_token=None,
                          stats: SpeculativeStats | None = None, rows: list[RowState] | None = None) -> torch.Tensor:
-    """generate()'s result for the target model (see model/generate.py), decoded with the draft proposing
+    """generate()'s result for the target model (see decode/generate.py), decoded with the draft proposing
     `draft_tokens` tokens per step, each model's passes run by its steps; `stats`, when given, is filled in, and
     `rows` (one RowState per row, plain ones by default) take each row's tokens.  The target's context is checked
     by generate()."""
@@ -214,7 +214,7 @@ def speculative_generate(target_steps: DecodeSteps, draft_steps: DecodeSteps, id
     device = idx.device
     generators = row_generators(params.seed, B, device)
     # Room for a whole step's proposals past the last token asked for (discarded there), within both contexts: a
-    # step's width then stays the same to the end, and its traced passes (model/decode_trace.py) with it.
+    # step's width then stays the same to the end, and its traced passes (decode/trace.py) with it.
     room = min(end + draft_tokens, model.config.block_size, draft.config.block_size)
     target_cache, draft_cache = target_steps.new_cache(B, room), draft_steps.new_cache(B, room)
     tokens = torch.full((B, end), EOT_TOKEN, dtype=idx.dtype, device=device)  # end-of-text after a row's end

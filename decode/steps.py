@@ -1,19 +1,19 @@
 """How a model's forward passes over a KV cache run, chosen once by a decode mode: the one step runner behind
-generate()'s plain and speculative loops (model/generate.py, model/speculative.py) and the server's running batch
+generate()'s plain and speculative loops (decode/generate.py, decode/speculative.py) and the server's running batch
 (serve/engine.py).  Each asks `DecodeSteps.logits` for the logits of a few new tokens per row; the mode decides
-whether that pass runs eagerly, as a traced TorchScript graph (model/decode_trace.py) or as a captured CUDA graph
-(model/decode_graph.py), and which cache layout it needs (model/kv_cache.py).  The tokens are the same in every
+whether that pass runs eagerly, as a traced TorchScript graph (decode/trace.py) or as a captured CUDA graph
+(decode/cuda_graph.py), and which cache layout it needs (model/kv_cache.py).  The tokens are the same in every
 mode.
 """
 from __future__ import annotations
 
 import torch
 
-from model.decode_graph import CapturedSteps
-from model.decode_trace import KEPT_TRACES, TracedSteps
+from decode.cuda_graph import CapturedSteps
+from decode.trace import KEPT_TRACES, TracedSteps
 from model.gpt import GPT
 from model.kv_cache import KVCache, StaticKVCache
-from model.step_threads import for_model
+from decode.step_threads import for_model
 
 # auto: the fastest for the model and device (fastest_decode); dynamic: eager passes over the filled columns of the
 # cache (the fastest eager steps); static: eager passes over fixed shapes, every column attended through a mask
@@ -101,7 +101,7 @@ class DecodeSteps:
 
     def release_threads(self) -> None:
         """Give the caller its thread count back: the steps leave the count they chose set between them
-        (model/step_threads.py)."""
+        (decode/step_threads.py)."""
         if self.threads is not None:
             self.threads.release()
 
