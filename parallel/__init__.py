@@ -10,12 +10,11 @@ from parallel.dims import ParallelDims
 from parallel.distributed import DistContext, check_divisibility, init_distributed
 from parallel.errors import ParallelError
 from parallel.layout import MODES, Layout, layout_from_flags
-from parallel.lr_scaling import scaled_lr
 from parallel.parallelize import Parallelized, parallelize
 from parallel.strategies import STRATEGIES, DataParallelStrategy, SingleDevice
 from parallel.tensor_parallel import TP_PLAN, ColumnParallelLinear, RowParallelLinear, apply_tensor_parallel
 
 __all__ = ["CommsMeter", "MODES", "STRATEGIES", "DataParallelStrategy", "SingleDevice", "DistContext", "Layout",
            "ParallelDims", "ParallelError", "check_divisibility", "init_distributed", "layout_from_flags",
-           "scaled_lr", "Parallelized", "parallelize", "TP_PLAN", "ColumnParallelLinear", "RowParallelLinear",
+           "Parallelized", "parallelize", "TP_PLAN", "ColumnParallelLinear", "RowParallelLinear",
            "apply_tensor_parallel"]

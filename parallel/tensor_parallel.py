@@ -55,30 +55,29 @@ class ShardSpec:
         return torch.cat([per_rank[r][b] for b in range(self.stride) for r in range(len(shards))], dim=self.dim)
 
 
-class ColumnParallelLinear(nn.Module):
-    """y = x A^T + b with A's rows (output features) split across ranks; the input is replicated and the output
-    stays split, for the row-parallel layer after it (attention's heads and the MLP's hidden features)."""
+class _ShardedLinear(nn.Module):
+    """A linear layer holding this rank's slice of the weight (and its bias, if any), with the group its
+    collectives run in; the subclasses say where the slice is cut and which collective its forward needs."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group, meter: CommsMeter | None = None):
         super().__init__()
         self.weight = nn.Parameter(weight)
         self.bias = nn.Parameter(bias) if bias is not None else None
         self.group, self.meter = group, meter
+
+
+class ColumnParallelLinear(_ShardedLinear):
+    """y = x A^T + b with A's rows (output features) split across ranks; the input is replicated and the output
+    stays split, for the row-parallel layer after it (attention's heads and the MLP's hidden features)."""
 
     def forward(self, x):
         return F.linear(copy_to_tensor_parallel_region(x, self.group, self.meter), self.weight, self.bias)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_ShardedLinear):
     """y = x A^T + b with A's columns (input features) split, its input the split output of a column-parallel
     layer; partial products are all-reduced and the replicated bias is added after the reduction (once, not once
     per rank)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group, meter: CommsMeter | None = None):
-        super().__init__()
-        self.weight = nn.Parameter(weight)
-        self.bias = nn.Parameter(bias) if bias is not None else None
-        self.group, self.meter = group, meter
 
     def forward(self, x):
         y = reduce_from_tensor_parallel_region(F.linear(x, self.weight), self.group, self.meter)

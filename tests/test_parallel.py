@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 
 from model.config import GPTConfig
 from model.gpt import GPT
-from parallel import CommsMeter, ParallelDims, ParallelError, check_divisibility, scaled_lr
+from parallel import CommsMeter, ParallelDims, ParallelError, check_divisibility
 from parallel.data_parallel import replicate_with_data_parallel
 from parallel.distributed import DistContext, exit_rank
 from parallel.tensor_parallel import ShardSpec
@@ -383,12 +383,6 @@ def test_modes_that_need_torchrun_say_so(tmp_path, monkeypatch):
     with pytest.raises(ParallelError, match="torchrun --nproc_per_node=N train.py --parallel fsdp"):
         train(_train_config(tmp_path / "x", parallel="fsdp"))
     assert TrainingError  # the trainer's own errors stay separate from layout errors
-
-
-def test_learning_rate_scales_with_global_batch():
-    assert scaled_lr(1e-3, 32, 8, "linear") == pytest.approx(4e-3)
-    assert scaled_lr(1e-3, 32, 8, "sqrt") == pytest.approx(2e-3)
-    assert scaled_lr(1e-3, 32, 8, "none") == 1e-3
 
 
 def test_more_ranks_than_gpus_is_refused_before_touching_cuda(monkeypatch):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from data.corpus import dataset_help
 from model.config import PRESETS
 from parallel import MODES
-from parallel.lr_scaling import RULES as LR_SCALING_RULES
+from training.optim import LR_SCALING_RULES
 from runtime.cli import check_options, flag, option
 from runtime.errors import UserError
 

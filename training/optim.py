@@ -1,4 +1,6 @@
-"""AdamW with decay / no-decay groups and a cosine schedule with linear warmup (as GPT-2 / nanoGPT)."""
+"""AdamW with decay / no-decay groups, a cosine schedule with linear warmup (as GPT-2 / nanoGPT), and the peak
+learning rate for a larger global batch (Goyal et al. 2017: linear scaling with warmup; Krizhevsky 2014 / Hoffer et
+al. 2017: square-root scaling, gentler for adaptive optimizers)."""
 from __future__ import annotations
 
 import math
@@ -25,3 +27,13 @@ def lr_at(step: int, max_lr: float, warmup_steps: int, max_steps: int, min_lr_ra
         return max_lr * min_lr_ratio
     progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
     return max_lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+LR_SCALING_RULES = ("none", "linear", "sqrt")
+
+
+def scaled_lr(lr: float, global_batch: int, reference_batch: int, rule: str) -> float:
+    """`lr` was tuned for `reference_batch` sequences per step; return it for `global_batch` (`rule` and the batches
+    are checked by TrainConfig, from --scale-lr and --reference-batch)."""
+    ratio = global_batch / reference_batch
+    return lr if rule == "none" else lr * (ratio if rule == "linear" else math.sqrt(ratio))

@@ -15,8 +15,8 @@ from data.shards import load_split, prepare_split
 from model.config import GPTConfig, preset
 from training.evaluate import evaluate_loss
 from model.gpt import GPT, CausalSelfAttention
-from training.optim import build_optimizer, lr_at
-from parallel import CommsMeter, check_divisibility, parallelize, scaled_lr
+from training.optim import build_optimizer, lr_at, scaled_lr
+from parallel import CommsMeter, check_divisibility, parallelize
 from parallel.distributed import run_on_node_leader
 from parallel.state import local_state_bytes
 from runtime.cli import non_default_fields
