@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.experiment import SettingsError
-from bench.runner import run_train, window_summary
+from bench.train_runs import run_train, window_summary
 from model.config import PRESETS
 from parallel.layout import parallel_dims
 from runtime.cli import check_options, option

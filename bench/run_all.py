@@ -34,7 +34,7 @@ from bench.experiments import EXPERIMENTS, find
 from bench.record import RESULTS_DIR, gpu_results, read_result, write_result
 from bench.report import REPORT, write_report
 from bench.processes import INHERIT, ROOT, run_command
-from bench.runner import run_train
+from bench.train_runs import run_train
 from runtime.cli import entry_point, non_default_flags, option, parse_config
 from runtime.errors import UserError
 from training.config import TrainConfig

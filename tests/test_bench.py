@@ -324,7 +324,7 @@ def test_flags_follow_train_py_conventions():
 
 
 def test_a_failed_train_run_is_reported_by_its_telling_line_not_torchrun_banner():
-    from bench.runner import TrainRun
+    from bench.train_runs import TrainRun
     tail = ("[rank1]: Traceback (most recent call last):\nterminate called without an active exception\n"
             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n" + "=" * 54 + "\n")
     assert TrainRun([], 1, 3.0, [], tail).failure() == "exit code 1: terminate called without an active exception"

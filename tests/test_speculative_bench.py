@@ -11,7 +11,7 @@ import torch
 from bench.experiment import ExperimentError
 from bench.experiments.speculative import (COMMAND_RECORD, TARGET, ModelRecord, SpeculativeSpeed, make_model,
                                            plot, section, time_batch)
-from bench.speculative_server import ServerComparison, ServerLevel, compare_servers
+from bench.draft_server_comparison import ServerComparison, ServerLevel, compare_servers
 from bench.report_page import Page
 from model.gpt import GPT
 from decode.sampling import SamplingParams

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from bench.runner import run_train, window_summary
+from bench.train_runs import run_train, window_summary
 from data.corpus import Corpus, dataset_help
 from data.documents import text_blocks
 from data.loader import eval_batches

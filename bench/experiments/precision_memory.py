@@ -23,7 +23,7 @@ import torch
 from bench.experiment import Experiment, SettingsError
 from bench.record import plt
 from bench.report_page import Page, mib, num
-from bench.runner import run_train
+from bench.train_runs import run_train
 from model.config import PRESETS
 from runtime.cli import check_options, option
 from runtime.device import choose_device, precision_policy

@@ -17,7 +17,7 @@ turns whose order reverses every other round, on prompts of English from the bui
 (a new window per round), greedy at each batch size and sampled (seeded) at batch 1, a fixed number of new tokens
 (end-of-text does not stop a row).  Speed-ups are medians of per-round paired ratios; acceptance is summed over the
 rounds; every greedy speculative run's tokens are compared with the target's own.  Then `python -m serve --draft`
-is timed against the server alone (bench/speculative_server.py).  The text each batch's target decodes
+is timed against the server alone (bench/draft_server_comparison.py).  The text each batch's target decodes
 is reported with it: greedy decoding of a small CPU-trained model can settle into a run of one token (a newline),
 which any draft predicts, so the sampled rows are the ones that show a draft's acceptance on text.
 """
@@ -37,8 +37,8 @@ from bench.experiments.generate_speed import real_prompts
 from bench.processes import ROOT, STDOUT, run_command
 from bench.record import plt
 from bench.report_page import Page, num
-from bench.runner import TRAIN_SCRIPT
-from bench.speculative_server import ServerComparison, compare_servers
+from bench.train_runs import TRAIN_SCRIPT
+from bench.draft_server_comparison import ServerComparison, compare_servers
 from data.tokenizer import decode
 from model.config import PRESETS
 from decode.generate import generate
@@ -330,7 +330,7 @@ def server_section(server: ServerComparison, page: Page) -> None:
     page.add(f"The server: `python -m serve --draft` ({server.draft}, K = {server.draft_tokens}) against the same "
              f"target served alone, streaming `/generate` requests of {server.new_tokens} new tokens (the load "
              f"test's prompts; sampled: temperature 0.8, top-k 200), medians of {server.rounds} interleaved rounds "
-             f"(bench/speculative_server.py).\n")
+             f"(bench/draft_server_comparison.py).\n")
     page.table(["clients", "decoding", "alone, tokens/s", "with the draft, tokens/s", "speed-up", "acceptance",
                 "latency p50 alone / with the draft, ms"],
                [[str(lv.clients), lv.decoding, num(lv.alone_tokens_per_s.median),
