@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TOKENIZER := data/assets/gpt2.tiktoken
 DEMO_OUT := out/demo
 
-.PHONY: setup demo test fuzz bench clean
+.PHONY: setup demo test test-random test-orders mutate fuzz bench clean
 
 setup: $(STAMP) $(TOKENIZER)
 
@@ -49,6 +49,19 @@ test: setup
 	$(VENV)/bin/ruff check .
 	$(PY) -m compileall -q -j 0 $(SOURCES) > /dev/null
 	$(PY) -m pytest -n auto --dist loadfile --no-loadscope-reorder
+
+# The suite in one seeded random order (pytest-randomly shuffles the files and the tests in each; pyproject.toml keeps
+# it off in `make test`), to show no test leans on one that ran before it on its worker.  `make test-orders` runs one
+# order per seed in SEEDS and records each (counts, wall time, first files) in bench/results/test_orders.json.
+SEED ?= 1
+SEEDS ?= 1 2 3
+test-random: setup
+	$(PY) -m compileall -q -j 0 $(SOURCES) > /dev/null
+	$(PY) -m pytest -n auto --dist loadfile --no-loadscope-reorder -p randomly -p no:cacheprovider --randomly-seed $(SEED)
+
+test-orders: setup
+	$(PY) -m compileall -q -j 0 $(SOURCES) > /dev/null
+	$(PY) -m tests.random_orders --seeds $(SEEDS)
 
 # The hostile-input suite's long run: tests/test_hostile_*.py with fresh random examples, round after round, for
 # FUZZ_MINUTES; writes bench/results/fuzz.json (inputs tried per surface, outcomes, tracebacks, changed sources).

@@ -15,12 +15,14 @@ import signal
 
 import torch.distributed as dist
 
+from data.corpus import local_dataset_path
+from data.local_files import skipping_unreadable
 from parallel import init_distributed, layout_from_flags
 from parallel.distributed import announce_failure, exit_rank, failed_rank, launched_by_torchrun, shutdown
 from runtime.cli import entry_point, given_fields, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
-from storage.claim import missing_folders, remove_unused_folders
+from storage.claim import missing_folders, refuse_output_in_dataset, remove_unused_folders
 from storage.hub import resolve_checkpoint
 from training.config import TrainConfig, TrainingError
 from training.metrics import EvalRecord
@@ -33,13 +35,15 @@ __all__ = ["TrainConfig", "TrainingError", "train", "main"]
 def train(cfg: TrainConfig, given: set[str] | None = None) -> EvalRecord:
     """Train (one process, or this rank of a torchrun job); returns the final validation record.  `given`:
     the settings the command line named, which a resumed run takes over its saved ones."""
+    if (dataset := local_dataset_path(cfg.dataset)) is not None:  # before anything is written
+        refuse_output_in_dataset(dataset, cfg.out_dir, "--out-dir")
     if cfg.init_from:  # a name that is not there, or a hub model not to be had, fails before anything starts
         resolve_checkpoint(cfg.init_from, "--init-from")
     layout = layout_from_flags(cfg.parallel, cfg.tp_size)
     ctx = init_distributed(layout.dims, choose_device(cfg.device), cfg.dist_timeout_s)
     created = missing_folders(cfg.out_dir) if ctx.is_writer else []
     try:
-        with Trainer(cfg, ctx, layout.strategy, given) as trainer:
+        with skipping_unreadable(cfg.skip_unreadable), Trainer(cfg, ctx, layout.strategy, given) as trainer:
             final = trainer.fit()
         if ctx.world_size > 1:
             # No rank tears the group down while another still works (rank 0 writes the last records and the

@@ -3,8 +3,8 @@
 Dataset names (the `--dataset` flag everywhere):
 - `builtin`: the Python standard library's documentation (below);
 - `wikitext-103`, `wikitext-2`: WikiText through the `datasets` library, from its cache or the hub;
-- a local folder or file of `.txt`/`.raw` text, `.jsonl` (a "text" field) or `.parquet` (a "text" column)
-  (data/local_files.py);
+- a local folder or file of `.txt`/`.raw` text, `.jsonl` (a "text" field) or `.parquet` (a "text" column), each
+  also compressed (data/local_files.py);
 - `hf:OWNER/NAME[/SUBFOLDER]` (or `OWNER/NAME` where no such local path exists): a Hugging Face dataset
   repository's data files, from the hub or its cache, read as a local folder.
 
@@ -27,7 +27,8 @@ from data.documents import DatasetError, DocumentCutter
 from data.hub_access import hub_access
 from data.local_files import local_corpus
 
-__all__ = ["SPLITS", "DATASET_NAMES", "DATASET_FORMATS", "DatasetError", "Corpus", "TextPass", "get_corpus", "builtin_corpus"]
+__all__ = ["SPLITS", "DATASET_NAMES", "DATASET_FORMATS", "DatasetError", "Corpus", "TextPass", "get_corpus", "builtin_corpus",
+           "local_dataset_path"]
 
 HUB_CONFIGS = {"wikitext-103": "wikitext-103-raw-v1", "wikitext-2": "wikitext-2-raw-v1"}
 HUB_REPO = "Salesforce/wikitext"
@@ -153,7 +154,8 @@ def hub_corpus(name: str) -> Corpus:
 
 # --- any dataset repository on the hub -------------------------------------------------------------
 
-HUB_DATA_FILES = ("*.txt", "*.raw", "*.jsonl", "*.parquet")
+HUB_DATA_FILES = tuple(f"*{suffix}{compressed}" for suffix in (".txt", ".raw", ".jsonl", ".parquet")
+                       for compressed in ("", ".gz", ".bz2", ".xz", ".zst"))
 
 
 def hub_repository_corpus(spec: str) -> Corpus:
@@ -179,6 +181,16 @@ def hub_repository_corpus(spec: str) -> Corpus:
     return local_corpus(folder / subfolder if subfolder else folder, name=f"hf:{spec}")
 
 
+def local_dataset_path(name: str) -> Path | None:
+    """The folder or file `get_corpus` reads for the dataset `name` when it is a local one; None for the built-in
+    corpus, WikiText and the hub's repositories."""
+    if name == "builtin" or name in HUB_CONFIGS or name.startswith("hf:"):
+        return None
+    if not Path(name).exists() and name.count("/") == 1 and not name.startswith((".", "/", "~")):
+        return None
+    return Path(name).expanduser()
+
+
 def get_corpus(name: str) -> Corpus:
     if name == "builtin":
         return builtin_corpus()
@@ -186,6 +198,5 @@ def get_corpus(name: str) -> Corpus:
         return hub_corpus(name)
     if name.startswith("hf:"):
         return hub_repository_corpus(name[3:])
-    if not Path(name).exists() and name.count("/") == 1 and not name.startswith((".", "/", "~")):
-        return hub_repository_corpus(name)
-    return local_corpus(name)
+    local = local_dataset_path(name)
+    return hub_repository_corpus(name) if local is None else local_corpus(name)

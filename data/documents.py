@@ -7,11 +7,13 @@ file becomes many documents instead of one string, and no more than a few blocks
 from __future__ import annotations
 
 import codecs
+import contextlib
 import io
 import re
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from data.compressed import READ_ERRORS, open_stream
 from runtime.errors import UserError
 
 # An article starts at a top-level heading line such as " = Valkyria Chronicles III = ".  Matched with the
@@ -34,33 +36,49 @@ def document_bound(total_bytes: int) -> int:
     return max(MIN_DOCUMENT_CHARS, min(MAX_DOCUMENT_CHARS, total_bytes // 4000))
 
 
-def text_blocks(path: Path, fix: str, progress: Callable[[int], None] = lambda nbytes: None) -> Iterator[str]:
-    """A UTF-8 file's text, `BLOCK_CHARS` at a time, with newlines as text mode reads them (so tokens match a
-    file opened in text mode), calling `progress` with the bytes each block took.  A byte that is not UTF-8 is
-    one DatasetError naming its offset and line."""
+def text_blocks(path: Path, fix: str, progress: Callable[[int], None] = lambda nbytes: None,
+                compression: str | None = None) -> Iterator[str]:
+    """A UTF-8 file's text (decompressed first when `compression` names how: data/compressed.py), `BLOCK_CHARS`
+    at a time, with newlines as text mode reads them (so tokens match a file opened in text mode), calling
+    `progress` with the file's bytes each block took.  A byte that is not UTF-8 is one DatasetError naming its
+    offset and line, and so is a compressed file that cannot be decompressed."""
     if not path.is_file():
         raise DatasetError(f"{path} is not a file; it should hold the split's text (UTF-8)")
-    try:
-        raw = open(path, "rb")
-    except OSError as e:
-        raise DatasetError(f"{path} cannot be read ({e.strerror}); check its permissions") from e
-    with io.TextIOWrapper(raw, encoding="utf-8", newline=None) as text:
+    with contextlib.ExitStack() as opened:
+        try:
+            stream, raw = opened.enter_context(open_stream(path, compression))
+        except OSError as e:
+            raise DatasetError(f"{path} cannot be read ({e.strerror or e}); check its permissions") from e
+        text = opened.enter_context(io.TextIOWrapper(stream, encoding="utf-8", newline=None))
         reported = 0
         try:
             while block := text.read(BLOCK_CHARS):
-                position = text.buffer.tell()
+                position = raw.tell()
                 progress(position - reported)
                 reported = position
                 yield block
         except UnicodeDecodeError:
-            raise _locate_bad_byte(path, fix) from None
+            raise _locate_bad_byte(path, fix, compression) from None
+        except READ_ERRORS as e:
+            raise unreadable_stream(path, compression, e) from e
 
 
-def _locate_bad_byte(path: Path, fix: str) -> DatasetError:
-    """The error for the first byte of `path` that is not UTF-8 (read again, in blocks, only on failure)."""
+def unreadable_stream(path: Path, compression: str | None, e: BaseException) -> DatasetError:
+    """The error for a file whose bytes stop being readable part-way: a damaged or mislabelled compressed file,
+    or a read that fails on the disk."""
+    reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if compression is None:
+        return DatasetError(f"{path} cannot be read ({reason}); check the disk or copy the file again")
+    return DatasetError(f"{path} is not a whole {compression} file ({reason}); compress it again or replace it")
+
+
+def _locate_bad_byte(path: Path, fix: str, compression: str | None = None) -> DatasetError:
+    """The error for the first byte of `path`'s text that is not UTF-8 (read again, in blocks, only on failure).
+    In a compressed file the offset is in its decompressed text."""
     decoder = codecs.getincrementaldecoder("utf-8")()
-    offset, line = 0, 1
-    with open(path, "rb") as f:
+    offset = 0
+    where = " of its decompressed text" if compression else ""
+    with open_stream(path, compression) as (f, _):
         while data := f.read(1 << 20):
             try:
                 decoder.decode(data)
@@ -68,13 +86,24 @@ def _locate_bad_byte(path: Path, fix: str) -> DatasetError:
                 # e.start counts from the bytes the decoder still held from the previous block.
                 held = len(decoder.getstate()[0]) if e.start < 0 else 0
                 bad = offset + e.start - held
-                f.seek(0)
-                prefix = f.read(bad)
-                line = prefix.count(b"\n") + 1
-                byte = f.read(1)[0]
-                return DatasetError(f"{path} is not UTF-8: byte 0x{byte:02x} at offset {bad} (line {line}); {fix}")
+                line, byte = _line_and_byte(path, compression, bad)
+                return DatasetError(f"{path} is not UTF-8: byte 0x{byte:02x} at offset {bad}{where} (line {line}); "
+                                    f"{fix}")
             offset += len(data)
     return DatasetError(f"{path} ends inside a UTF-8 character; {fix}")
+
+
+def _line_and_byte(path: Path, compression: str | None, offset: int) -> tuple[int, int]:
+    """The line number at `offset` of the file's (decompressed) bytes, and the byte there."""
+    newlines = 0
+    with open_stream(path, compression) as (f, _):
+        while offset > 0:
+            data = f.read(min(offset, 1 << 20))
+            if not data:
+                break
+            newlines += data.count(b"\n")
+            offset -= len(data)
+        return newlines + 1, f.read(1)[0]
 
 
 class DocumentCutter:

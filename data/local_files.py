@@ -1,4 +1,5 @@
-"""A local folder or file as a corpus: `.txt`/`.raw` text, `.jsonl` (a "text" field), `.parquet` (a "text" column).
+"""A local folder or file as a corpus: `.txt`/`.raw` text, `.jsonl` (a "text" field), `.parquet` (a "text" column),
+each also compressed whole (`.gz`, `.bz2`, `.xz`, `.zst`: data/compressed.py).
 
 Splits come from file names: a file (or a folder on its path) named with `train`, `valid`/`validation`/`val`/`dev`
 or `test` as a word belongs to that split (WikiText's `wiki.train.raw`, the hub's `train-00000-of-00002.parquet`,
@@ -6,8 +7,15 @@ or `test` as a word belongs to that split (WikiText's `wiki.train.raw`, the hub'
 validation split, and its test split where it has none either, carved from the training text: every 200th document,
 from an offset drawn from a fixed seed, in the same pass that writes the training tokens.  Extensions match in any
 case (`.RAW`, `.Txt`).  A symbolic link is followed wherever it points (the hub's cache links every file to a blob
-outside its folder); a dangling or looping link, and anything that is not a regular file (a FIFO would block the
-read forever), is an error naming it.
+outside its folder).
+
+Nothing in a folder is passed over without a word.  A file that cannot be used as text -- another format (`.csv`,
+`.json`, a name without an extension), a dangling or looping link, a link to a folder, anything that is not a
+regular file (a FIFO would block the read forever) -- is named with the reason, in one line, and the corpus is
+refused unless the run asked to go on without them (`skipping_unreadable`, train.py's --skip-unreadable), when the
+line says which were left out.  Hidden files and folders (a name starting with ".") are the one silent skip; a
+training run's folder (one holding training_state/) inside the corpus is refused, as its metrics and checkpoints
+would otherwise be read as text.
 
 Documents: a text file is cut at WikiText article headings, else at paragraph boundaries once a document is long
 (data/documents.py).  A JSON-lines record is a document, and so is a parquet row, except in a parquet file whose
@@ -16,21 +24,29 @@ cut as a text file is.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import errno
 import functools
 import itertools
 import json
 import os
 import re
+import shutil
 import stat
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import xxhash
 
+from data.compressed import COMPRESSIONS, READ_ERRORS, compression_of, inner_suffix, open_stream
 from data.corpus_types import DATASET_NAMES, SPLITS, Corpus, Progress, TextPass
-from data.documents import MAX_DOCUMENT_CHARS, DatasetError, DocumentCutter, document_bound, text_blocks
+from data.documents import (MAX_DOCUMENT_CHARS, DatasetError, DocumentCutter, document_bound, text_blocks,
+                            unreadable_stream)
+from storage.training_state import TRAINING_STATE
 
 RAW_FILES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw", "test": "wiki.test.raw"}
 FORMATS = {".txt": "text", ".raw": "text", ".text": "text", ".jsonl": "jsonl", ".parquet": "parquet"}
@@ -42,6 +58,7 @@ LINES_PROBE_ROWS = 1000  # rows looked at to tell a table of lines from a table 
 TABLE_ROWS_PER_READ = 4096
 HASH_READ_BYTES = 1 << 20
 LISTED_FILES = 3  # files named in a pass's note; the rest are counted
+LISTED_UNUSABLE = 10  # files named, with their reasons, in the line about those that cannot be used
 TEXT_FIX = "convert it to UTF-8 (e.g. with iconv) or re-extract it"
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 # Bumped whenever the cutting into documents, the carving, the choice of files or the content key changes, so old
@@ -49,11 +66,31 @@ LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 CUTTING_VERSION = 3
 
 
+READ_FORMATS = (".txt/.raw/.text, .jsonl or .parquet, each also compressed (" +
+                ", ".join(COMPRESSIONS) + ")")
+# Set for a run that goes on without the files it cannot use (train.py's --skip-unreadable); otherwise they stop it.
+_skip_unreadable = contextvars.ContextVar("skip_unreadable", default=False)
+# The folders whose left-out files this process has named, so a run's several reads of a corpus say it once.
+ANNOUNCED: set[tuple[Path, tuple[Path, ...]]] = set()
+
+
+@contextlib.contextmanager
+def skipping_unreadable(skip: bool = True):
+    """Within the block, a corpus folder's files that cannot be used as text are named and left out instead of
+    refusing the corpus."""
+    token = _skip_unreadable.set(skip)
+    try:
+        yield
+    finally:
+        _skip_unreadable.reset(token)
+
+
 @dataclass(frozen=True)
 class DataFile:
     path: Path
     format: str  # text, jsonl, parquet
     size: int
+    compression: str | None = None  # gzip, bzip2, xz, zstd (data/compressed.py)
 
 
 def split_named(relative: Path) -> str | None:
@@ -69,8 +106,9 @@ def content_digest(files: list[DataFile], *settings) -> str:
     """Names the files' content, not their place: each file's format, size and a hash of all its bytes, so a moved
     or touched corpus keeps its token cache and any edit, wherever it falls, gives a new one."""
     digest = xxhash.xxh3_128(repr(settings).encode())
-    for f in files:
-        digest.update(f"{f.format}:{f.size}:{file_hash(f.path)}".encode())
+    for f in files:  # a compressed file's bytes as they are on disk: they name its text as well
+        kind = f"{f.format}+{f.compression}" if f.compression else f.format
+        digest.update(f"{kind}:{f.size}:{file_hash(f.path)}".encode())
     return digest.hexdigest()
 
 
@@ -117,10 +155,26 @@ def files_listed(files: list[DataFile], root: Path) -> str:
 # --- reading each format ------------------------------------------------------------------------
 
 def _parquet_rows(f: DataFile, progress: Progress) -> Iterator[str]:
+    if f.compression is None:
+        yield from _table_rows(f, f.path, progress)
+        return
+    # A parquet file is read from its end (the footer) and by page: decompressed first into a file of its own.
+    with tempfile.NamedTemporaryFile(prefix="corpus-", suffix=".parquet") as plain:
+        try:
+            with open_stream(f.path, f.compression) as (stream, _):
+                shutil.copyfileobj(stream, plain)
+            plain.flush()
+        except READ_ERRORS as e:
+            raise unreadable_stream(f.path, f.compression, e) from e
+        yield from _table_rows(f, Path(plain.name), progress)
+
+
+def _table_rows(f: DataFile, path: Path, progress: Progress) -> Iterator[str]:
+    """The rows of the parquet file at `path` (`f`'s, decompressed where it is compressed)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     try:
-        table = pq.ParquetFile(f.path)
+        table = pq.ParquetFile(path)
         column = table.schema_arrow.field("text")
     except (pa.ArrowException, OSError, KeyError) as e:  # not parquet, damaged, or without a "text" column
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -165,27 +219,44 @@ def _holds_strings(column_type) -> bool:
             or pa.types.is_string_view(column_type))
 
 
-def _jsonl_rows(f: DataFile, progress: Progress) -> Iterator[str]:
-    with open(f.path, "rb") as stream:
-        for number, line in enumerate(stream, 1):
-            progress(len(line))
-            if not line.strip():
-                continue
+def _lines(f: DataFile, progress: Progress) -> Iterator[bytes]:
+    """The file's lines as bytes (decompressed), calling `progress` with the file's bytes each took."""
+    with open_stream(f.path, f.compression) as (stream, raw):
+        reported = 0
+        while True:
             try:
-                record = json.loads(line)
-            except (ValueError, RecursionError) as e:  # ValueError: bad JSON, bytes, or an over-long number
-                reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-                raise DatasetError(f"{f.path} line {number} is not a JSON object ({reason}); each line must be one "
-                                   f"object with a \"text\" field") from e
-            text = record.get("text") if isinstance(record, dict) else None
-            if not isinstance(text, str):
-                raise DatasetError(f"{f.path} line {number} has no \"text\" field holding a string; each line "
-                                   f"must be one object with a \"text\" field")
-            if surrogate := LONE_SURROGATE.search(text):  # valid JSON ("\\ud800"), but no text can be encoded
-                raise DatasetError(f"{f.path} line {number}: its \"text\" holds a lone surrogate "
-                                   f"(\\u{ord(surrogate[0]):04x}), half of a character; remove it or re-export the "
-                                   f"file with whole characters")
-            yield text
+                line = stream.readline()
+            except READ_ERRORS as e:
+                raise unreadable_stream(f.path, f.compression, e) from e
+            if not line:
+                return
+            if f.compression is None:
+                progress(len(line))
+            elif (position := raw.tell()) != reported:
+                progress(position - reported)
+                reported = position
+            yield line
+
+
+def _jsonl_rows(f: DataFile, progress: Progress) -> Iterator[str]:
+    for number, line in enumerate(_lines(f, progress), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError) as e:  # ValueError: bad JSON, bytes, or an over-long number
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise DatasetError(f"{f.path} line {number} is not a JSON object ({reason}); each line must be one "
+                               f"object with a \"text\" field") from e
+        text = record.get("text") if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            raise DatasetError(f"{f.path} line {number} has no \"text\" field holding a string; each line "
+                               f"must be one object with a \"text\" field")
+        if surrogate := LONE_SURROGATE.search(text):  # valid JSON ("\\ud800"), but no text can be encoded
+            raise DatasetError(f"{f.path} line {number}: its \"text\" holds a lone surrogate "
+                               f"(\\u{ord(surrogate[0]):04x}), half of a character; remove it or re-export the "
+                               f"file with whole characters")
+        yield text
 
 
 def _rows_are_lines(rows: list[str]) -> bool:
@@ -198,7 +269,7 @@ def file_documents(files: list[DataFile], max_chars: int, progress: Progress) ->
     for f in files:
         if f.format == "text":
             yield from cutter.finish()
-            for piece in text_blocks(f.path, TEXT_FIX, progress):
+            for piece in text_blocks(f.path, TEXT_FIX, progress, f.compression):
                 yield from cutter.feed(piece)
             yield from cutter.finish()
             continue
@@ -221,11 +292,83 @@ def file_documents(files: list[DataFile], max_chars: int, progress: Progress) ->
 
 # --- the corpus --------------------------------------------------------------------------------------
 
-def corpus_files(root: Path) -> list[Path]:
+def corpus_files(root: Path) -> tuple[list[Path], dict[Path, str]]:
+    """The files under `root` that can be read as text (sorted), and those that cannot, each with the reason.
+    Hidden entries are passed over; a folder holding a training run is refused (`run_folder_refused`)."""
     if not root.is_dir():
-        return [root]
-    return sorted(p for p in root.rglob("*") if p.suffix.lower() in FORMATS
-                  and not any(part.startswith(".") for part in p.relative_to(root).parts))
+        return [root], {}
+    if (root / TRAINING_STATE).is_dir():
+        raise run_folder_refused(root, root)
+    usable, unusable = [], {}
+    for path in sorted(root.rglob("*")):
+        if any(part.startswith(".") for part in path.relative_to(root).parts):
+            continue
+        if path.name == TRAINING_STATE and path.is_dir() and not path.is_symlink():
+            raise run_folder_refused(root, path.parent)
+        why = unusable_because(path)
+        if why is None:
+            usable.append(path)
+        elif why:  # "": a folder, whose files are listed on their own
+            unusable[path] = why
+    return usable, unusable
+
+
+def run_folder_refused(root: Path, run: Path) -> DatasetError:
+    where = "is a training run's folder" if run == root else f"holds a training run's folder, {run.relative_to(root)}"
+    return DatasetError(f"{root} {where} (it has {TRAINING_STATE}/): its metrics and checkpoints would be read as "
+                        f"text; move the run out of the dataset folder, or give --dataset a folder without it")
+
+
+def unusable_because(path: Path) -> str | None:
+    """Why `path` cannot be read as corpus text, as a phrase ("is ..."); None for a file that can, "" for a
+    folder (walked, not read)."""
+    try:
+        status = path.stat()
+    except OSError as e:
+        if path.is_symlink():
+            what = "loops back on itself" if e.errno == errno.ELOOP else "does not exist"
+            return f"is a symbolic link to {os.readlink(path)}, which {what}"
+        return f"cannot be read ({e.strerror or e})"
+    if stat.S_ISDIR(status.st_mode):
+        if path.is_symlink():
+            return "is a link to a folder, which is not followed"
+        # A folder is walked; one named as a corpus file (an archive unpacked under its own name) is named too.
+        return "" if inner_suffix(path) not in FORMATS else "is not a file but a folder (its files are listed)"
+    if not stat.S_ISREG(status.st_mode):
+        return f"is not a file but {_kind(status.st_mode)}"
+    return format_problem(path)
+
+
+def format_problem(path: Path) -> str | None:
+    """Why the file's name says no format that is read (`.csv`, `.tar.gz`, no extension), or None."""
+    suffix = inner_suffix(path)
+    if suffix in FORMATS:
+        return None
+    inside = f" inside {path.suffix}" if compression_of(path) else ""
+    if not suffix:
+        return f"has no extension{inside} to say its format"
+    hint = ", but name it .jsonl if it holds one JSON object per line" if suffix == ".json" else ""
+    return f"is {suffix}{inside}, not a format read here{hint}"
+
+
+def unusable_checked(root: Path, unusable: dict[Path, str]) -> None:
+    """Refuse the corpus for the files it cannot use, naming each with its reason; or, while skipping them
+    (`skipping_unreadable`), name them once in this process and go on."""
+    if not unusable:
+        return
+    named = "; ".join(f"{path.relative_to(root)} {why}" for path, why in list(unusable.items())[:LISTED_UNUSABLE])
+    if len(unusable) > LISTED_UNUSABLE:
+        named += f"; and {len(unusable) - LISTED_UNUSABLE} more"
+    count, them = (f"{len(unusable)} files", "them") if len(unusable) > 1 else ("1 file", "it")
+    if not _skip_unreadable.get():
+        raise DatasetError(f"{root} holds {count} that cannot be read as text: {named}. Read are {READ_FORMATS}: "
+                           f"convert, rename or remove {them}, or pass --skip-unreadable (train.py) to go on "
+                           f"without {them}")
+    said = (root, tuple(unusable))
+    if said not in ANNOUNCED and os.environ.get("RANK", "0") == "0":  # one rank speaks for all
+        print(f"data: left out {count} of {root} that cannot be read as text (--skip-unreadable): {named}",
+              file=sys.stderr)
+    ANNOUNCED.add(said)
 
 
 def data_file(path: Path) -> DataFile:
@@ -241,7 +384,7 @@ def data_file(path: Path) -> DataFile:
     if not stat.S_ISREG(status.st_mode):
         raise DatasetError(f"{path} is not a file but {_kind(status.st_mode)}; it should hold the split's text, "
                            f"remove it or rename it to another extension")
-    return DataFile(path, FORMATS[path.suffix.lower()], status.st_size)
+    return DataFile(path, FORMATS[inner_suffix(path)], status.st_size, compression_of(path))
 
 
 def _kind(mode: int) -> str:
@@ -290,13 +433,15 @@ def local_corpus(path: str | Path, name: str | None = None) -> Corpus:
     if not root.exists():
         raise DatasetError(f"dataset {str(path)!r} is neither a known name ({', '.join(DATASET_NAMES)}) nor an "
                            f"existing folder or file")
-    if not root.is_dir() and root.suffix.lower() not in FORMATS:
+    if not root.is_dir() and inner_suffix(root) not in FORMATS:
         raise DatasetError(f"{root} is not a corpus file: use .txt or .raw (text), .jsonl (a \"text\" field per "
-                           f"line) or .parquet (a \"text\" column)")
-    paths = corpus_files(root)
+                           f"line) or .parquet (a \"text\" column), each also compressed ({', '.join(COMPRESSIONS)})")
+    paths, unusable = corpus_files(root)
+    unusable_checked(root, unusable)
     if not paths:
         raise DatasetError(f"{root} holds no corpus files: wiki.*.raw or .txt files, .jsonl files or parquet files "
-                           f"(train-*.parquet, validation-*.parquet, test-*.parquet)")
+                           f"(train-*.parquet, validation-*.parquet, test-*.parquet), each also compressed "
+                           f"({', '.join(COMPRESSIONS)})")
     # A file whose name says no split is training text, beside named splits too (a books.txt next to train.txt).
     by_split = {s: [p for p in paths if (split_named(p.relative_to(root)) or "train") == s] for s in SPLITS}
     carved = tuple(s for s in ("validation", "test") if not by_split[s]) if not by_split["validation"] else ()
@@ -330,7 +475,7 @@ def local_corpus(path: str | Path, name: str | None = None) -> Corpus:
 
 def whole_file_corpus(path: Path, split: str) -> Corpus:
     """One text file as the given split of a corpus (the leaderboard's --eval-text)."""
-    f = DataFile(path, "text", path.stat().st_size)
+    f = DataFile(path, "text", path.stat().st_size, compression_of(path))
 
     def read(progress: Progress) -> Iterator[tuple[str, str]]:
         return ((split, doc) for doc in file_documents([f], MAX_DOCUMENT_CHARS, progress))

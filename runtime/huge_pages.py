@@ -101,13 +101,16 @@ def _collapse_all(libc) -> int:
 
 
 def _worker(libc) -> None:
-    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # Linux's nice is per thread
     while True:
         _again.clear()
         try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # Linux's nice is per thread
             log.info("moved %d MiB of weights and caches onto huge pages", _collapse_all(libc) >> 20)
         except OSError as e:  # /proc unreadable (a sandbox): the pages stay as they are
             log.info("weights stay on small pages: %s", e)
+        except Exception as e:  # anything else ends this pass alone: the weights stay where they are, still valid
+            log.warning("huge pages: the pass stopped (%s: %s); the weights stay on the pages they have",
+                        type(e).__name__, str(e).splitlines()[0] if str(e) else "no message")
         with _lock:  # a request that came during the pass keeps it due
             if not _again.is_set():
                 _idle.set()

@@ -66,6 +66,17 @@ def refuse_overlap(source: str | Path, folder: Path, out_flag: str | None) -> No
     raise ArtifactError(f"the output folder {folder} {where} {source}: {why}; {fix}")
 
 
+def refuse_output_in_dataset(dataset: str | Path, output: str | Path, out_flag: str) -> None:
+    """Refuse an output folder that is the local dataset folder `dataset`, or lies anywhere inside it under any
+    name: what a run writes there (metrics.jsonl, checkpoints) would be read as text by its next start.  Called
+    before anything is written."""
+    relation = overlap(dataset, output)
+    if relation in ("is", "inside"):
+        raise ArtifactError(f"the output folder {output} {'is' if relation == 'is' else 'is inside'} the dataset "
+                            f"folder {dataset}: what the run writes (metrics.jsonl, checkpoints) would be read as "
+                            f"training text; give {out_flag} a folder outside it")
+
+
 def claim_output_folder(folder: str | Path, tool: str, overwrite: bool, source: str | Path | None = None,
                         out_flag: str | None = None) -> None:
     """Make this process the folder's one writer, for `tool`'s artifact.  The folder a tool reads from

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 import torch
@@ -48,6 +49,56 @@ def small_artifact(tmp_path) -> str:
     return save_small_artifact(tmp_path / "artifact")
 
 
+# Process-wide state that a test (or a tool's `main` run in-process) may change and that would reach the tests after it
+# on the same pytest-xdist worker: `process_state_restored` puts it back after every test.  (Huge pages cannot be put
+# back: tests/test_huge_pages.py runs its passes in processes of their own.)
+GUARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGPIPE,
+                   signal.SIGALRM, signal.SIGCHLD)
+
+
+def process_state() -> dict:
+    return {"torch threads": torch.get_num_threads(), "grad mode": torch.is_grad_enabled(),
+            "default dtype": torch.get_default_dtype(), "working folder": os.getcwd(),
+            "environment": {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"},  # pytest's own
+            **{f"{signal.Signals(s).name} handler": signal.getsignal(s)
+                                                for s in GUARDED_SIGNALS}}
+
+
+def restore_process_state(before: dict) -> list[str]:
+    """Put back whatever differs from `before`; the names of what did."""
+    after = process_state()
+    changed = [name for name in before if after[name] != before[name]]
+    for name in changed:
+        value = before[name]
+        if name == "torch threads":
+            torch.set_num_threads(value)
+        elif name == "grad mode":
+            torch.set_grad_enabled(value)
+        elif name == "default dtype":
+            torch.set_default_dtype(value)
+        elif name == "working folder":
+            os.chdir(value)
+        elif name == "environment":
+            for key in set(os.environ) - set(value) - {"PYTEST_CURRENT_TEST"}:
+                del os.environ[key]
+            os.environ.update(value)
+        elif value is not None:  # None: a handler installed outside Python, which cannot be put back from it
+            signal.signal(signal.Signals[name.removesuffix(" handler")], value)
+    return changed
+
+
+@pytest.fixture(autouse=True)
+def process_state_restored(request):
+    """Every test starts from the process-wide state the one before it started from, in any order: thread counts,
+    grad mode, default dtype, working folder, environment and signal handlers are put back after each test (after
+    its own fixtures' teardown, as this fixture is set up first).  What was put back is listed at the end of the
+    run (`pytest_terminal_summary`), so a test that leaves state behind is seen, not only tolerated."""
+    before = process_state()
+    yield
+    if changed := restore_process_state(before):
+        request.node.user_properties.append(("process state restored", ", ".join(changed)))
+
+
 def interrupt_training_at_batch(monkeypatch, n: int):
     """Make the n-th training batch raise KeyboardInterrupt (as Ctrl-C would); returns a function that undoes it."""
     from data.loader import WindowSampler
@@ -72,9 +123,16 @@ LONGEST_FIRST = ("test_bench.py", "test_parallel.py", "test_launch.py", "test_tr
                  "test_hostile_signals.py", "test_hostile_artifacts.py", "test_hostile_names.py", "test_data.py")
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
+    if shuffled(config):  # `make test-random`: pytest-randomly's order, files and tests, is the order run
+        return
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: order within a file is kept
+
+
+def shuffled(config) -> bool:
+    """Whether pytest-randomly orders this run (pyproject.toml's addopts turn it off; `make test-random` on)."""
+    return config.pluginmanager.hasplugin("randomly") and config.getoption("randomly_reorganize", False)
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -83,3 +141,8 @@ def pytest_terminal_summary(terminalreporter):
                if isinstance(report.longrepr, tuple) and "browser tests skipped" in report.longrepr[2]}
     for reason in sorted(reasons):
         terminalreporter.write_line(reason)
+    restored = sorted({(report.nodeid, value) for reports in terminalreporter.stats.values() for report in reports
+                       for name, value in getattr(report, "user_properties", ()) if name == "process state restored"})
+    if restored:
+        terminalreporter.write_line(f"process-wide state put back after {len(restored)} tests: " +
+                                    "; ".join(f"{nodeid} ({what})" for nodeid, what in restored))

@@ -85,10 +85,12 @@ def test_bad_dataset_files_are_named_errors(tmp_path):
     write_raw_folder(tmp_path / "wt", {"train": ["Alpha"]})
     (tmp_path / "wt" / "wiki.valid.raw").write_bytes(b" = Gamma = \n caf\xe9 \n")
     (tmp_path / "wt" / "wiki.test.raw").mkdir()
+    for split in ("train", "test"):  # a file that cannot be read stops every split's read, before any text is read
+        with pytest.raises(DatasetError, match=r"wiki.test.raw is not a file but a folder"):
+            load_split(str(tmp_path / "wt"), split)
+    (tmp_path / "wt" / "wiki.test.raw").rmdir()
     with pytest.raises(DatasetError, match=r"wiki.valid.raw is not UTF-8: byte 0xe9 at offset 16 \(line 2\)"):
         load_split(str(tmp_path / "wt"), "validation")
-    with pytest.raises(DatasetError, match=r"wiki.test.raw is not a file"):
-        load_split(str(tmp_path / "wt"), "test")
     from bench.eval.scorecard import text_file_corpus  # --eval-text reads through the same check
     with pytest.raises(DatasetError, match=r"wiki.valid.raw is not UTF-8"):
         text_file_corpus(tmp_path / "wt" / "wiki.valid.raw")

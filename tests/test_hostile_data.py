@@ -4,7 +4,10 @@ as the trainer does) either works or stops with one error line naming the proble
 """
 from __future__ import annotations
 
+import bz2
+import gzip
 import json
+import lzma
 import os
 import tempfile
 from contextlib import contextmanager
@@ -12,24 +15,31 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
 
 from data import shards
 from data.corpus import DatasetError
-from data.local_files import CUTTING_VERSION, DataFile, content_digest, local_corpus
+from data.compressed import compression_of, inner_suffix
+from data.local_files import CUTTING_VERSION, FORMATS, DataFile, content_digest, local_corpus, skipping_unreadable
 from data.shards import HEADER_BYTES, MAGIC, VERSION, load_split, read_tokens, write_tokens
 from model.config import GPT2_VOCAB_SIZE
-from tests.hostile import attempt, examples, unchanged
+from tests.hostile import attempt, check_error_line, examples, run_command, unchanged
 
 CORPUS, TOKEN_CACHE = "corpus", "token cache"
 STEMS = ("train", "wiki.train", "valid", "dev", "test", "books", "part-00000", "notes")
-EXTENSIONS = (".txt", ".raw", ".text", ".jsonl", ".parquet", ".md")
-# What a file of each extension holds when it is what it says: text for the others.
+# Formats read, compressed ones, and names that say no format read (.md, .csv, .json, a bare name, .tar.gz).
+EXTENSIONS = (".txt", ".raw", ".text", ".jsonl", ".parquet", ".md", ".txt.gz", ".jsonl.zst", ".parquet.bz2",
+              ".raw.xz", ".text.zst", ".csv", ".json.gz", "", ".tar.gz")
+# What a file of each extension holds when it is what it says (compressed as its name says): text for the others.
 FITTING = {".jsonl": ("jsonl",), ".parquet": ("parquet", "parquet dictionary", "parquet string_view")}
 FITTING_TEXT = ("utf-8", "utf-8, no final newline", "one line", "empty")
 HOSTILE = ("latin-1", "utf-16 with BOM", "random bytes", "jsonl with a lone surrogate", "parquet damaged",
-           "dangling link", "looping link", "link out of the folder", "fifo", "folder")
+           "dangling link", "looping link", "link out of the folder", "fifo", "folder", "compressed, cut short",
+           "not compressed", "link to a folder", "hidden")
+COMPRESS = {"gzip": gzip.compress, "bzip2": bz2.compress, "xz": lzma.compress,
+            "zstd": lambda data: zstandard.ZstdCompressor().compress(data)}
 SENTENCE = "The corpus says something of its own , line {i} .\n"
 
 
@@ -98,6 +108,8 @@ def content_bytes(kind: str, text: str, noise: bytes) -> bytes:
         if kind.endswith("surrogate"):
             lines.insert(len(lines) // 2, '{"text": "bad \\ud800 x"}')
         return "\n".join(lines).encode()
+    if kind in ("compressed, cut short", "not compressed"):  # a compressed name is compressed in `write_entry`
+        return text.encode()
     data = bytearray(parquet_bytes(text.splitlines(keepends=True) or [text], kind))
     if kind == "parquet damaged":  # bytes overwritten past the magic, in pages or footer
         for i, b in enumerate(noise[:8]):
@@ -120,8 +132,19 @@ def write_entry(folder: Path, outside: Path, name: str, kind: str, text: str, no
     elif kind == "folder":
         path.mkdir()
         (path / "inside.txt").write_text(text)
+    elif kind == "link to a folder":
+        (outside / f"folder-{name}").mkdir()
+        (outside / f"folder-{name}" / "inside.txt").write_text(text)
+        path.symlink_to(outside / f"folder-{name}")
+    elif kind == "hidden":  # passed over without a word: a name starting with "."
+        (folder / f".{name}").write_bytes(noise)
     else:
-        path.write_bytes(content_bytes(kind, text, noise))
+        data = content_bytes(kind, text, noise)
+        compression = compression_of(path)
+        if compression and kind != "not compressed":
+            data = COMPRESS[compression](data)
+            data = data[:len(data) // 2] if kind == "compressed, cut short" else data
+        path.write_bytes(data)
 
 
 texts = st.text(max_size=120).map(lambda t: t + SENTENCE.format(i=len(t)) * 3)
@@ -135,7 +158,7 @@ def corpus_entries(draw) -> list[tuple[str, str, str, bytes]]:
     hostile = draw(st.sampled_from((True, True, False)))
     entries = []
     for i, name in enumerate(names):
-        fitting = FITTING.get(Path(name).suffix.lower(), FITTING_TEXT)
+        fitting = FITTING.get(inner_suffix(Path(name)), FITTING_TEXT)
         kind = draw(st.sampled_from(HOSTILE if hostile and i == 0 else fitting))
         entries.append((name, kind, draw(texts), draw(st.binary(min_size=9, max_size=64))))
     return entries
@@ -154,10 +177,15 @@ def corpus_folder(entries):
 
 
 @examples(60)
-@given(entries=corpus_entries())
-def test_any_corpus_folder_prepares_or_is_one_error_line(entries):
-    with corpus_folder(entries) as (folder, outside), unchanged(CORPUS, folder, outside):
-        attempt(CORPUS, lambda: prepare(folder))
+@given(entries=corpus_entries(), skip=st.booleans())
+def test_any_corpus_folder_prepares_or_is_one_error_line(entries, skip):
+    """...and whatever was not read was named: a folder prepares without --skip-unreadable only when every file
+    in it (hidden ones aside) is one that is read."""
+    with corpus_folder(entries) as (folder, outside), unchanged(CORPUS, folder, outside), skipping_unreadable(skip):
+        outcome = attempt(CORPUS, lambda: prepare(folder))
+        if outcome == "worked" and not skip:
+            assert all(kind in ("hidden", "folder") or inner_suffix(Path(name)) in FORMATS
+                       for name, kind, _, _ in entries), entries
 
 
 # --- drawing damaged token files and unwritable caches ---------------------------------------------------
@@ -320,3 +348,142 @@ def test_links_and_pipes_in_a_corpus(tmp_path):
     os.mkfifo(test)
     with pytest.raises(DatasetError, match=r"test.txt is not a file but a named pipe \(FIFO\)"):
         load_split(str(folder), "test")
+
+
+# --- compressed files, files that cannot be used, run folders (issue 54) --------------------------------------
+
+@pytest.mark.parametrize("compression, suffix", [(c, s) for c, s in (("gzip", ".gz"), ("bzip2", ".bz2"), ("xz", ".xz"),
+                                                                     ("zstd", ".zst"))])
+def test_compressed_files_of_each_format_read_as_the_plain_ones(tmp_path, compression, suffix, capsys):
+    texts = [SENTENCE.format(i=i) * 3 for i in range(30)]
+    plain, packed = tmp_path / "plain", tmp_path / "packed"
+    plain.mkdir()
+    packed.mkdir()
+    files = {"notes.txt": "".join(texts).encode(), "records.jsonl": "\n".join(json.dumps({"text": t})
+                                                                              for t in texts).encode(),
+             "table.parquet": parquet_bytes(texts, "parquet"), "wiki.valid.raw": b"Held out .\n"}
+    for name, data in files.items():
+        (plain / name).write_bytes(data)
+        (packed / f"{name}{suffix}").write_bytes(COMPRESS[compression](data))
+    assert np.array_equal(load_split(str(packed), "train"), load_split(str(plain), "train"))
+    assert np.array_equal(load_split(str(packed), "validation"), gpt2_tokens(["Held out .\n"]))
+    assert f"notes.txt{suffix} (" in capsys.readouterr().err  # named in the data line like any other file
+
+
+def test_a_compressed_file_named_alone_is_read(tmp_path):
+    (tmp_path / "corpus.txt.gz").write_bytes(gzip.compress(b"".join(SENTENCE.format(i=i).encode()
+                                                                    for i in range(400))))
+    assert len(load_split(str(tmp_path / "corpus.txt.gz"), "train")) > 0
+
+
+def test_a_damaged_compressed_file_is_one_error_naming_it(tmp_path):
+    whole = gzip.compress(SENTENCE.format(i=0).encode() * 200)
+    (tmp_path / "train.txt.gz").write_bytes(whole[:len(whole) // 2])
+    with pytest.raises(DatasetError, match=r"train.txt.gz is not a whole gzip file \(.*\); compress it again or "
+                                           r"replace it"):
+        load_split(str(tmp_path), "train")
+    (tmp_path / "train.txt.gz").write_bytes(b"plain text, not gzip\n")
+    with pytest.raises(DatasetError, match=r"train.txt.gz is not a whole gzip file"):
+        load_split(str(tmp_path), "train")
+    (tmp_path / "train.txt.gz").unlink()
+    (tmp_path / "train.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(b'{"text": "a"}\n' * 50)[:-6])
+    with pytest.raises(DatasetError, match=r"train.jsonl.zst is not a whole zstd file"):
+        load_split(str(tmp_path), "train")
+
+
+def test_a_byte_that_is_not_utf8_in_compressed_text_is_placed_in_the_decompressed_text(tmp_path):
+    (tmp_path / "train.txt.xz").write_bytes(lzma.compress(b"line one\nline two caf\xe9\n"))
+    with pytest.raises(DatasetError, match=r"train.txt.xz is not UTF-8: byte 0xe9 at offset 21 of its decompressed "
+                                           r"text \(line 2\)"):
+        load_split(str(tmp_path), "train")
+
+
+def unusable_folder(tmp_path) -> tuple[Path, str]:
+    """The issue's folder: a .txt.gz (read), a .csv and a file without an extension (not), a hidden file."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    plain, packed = SENTENCE.format(i=1) * 40, SENTENCE.format(i=2) * 400
+    (folder / "notes.txt").write_text(plain)
+    (folder / "more.txt.gz").write_bytes(gzip.compress(packed.encode()))
+    (folder / "table.csv").write_text("a,b\n1,2\n")
+    (folder / "README").write_text("what this corpus is\n")
+    (folder / "data.json").write_text('{"text": "x"}\n')
+    (folder / ".notes.txt.swp").write_bytes(b"\0\1")  # hidden: passed over without a word
+    return folder, packed + plain
+
+
+def test_files_that_cannot_be_used_stop_the_run_with_one_line_naming_each(tmp_path):
+    folder, _ = unusable_folder(tmp_path)
+    with unchanged(CORPUS, folder):
+        assert attempt(CORPUS, lambda: prepare(folder)) == "refused"
+    with pytest.raises(DatasetError) as refused:
+        load_split(str(folder), "train")
+    message = str(refused.value)
+    assert "holds 3 files that cannot be read as text: README has no extension to say its format; data.json is " \
+           ".json, not a format read here, but name it .jsonl if it holds one JSON object per line; table.csv is " \
+           ".csv, not a format read here." in message
+    assert "--skip-unreadable" in message and "more.txt.gz" not in message and ".swp" not in message
+
+
+def test_with_skip_unreadable_the_readable_files_train_and_the_rest_are_named_once(tmp_path, capsys):
+    folder, _ = unusable_folder(tmp_path)
+    readable = tmp_path / "readable"
+    readable.mkdir()
+    for name in ("notes.txt", "more.txt.gz"):
+        (readable / name).write_bytes((folder / name).read_bytes())
+    with skipping_unreadable():
+        skipped = [load_split(str(folder), split) for split in ("train", "validation", "train")]
+    assert all(np.array_equal(tokens, load_split(str(readable), split))
+               for tokens, split in zip(skipped, ("train", "validation", "train")))
+    err = capsys.readouterr().err
+    assert err.count("data: left out 3 files") == 1  # once, however often the corpus is read
+    assert "README has no extension to say its format; data.json is .json" in err
+    assert "from more.txt.gz (" in err and "notes.txt (" in err
+    with pytest.raises(DatasetError, match="cannot be read as text"):  # the skip holds within the block only
+        load_split(str(folder), "train")
+
+
+def test_a_dataset_folder_holding_a_training_run_is_refused(tmp_path):
+    folder = tmp_path / "corpus"
+    (folder / "runs" / "first" / "training_state").mkdir(parents=True)
+    (folder / "runs" / "first" / "metrics.jsonl").write_text('{"step": 1, "loss": 10.9}\n')
+    (folder / "train.txt").write_text(SENTENCE.format(i=0) * 50)
+    with skipping_unreadable(), pytest.raises(DatasetError, match=r"corpus holds a training run's folder, "
+                                                                  r"runs/first \(it has training_state/\): its "
+                                                                  r"metrics and checkpoints would be read as text"):
+        load_split(str(folder), "train")
+    with pytest.raises(DatasetError, match=r"first is a training run's folder"):
+        load_split(str(folder / "runs" / "first"), "train")
+
+
+TRAIN_FLAGS = ["--model", "tiny", "--device", "cpu", "--batch-size", "2", "--block-size", "16", "--max-steps", "1",
+               "--eval-batches", "1", "--final-eval-batches", "1", "--eval-interval", "1000", "--no-curves"]
+
+
+def test_train_py_stops_on_files_it_cannot_use_or_trains_without_them_when_told(tmp_path):
+    folder, _ = unusable_folder(tmp_path)
+    with unchanged(CORPUS, folder):
+        refused = run_command(CORPUS, ["python", "train.py", "--dataset", str(folder), "--out-dir",
+                                       str(tmp_path / "refused"), *TRAIN_FLAGS])
+        assert refused.returncode != 0 and "table.csv is .csv, not a format read here" in refused.stderr
+        assert not (tmp_path / "refused").exists()
+        worked = run_command(CORPUS, ["python", "train.py", "--dataset", str(folder), "--out-dir",
+                                      str(tmp_path / "run"), "--skip-unreadable", *TRAIN_FLAGS])
+    assert "data: left out 3 files" in worked.stderr and (tmp_path / "run" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("out_dir, relation", [("corpus/run", "is inside"), ("corpus", "is"),
+                                               ("alias/runs/new", "is inside")])
+def test_an_out_dir_inside_the_dataset_is_refused_before_anything_is_written(tmp_path, out_dir, relation):
+    import train
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "train.txt").write_text(SENTENCE.format(i=0) * 50)
+    (tmp_path / "alias").symlink_to(folder)  # the same folder under another name
+    with unchanged(CORPUS, folder), pytest.raises(SystemExit) as refused:
+        train.main(["--dataset", str(folder), "--out-dir", str(tmp_path / out_dir), *TRAIN_FLAGS])
+    message = str(refused.value.code)
+    check_error_line(message, CORPUS)
+    assert message.startswith(f"error: the output folder {tmp_path / out_dir} {relation} the dataset folder "
+                              f"{folder}: what the run writes (metrics.jsonl, checkpoints) would be read as "
+                              f"training text; give --out-dir a folder outside it")

@@ -2,10 +2,19 @@
 quiet machine, fewer when another program makes all of them slower -- and follow a load that comes and goes."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from decode import step_threads
 from decode.step_threads import LONGEST_GAP, StepThreads, thread_counts
+
+
+@pytest.fixture(autouse=True)
+def caller_threads():
+    """The choosers here set the process's thread count: each test gives the count back, pass or fail."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
 
 
 class FakeClock:
@@ -34,7 +43,6 @@ def test_candidate_counts():
 
 
 def test_a_quiet_machine_keeps_all_threads_and_a_busy_one_moves_to_fewer_and_back(monkeypatch):
-    most = torch.get_num_threads()
     clock, chooser = FakeClock(monkeypatch), StepThreads(most=2)
     quiet, busy = {2: 0.010, 1: 0.016}, {2: 0.050, 1: 0.020}
     used = clock.steps(chooser, quiet, 1000)
@@ -49,7 +57,6 @@ def test_a_quiet_machine_keeps_all_threads_and_a_busy_one_moves_to_fewer_and_bac
     assert torch.get_num_threads() == 2
     used = clock.steps(chooser, quiet, 2 * LONGEST_GAP + 50)
     assert used[-50:].count(2) >= 48  # back on all threads once a try finds them faster again
-    torch.set_num_threads(most)
 
 
 def test_each_shape_is_judged_on_its_own_steps(monkeypatch):
@@ -65,7 +72,6 @@ def test_generate_gives_its_caller_the_thread_count_back_whatever_its_steps_chos
     from decode.generate import generate
     from decode.sampling import SamplingParams
     from decode.step_threads import _Shape
-    before = torch.get_num_threads()
     chooser = StepThreads(most=2)
     chooser.shapes[1, 1] = _Shape(mean_s={2: 1.0, 1: 0.1}, seen={2: 5, 1: 5}, next_try=10 ** 9)  # a busy machine's
     monkeypatch.setattr(decode_steps, "for_model", lambda model: chooser)
@@ -75,4 +81,3 @@ def test_generate_gives_its_caller_the_thread_count_back_whatever_its_steps_chos
              on_token=lambda token: used.append(torch.get_num_threads()))
     assert used[1:] == [1] * 5  # between steps the steps' count, for the sampling too
     assert torch.get_num_threads() == 2 == chooser.most
-    torch.set_num_threads(before)

@@ -24,6 +24,10 @@ class TrainingError(UserError):
 class TrainConfig:
     model: str = option("tiny", "model preset", choices=tuple(PRESETS))
     dataset: str = option("builtin", dataset_help())
+    skip_unreadable: bool = option(False, "go on without the files of a --dataset folder that cannot be read as text "
+                                          "(other formats, broken links; each named in one line); without it they "
+                                          "stop the run.  Read: .txt/.raw/.text, .jsonl, .parquet, each also "
+                                          ".gz/.bz2/.xz/.zst")
     init_from: str | None = option(None, "start from this checkpoint or Hugging Face GPT-2 folder (fine-tuning) "
                                          "instead of random weights")
     max_steps: int = option(600, "optimizer steps in the whole run", min=1)
