@@ -157,8 +157,6 @@ class CompletionRequest(StrictBody):
     def _scoring(self):
         if self.max_tokens == 0 and not self.echo:
             raise ValueError("max_tokens: 0 generates nothing; it is allowed only with echo (to score the prompt)")
-        if self.stream and self.logprobs is not None:
-            raise ValueError("logprobs: not available with stream; leave one of them out")
         return self
 
     @model_validator(mode="after")

@@ -134,7 +134,8 @@ def test_boundary_requests_get_documented_replies_and_no_server_error(served_sch
 STREAMS = {
     "/generate": ({"prompt": "Hello", "max_new_tokens": 8, "seed": 1, "stream": True, "logprobs": 5}, "event: done"),
     "/v1/completions": ({"model": MODEL_ID, "prompt": ["Hello", "The"], "n": 2, "max_tokens": 8, "seed": 1,
-                         "echo": True, "stream": True, "stream_options": {"include_usage": True}}, "data: [DONE]"),
+                         "echo": True, "logprobs": 2, "stream": True, "stream_options": {"include_usage": True}},
+                        "data: [DONE]"),
 }
 
 
