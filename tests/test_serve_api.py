@@ -593,3 +593,14 @@ def test_streamed_logprobs_leave_out_the_tokens_a_stop_string_cuts(checkpoint, m
     tokens = [t for c in chunks for choice in c["choices"] if choice["logprobs"] for t in choice["logprobs"]["tokens"]]
     assert tokens == [" Paris", "."]
     assert "".join(choice["text"] for c in chunks for choice in c["choices"]) == " Paris."
+
+
+def test_tokenize_counts_what_a_completion_is_charged_and_detokenize_gives_the_text_back(client, checkpoint):
+    text = "The quick brown fox <|endoftext|> jumps"
+    tokens = client.post("/tokenize", json={"prompt": text, "add_special_tokens": False}).json()
+    completion = client.post("/v1/completions", json={"model": Path(checkpoint).name, "prompt": text, "max_tokens": 1,
+                                                      "temperature": 0}).json()
+    assert tokens["count"] == completion["usage"]["prompt_tokens"] and tokens["max_model_len"] == BLOCK_SIZE
+    assert client.post("/tokenize", json={"prompt": text}).json()["tokens"] == tokens["tokens"]
+    assert client.post("/detokenize", json={"tokens": tokens["tokens"]}).json() == {"prompt": text}
+    assert "/tokenize" in client.get("/openapi.json").json()["paths"]
