@@ -19,7 +19,7 @@ from fastapi.responses import PlainTextResponse
 from data.tokenizer import get_tokenizer
 from model.packed_linear import pack_for_inference
 from runtime.device import choose_device
-from serve import routes_generate, routes_openai
+from serve import routes_generate, routes_openai, routes_tokens
 from serve.body_limit import BodySizeLimit
 from serve.config import CHECKPOINT_ENV, ServeConfig, api_key_from_environment
 from serve.docs import install_docs
@@ -28,7 +28,7 @@ from serve.engine import Engine
 from serve.errors import install_error_handlers
 from serve.metrics import ServerMetrics
 from serve.request_log import RequestLog
-from serve.schemas import CompletionRequest, GenerateRequest
+from serve.schemas import CompletionRequest, DetokenizeRequest, GenerateRequest, TokenizeRequest
 from serve.slow_clients import BodyReadDeadline
 from serve.state import ServerState, server_state
 from storage.artifact import load_model
@@ -89,9 +89,11 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     app.state.server = state
     app.include_router(routes_generate.router)
     app.include_router(routes_openai.router)
+    app.include_router(routes_tokens.router)
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/metrics", prometheus_metrics, methods=["GET"], response_class=PlainTextResponse)
-    install_error_handlers(app, {"/generate": GenerateRequest, "/v1/completions": CompletionRequest},
+    install_error_handlers(app, {"/generate": GenerateRequest, "/v1/completions": CompletionRequest,
+                                 "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest},
                            config.max_body_bytes)
     page_paths = install_playground(app)
     docs_paths = install_docs(app)

@@ -20,6 +20,9 @@ class TokenEvent:
     token: int
     text: str  # newly releasable text; may be empty while a character or a stop string is incomplete
     logprob: TokenLogprob | None = None  # the token's, when its request asked for log-probabilities
+    # On a row's first token event, with echo and log-probabilities: the prompt's entries (a stream sends them
+    # with the echoed prompt).
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass

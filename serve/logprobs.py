@@ -25,22 +25,76 @@ from serve.schemas import CompletionLogprobs, TokenAlternative, TokenLogprobs
 
 def completion_logprobs(result: DoneEvent, prompt_text: str, echo: bool) -> CompletionLogprobs:
     """`result.logprobs` start with the prompt's entries when `echo` (then the choice's text starts with `prompt_text`)."""
-    out = CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
+    out = empty_logprobs()
     scored_prompt = result.prompt_tokens if echo else 0
     end = len(prompt_text) + len(result.text) if result.finish_reason == "stop" else None
-    for entries, reader in ((result.logprobs[:scored_prompt], TokenReader(0)),
-                            (result.logprobs[scored_prompt:], TokenReader(len(prompt_text)))):
-        for entry in entries:
-            top = None if entry.logprob is None else {reader.label(token): lp for token, lp in entry.top}
-            label, text, offset = reader.read(entry.token)
-            if end is not None and offset >= end:
-                break
-            if end is not None and offset + len(text) > end:  # the stop string starts inside this token
-                label = text[:end - offset]
-            out.tokens.append(label)
-            out.token_logprobs.append(entry.logprob)
-            out.top_logprobs.append(top)
-            out.text_offset.append(offset)
+    add_entries(out, result.logprobs[:scored_prompt], TokenReader(0))
+    add_entries(out, result.logprobs[scored_prompt:], TokenReader(len(prompt_text)), end)
+    return out
+
+
+def empty_logprobs() -> CompletionLogprobs:
+    return CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
+
+
+def add_entries(out: CompletionLogprobs, entries: list[TokenLogprob], reader: TokenReader,
+                end: int | None = None) -> None:
+    """Append `entries`, read in order by `reader`, to `out`; with `end` (where a stop string cut the text), none
+    whose text starts at or after it, and the one it falls inside cut to its part before it."""
+    for entry in entries:
+        top = None if entry.logprob is None else {reader.label(token): lp for token, lp in entry.top}
+        label, text, offset = reader.read(entry.token)
+        if end is not None and offset >= end:
+            break
+        if end is not None and offset + len(text) > end:  # the stop string starts inside this token
+            label = text[:end - offset]
+        out.tokens.append(label)
+        out.token_logprobs.append(entry.logprob)
+        out.top_logprobs.append(top)
+        out.text_offset.append(offset)
+
+
+def logprobs_slice(logprobs: CompletionLogprobs, start: int) -> CompletionLogprobs:
+    """The entries from `start` on."""
+    return CompletionLogprobs(tokens=logprobs.tokens[start:], token_logprobs=logprobs.token_logprobs[start:],
+                              top_logprobs=logprobs.top_logprobs[start:], text_offset=logprobs.text_offset[start:])
+
+
+class StreamedLogprobs:
+    """One streamed choice's log-probabilities, chunk by chunk, as OpenAI and vLLM stream them: each chunk
+    carries the entries of the tokens whose text it completes, offsets counting on from the prompt's end (as the
+    whole reply's do), so that the chunks' entries joined are exactly the non-streamed reply's.
+
+    A token's entry waits until its text has been released whole: text held back for a stop string may still be
+    cut, and the entry with it (completion_logprobs' rule, applied to what is left when the choice ends)."""
+
+    def __init__(self, prompt_text: str):
+        self.prompt_text = prompt_text
+        self.reader = TokenReader(len(prompt_text))
+        self.released_end = len(prompt_text)  # the offset where the text sent so far ends
+        self.pending: list[TokenLogprob] = []
+        self.sent = 0  # generated tokens' entries sent
+
+    def token(self, entry: TokenLogprob, released: str) -> CompletionLogprobs:
+        """The entries a token event completes: `entry` is the token's, `released` the text it let out."""
+        self.pending.append(entry)
+        self.released_end += len(released)
+        out = empty_logprobs()
+        while self.pending and self.reader.end_after(self.pending[0].token) <= self.released_end:
+            add_entries(out, [self.pending.pop(0)], self.reader)
+            self.sent += 1
+        return out
+
+    def done(self, result: DoneEvent, echo: bool) -> CompletionLogprobs:
+        """The entries not sent yet, the end-of-text that ended the choice and a stop string's cut applied."""
+        whole = completion_logprobs(result, self.prompt_text, echo)
+        return logprobs_slice(whole, (result.prompt_tokens if echo else 0) + self.sent)
+
+
+def prompt_logprobs(entries: list[TokenLogprob]) -> CompletionLogprobs:
+    """An echoed prompt's entries (offsets from 0)."""
+    out = empty_logprobs()
+    add_entries(out, entries, TokenReader(0))
     return out
 
 
@@ -64,6 +118,13 @@ class TokenReader:
         label, text = self._decode(token)
         self.offset += len(text)
         return label, text, offset
+
+    def end_after(self, token: int) -> int:
+        """The offset where `token`'s text would end if it came next."""
+        state = self.decoder.getstate()
+        _, text = self._decode(token)
+        self.decoder.setstate(state)
+        return self.offset + len(text)
 
     def label(self, token: int) -> str:
         """How `token` would be shown if it came next (an alternative's key in top_logprobs)."""

@@ -17,7 +17,7 @@ from decode.row_state import OPENAI_FINISH_REASONS
 from serve.events import DoneEvent, ErrorEvent, TokenEvent
 from serve.errors import APIError, error_body
 from serve.event_stream import EventStream
-from serve.logprobs import completion_logprobs
+from serve.logprobs import StreamedLogprobs, completion_logprobs, prompt_logprobs
 from serve.prompts import Prompt, completion_prompts
 from serve.schemas import (COMPLETION_EVENT, Completion, CompletionChoice, CompletionRequest,
                            CompletionTokensDetails, CompletionUsage, ModelCard, ModelList, error_responses,
@@ -50,10 +50,10 @@ async def create_completion(body: CompletionRequest, request: Request):
     submission.submit()
     completion_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     prompt_texts = [prompt.text for prompt in prompts for _ in range(body.n)]  # choice order
-    echoes = [text if body.echo else "" for text in prompt_texts]
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        chunks = stream(submission, completion_id, created, state.model_id, include_usage, body.n, echoes)
+        chunks = stream(submission, completion_id, created, state.model_id, include_usage, body.n, prompt_texts,
+                        body.echo, body.logprobs is not None)
         return EventStream(chunks, error_event, state.config.retry_after_s)
     results = await submission.results(request)
     choices = [completion_choice(r, i, prompt_texts[i], body.echo) for i, r in enumerate(results)]
@@ -107,25 +107,40 @@ def usage(results: list[DoneEvent], n: int) -> CompletionUsage:
 
 
 async def stream(submission: Submission, completion_id: str, created: int, model_id: str, include_usage: bool,
-                 n: int, echoes: list[str]):
-    """Server-sent chunks: each choice's echoed prompt first (as OpenAI streams it), then its text as it comes."""
+                 n: int, prompt_texts: list[str], echo: bool, logprobs: bool):
+    """Server-sent chunks: each choice's echoed prompt first (as OpenAI streams it), then its text as it comes.
+    With `logprobs`, each chunk carries the entries of the tokens its text completes (serve/logprobs.py's
+    StreamedLogprobs), and an echoed prompt waits for its own entries, which the row's prefill computes."""
     def chunk(choices: list[CompletionChoice], usage_body: CompletionUsage | None = None) -> str:
         body = Completion(id=completion_id, choices=choices, created=created, model=model_id, usage=usage_body)
         return f"data: {json.dumps(body.model_dump(exclude_none=True) | {'choices': [c.model_dump() for c in choices]})}\n\n"
 
+    echoes = [text if echo else "" for text in prompt_texts]
     results: dict[int, DoneEvent] = {}
+    scored = [StreamedLogprobs(text) for text in prompt_texts] if logprobs else None
+    echo_waits = set(range(len(echoes))) if echo and logprobs else set()
     try:
-        if any(echoes):
+        if echo and not logprobs:
             yield "".join(chunk([CompletionChoice(text=text, index=i, finish_reason=None)])
                           for i, text in enumerate(echoes))
         async for batch in submission.event_batches():
             out = []
             for index, event in batch:
-                if isinstance(event, TokenEvent) and event.text:
-                    out.append(chunk([CompletionChoice(text=event.text, index=index, finish_reason=None)]))
+                if index in echo_waits and not isinstance(event, ErrorEvent):
+                    echo_waits.discard(index)
+                    entries = event.prompt_logprobs if isinstance(event, TokenEvent) else \
+                        event.logprobs[:event.prompt_tokens]
+                    out.append(chunk([CompletionChoice(text=echoes[index], index=index, finish_reason=None,
+                                                       logprobs=prompt_logprobs(entries))]))
+                if isinstance(event, TokenEvent):
+                    entries = scored[index].token(event.logprob, event.text) if scored is not None else None
+                    if event.text or (entries is not None and entries.tokens):
+                        out.append(chunk([CompletionChoice(text=event.text, index=index, logprobs=entries,
+                                                           finish_reason=None)]))
                 elif isinstance(event, DoneEvent):
                     results[index] = event
-                    out.append(chunk([CompletionChoice(text=event.tail, index=index,
+                    entries = scored[index].done(event, echo) if scored is not None else None
+                    out.append(chunk([CompletionChoice(text=event.tail, index=index, logprobs=entries,
                                                        finish_reason=OPENAI_FINISH_REASONS[event.finish_reason])]))
                 elif isinstance(event, ErrorEvent):
                     yield "".join(out) + error_event(error_for(event))

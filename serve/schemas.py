@@ -157,8 +157,6 @@ class CompletionRequest(StrictBody):
     def _scoring(self):
         if self.max_tokens == 0 and not self.echo:
             raise ValueError("max_tokens: 0 generates nothing; it is allowed only with echo (to score the prompt)")
-        if self.stream and self.logprobs is not None:
-            raise ValueError("logprobs: not available with stream; leave one of them out")
         return self
 
     @model_validator(mode="after")
@@ -232,6 +230,39 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: str = "list"
     data: list[ModelCard]
+
+
+# ---- POST /tokenize and /detokenize (vLLM's shapes) ----
+
+# The most ids one /detokenize takes: many contexts' worth, so that no client text is refused, and bounded, so that
+# a body of ids alone (--max-body-bytes raised) cannot hold the server on one request.
+MAX_DETOKENIZE_TOKENS = 16384
+
+
+class TokenizeRequest(StrictBody):
+    model: str | None = Field(None, description="the served model's id (as /v1/models lists it); may be left out")
+    prompt: str = Field(description="the text to tokenize, as /v1/completions tokenizes a text prompt")
+    add_special_tokens: bool = Field(True, description="vLLM's option; GPT-2's tokenizer adds no special tokens "
+                                                       "(no beginning-of-text), so either value gives the same ids")
+    return_token_strs: bool = Field(False, description="also each token's text (one that ends inside a character "
+                                                       "as its bytes, bytes:\\xNN, as logprobs label it)")
+
+
+class TokenizeResponse(BaseModel):
+    count: int  # tokens in the prompt
+    max_model_len: int  # the model's context: a prompt and its new tokens must fit in it
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(StrictBody):
+    model: str | None = Field(None, description="the served model's id (as /v1/models lists it); may be left out")
+    tokens: Annotated[list[int], Field(max_length=MAX_DETOKENIZE_TOKENS)] = Field(
+        description="token ids, each within the vocabulary")
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
 
 
 # ---- errors (serve/errors.py) and the responses each route documents ----

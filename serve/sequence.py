@@ -31,12 +31,16 @@ class Sequence:
 
     def accept(self, token: int, logits: torch.Tensor, now: float) -> TokenEvent | None:
         """The row takes `token`, drawn from `logits` (vocab,); the event for the client, if the token has one."""
+        first = self.row.generated == 0
         if self.first_token_at is None:
             self.first_token_at = now
         released = self.row.accept(token, logits)
         if released is None:
             return None
-        return TokenEvent(token, released, self.row.logprobs[-1] if self.row.logprobs is not None else None)
+        if self.row.logprobs is None:
+            return TokenEvent(token, released)
+        prompt = self.row.logprobs[:len(self.request.prompt_ids)] if first and self.request.echo else None
+        return TokenEvent(token, released, self.row.logprobs[-1], prompt)
 
     def reply(self, now: float) -> DoneEvent:
         """The reply for a row that ended at `now`."""

@@ -200,9 +200,10 @@ def test_openai_request_checks(client, checkpoint):
         assert response.status_code == status, body
         assert response.json()["error"]["param"] == param
     # A rule across fields names its own fix, not the hint for a body that is not a JSON object.
-    response = client.post("/v1/completions", json={**base, "stream": True, "logprobs": 1})
+    response = client.post("/v1/completions", json={**base, "max_tokens": 0})
     assert response.status_code == 422
-    assert response.json()["error"]["message"] == "logprobs: not available with stream; leave one of them out"
+    assert response.json()["error"]["message"] == ("max_tokens: 0 generates nothing; it is allowed only with echo "
+                                                    "(to score the prompt)")
     # Two prompts x n=2: choices run prompt-major, the prompt tokens count once per prompt.
     reply = client.post("/v1/completions", json={**base, "prompt": ["hi", "hello there"], "n": 2, "seed": 1}).json()
     assert [c["index"] for c in reply["choices"]] == [0, 1, 2, 3]
@@ -303,8 +304,7 @@ def test_logprobs_and_echo_score_text_as_evaluation_does(client, checkpoint):
         assert list(top) == [token] and top[token] == pytest.approx(chosen)  # greedy: the chosen token is the best
 
 
-@pytest.mark.parametrize("extra, param", [({"max_tokens": 0}, "max_tokens"), ({"logprobs": 6}, "logprobs"),
-                                          ({"logprobs": 1, "stream": True}, "logprobs")])
+@pytest.mark.parametrize("extra, param", [({"max_tokens": 0}, "max_tokens"), ({"logprobs": 6}, "logprobs")])
 def test_scoring_requests_that_cannot_work_are_refused(client, checkpoint, extra, param):
     reply = client.post("/v1/completions", json={"model": Path(checkpoint).name, "prompt": "hi", **extra})
     assert reply.status_code == 422 and param in reply.json()["error"]["message"]
@@ -544,3 +544,63 @@ def test_generate_takes_one_stop_string_bounded_by_its_length(client):
     assert body["finish_reason"] == "stop" and body["text"] == full[:full.index(stop)]
     refused = client.post("/generate", json={**greedy, "stop": "x" * 101}).json()["error"]
     assert refused["param"] == "stop" and "at most 100 characters" in refused["message"]
+
+
+def streamed_choices(chunks, count: int) -> list[tuple[str, dict]]:
+    """Each choice's text and log-probabilities, joined over the openai client's parsed chunks."""
+    texts = [""] * count
+    joined = [{"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []} for _ in range(count)]
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+            if choice.logprobs is not None:
+                for key, values in joined[choice.index].items():
+                    values.extend(getattr(choice.logprobs, key))
+    return list(zip(texts, joined))
+
+
+@pytest.mark.parametrize("settings", [
+    dict(prompt="The", max_tokens=12, logprobs=2),
+    dict(prompt=["The", "Hello there"], n=2, max_tokens=8, logprobs=1, echo=True),
+    dict(prompt="x😀é漢字y", max_tokens=0, logprobs=2, echo=True),
+    dict(prompt="Hello", max_tokens=10, logprobs=0, stop=[" the", "."])])
+def test_the_openai_client_streams_logprobs_as_the_reply_lists_them(client, checkpoint, settings):
+    """Issue 51: a streamed completion's chunks carry their tokens' log-probabilities, OpenAI's chunk format read
+    by the official client's stream parser; joined, the entries are the non-streamed reply's."""
+    api = openai.OpenAI(base_url=f"{client.base_url}/v1", api_key="unused", http_client=client, max_retries=0)
+    body = dict(model=Path(checkpoint).name, temperature=0, **settings)
+    whole = api.completions.create(**body).choices
+    streamed = streamed_choices(list(api.completions.create(stream=True, **body)), len(whole))
+    for choice, (text, logprobs) in zip(whole, streamed):
+        assert text == choice.text
+        assert logprobs["tokens"] == choice.logprobs.tokens and logprobs["text_offset"] == choice.logprobs.text_offset
+        assert logprobs["token_logprobs"] == pytest.approx(choice.logprobs.token_logprobs)
+        assert [sorted(t) if t else t for t in logprobs["top_logprobs"]] == \
+            [sorted(t) if t else t for t in choice.logprobs.top_logprobs]
+    assert any(logprobs["tokens"] for _, logprobs in streamed)
+
+
+def test_streamed_logprobs_leave_out_the_tokens_a_stop_string_cuts(checkpoint, monkeypatch):
+    """The tokens " Paris", '."', " It" with stop '"': the stream's entries are the reply's, [" Paris", "."]."""
+    monkeypatch.setattr("serve.runner.sample_rows", lambda logits, params, generators: [next(generated)])
+    with make_client(checkpoint) as client:
+        body = {"model": Path(checkpoint).name, "prompt": "Hello", "max_tokens": 3, "logprobs": 1, "stop": ['"'],
+                "stream": True}
+        generated = iter([6342, 526, 632])
+        with client.stream("POST", "/v1/completions", json=body) as response:
+            chunks = [json.loads(line.removeprefix("data: ")) for line in response.iter_lines()
+                      if line.startswith("data: {")]
+    tokens = [t for c in chunks for choice in c["choices"] if choice["logprobs"] for t in choice["logprobs"]["tokens"]]
+    assert tokens == [" Paris", "."]
+    assert "".join(choice["text"] for c in chunks for choice in c["choices"]) == " Paris."
+
+
+def test_tokenize_counts_what_a_completion_is_charged_and_detokenize_gives_the_text_back(client, checkpoint):
+    text = "The quick brown fox <|endoftext|> jumps"
+    tokens = client.post("/tokenize", json={"prompt": text, "add_special_tokens": False}).json()
+    completion = client.post("/v1/completions", json={"model": Path(checkpoint).name, "prompt": text, "max_tokens": 1,
+                                                      "temperature": 0}).json()
+    assert tokens["count"] == completion["usage"]["prompt_tokens"] and tokens["max_model_len"] == BLOCK_SIZE
+    assert client.post("/tokenize", json={"prompt": text}).json()["tokens"] == tokens["tokens"]
+    assert client.post("/detokenize", json={"tokens": tokens["tokens"]}).json() == {"prompt": text}
+    assert "/tokenize" in client.get("/openapi.json").json()["paths"]
