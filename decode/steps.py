@@ -11,6 +11,7 @@ import torch
 
 from decode.cuda_graph import CapturedSteps
 from decode.trace import KEPT_TRACES, TracedSteps
+from decode import trace_payback
 from model.gpt import GPT
 from model.kv_cache import KVCache, StaticKVCache
 from decode.step_threads import for_model
@@ -20,11 +21,6 @@ from decode.step_threads import for_model
 # (what a CUDA graph needs); cuda-graph: static, each step after the prompt replayed as a captured CUDA graph;
 # traced: dynamic, each step after the prompt one traced TorchScript graph, without Python between its operators.
 DECODE_MODES = ("auto", "dynamic", "static", "cuda-graph", "traced")
-# Under auto, a call's steps are traced only when at least this many tokens are left to make with them (or a trace
-# of their shape is kept already): a trace costs many eager steps, and each traced step saves part of one, so a
-# short one-off call is faster with eager steps throughout.  So a call of 32 tokens runs eagerly and one of 200
-# traces: `python -m bench.experiments one_off_decode` times both ways, trace included (bench/results/).
-TRACE_REPAID_AFTER = 128
 
 
 def fastest_decode(model: torch.nn.Module, device: torch.device, speculative: bool = False) -> str:
@@ -64,7 +60,8 @@ class DecodeSteps:
         if self.mode == "cuda-graph" and device.type != "cuda":
             raise ValueError(f"decode 'cuda-graph' needs a CUDA device; the model is on {device}")
         self.model, self.device = model, device
-        # An explicit `traced` traces every step; auto traces when the trace will be repaid (`_runs_traced`).
+        # An explicit `traced` traces every step; auto traces when the tokens a call has left will repay the trace,
+        # as this process's timings on this host say (decode/trace_payback.py).
         self.trace_when_repaid = decode == "auto"
         self.traced = TracedSteps(model, max(KEPT_TRACES, 4 * max_rows)) if self.mode == "traced" else None
         self.captured = CapturedSteps(model) if self.mode == "cuda-graph" else None
@@ -106,20 +103,38 @@ class DecodeSteps:
             self.threads.release()
 
     def _step(self, cache: KVCache, inputs: torch.Tensor, positions: int, tokens_left: int | None) -> torch.Tensor:
-        if cache.length > 0 and self.traced is not None and self._runs_traced(cache, inputs, tokens_left):
-            return self.traced.step(cache, inputs)[:, -positions:]
+        if cache.length > 0 and self.traced is not None:
+            if not self.trace_when_repaid or tokens_left is None:  # the server's traces serve its whole life
+                return self.traced.step(cache, inputs)[:, -positions:]
+            return self._repaid_step(cache, inputs, positions, tokens_left)
         if cache.length > 0 and self.captured is not None:
             return self.captured.step(cache, inputs)[:, -positions:]
+        return self._eager(cache, inputs, positions)
+
+    def _eager(self, cache: KVCache, inputs: torch.Tensor, positions: int) -> torch.Tensor:
         if positions == 1:
             return self.model(inputs, cache=cache, last_only=True)[0]
         hidden = self.model.hidden_states(inputs, cache)
         # The output head on the last positions only: the first pass also feeds the whole prompt.
         return self.model.lm_head(hidden[:, -positions:])[..., :self.model.config.vocab_size]
 
-    def _runs_traced(self, cache: KVCache, inputs: torch.Tensor, tokens_left: int | None) -> bool:
-        if not self.trace_when_repaid or tokens_left is None or tokens_left >= TRACE_REPAID_AFTER:
-            return True
-        return self.traced.kept_for(cache, inputs)  # a kept trace costs nothing more
+    def _repaid_step(self, cache: KVCache, inputs: torch.Tensor, positions: int, tokens_left: int) -> torch.Tensor:
+        """Auto's step after the prompt: traced when the trace is kept and faster, or will be repaid by the tokens
+        left; eager otherwise.  Either way timed, for the next decisions."""
+        payback = trace_payback.PAYBACK
+        shape = self.traced.key_for(cache, inputs)
+        kept = shape in self.traced.traces
+        traced = payback.traces(self.model, shape, tokens_left, kept)
+        start = payback.clock()
+        logits = self.traced.step(cache, inputs)[:, -positions:] if traced else self._eager(cache, inputs, positions)
+        seconds = payback.clock() - start
+        if not traced:
+            payback.note_eager(self.model, shape, seconds)
+        elif kept:
+            payback.note_traced(self.model, shape, seconds)
+        else:
+            payback.note_trace(self.model, shape, seconds)
+        return logits
 
     def prepare(self, cache: KVCache, width: int) -> None:
         """Make the step for one row of `width` tokens now (a trace, or a capture), so that a model that cannot

@@ -187,11 +187,15 @@ class TracedSteps:
         return step(tokens, positions, *([] if mask is None else [mask]), *([] if columns is None else [columns]),
                     *keys, *values)
 
+    def key_for(self, cache: KVCache, tokens: torch.Tensor) -> tuple:
+        """What the step of `tokens` over `cache` is traced (and timed, decode/trace_payback.py) by."""
+        attention = cache.attention_inputs(tokens.size(1))
+        return _key(tokens, attention.mask, attention.columns, cache.k[0].dtype)
+
     def kept_for(self, cache: KVCache, tokens: torch.Tensor) -> bool:
         """Whether the step of `tokens` over `cache` has its trace made already (so that running it traced costs
         no trace)."""
-        attention = cache.attention_inputs(tokens.size(1))
-        return _key(tokens, attention.mask, attention.columns, cache.k[0].dtype) in self.traces
+        return self.key_for(cache, tokens) in self.traces
 
     def step(self, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
         """`model(tokens, cache=cache)[0]` for (B, W) tokens, each row's from its own length on."""

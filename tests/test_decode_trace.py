@@ -7,11 +7,12 @@ import copy
 import pytest
 import torch
 
-import decode.steps
 import decode.trace
+import decode.trace_payback
 from decode.steps import DecodeSteps, fastest_decode
 from decode.trace import _TRACES, TracedSteps
-from decode.generate import CallTiming, generate
+from decode.trace_payback import TracePayback
+from decode.generate import generate
 from model.kv_cache import ContextOverflow, KVCache
 from model.int8 import quantize_model
 from model.packed_linear import PackedLinear, pack_for_inference
@@ -43,7 +44,8 @@ def test_traced_steps_give_the_eager_tokens_and_one_trace_serves_every_length(sm
 
 def test_the_default_decode_on_the_cpu_traces_packed_products_and_leaves_the_model_as_it_was(small_model,
                                                                                              monkeypatch):
-    monkeypatch.setattr(decode.steps, "TRACE_REPAID_AFTER", 4)  # these calls are long enough to trace
+    # a trace guessed free until timed: these calls trace once an eager step is timed
+    monkeypatch.setattr(decode.trace_payback, "PAYBACK", TracePayback(guess=(0.0, 0.5)))
     eager = copy.deepcopy(small_model)
     for params in (GREEDY, SAMPLED):
         assert torch.equal(generate(small_model, prompt(), params), generate(eager, prompt(), params, decode="dynamic"))
@@ -52,26 +54,6 @@ def test_the_default_decode_on_the_cpu_traces_packed_products_and_leaves_the_mod
     assert not any(isinstance(m, PackedLinear) for m in small_model.modules())  # nn.Linear, as the caller made it
     assert fastest_decode(small_model, torch.device("cpu")) == "traced"
     assert fastest_decode(small_model, torch.device("cuda")) == "cuda-graph"
-
-
-def test_the_default_decode_traces_a_call_only_when_enough_tokens_are_left_to_repay_the_trace(small_model,
-                                                                                             monkeypatch):
-    monkeypatch.setattr(decode.steps, "TRACE_REPAID_AFTER", 20)
-    pack_for_inference(small_model)
-    longer = SamplingParams(max_new_tokens=30, temperature=0, stop_at_eot=False)
-    timings = []
-
-    def default_and_eager(params):
-        timings.append(CallTiming())
-        assert torch.equal(generate(small_model, prompt(), params, timing=timings[-1]),
-                           generate(small_model, prompt(), params, decode="dynamic"))
-        return len(_TRACES.get(small_model, (None, {}))[1])
-
-    assert default_and_eager(GREEDY) == 0 and default_and_eager(SAMPLED) == 0  # short: eager steps throughout
-    assert timings[0].setup_s == 0
-    assert default_and_eager(longer) == 1 and timings[-1].setup_s > 0  # long: traced, the trace timed as set-up
-    assert timings[-1].setup_before_first_token_s == 0  # plain decoding traces after its first token
-    assert default_and_eager(GREEDY) == 1 and timings[-1].setup_s == 0  # short again: the kept trace is free
 
 
 def test_a_traced_step_of_several_tokens_gives_the_eager_pass_and_fills_the_same_cache(small_model):

@@ -1,0 +1,106 @@
+"""Whether tracing a call's decode steps pays for itself, judged from this process's own timings on this host.
+
+A trace (decode/trace.py) costs many eager steps once, and each traced step then saves part of an eager one; how
+many of each depends on the host (a slow host measured a 1.3 s trace saving 26 ms a step, repaid after about 50
+tokens).  So `auto` (decode/steps.py) times the steps it runs, per model and step shape, and traces a call's steps
+when the tokens it has left will repay the trace:
+
+    trace now  <=>  tokens left x (eager step - traced step) > the trace's cost
+
+Every figure comes from this process: the eager step from the steps just run (the first of a shape is left out: it
+carries one-time work, first allocations and kernel choices), the trace's cost from the last trace made of the
+model (the first of a model also packs its weights, so later ones cost less: the guess errs towards eager steps),
+the traced step from the traced steps run.  Before the process has traced a shape, the traced step and the trace's
+cost are guessed as shares of this host's eager step: from another shape's timings when one was traced, else from
+the PRIOR_ ratios below; the first trace replaces the guess.  A trace kept from an earlier call costs nothing more,
+and runs while its steps are the faster ones.  The table lives as long as the process (and each model).
+"""
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass
+
+EMA_WEIGHT = 0.3  # of the newest step in a running mean of step times: the load on a shared host drifts
+# The guesses before any trace has been timed in this process, in eager steps of the host at hand, from issue 50's
+# slow 2-core host (GPT-2 124M, batch 1): a 1.3 s trace against 71 ms eager steps, traced steps at 0.59 of them.
+# With them a call traces when more than 20 / (1 - 0.6) = 50 tokens are left.
+PRIOR_TRACE_STEPS = 20.0
+PRIOR_TRACED_SHARE = 0.6
+
+
+@dataclass
+class ShapeTimings:
+    """One model's step timings at one shape (rows, tokens per row, mask, placement, dtype), in seconds."""
+    eager_s: float | None = None  # running mean of eager steps, the first left out
+    eager_seen: int = 0
+    traced_s: float | None = None  # running mean of traced steps, the trace's own call left out
+    trace_s: float | None = None  # the call that made this shape's trace (the trace and its first step)
+
+
+def _mean(old: float | None, seconds: float) -> float:
+    return seconds if old is None else (1 - EMA_WEIGHT) * old + EMA_WEIGHT * seconds
+
+
+class TracePayback:
+    """Step timings per model and shape, and the decision they give (`traces`).  `clock`: seconds, as
+    time.perf_counter (a test passes a fake one); `guess`: (trace cost, traced step) in eager steps until a trace
+    is timed."""
+
+    def __init__(self, clock=time.perf_counter, guess: tuple[float, float] = (PRIOR_TRACE_STEPS, PRIOR_TRACED_SHARE)):
+        self.clock = clock
+        self._models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {shape: ShapeTimings}
+        # (trace cost, traced step) in eager steps: the guess, then those of the last shape timed all three ways,
+        # for shapes not yet traced
+        self._ratios = guess
+
+    def timings(self, model, shape: tuple) -> ShapeTimings:
+        return self._models.setdefault(model, {}).setdefault(shape, ShapeTimings())
+
+    def note_eager(self, model, shape: tuple, seconds: float) -> None:
+        t = self.timings(model, shape)
+        t.eager_seen += 1
+        if t.eager_seen > 1:
+            t.eager_s = _mean(t.eager_s, seconds)
+            self._learn(t)
+
+    def note_trace(self, model, shape: tuple, seconds: float) -> None:
+        self.timings(model, shape).trace_s = seconds
+
+    def note_traced(self, model, shape: tuple, seconds: float) -> None:
+        t = self.timings(model, shape)
+        t.traced_s = _mean(t.traced_s, seconds)
+        self._learn(t)
+
+    def _learn(self, t: ShapeTimings) -> None:
+        if t.eager_s and t.traced_s is not None and t.trace_s is not None:
+            self._ratios = (t.trace_s / t.eager_s, t.traced_s / t.eager_s)
+
+    def estimates(self, model, shape: tuple) -> tuple[float, float, float] | None:
+        """(eager step, traced step, trace cost) in seconds at `shape`, measured or guessed; None while no eager
+        step of it has been timed."""
+        t = self.timings(model, shape)
+        if t.eager_s is None:
+            return None
+        trace_steps, traced_share = self._ratios
+        traced = t.traced_s if t.traced_s is not None else t.eager_s * traced_share
+        cost = t.trace_s
+        if cost is None:  # the model's latest trace of another shape, else a guess
+            costs = [s.trace_s for s in self._models[model].values() if s.trace_s is not None]
+            cost = costs[-1] if costs else t.eager_s * trace_steps
+        return t.eager_s, traced, cost
+
+    def traces(self, model, shape: tuple, tokens_left: int, kept: bool) -> bool:
+        """Whether the step at `shape`, with `tokens_left` steps to run (this one included), should run traced:
+        `kept`, whether its trace is made already."""
+        estimates = self.estimates(model, shape)
+        if estimates is None:
+            return kept  # a kept trace runs; else this eager step is timed first
+        eager, traced, cost = estimates
+        if kept:
+            return traced < eager
+        return tokens_left * (eager - traced) > cost
+
+
+# The process's table: every DecodeSteps of the process reads and feeds it.
+PAYBACK = TracePayback()
