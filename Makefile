@@ -26,16 +26,14 @@ $(TOKENIZER): | $(STAMP)
 
 demo: setup
 	rm -rf $(DEMO_OUT)
-	$(PY) train.py --model tiny --dataset builtin --max-steps 200 --eval-interval 50 --out-dir $(DEMO_OUT)/train
+	$(PY) train.py --config configs/demo/train.toml --out-dir $(DEMO_OUT)/train
 	$(PY) sample.py --checkpoint $(DEMO_OUT)/train --prompt "The module" --num-samples 2 --max-new-tokens 60 --seed 1
-	$(PY) prune/iterative.py --method row --target 0.5 --rounds 2 --finetune-steps 20 --batch-size 4 --block-size 64 \
-		--eval-batches 4 --speed-repeats 3 --generation-tokens 8 --checkpoint $(DEMO_OUT)/train --out-dir $(DEMO_OUT)/prune-row
-	$(PY) quantize/dynamic.py --checkpoint $(DEMO_OUT)/train --out-dir $(DEMO_OUT)/int8 --eval-batches 4 --repeats 3 --new-tokens 16
+	$(PY) prune/iterative.py --config configs/demo/prune.toml --checkpoint $(DEMO_OUT)/train --out-dir $(DEMO_OUT)/prune-row
+	$(PY) quantize/dynamic.py --config configs/demo/quantize.toml --checkpoint $(DEMO_OUT)/train --out-dir $(DEMO_OUT)/int8
 	$(PY) sample.py --checkpoint $(DEMO_OUT)/int8 --prompt "The module" --num-samples 1 --max-new-tokens 40 --seed 1
-	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --nproc_per_node=2 train.py --parallel fsdp --model tiny \
-		--max-steps 20 --block-size 64 --batch-size 4 --log-interval 10 --eval-interval 1000 --final-eval-batches 4 \
+	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --nproc_per_node=2 train.py --config configs/demo/train-fsdp.toml \
 		--out-dir $(DEMO_OUT)/fsdp
-	$(PY) bench/leaderboard.py --checkpoint $(DEMO_OUT)/train --dataset builtin --new-tokens 32 --repeats 1 --train-steps 1 \
+	$(PY) bench/leaderboard.py --config configs/demo/scorecard.toml --checkpoint $(DEMO_OUT)/train \
 		--out $(DEMO_OUT)/scorecard.json
 	$(PY) -m serve.demo --checkpoint $(DEMO_OUT)/train
 

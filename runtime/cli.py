@@ -1,14 +1,18 @@
-"""Fill a dataclass from the command line: one flag per field, types checked by argparse."""
+"""Fill a dataclass from the command line, and from a TOML file named by `--config`: one flag (and one key) per
+field, types and bounds checked; flags on the command line override the file."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import difflib
 import functools
+import json
 import operator
 import sys
+import tomllib
 import types
 import typing
+from pathlib import Path
 
 from runtime.errors import UserError
 
@@ -48,11 +52,19 @@ def check_options(config, error: type[Exception]) -> None:
             continue
         if value == [] and not f.metadata.get("may_be_empty"):
             raise error(f"{flag(f.name)} needs at least one value")
-        for item in value if isinstance(value, list) else [value]:
-            for name, bound in f.metadata["bounds"].items():
-                words, within = _BOUNDS[name]
-                if not within(item, bound):
-                    raise error(f"{flag(f.name)} must be {words} {bound}, got {item}")
+        problem = _outside_bounds(value, f.metadata["bounds"])
+        if problem:
+            raise error(f"{flag(f.name)} {problem}")
+
+
+def _outside_bounds(value, bounds: dict) -> str | None:
+    """What is wrong with `value` (a number, or a list of them) under an `option`'s bounds, or None."""
+    for item in value if isinstance(value, list) else [value]:
+        for name, bound in bounds.items():
+            words, within = _BOUNDS[name]
+            if not within(item, bound):
+                return f"must be {words} {bound}, got {item}"
+    return None
 
 
 def _describe_bounds(bounds: dict) -> str:
@@ -195,24 +207,138 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+CONFIG_FLAG = "--config"
+CONFIG_HELP = ("read settings from a TOML file: each key is a flag without its leading dashes (batch-size = 16, "
+               "compile = true, modes = [\"ddp\", \"tp\"]); a flag given on the command line overrides the file")
+
+
+class ConfigFileError(UserError):
+    """A `--config` file that cannot be read, or a key in it that is unknown, of the wrong type or out of bounds."""
+
+
 def _parser(cls, doc: str, epilog: str | None, prog: str | None = None) -> argparse.ArgumentParser:
     summary, _, rest = doc.strip().partition("\n\n")
     parser = ToolParser(prog=prog, description=summary, formatter_class=argparse.RawDescriptionHelpFormatter,
                         epilog="\n\n".join(part for part in (rest, epilog) if part) or None)
     add_dataclass_args(parser, cls)
+    parser.add_argument(CONFIG_FLAG, metavar="FILE.toml", type=Path, help=CONFIG_HELP)
     return parser
 
 
 def parse_config(cls, doc: str, argv=None, epilog: str | None = None, prog: str | None = None):
-    """The command line as a `cls` instance: help and choices from the fields' metadata, checks in its
-    `__post_init__` (which raise a UserError that the caller's main prints).  `doc` is the script's
-    docstring: its first paragraph describes the command and the rest (its examples) follows the flags.
+    """The command line (and the `--config` file it names) as a `cls` instance: help and choices from the fields'
+    metadata, checks in its `__post_init__` (which raise a UserError that the caller's main prints).  `doc` is the
+    script's docstring: its first paragraph describes the command and the rest (its examples) follows the flags.
     `prog` names the command in its usage where the script's file name would not (`python -m serve`)."""
-    return dataclass_from_args(cls, _parser(cls, doc, epilog, prog).parse_args(argv))
+    parser = _parser(cls, doc, epilog, prog)
+    args = parser.parse_args(argv)
+    if args.config is None:
+        return dataclass_from_args(cls, args)
+    from_file = read_config_file(cls, args.config)
+    parser.set_defaults(**from_file)  # the file's values stand where the defaults stood: a flag still wins
+    args = parser.parse_args(argv)
+    try:
+        return dataclass_from_args(cls, args)
+    except UserError as e:  # a check across settings: say which of them the file set
+        named = [key for key in from_file if flag(key) in str(e) and key not in given_on_command_line(cls, argv)]
+        if not named:
+            raise
+        raise ConfigFileError(f"{e} ({flag(named[0])[2:]} is set in {args.config})") from e
+
+
+def given_on_command_line(cls, argv=None) -> set[str]:
+    """The fields the command line itself names, whatever their value: a default argparse filled in is not given."""
+    parser = ToolParser()
+    add_dataclass_args(parser, cls, defaults=False)
+    parser.add_argument(CONFIG_FLAG, type=Path, default=argparse.SUPPRESS)
+    return set(vars(parser.parse_args(argv))) - {"config"}
 
 
 def given_fields(cls, argv=None) -> set[str]:
-    """The fields the command line names, whatever their value: a default argparse filled in is not given."""
+    """The fields the user set, on the command line or as a key of its `--config` file."""
     parser = ToolParser()
-    add_dataclass_args(parser, cls, defaults=False)
-    return set(vars(parser.parse_args(argv)))
+    parser.add_argument(CONFIG_FLAG, type=Path)
+    config, _ = parser.parse_known_args(argv)
+    in_file = set(read_config_file(cls, config.config)) if config.config is not None else set()
+    return given_on_command_line(cls, argv) | in_file
+
+
+def read_config_file(cls, path: Path) -> dict:
+    """The settings of the TOML file at `path` for the dataclass `cls`, by field name, each checked as its flag
+    would be (type, choices, bounds).  Anything wrong is one ConfigFileError naming the file and the key."""
+    try:
+        with open(path, "rb") as file:
+            table = tomllib.load(file)
+    except FileNotFoundError:
+        raise ConfigFileError(f"{CONFIG_FLAG} {path}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigFileError(f"{CONFIG_FLAG} {path}: is a folder; name a .toml file") from None
+    except OSError as e:
+        raise ConfigFileError(f"{CONFIG_FLAG} {path}: cannot be read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigFileError(f"{path}: not UTF-8 text (byte {e.start}); TOML files are UTF-8") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigFileError(f"{path}: not valid TOML: {printable(str(e))}") from None
+    fields = {f.name.replace("_", "-"): f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    settings = {}
+    for key, value in table.items():
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=1)
+            hint = f", did you mean {close[0]}?" if close else f"; {cls.__name__}'s keys are the flags of --help"
+            raise ConfigFileError(f"{path}: unknown key {printable(key)!r}{hint}")
+        field = fields[key]
+        problem, converted = _config_value(_base_type(hints[field.name]), value, field.metadata)
+        if problem:
+            raise ConfigFileError(f"{path}: {key} {problem}")
+        settings[field.name] = converted
+    return settings
+
+
+def _config_value(kind, value, metadata) -> tuple[str | None, object]:
+    """(what is wrong, None) or (None, the value as the field takes it) for one key of a config file."""
+    if typing.get_origin(kind) is list:
+        if not isinstance(value, list):
+            return f"must be a list, got {_shown(value)}", None
+        if not value and not metadata.get("may_be_empty"):
+            return "needs at least one value", None
+        items = [_config_value(typing.get_args(kind)[0], item, {"choices": metadata.get("choices")}) for item in value]
+        problem = next((problem for problem, _ in items if problem), None)
+        return (problem, None) if problem else _checked([item for _, item in items], metadata)
+    if kind is bool:
+        return (None, value) if isinstance(value, bool) else (f"must be true or false, got {_shown(value)}", None)
+    if isinstance(value, bool) or isinstance(value, (dict, list)):
+        return f"must be {_TYPE_WORDS.get(kind, 'a string')}, got {_shown(value)}", None
+    if kind is int:
+        return _checked(value, metadata) if isinstance(value, int) else (f"must be an integer, got {_shown(value)}",
+                                                                           None)
+    if kind is float:
+        if not isinstance(value, (int, float)):
+            return f"must be a number, got {_shown(value)}", None
+        return _checked(float(value), metadata)
+    if not isinstance(value, str):
+        return f"must be a string, got {_shown(value)}", None
+    try:
+        return _checked(kind(value), metadata)
+    except (TypeError, ValueError) as e:
+        return f"is not a valid value: {printable(str(e))}", None
+
+
+_TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", Path: "a path (a string)"}
+
+
+def _checked(value, metadata) -> tuple[str | None, object]:
+    choices = metadata.get("choices")
+    items = value if isinstance(value, list) else [value]
+    if choices is not None:
+        wrong = next((item for item in items if item not in choices), None)
+        if wrong is not None:
+            return f"must be one of {', '.join(map(str, choices))}, got {_shown(wrong)}", None
+    problem = _outside_bounds(value, metadata["bounds"]) if "bounds" in metadata else None
+    return (problem, None) if problem else (None, value)
+
+
+def _shown(value) -> str:
+    """A value as the file spells it (`"16"` for a string, `[1, 2]`, `true`), on one line and cut short."""
+    text = printable(json.dumps(value, ensure_ascii=False, default=str))
+    return text if len(text) <= 60 else text[:57] + "..."

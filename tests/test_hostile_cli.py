@@ -1,9 +1,13 @@
-"""Hostile command lines against every tool's parser (runtime/cli.py, tests/hostile.py's property): any argv
-either parses into the tool's config or stops with one `error:` line -- never a traceback, never the usage dump,
-and a flag is never taken for another it abbreviates."""
+"""Hostile command lines and `--config` files against every tool's parser (runtime/cli.py, tests/hostile.py's
+property): any argv, and any TOML file, either parses into the tool's config or stops with one `error:` line --
+never a traceback, never the usage dump -- a flag is never taken for another it abbreviates, and a refused file
+is named in its line."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import tempfile
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -16,11 +20,13 @@ from bench.eval.scorecard import LeaderboardConfig
 from bench.eval.perplexity import PerplexityConfig
 from prune.config import PruneConfig
 from quantize.dynamic import QuantizeConfig
-from runtime.cli import flag, given_fields, parse_config
+from runtime.cli import ConfigFileError, flag, given_fields, parse_config
 from serve.config import ServeConfig
+from tests.config_toml import literal
 from tests.hostile import attempt, examples
 
 CLI = "command line"
+CONFIG_FILE = "config file"
 TOOLS = {"train.py": train.TrainConfig, "sample.py": sample.SampleConfig, "python -m serve": ServeConfig,
          "quantize/dynamic.py": QuantizeConfig, "bench/eval/perplexity.py": PerplexityConfig,
          "bench/leaderboard.py": LeaderboardConfig, "prune/iterative.py": PruneConfig,
@@ -68,3 +74,48 @@ def test_a_flag_cut_short_is_refused_never_taken_for_the_whole(prog):
         with pytest.raises(SystemExit) as exit_info:
             parse_config(TOOLS[prog], "A tool.", [short, "1"], prog=prog)
         assert exit_info.value.code.startswith(f"error: unknown flag {short}, did you mean --")
+
+
+# TOML values of every kind, in and out of every field's type and bounds: integers at 64-bit's ends, floats beyond
+# them, strings a choice may or may not hold, arrays (empty, mixed), tables and dates.
+TOML_VALUES = ("0", "-1", "1", "90", "9223372036854775807", "-9223372036854775808", "1e309", "nan", "-inf", "0.5",
+               "1.0", '""', '"--"', '"auto"', '"builtin"', '"none"', '"yes"', '"tiny"', '"fsdp"', "true", "false",
+               "[]", "[1, 2]", '["ddp", "tp"]', '[1, "a"]', "{a = 1}", "1979-05-27", "07:32:00", "'\\'")
+
+
+@st.composite
+def toml_lines(draw, cls) -> str:
+    """One line of a config file: a key (a field's, misspelt, with underscores, or any text) and a value (a TOML
+    literal, any typed value, or any text, which may not be TOML at all)."""
+    name = draw(st.sampled_from(flags_of(cls)))[2:]
+    key = draw(st.sampled_from((name, name, name.replace("-", "_"), name[:-1])) | st.text(max_size=10))
+    value = draw(st.sampled_from(TOML_VALUES)
+                 | st.one_of(st.integers(), st.floats(), st.booleans(), st.text(max_size=8)).map(literal)
+                 | st.text(max_size=8))
+    return f"{json.dumps(key)} = {value}"
+
+
+@pytest.mark.parametrize("prog", list(TOOLS))
+@examples(40)
+@given(data=st.data())
+def test_any_config_file_parses_or_is_one_error_line_naming_the_file(prog, data):
+    cls = TOOLS[prog]
+    text = "\n".join(data.draw(st.lists(toml_lines(cls), max_size=5))) + "\n"
+    flags = data.draw(st.lists(words(cls), max_size=2))
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "run.toml"
+        content = text.encode("utf-8", "surrogatepass")  # a drawn lone surrogate makes a file that is not UTF-8
+        path.write_bytes(content)
+        argv = ["--config", str(path), *flags]
+
+        def parse():
+            try:
+                parse_config(cls, "A tool.", argv, prog=prog)
+            except ConfigFileError as e:
+                assert str(path) in str(e), f"a refused config file is named in its line: {e}"
+                raise
+
+        attempt(CONFIG_FILE, parse)
+        if prog == "train.py":
+            attempt(CONFIG_FILE, lambda: given_fields(cls, argv))
+        assert path.read_bytes() == content  # read, never changed

@@ -1,0 +1,78 @@
+"""configs/: every shipped run file loads against its tool's parser (a key that is not a flag, a value of the wrong
+type or out of bounds fails here before a user meets it), and `make demo` runs the demo's files."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.eval.scorecard import LeaderboardConfig
+from prune.config import PruneConfig
+from quantize.dynamic import QuantizeConfig
+from runtime.cli import parse_config
+from serve.config import ServeConfig
+from tests.conftest import save_small_artifact
+from training.config import TrainConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = sorted((ROOT / "configs").rglob("*.toml"))
+# A file's tool is the first word of its name: configs/RUN/train-tp.toml is train.py's.
+TOOLS = {"train": TrainConfig, "prune": PruneConfig, "quantize": QuantizeConfig, "scorecard": LeaderboardConfig,
+         "serve": ServeConfig}
+
+
+def tool_of(path: Path):
+    return TOOLS[path.stem.split("-")[0]]
+
+
+def test_the_runs_the_docs_promise_are_shipped():
+    names = {str(path.relative_to(ROOT / "configs")) for path in CONFIGS}
+    assert {"demo/train.toml", "gpt2-wikitext103/train.toml", "gpt2-medium-wikitext103/train-fsdp.toml",
+            "gpt2-medium-wikitext103/train-tp.toml", "gpt2-medium-wikitext103/prune.toml",
+            "gpt2-medium-wikitext103/quantize.toml", "gpt2-medium-wikitext103/serve.toml"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda path: str(path.relative_to(ROOT)))
+def test_every_shipped_config_loads_against_its_tool(path):
+    assert path.stem.split("-")[0] in TOOLS, f"{path.name}: name it after its tool ({', '.join(TOOLS)})"
+    parse_config(tool_of(path), "A tool.", ["--config", str(path)])
+
+
+def test_the_gpt2_medium_runs_agree_on_the_global_batch():
+    """FSDP's per-rank micro-batch over 4 ranks is TP's one replica's: the two layouts train the same run."""
+    folder = ROOT / "configs/gpt2-medium-wikitext103"
+    fsdp, tp = (parse_config(TrainConfig, "train", ["--config", str(folder / name)])
+                for name in ("train-fsdp.toml", "train-tp.toml"))
+    assert (fsdp.parallel, tp.parallel) == ("fsdp", "tp")
+    assert fsdp.batch_size * 4 * fsdp.grad_accum == tp.batch_size * tp.grad_accum
+    different = {name for name in vars(fsdp) if getattr(fsdp, name) != getattr(tp, name)}
+    assert different == {"parallel", "batch_size", "out_dir"}
+
+
+def test_make_demo_runs_the_demo_configs():
+    makefile = (ROOT / "Makefile").read_text()
+    for path in (ROOT / "configs/demo").glob("*.toml"):
+        assert f"--config configs/demo/{path.name}" in makefile, f"make demo does not run {path.name}"
+
+
+def test_the_tensor_parallel_run_starts_under_torchrun_with_its_flags_overriding_the_file(tmp_path):
+    """configs/gpt2-medium-wikitext103/train-tp.toml at test size: two CPU ranks, a small model as the weights to
+    fine-tune and the built-in corpus in place of WikiText-103 (flags beside --config win).  The run records the
+    settings resolved from both."""
+    init = save_small_artifact(tmp_path / "init")
+    out = tmp_path / "run"
+    flags = ["--init-from", init, "--dataset", "builtin", "--max-steps", "2", "--grad-accum", "1", "--batch-size", "2",
+             "--block-size", "32", "--eval-interval", "2", "--eval-batches", "1", "--final-eval-batches", "1",
+             "--device", "cpu", "--no-curves", "--out-dir", str(out)]
+    job = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          "train.py", "--config", "configs/gpt2-medium-wikitext103/train-tp.toml", *flags],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert job.returncode == 0, job.stderr[-3000:]
+    state = json.loads((out / "training_state" / "state.json").read_text())
+    recorded = state["train_config"]
+    assert (state["step"], recorded["parallel"], recorded["lr"], recorded["warmup_steps"]) == (2, "tp", 3e-5, 100)
+    assert (recorded["dataset"], recorded["grad_accum"], recorded["batch_size"]) == ("builtin", 1, 2)
