@@ -35,7 +35,8 @@ EXTENSIONS = (".txt", ".raw", ".text", ".jsonl", ".parquet", ".md", ".txt.gz", "
 # What a file of each extension holds when it is what it says (compressed as its name says): text for the others.
 FITTING = {".jsonl": ("jsonl",), ".parquet": ("parquet", "parquet dictionary", "parquet string_view")}
 FITTING_TEXT = ("utf-8", "utf-8, no final newline", "one line", "empty")
-HOSTILE = ("latin-1", "utf-16 with BOM", "random bytes", "jsonl with a lone surrogate", "parquet damaged",
+HOSTILE = ("latin-1", "utf-16 with BOM", "random bytes", "jsonl with a lone surrogate", "jsonl nested deeply",
+           "parquet damaged",
            "dangling link", "looping link", "link out of the folder", "fifo", "folder", "compressed, cut short",
            "not compressed", "link to a folder", "hidden")
 COMPRESS = {"gzip": gzip.compress, "bzip2": bz2.compress, "xz": lzma.compress,
@@ -107,6 +108,8 @@ def content_bytes(kind: str, text: str, noise: bytes) -> bytes:
         lines = [json.dumps({"text": line}) for line in text.splitlines(keepends=True)]
         if kind.endswith("surrogate"):
             lines.insert(len(lines) // 2, '{"text": "bad \\ud800 x"}')
+        elif kind.endswith("deeply"):  # deeper than the JSON parser's recursion allows: a RecursionError
+            lines.insert(len(lines) // 2, '{"text": ' + "[" * 100_000 + "]" * 100_000 + "}")
         return "\n".join(lines).encode()
     if kind in ("compressed, cut short", "not compressed"):  # a compressed name is compressed in `write_entry`
         return text.encode()
@@ -286,6 +289,12 @@ def test_a_same_length_edit_anywhere_gives_a_new_key(tmp_path):
 def test_a_lone_surrogate_is_one_error_naming_file_and_line(tmp_path):
     (tmp_path / "train.jsonl").write_text('{"text": "fine"}\n{"text": "bad \\ud800 x"}\n')
     with pytest.raises(DatasetError, match=r"train.jsonl line 2: its \"text\" holds a lone surrogate \(\\ud800\)"):
+        prepare(tmp_path / "train.jsonl")
+
+
+def test_a_json_line_nested_past_the_parser_s_depth_is_one_error_naming_file_and_line(tmp_path):
+    (tmp_path / "train.jsonl").write_text('{"text": "fine"}\n{"text": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    with pytest.raises(DatasetError, match=r"train.jsonl line 2 is not a JSON object \(maximum recursion depth"):
         prepare(tmp_path / "train.jsonl")
 
 
