@@ -50,23 +50,37 @@ class Target:
     only: tuple[str, ...] = ()  # function or class names; empty: the whole module
 
 
-HTTP_TESTS = ("tests/test_serve_schemas.py", "tests/test_hostile_http.py", "tests/test_serve_api.py")
+# Each module's tests: those that exercise it, fastest first (a killed mutant stops at the first failure), then its
+# surface's hostile suite.  Whole slow files (tests/test_folder.py's trainings) come last or not at all.
+SCHEMA_TESTS = ("tests/test_serve_schemas.py", "tests/test_serve_api.py::test_bad_fields_are_named",
+                "tests/test_hostile_http.py")
+SERVE_TESTS = ("tests/test_serve_api.py", "tests/test_hostile_http.py")
 DATA_TESTS = ("tests/test_hostile_data.py", "tests/test_data.py")
-ARTIFACT_TESTS = ("tests/test_storage.py", "tests/test_hostile_artifacts.py", "tests/test_folder.py")
+TOKEN_FILE_TESTS = ("tests/test_data.py::test_damaged_token_file_is_reported",
+                    "tests/test_hostile_data.py::test_damaged_token_files_name_the_damage",
+                    "tests/test_hostile_data.py::test_any_damaged_token_file_is_one_error_line")
+CLAIM_TESTS = ("tests/test_storage.py", "tests/test_hostile_data.py::test_an_out_dir_inside_the_dataset_is_refused"
+               "_before_anything_is_written", "tests/test_train.py::test_a_refused_start_leaves_no_new_out_dir",
+               "tests/test_hostile_artifacts.py::test_an_output_folder_that_is_the_source_under_any_name_is_refused",
+               "tests/test_hostile_artifacts.py::test_a_hard_linked_copy_of_the_source_may_be_overwritten_without_"
+               "touching_the_source",
+               "tests/test_folder.py::test_a_tool_refuses_another_tools_artifact_unless_told_to_overwrite")
 CLI_TESTS = ("tests/test_cli.py", "tests/test_hostile_cli.py")
+# In the order a whole run takes them: the quickest to mutate first, so a run cut short has finished the most.
 MODULES = {
-    "runtime/cli.py": Target(CLI_TESTS),
-    "prune/config.py": Target(("tests/test_prune.py::test_bad_input_gets_a_clear_error", *CLI_TESTS)),
+    "data/shards.py": Target(TOKEN_FILE_TESTS, only=("read_tokens",)),
     "quantize/dynamic.py": Target(("tests/test_quantize.py::test_bad_input_gets_a_clear_error", *CLI_TESTS),
                                   only=("QuantizeConfig",)),
-    "serve/prompts.py": Target(HTTP_TESTS),
-    "serve/errors.py": Target(HTTP_TESTS),
-    "serve/schemas.py": Target(HTTP_TESTS),
+    "prune/config.py": Target(("tests/test_prune.py::test_bad_input_gets_a_clear_error", *CLI_TESTS)),
+    "storage/claim.py": Target(CLAIM_TESTS),
+    "serve/schemas.py": Target(SCHEMA_TESTS),
+    "serve/prompts.py": Target(("tests/test_serve_api.py::test_token_id_prompts_work_as_the_text_they_encode",
+                                *SERVE_TESTS)),
+    "serve/errors.py": Target(("tests/test_serve_api.py::test_bad_fields_are_named", *SERVE_TESTS)),
+    "runtime/cli.py": Target(CLI_TESTS),
     "data/documents.py": Target(DATA_TESTS),
     "data/local_files.py": Target(DATA_TESTS),
-    "data/shards.py": Target(DATA_TESTS, only=("read_tokens",)),
-    "storage/claim.py": Target(ARTIFACT_TESTS),
-    "storage/folder.py": Target(ARTIFACT_TESTS),
+    "storage/folder.py": Target(("tests/test_storage.py", "tests/test_folder.py")),
 }
 
 
