@@ -61,6 +61,14 @@ test-orders: setup
 	$(PY) -m compileall -q -j 0 $(SOURCES) > /dev/null
 	$(PY) -m tests.random_orders --seeds $(SEEDS)
 
+# Mutation testing of the modules that guard input and files (tests/mutation.py, Cosmic Ray): each module's checks
+# broken one at a time, its tests run against each; writes bench/results/mutation.json.  Long (an hour or more on
+# 2 cores): MUTATE_FLAGS="--changed" mutates only the modules changed against main, "--modules runtime/cli.py" some.
+MUTATE_FLAGS ?=
+mutate: setup
+	$(PY) -m pip install --quiet -r requirements-mutate.txt
+	$(PY) -m tests.mutation $(MUTATE_FLAGS)
+
 # The hostile-input suite's long run: tests/test_hostile_*.py with fresh random examples, round after round, for
 # FUZZ_MINUTES; writes bench/results/fuzz.json (inputs tried per surface, outcomes, tracebacks, changed sources).
 FUZZ_MINUTES ?= 20

@@ -68,6 +68,9 @@ def restore_process_state(before: dict) -> list[str]:
     """Put back whatever differs from `before`; the names of what did."""
     after = process_state()
     changed = [name for name in before if after[name] != before[name]]
+    said = [name if name != "environment" else "environment: " + ", ".join(sorted(
+        key for key in before[name].keys() | after[name].keys() if before[name].get(key) != after[name].get(key)))
+        for name in changed]
     for name in changed:
         value = before[name]
         if name == "torch threads":
@@ -84,7 +87,7 @@ def restore_process_state(before: dict) -> list[str]:
             os.environ.update(value)
         elif value is not None:  # None: a handler installed outside Python, which cannot be put back from it
             signal.signal(signal.Signals[name.removesuffix(" handler")], value)
-    return changed
+    return said
 
 
 @pytest.fixture(autouse=True)

@@ -35,7 +35,8 @@ EXTENSIONS = (".txt", ".raw", ".text", ".jsonl", ".parquet", ".md", ".txt.gz", "
 # What a file of each extension holds when it is what it says (compressed as its name says): text for the others.
 FITTING = {".jsonl": ("jsonl",), ".parquet": ("parquet", "parquet dictionary", "parquet string_view")}
 FITTING_TEXT = ("utf-8", "utf-8, no final newline", "one line", "empty")
-HOSTILE = ("latin-1", "utf-16 with BOM", "random bytes", "jsonl with a lone surrogate", "parquet damaged",
+HOSTILE = ("latin-1", "utf-16 with BOM", "random bytes", "jsonl with a lone surrogate", "jsonl nested deeply",
+           "parquet damaged",
            "dangling link", "looping link", "link out of the folder", "fifo", "folder", "compressed, cut short",
            "not compressed", "link to a folder", "hidden")
 COMPRESS = {"gzip": gzip.compress, "bzip2": bz2.compress, "xz": lzma.compress,
@@ -107,6 +108,8 @@ def content_bytes(kind: str, text: str, noise: bytes) -> bytes:
         lines = [json.dumps({"text": line}) for line in text.splitlines(keepends=True)]
         if kind.endswith("surrogate"):
             lines.insert(len(lines) // 2, '{"text": "bad \\ud800 x"}')
+        elif kind.endswith("deeply"):  # deeper than the JSON parser's recursion allows: a RecursionError
+            lines.insert(len(lines) // 2, '{"text": ' + "[" * 100_000 + "]" * 100_000 + "}")
         return "\n".join(lines).encode()
     if kind in ("compressed, cut short", "not compressed"):  # a compressed name is compressed in `write_entry`
         return text.encode()
@@ -286,6 +289,12 @@ def test_a_same_length_edit_anywhere_gives_a_new_key(tmp_path):
 def test_a_lone_surrogate_is_one_error_naming_file_and_line(tmp_path):
     (tmp_path / "train.jsonl").write_text('{"text": "fine"}\n{"text": "bad \\ud800 x"}\n')
     with pytest.raises(DatasetError, match=r"train.jsonl line 2: its \"text\" holds a lone surrogate \(\\ud800\)"):
+        prepare(tmp_path / "train.jsonl")
+
+
+def test_a_json_line_nested_past_the_parser_s_depth_is_one_error_naming_file_and_line(tmp_path):
+    (tmp_path / "train.jsonl").write_text('{"text": "fine"}\n{"text": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    with pytest.raises(DatasetError, match=r"train.jsonl line 2 is not a JSON object \(maximum recursion depth"):
         prepare(tmp_path / "train.jsonl")
 
 
@@ -487,3 +496,49 @@ def test_an_out_dir_inside_the_dataset_is_refused_before_anything_is_written(tmp
     assert message.startswith(f"error: the output folder {tmp_path / out_dir} {relation} the dataset folder "
                               f"{folder}: what the run writes (metrics.jsonl, checkpoints) would be read as "
                               f"training text; give --out-dir a folder outside it")
+
+
+def test_every_kind_of_file_that_cannot_be_used_is_named_with_its_reason(tmp_path, capsys, monkeypatch):
+    folder, elsewhere = tmp_path / "corpus", tmp_path / "elsewhere"
+    (folder / ".cache" / "deep").mkdir(parents=True)
+    elsewhere.mkdir()
+    (folder / "train.txt").write_text(SENTENCE.format(i=0) * 50)
+    (folder / ".cache" / "deep" / "table.csv").write_text("hidden, with all it holds\n")
+    (folder / "table.csv.gz").write_bytes(gzip.compress(b"a,b\n"))
+    (folder / "archive.gz").write_bytes(gzip.compress(b"text\n"))
+    (folder / "gone.txt").symlink_to(folder / "missing.txt")
+    (folder / "linked").symlink_to(elsewhere)
+    os.mkfifo(folder / "pipe.txt")
+    (folder / "unpacked.txt").mkdir()  # an archive unpacked under its own name: its files are read
+    (folder / "unpacked.txt" / "inside.txt").write_text(SENTENCE.format(i=1) * 50)
+    with pytest.raises(DatasetError) as refused:
+        load_split(str(folder), "train")
+    assert f"{folder} holds 6 files that cannot be read as text: archive.gz has no extension inside .gz to say its " \
+           f"format; gone.txt is a symbolic link to {folder / 'missing.txt'}, which does not exist; linked is a link " \
+           f"to a folder, which is not followed; pipe.txt is not a file but a named pipe (FIFO); table.csv.gz is " \
+           f".csv inside .gz, not a format read here; unpacked.txt is not a file but a folder (its files are " \
+           f"listed). Read are .txt/.raw/.text, .jsonl or .parquet, each also compressed (.gz, .bz2, .xz, .zst): " \
+           f"convert, rename or remove them, or pass --skip-unreadable (train.py) to go on without them" == \
+        str(refused.value)
+    for name in ("archive.gz", "gone.txt", "linked", "pipe.txt", "table.csv.gz"):
+        (folder / name).unlink()
+    with pytest.raises(DatasetError, match=r"holds 1 file that cannot be read as text: unpacked.txt is not a file "
+                                           r"but a folder \(its files are listed\)\. .* remove it, or pass "
+                                           r"--skip-unreadable \(train.py\) to go on without it$"):
+        load_split(str(folder), "train")
+    monkeypatch.setenv("RANK", "1")  # a distributed run's other ranks say nothing: rank 0 speaks for them
+    capsys.readouterr()
+    with skipping_unreadable():
+        assert len(load_split(str(folder), "train")) > 0
+    assert "left out" not in capsys.readouterr().err
+
+
+def test_past_ten_files_that_cannot_be_used_the_rest_are_counted(tmp_path):
+    (tmp_path / "train.txt").write_text(SENTENCE.format(i=0) * 50)
+    for i in range(12):
+        (tmp_path / f"part-{i:02d}.csv").write_text("a,b\n")
+    with pytest.raises(DatasetError) as refused:
+        load_split(str(tmp_path), "train")
+    message = str(refused.value)
+    assert "holds 12 files" in message and "part-09.csv is .csv" in message and "part-10.csv" not in message
+    assert "part-09.csv is .csv, not a format read here; and 2 more. Read are" in message

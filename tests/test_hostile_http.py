@@ -197,3 +197,36 @@ def test_token_endpoints_answer_in_vllms_shapes(served_schema):
     assert back.json() == {"prompt": text}
     empty = served_schema["/tokenize"]["POST"].Case(body={"prompt": ""}, media_type="application/json")
     assert empty.call_and_validate(checks=CHECKS).json() == {"count": 0, "max_model_len": BLOCK_SIZE, "tokens": []}
+
+
+# Integers past 64 bits reach torch's generator and tensors as C integers: each integer field of each body either
+# bounds them (a 422 naming the field) or the route refuses them; a 500 ("Overflow when unpacking long long") is the
+# defect issue 54 planted by removing seed's upper bound, which the drawn cases above did not find.
+SMALLEST_BODIES = {"/generate": {"prompt": "Hello", "max_new_tokens": 2},
+                   "/v1/completions": {"model": MODEL_ID, "prompt": "Hello", "max_tokens": 2}}
+HUGE_INTEGERS = (2**63, 2**64, -(2**63) - 1)
+
+
+def integer_fields(schema, path: str) -> list[str]:
+    """The body's fields the route's OpenAPI schema types as integers (alone or in a union)."""
+    raw = schema.raw_schema
+    body = raw["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    body = raw["components"]["schemas"][body["$ref"].rsplit("/", 1)[-1]] if "$ref" in body else body
+
+    def types(field: dict) -> set[str]:
+        return {field.get("type")} | {t for option in field.get("anyOf", []) for t in types(option)}
+    return sorted(name for name, field in body["properties"].items() if "integer" in types(field))
+
+
+@pytest.mark.parametrize("path", SMALLEST_BODIES)
+def test_integers_past_64_bits_in_any_field_are_refused_never_a_server_error(served_schema, server_errors, path):
+    fields = integer_fields(served_schema, path)
+    assert "seed" in fields
+    for name in fields:
+        for value in HUGE_INTEGERS:
+            response = served_schema[path]["POST"].Case(body={**SMALLEST_BODIES[path], name: value},
+                                                         media_type="application/json").call_and_validate(
+                checks=CHECKS)
+            assert 400 <= response.status_code < 500, (name, value, response.status_code, response.text[:300])
+            check_error_body(response)
+            assert not server_errors.records, [r.getMessage() for r in server_errors.records]

@@ -1,0 +1,366 @@
+"""Mutation testing of the modules that guard input and files (`make mutate`): does the suite notice when a guard
+is broken?  Cosmic Ray (requirements-mutate.txt) changes one thing at a time in a module -- a number, a comparison,
+an operator, an exception caught, a decorator -- and runs the module's tests against each change (a "mutant"); a
+mutant the tests still pass on "survived", which names a check no test holds.
+
+    python -m tests.mutation                           # every module below; writes bench/results/mutation.json
+    python -m tests.mutation --modules runtime/cli.py  # some of them
+    python -m tests.mutation --changed                 # those changed against main (the habit before a stop)
+
+Each module is mutated in a scratch copy of the working tree (Cosmic Ray edits the file it mutates), and its tests
+-- its surface's hostile suite and its own, listed in MODULES, fastest first -- run with `-x`, so a killed mutant
+costs only the tests up to the first failure.  Counted per module: mutants, killed, timed out (also detected: a
+mutant that hangs a guard), survived, and those left out with the reason (outside the checks asked for, or a type
+annotation's union, which only a type checker reads).  A survivor that cannot change behaviour is listed in
+tests/mutation_equivalents.json with its reason and counted as equivalent, not survived.  The score is detected /
+(mutants - equivalent).  PLANTED holds defects planted by hand (issue 54's round), each run against its module's
+tests and reported killed or not.  Results go under a label (`--label before`, `--label after`), so a file keeps
+the figures before and after new tests; a run that stops keeps the modules it finished.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from bench.processes import ROOT
+from bench.record import RESULTS_DIR
+from bench.typed_json import to_json
+from runtime.cli import check_options, entry_point, option, parse_config
+from runtime.errors import UserError
+from runtime.timing import environment
+
+EQUIVALENTS_FILE = ROOT / "tests" / "mutation_equivalents.json"
+PYTEST = ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A module to mutate: its tests (files or node ids, fastest first) and, where only part of it is the guard,
+    the definitions whose lines are mutated."""
+    tests: tuple[str, ...]
+    only: tuple[str, ...] = ()  # function or class names; empty: the whole module
+
+
+# Each module's tests: those that exercise it, fastest first (a killed mutant stops at the first failure), then its
+# surface's hostile suite.  Whole slow files (tests/test_folder.py's trainings) come last or not at all.
+SCHEMA_TESTS = ("tests/test_serve_schemas.py", "tests/test_serve_api.py::test_bad_fields_are_named",
+                "tests/test_hostile_http.py")
+SERVE_TESTS = ("tests/test_serve_api.py", "tests/test_hostile_http.py")
+DATA_TESTS = ("tests/test_hostile_data.py", "tests/test_data.py")
+TOKEN_FILE_TESTS = ("tests/test_data.py::test_damaged_token_file_is_reported",
+                    "tests/test_hostile_data.py::test_damaged_token_files_name_the_damage",
+                    "tests/test_hostile_data.py::test_any_damaged_token_file_is_one_error_line")
+CLAIM_TESTS = ("tests/test_storage.py", "tests/test_hostile_data.py::test_an_out_dir_inside_the_dataset_is_refused"
+               "_before_anything_is_written", "tests/test_train.py::test_a_refused_start_leaves_no_new_out_dir",
+               "tests/test_hostile_artifacts.py::test_an_output_folder_that_is_the_source_under_any_name_is_refused",
+               "tests/test_hostile_artifacts.py::test_a_hard_linked_copy_of_the_source_may_be_overwritten_without_"
+               "touching_the_source",
+               "tests/test_folder.py::test_a_tool_refuses_another_tools_artifact_unless_told_to_overwrite")
+CLI_TESTS = ("tests/test_cli.py", "tests/test_hostile_cli.py")
+# In the order a whole run takes them: the quickest to mutate first, so a run cut short has finished the most.
+MODULES = {
+    "data/shards.py": Target(TOKEN_FILE_TESTS, only=("read_tokens",)),
+    "quantize/dynamic.py": Target(("tests/test_quantize.py::test_bad_input_gets_a_clear_error", *CLI_TESTS),
+                                  only=("QuantizeConfig",)),
+    "prune/config.py": Target(("tests/test_prune.py::test_bad_input_gets_a_clear_error", *CLI_TESTS)),
+    "storage/claim.py": Target(CLAIM_TESTS),
+    "serve/schemas.py": Target(SCHEMA_TESTS),
+    "serve/prompts.py": Target(("tests/test_serve_api.py::test_token_id_prompts_work_as_the_text_they_encode",
+                                *SERVE_TESTS)),
+    "serve/errors.py": Target(("tests/test_serve_api.py::test_bad_fields_are_named", *SERVE_TESTS)),
+    "runtime/cli.py": Target(CLI_TESTS),
+    "data/documents.py": Target(DATA_TESTS),
+    "data/local_files.py": Target(DATA_TESTS),
+    "storage/folder.py": Target(("tests/test_storage.py", "tests/test_folder.py")),
+}
+
+
+@dataclass(frozen=True)
+class Planted:
+    """A defect planted by hand: `old` replaced by `new` (everywhere) in `module`."""
+    name: str
+    module: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+PLANTED = (
+    Planted("a deeply nested JSON line's RecursionError is no longer an error line", "data/local_files.py",
+            "except (ValueError, RecursionError) as e:", "except ValueError as e:", ("tests/test_hostile_data.py",)),
+    Planted("the upper bound on seed is gone", "serve/schemas.py", "seed: int | None = Field(None, ge=0, le=MAX_SEED)",
+            "seed: int | None = Field(None, ge=0)", ("tests/test_hostile_http.py",)),
+)
+
+
+@dataclass
+class MutationConfig:
+    modules: list[str] = option(list(MODULES), f"modules to mutate, of: {', '.join(MODULES)}")
+    changed: bool = option(False, "only the modules changed against --base (committed or not)")
+    base: str = option("main", "the branch --changed compares with")
+    label: str = option("latest", "the name this run's figures are kept under in mutation.json (before, after)")
+    planted: bool = option(True, "also run the defects planted by hand (PLANTED)")
+    timeout_factor: float = option(4.0, "a mutant's tests time out at this many times their unmutated duration "
+                                        "(plus 30 s)", above=1)
+    results_dir: Path = option(RESULTS_DIR, "where mutation.json goes")
+
+    def __post_init__(self):
+        check_options(self, UserError)
+        unknown = [m for m in self.modules if m not in MODULES]
+        if unknown:
+            raise UserError(f"--modules {' '.join(unknown)}: not a module this tool mutates; choose from "
+                            f"{', '.join(MODULES)}")
+
+
+@dataclass
+class Mutant:
+    line: int
+    operator: str
+    code: str  # the line as it was
+    reason: str = ""  # why it is equivalent or left out
+
+
+@dataclass
+class ModuleResult:
+    module: str
+    tests: list[str]
+    mutants: int  # mutated and run
+    killed: int
+    timed_out: int
+    survived: int
+    equivalent: list[Mutant]
+    score: float  # (killed + timed out) / (mutants - equivalent)
+    survivors: list[Mutant]
+    left_out: dict[str, int] = field(default_factory=dict)  # reason -> mutants not run
+    baseline_s: float = 0.0  # the tests' time on the unmutated module
+    wall_s: float = 0.0
+
+
+@dataclass
+class PlantedResult:
+    name: str
+    module: str
+    killed: bool
+    by: str  # the first failing test, or what the run said
+
+
+def changed_modules(base: str) -> list[str]:
+    """The modules of MODULES that differ from `base` (committed on this branch, or not yet)."""
+    names = subprocess.run(["git", "diff", "--name-only", base], cwd=ROOT, capture_output=True, text=True)
+    if names.returncode != 0:
+        raise UserError(f"--changed: git cannot compare with {base!r} ({names.stderr.strip()}); give --base")
+    changed = set(names.stdout.split())
+    return [m for m in MODULES if m in changed]
+
+
+def scratch_copy(where: Path) -> Path:
+    """The working tree (tracked and untracked files git does not ignore) copied to `where`, with the tokenizer."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():
+            (where / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, where / name)
+    assets = ROOT / "data" / "assets"
+    if assets.exists():
+        (where / "data" / "assets").symlink_to(assets.resolve())
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(where)], capture_output=True)  # once, not per test
+    return where
+
+
+def test_command(copy: Path, tests: tuple[str, ...]) -> list[str]:
+    return ["env", f"PYTHONPATH={copy}", sys.executable, *PYTEST, *tests]
+
+
+def definition_lines(path: Path, names: tuple[str, ...]) -> set[int]:
+    tree = ast.parse(path.read_text())
+    return {line for node in ast.walk(tree) if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in names
+            for line in range(node.lineno, node.end_lineno + 1)}
+
+
+def annotation_lines(path: Path) -> set[int]:
+    """Lines holding a type annotation, or a type alias's union at module level (`X = A | B`)."""
+    tree, lines = ast.parse(path.read_text()), set()
+    for node in ast.walk(tree):
+        annotations = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            annotations = [a.annotation for a in (*node.args.args, *node.args.kwonlyargs, *node.args.posonlyargs,
+                                                  node.args.vararg, node.args.kwarg) if a and a.annotation]
+            annotations += [node.returns] if node.returns else []
+        elif isinstance(node, ast.AnnAssign):
+            annotations = [node.annotation]
+        for annotation in annotations:
+            lines.update(range(annotation.lineno, annotation.end_lineno + 1))
+    for node in tree.body:  # Name = Annotated[...] | ...: a type written as a value
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.BinOp) and isinstance(node.value.op, ast.BitOr) \
+                and any(isinstance(n, ast.Subscript) for n in ast.walk(node.value)):
+            lines.update(range(node.lineno, node.end_lineno + 1))
+    return lines
+
+
+def equivalents() -> list[dict]:
+    return json.loads(EQUIVALENTS_FILE.read_text())["equivalent"] if EQUIVALENTS_FILE.exists() else []
+
+
+def is_equivalent(module: str, mutant: Mutant, listed: list[dict]) -> str:
+    """The reason `mutant` is listed as equivalent, or ""."""
+    return next((e["reason"] for e in listed if e["module"] == module and e["operator"] == mutant.operator
+                 and e["code"] == mutant.code), "")
+
+
+def cosmic_ray(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "cosmic_ray.cli", *args], cwd=cwd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise UserError(f"cosmic-ray {args[0]} failed: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+    return done
+
+
+def baseline(copy: Path, tests: tuple[str, ...]) -> float:
+    started = time.perf_counter()
+    run = subprocess.run(test_command(copy, tests), cwd=copy, capture_output=True, text=True)
+    if run.returncode != 0:
+        last = run.stdout.strip().splitlines()[-1:] if run.stdout.strip() else run.stderr.strip().splitlines()[-1:]
+        raise UserError(f"the tests {' '.join(tests)} fail on the unmutated code ({last}); fix them first")
+    return time.perf_counter() - started
+
+
+def mutate_module(module: str, target: Target, copy: Path, work: Path, cfg: MutationConfig) -> ModuleResult:
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
+    started = time.perf_counter()
+    target = Target(tuple(t for t in target.tests if (copy / t.split("::")[0]).exists()), target.only)
+    took = baseline(copy, target.tests)
+    print(f"{module}: its tests take {took:.0f} s unmutated", flush=True)
+    config, db = work / f"{module.replace('/', '_')}.toml", work / f"{module.replace('/', '_')}.sqlite"
+    config.write_text(f'[cosmic-ray]\nmodule-path = "{module}"\ntimeout = {took * cfg.timeout_factor + 30:.0f}\n'
+                      f'excluded-modules = []\ntest-command = "{" ".join(test_command(copy, target.tests))}"\n'
+                      f'[cosmic-ray.distributor]\nname = "local"\n')
+    db.unlink(missing_ok=True)
+    cosmic_ray("init", str(config), str(db), cwd=copy)
+    source = (copy / module).read_text().splitlines()
+    wanted = definition_lines(copy / module, target.only) if target.only else None
+    typed = annotation_lines(copy / module)
+    left_out: dict[str, int] = {}
+    with use_db(str(db), WorkDB.Mode.open) as work_db:
+        for item in list(work_db.pending_work_items):
+            spec = item.mutations[0]
+            line = spec.start_pos[0]
+            if wanted is not None and line not in wanted:
+                reason = f"outside {', '.join(target.only)}"
+            elif line in typed and spec.operator_name.startswith("core/ReplaceBinaryOperator_BitOr"):
+                reason = "a type annotation's union (read by type checkers, not run)"
+            else:
+                continue
+            left_out[reason] = left_out.get(reason, 0) + 1
+            work_db.set_result(item.job_id, WorkResult(worker_outcome=WorkerOutcome.SKIPPED, output=reason))
+        pending = len(list(work_db.pending_work_items))
+    print(f"{module}: {pending} mutants to run ({sum(left_out.values())} left out)", flush=True)
+    cosmic_ray("exec", str(config), str(db), cwd=copy)
+    listed, killed, timed_out, equivalent, survivors = equivalents(), 0, 0, [], []
+    with use_db(str(db), WorkDB.Mode.open) as work_db:
+        for item, result in work_db.completed_work_items:
+            if result.worker_outcome == WorkerOutcome.SKIPPED:
+                continue
+            spec = item.mutations[0]
+            mutant = Mutant(spec.start_pos[0], spec.operator_name.removeprefix("core/"),
+                            source[spec.start_pos[0] - 1].strip())
+            if result.test_outcome == TestOutcome.SURVIVED:
+                if reason := is_equivalent(module, mutant, listed):
+                    equivalent.append(Mutant(**{**mutant.__dict__, "reason": reason}))
+                else:
+                    survivors.append(mutant)
+            elif result.output == "timeout":
+                timed_out += 1
+            else:
+                killed += 1
+    mutants = killed + timed_out + len(equivalent) + len(survivors)
+    score = (killed + timed_out) / max(1, mutants - len(equivalent))
+    print(f"{module}: {mutants} mutants, {killed} killed, {timed_out} timed out, {len(survivors)} survived, "
+          f"{len(equivalent)} equivalent: {score:.0%}", flush=True)
+    return ModuleResult(module, list(target.tests), mutants, killed, timed_out, len(survivors), equivalent,
+                        round(score, 3), sorted(survivors, key=lambda m: m.line), left_out, round(took, 1),
+                        round(time.perf_counter() - started, 1))
+
+
+def run_planted(planted: Planted, copy: Path) -> PlantedResult:
+    path = copy / planted.module
+    original = path.read_text()
+    if planted.old not in original:
+        raise UserError(f"the planted defect {planted.name!r} no longer applies: {planted.module} no longer holds "
+                        f"{planted.old!r}; update PLANTED")
+    path.write_text(original.replace(planted.old, planted.new))
+    try:
+        run = subprocess.run(test_command(copy, planted.tests), cwd=copy, capture_output=True, text=True)
+    finally:
+        path.write_text(original)
+    failed = [line for line in run.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    result = PlantedResult(planted.name, planted.module, run.returncode != 0,
+                           failed[0][:300] if failed else run.stdout.strip().splitlines()[-1][:300])
+    print(f"planted: {planted.name}: {'killed' if result.killed else 'SURVIVED'} ({result.by})", flush=True)
+    return result
+
+
+def save(cfg: MutationConfig, modules: dict[str, ModuleResult], planted: list[PlantedResult]) -> None:
+    """mutation.json with this run under its label; the other labels' figures kept."""
+    path = cfg.results_dir / "mutation.json"
+    kept = json.loads(path.read_text()) if path.exists() else {}
+    runs = kept.get("runs", {})
+    previous = runs.get(cfg.label, {})
+    runs[cfg.label] = {
+        "modules": {**previous.get("modules", {}), **{m: to_json(r) for m, r in modules.items()}},
+        "planted": [to_json(p) for p in planted] or previous.get("planted", []),
+        "environment": to_json(environment(torch.device("cpu"))),
+    }
+    report = {"tool": "cosmic-ray 8.7.0", "command": "make mutate (python -m tests.mutation)",
+              "score": "(killed + timed out) / (mutants - equivalent)", "runs": runs}
+    cfg.results_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.replace(path)
+
+
+@entry_point
+def main(argv=None) -> None:
+    cfg = parse_config(MutationConfig, __doc__, argv)
+    try:
+        import cosmic_ray  # noqa: F401
+    except ImportError:
+        raise UserError("Cosmic Ray is not installed: pip install -r requirements-mutate.txt (make mutate does)")
+    modules = changed_modules(cfg.base) if cfg.changed else cfg.modules
+    if cfg.changed:
+        print(f"changed against {cfg.base}: {', '.join(modules) or 'none of the mutated modules'}", flush=True)
+    results: dict[str, ModuleResult] = {}
+    planted: list[PlantedResult] = []
+    with tempfile.TemporaryDirectory(prefix="mutation-") as tmp:
+        copy, work = scratch_copy(Path(tmp) / "tree"), Path(tmp)
+        if cfg.planted:
+            planted = [run_planted(p, copy) for p in PLANTED if not cfg.changed or p.module in modules]
+            save(cfg, results, planted)
+        for module in modules:
+            try:
+                results[module] = mutate_module(module, MODULES[module], copy, work, cfg)
+            except UserError as e:  # the module's tests fail unmutated: the other modules still run
+                print(f"{module}: not mutated: {e}", flush=True)
+                continue
+            save(cfg, results, planted)  # a stopped run keeps the modules it finished
+    low = [f"{m} {r.score:.0%}" for m, r in results.items() if r.score < 0.85]
+    missed = [p.name for p in planted if not p.killed]
+    print(f"wrote {cfg.results_dir / 'mutation.json'}")
+    if low or missed:
+        sys.exit("error: " + "; ".join(filter(None, [f"below 85% detected: {', '.join(low)}" if low else "",
+                                                     f"planted defects not caught: {', '.join(missed)}" if missed
+                                                     else ""])))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""serve/schemas.py's request bodies at their bounds, without a server: the documented range of each field, written
+here from the API's contract (OpenAI's completions reference, and /generate's own), so a bound changed in the schema
+-- a limit moved by one, a `le=` dropped -- fails here in well under a second, before the HTTP suites run."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from pydantic import ValidationError
+
+from serve.schemas import CompletionRequest, GenerateRequest
+
+MAX_SEED = 2**63 - 1  # torch's generator takes a signed 64-bit seed
+GENERATE = {"prompt": "Hello"}
+COMPLETION = {"model": "tiny", "prompt": "Hello"}
+
+# (field, accepted values, refused values): each range's ends, and the first value past each.
+GENERATE_BOUNDS = [
+    ("prompt", ["a"], ["", 5, None]),
+    ("max_new_tokens", [1, 4096], [0, -1, 1.0, "5", True]),
+    ("temperature", [0, 0.0, 1e-5, 10, 10.0], [-1e-9, 10.000001, math.nan, math.inf, "1"]),
+    ("top_k", [None, 1, 50257], [0, -1, 1.5]),
+    ("top_p", [None, 1e-9, 0.5, 1, 1.0], [0, 0.0, 1.000001, -0.1, math.nan]),
+    ("seed", [None, 0, 1, MAX_SEED], [-1, MAX_SEED + 1, 2**64, 1.0, "1"]),
+    ("stop", ["x", "x" * 100, [], ["a", "b", "c", "d"]], ["", "x" * 101, ["a", "b", "c", "d", "e"], [""], 5]),
+    ("stream", [True, False], [1, "true"]),
+    ("ignore_eos", [True, False], [0]),
+    ("logprobs", [None, 0, 5], [-1, 6, 2.0]),
+]
+COMPLETION_BOUNDS = [
+    ("prompt", ["a", ["a", "b"], [1, 2], [[1], [2, 3]]], ["", [], [""], [[]], [[1], []], 5, [1.5], [True]]),
+    ("best_of", [None, 1], [0, -1]),
+    ("logprobs", [None, 0, 5], [-1, 6]),
+    ("max_tokens", [1, 16, 10**6], [-1, 1.5]),
+    ("n", [1, 3], [0, -1]),
+    ("seed", [None, 0, MAX_SEED], [-1, MAX_SEED + 1, 2**64]),
+    ("stop", [None, "x", ["a", "b", "c", "d"]], ["", ["a", "b", "c", "d", "e"], "x" * 101]),
+    ("temperature", [0, 2, 2.0], [-0.1, 2.000001, math.inf]),
+    ("top_p", [1e-9, 1], [0, 1.000001]),
+    ("echo", [True, False], ["yes"]),
+    ("user", [None, "someone"], [5]),
+]
+
+
+def accepts(model, body: dict) -> bool:
+    try:
+        model.model_validate(body)
+    except ValidationError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("model, base, bounds", [(GenerateRequest, GENERATE, GENERATE_BOUNDS),
+                                                 (CompletionRequest, COMPLETION, COMPLETION_BOUNDS)],
+                         ids=["generate", "completions"])
+def test_each_field_takes_its_range_and_refuses_the_first_value_past_each_end(model, base, bounds):
+    wrong = [(name, value, "refused") for name, good, _ in bounds for value in good
+             if not accepts(model, {**base, name: value})]
+    wrong += [(name, value, "accepted") for name, _, bad in bounds for value in bad
+              if accepts(model, {**base, name: value})]
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize("model, base", [(GenerateRequest, GENERATE), (CompletionRequest, COMPLETION)])
+def test_an_unknown_field_is_refused_and_the_required_ones_are_required(model, base):
+    assert accepts(model, base)
+    assert not accepts(model, {**base, "promt": "typo"})
+    for name in base:
+        assert not accepts(model, {k: v for k, v in base.items() if k != name}), name
+
+
+def test_stop_is_a_list_whether_one_string_or_several():
+    assert GenerateRequest.model_validate({**GENERATE, "stop": "x"}).stop_strings == ["x"]
+    assert GenerateRequest.model_validate({**GENERATE, "stop": ["x", "y"]}).stop_strings == ["x", "y"]
+    assert GenerateRequest.model_validate(GENERATE).stop_strings == []
+    assert CompletionRequest.model_validate(COMPLETION).stop_strings == []
+    assert CompletionRequest.model_validate({**COMPLETION, "stop": "x"}).stop_strings == ["x"]
+    assert CompletionRequest.model_validate({**COMPLETION, "stop": ["x", "y"]}).stop_strings == ["x", "y"]
+
+
+@pytest.mark.parametrize("prompt, prompts, single", [
+    ("a", ["a"], True), (["a", "b"], ["a", "b"], False), ([1, 2], [[1, 2]], True), ([[1], [2, 3]], [[1], [2, 3]], False)])
+def test_each_prompt_form_gives_its_prompts(prompt, prompts, single):
+    request = CompletionRequest.model_validate({**COMPLETION, "prompt": prompt})
+    assert request.prompts == prompts and request.single_prompt is single
+
+
+def test_a_prompt_of_no_accepted_form_says_what_the_forms_are_and_one_past_a_bound_says_the_bound():
+    with pytest.raises(ValidationError, match="must be a text, a list of texts, a list of token ids"):
+        CompletionRequest.model_validate({**COMPLETION, "prompt": {"text": "a"}})
+    with pytest.raises(ValidationError) as refused:
+        CompletionRequest.model_validate({**COMPLETION, "prompt": ""})
+    assert "must be a text, a list of texts" not in str(refused.value)
+
+
+def test_scoring_and_the_options_that_depend_on_each_other():
+    assert accepts(CompletionRequest, {**COMPLETION, "max_tokens": 0, "echo": True})  # score the prompt
+    assert not accepts(CompletionRequest, {**COMPLETION, "max_tokens": 0})
+    assert accepts(CompletionRequest, {**COMPLETION, "stream": True})
+    assert accepts(CompletionRequest, {**COMPLETION, "logprobs": 2})
+    assert not accepts(CompletionRequest, {**COMPLETION, "stream": True, "logprobs": 0})
+    assert accepts(CompletionRequest, {**COMPLETION, "n": 3, "best_of": 3})
+    assert not accepts(CompletionRequest, {**COMPLETION, "n": 3, "best_of": 4})
+    assert not accepts(CompletionRequest, {**COMPLETION, "n": 2, "best_of": 1})
