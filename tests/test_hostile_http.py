@@ -197,3 +197,25 @@ def test_token_endpoints_answer_in_vllms_shapes(served_schema):
     assert back.json() == {"prompt": text}
     empty = served_schema["/tokenize"]["POST"].Case(body={"prompt": ""}, media_type="application/json")
     assert empty.call_and_validate(checks=CHECKS).json() == {"count": 0, "max_model_len": BLOCK_SIZE, "tokens": []}
+
+
+# logit_bias and the penalties on both generating doors: keys that are not ids, ids outside the vocabulary, values
+# past OpenAI's bounds or of the wrong type.
+DOORS = {"/generate": {"prompt": "Hello", "max_new_tokens": 2},
+         "/v1/completions": {"model": MODEL_ID, "prompt": "Hello", "max_tokens": 2}}
+SAMPLING_CASES = [({"logit_bias": {"1e3": 1}}, "logit_bias"), ({"logit_bias": {"99999999999999999999": 1}}, "logit_bias"),
+                  ({"logit_bias": {"1": 1e308}}, "logit_bias"), ({"logit_bias": {"1": None}}, "logit_bias"),
+                  ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"), ({"logit_bias": "1"}, "logit_bias"),
+                  ({"presence_penalty": True}, "presence_penalty"), ({"frequency_penalty": "0"}, "frequency_penalty"),
+                  ({"frequency_penalty": 2.0001}, "frequency_penalty")]
+
+
+@pytest.mark.parametrize("path", DOORS)
+@pytest.mark.parametrize("extra, param", SAMPLING_CASES)
+def test_bad_bias_and_penalties_are_one_line_naming_the_field(served_schema, server_errors, path, extra, param):
+    response = served_schema[path]["POST"].Case(body={**DOORS[path], **extra},
+                                                media_type="application/json").call_and_validate(checks=CHECKS)
+    assert response.status_code == 422, response.text
+    check_error_body(response)
+    assert response.json()["error"]["param"] == param
+    assert not server_errors.records, [r.getMessage() for r in server_errors.records]
