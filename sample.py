@@ -6,7 +6,8 @@
     python sample.py --checkpoint out/train --draft out/prune --prompt "The history of"   # speculative
 
 A prompts file holds one JSON object per line: {"prompt": "...", and optionally "max_new_tokens",
-"temperature", "top_k", "top_p", "seed"}; missing settings come from the flags.  Prompts with the same
+"temperature", "top_k", "top_p", "seed", "logit_bias" (an object, as --logit-bias), "presence_penalty",
+"frequency_penalty"}; missing settings come from the flags.  Prompts with the same
 length and settings are generated together, `--batch-size` at a time, with the KV cache; each output
 line has the prompt's line number, text, tokens, finish reason and latency, and is written as soon as its
 batch finishes (so lines come in the order they finish, and a crash keeps what was done).  A malformed line
@@ -24,11 +25,12 @@ from pathlib import Path
 import torch
 
 from data.tokenizer import decode, encode
-from model.config import EOT_TOKEN
+from model.config import EOT_TOKEN, GPT2_VOCAB_SIZE
 from decode.steps import DECODE_MODES
 from decode.generate import CallTiming, generate
 from model.packed_linear import pack_for_inference
 from decode.row_state import OPENAI_FINISH_REASONS, RowState
+from decode.request_sampling import sampling_params
 from decode.sampling import SamplingParams
 from decode.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats
 from runtime.cli import check_options, entry_point, flag, option, parse_config
@@ -40,9 +42,10 @@ from storage.artifact import load_model
 from storage.hub import resolve_checkpoint
 from storage.run_folder import pick_checkpoint
 
-PROMPT_SETTINGS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
+PROMPT_SETTINGS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "logit_bias", "presence_penalty",
+                   "frequency_penalty")
 INTEGER_SETTINGS = ("max_new_tokens", "top_k", "seed")
-OPTIONAL_SETTINGS = ("top_k", "top_p", "seed")  # null: no top-k, no nucleus, an unseeded draw
+OPTIONAL_SETTINGS = ("top_k", "top_p", "seed", "logit_bias")  # null: no top-k, no nucleus, an unseeded draw, no bias
 # torch's generators take seeds in [-2**63, 2**64); row i of a batch draws from seed + i.
 SEED_LIMIT = 2**63
 
@@ -71,6 +74,12 @@ class SampleConfig:
     top_p: float | None = option(None, "nucleus sampling: the smallest set of tokens "
                                        "holding this probability")
     seed: int = option(1337, "random seed (sample i uses seed + i)")
+    logit_bias: str | None = option(None, "added to tokens' logits before sampling, OpenAI's logit_bias as JSON: "
+                                          "'{\"50256\": -100}' bans end-of-text; each bias in [-100, 100]")
+    presence_penalty: float = option(0.0, "subtracted from the logit of each token the sample has generated so far "
+                                          "(OpenAI's presence_penalty), in [-2, 2]")
+    frequency_penalty: float = option(0.0, "subtracted from a token's logit once per time the sample has generated "
+                                           "it so far (OpenAI's frequency_penalty), in [-2, 2]")
     device: str = option("auto", "auto, cpu, cuda, ...")
     decode: str = option("auto", "how cached decode steps run: auto (the fastest for the device: traced on the "
                                  "CPU, cuda-graph on CUDA, where speculative steps run eagerly), dynamic (eager, "
@@ -105,10 +114,21 @@ class SampleConfig:
             raise SampleError(f"--{str(e).replace('_', '-')}") from e
 
     def sampling(self, **overrides) -> SamplingParams:
+        """The settings of the flags, overridden by a prompts file line's (decode/request_sampling.py maps them as
+        it maps the server's)."""
         settings = {**{k: getattr(self, k) for k in PROMPT_SETTINGS}, **overrides}
         if settings["seed"] is not None and not -SEED_LIMIT <= settings["seed"] < SEED_LIMIT:
             raise SampleError(f"seed must be in [-2**63, 2**63), got {settings['seed']}")
-        return SamplingParams(**settings)
+        if isinstance(settings["logit_bias"], str):  # the flag's JSON text
+            try:
+                settings["logit_bias"] = json.loads(settings["logit_bias"])
+            except json.JSONDecodeError as e:
+                raise SampleError(f"logit_bias is not JSON ({e.msg}); write an object of token ids and biases, e.g. "
+                                  f"'{{\"50256\": -100}}'") from e
+        if not isinstance(settings["logit_bias"], dict | None):
+            raise SampleError(f"logit_bias must be an object of token ids and biases, e.g. {{\"50256\": -100}}, "
+                              f"got {json.dumps(settings['logit_bias'])}")
+        return sampling_params(settings, GPT2_VOCAB_SIZE, speculative=self.draft is not None)
 
 
 def read_bytes(path: str, flag: str) -> bytes:
@@ -188,6 +208,8 @@ def line_settings(entry: dict) -> dict:
     settings = {k: entry[k] for k in PROMPT_SETTINGS if k in entry}
     for key, value in settings.items():
         if value is None and key in OPTIONAL_SETTINGS:
+            continue
+        if key == "logit_bias":  # an object: checked with the flag's
             continue
         kinds = (int,) if key in INTEGER_SETTINGS else (int, float)
         if isinstance(value, bool) or not isinstance(value, kinds):  # bool is an int to Python, not to the user

@@ -10,7 +10,7 @@ from decode.steps import DecodeSteps
 from model.gpt import GPT
 from model.kv_cache import ContextOverflow
 from decode.row_state import RowState
-from decode.sampling import SamplingParams, row_generators, sample_rows
+from decode.sampling import SamplingError, SamplingParams, row_generators, sample_rows
 from decode.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats, speculative_generate
 
 
@@ -65,6 +65,9 @@ def generate(model: GPT, idx: torch.Tensor, params: SamplingParams, use_cache: b
         raise ContextOverflow(f"prompt of {T} tokens + {params.max_new_tokens} new tokens exceeds the "
                          f"model's context of {block_size}")
     if draft is not None:
+        if params.adjusts_logits:  # the draft's proposals are checked against the unadjusted distribution
+            raise SamplingError("logit_bias and the penalties are not available with speculative decoding (a draft "
+                                "model); leave them out, or decode without the draft")
         if not use_cache:
             raise ValueError("speculative decoding (a draft model) runs its passes with the KV cache; use_cache=True")
         used = [DecodeSteps(m, idx.device, decode, B, speculative=True) for m in (model, draft)]
@@ -98,7 +101,7 @@ def _plain_generate(model: GPT, steps: DecodeSteps, idx: torch.Tensor, params: S
         else:
             logits, _ = model(out, last_only=True)
         column = []
-        for row, token in zip(rows, sample_rows(logits[:, -1], [params] * B, generators)):
+        for row, token in zip(rows, sample_rows(logits[:, -1], [params] * B, generators, [r.tokens for r in rows])):
             if row.finished:
                 token = EOT_TOKEN
             else:

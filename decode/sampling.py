@@ -11,23 +11,34 @@ Why not `torch.multinomial` per row: it draws a random number per vocabulary ent
 per-row calls dominated a decode step of the demo model (50257 entries x 12 rows); so did
 full-vocabulary softmax and cumulative sums when top-k leaves 200 candidates.  `sample.py`
 (through `decode/generate.py`) and the server share this sampler, so a seed gives the same text in both.
+
+`logit_bias` and the presence and frequency penalties (OpenAI's semantics, `adjust_logits`) change a row's
+logits before its settings filter them; they are per row, so they do not split the groups.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
 from runtime.errors import UserError
 
+# OpenAI's bounds for its completions API's logit_bias values and penalties.
+MAX_LOGIT_BIAS = 100.0
+MAX_PENALTY = 2.0
 # Below this temperature decoding is greedy, which is what the temperature means in the limit: already at
 # 1e-4, float32 gives no probability to a token more than 0.011 below the best logit (exp(-110) underflows).
 GREEDY_BELOW_TEMPERATURE = 1e-4
 
 
 class SamplingError(UserError, ValueError):
-    """A sampling setting whose result is undefined; the message names it."""
+    """A sampling setting whose result is undefined; the message names it, and `field` is its name."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass
@@ -38,6 +49,10 @@ class SamplingParams:
     top_p: float | None = None
     seed: int | None = None
     stop_at_eot: bool = True
+    # (token id, value added to its logit) pairs, ids ascending; a tuple, so that settings compare and hash.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0  # subtracted from the logit of every token the row generated before
+    frequency_penalty: float = 0.0  # subtracted once per time the row generated the token before
 
     def __post_init__(self):
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -48,6 +63,21 @@ class SamplingParams:
             raise SamplingError(f"top_k must be at least 1, got {self.top_k}")
         if self.max_new_tokens < 0:
             raise SamplingError(f"max_new_tokens must be 0 or more, got {self.max_new_tokens}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and -MAX_PENALTY <= value <= MAX_PENALTY):
+                raise SamplingError(f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value}", name)
+        for token, bias in self.logit_bias:
+            if token < 0:
+                raise SamplingError(f"logit_bias: token id {token} is negative; ids start at 0", "logit_bias")
+            if not (math.isfinite(bias) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS):
+                raise SamplingError(f"logit_bias: the bias of token {token} must be in [-{MAX_LOGIT_BIAS:g}, "
+                                    f"{MAX_LOGIT_BIAS:g}], got {bias}", "logit_bias")
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether the row's logits change before sampling (a bias or a penalty)."""
+        return bool(self.logit_bias) or self.presence_penalty != 0 or self.frequency_penalty != 0
 
     @property
     def greedy(self) -> bool:
@@ -94,14 +124,18 @@ def settings_groups(params: list[SamplingParams]) -> dict[tuple, list[int]]:
     return groups
 
 
-def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> list[int]:
-    """logits (rows, vocab); one token id per row."""
+def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
+                generated: list[Sequence[int]] | None = None) -> list[int]:
+    """logits (rows, vocab); one token id per row.  `generated[i]`: the tokens row i generated so far, which its
+    penalties count (needed when a row has penalties)."""
     tokens = [0] * logits.size(0)
     for (temperature, top_k, top_p), rows in settings_groups(params).items():
         # NaN logits (a broken model) get no probability; +inf ones become the largest float, so that they
         # share the row's mass rather than make it NaN; a row with nothing above -inf decodes token 0.
         group = torch.nan_to_num(logits[rows].float(), nan=float("-inf"), posinf=torch.finfo(torch.float32).max,
                                  neginf=float("-inf"))
+        # On the group's own copy, and only on the rows that ask for it.
+        adjust_logits(group, [params[row] for row in rows], None if generated is None else [generated[r] for r in rows])
         if temperature == 0:
             for row, token in zip(rows, group.argmax(-1).tolist()):
                 tokens[row] = token
@@ -121,6 +155,31 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: 
         for row, token in zip(rows, choices.tolist()):
             tokens[row] = token
     return tokens
+
+
+def adjust_logits(logits: torch.Tensor, params: list[SamplingParams],
+                  generated: list[Sequence[int]] | None) -> None:
+    """In place on `logits` (rows, vocab), OpenAI's logit_bias and penalties for the rows whose params[i] ask for
+    them: logits[j] += bias[j], then logits[j] -= c[j] * frequency_penalty + (c[j] > 0) * presence_penalty, c[j]
+    counting token j among generated[i].
+
+    What it costs: a row without them, one check per step (they batch with it in the same forward pass and
+    sampling group); a row with them, per step, an indexed add of its bias (at most a few hundred ids) and one
+    count of its generated tokens (torch.unique over them), on the copy of its logits the sampler makes anyway."""
+    for row, p in enumerate(params):
+        if not p.adjusts_logits:
+            continue
+        if p.logit_bias:
+            ids = torch.tensor([token for token, _ in p.logit_bias], device=logits.device)
+            if int(ids[-1]) >= logits.size(-1):
+                raise SamplingError(f"logit_bias: token id {int(ids[-1])} is outside this model's {logits.size(-1)} "
+                                    f"logits; ids run from 0 to {logits.size(-1) - 1}", "logit_bias")
+            logits[row, ids] += torch.tensor([bias for _, bias in p.logit_bias], device=logits.device)
+        if (p.presence_penalty or p.frequency_penalty) and generated is None:
+            raise ValueError("penalties count the tokens each row generated: pass `generated` to sample_rows")
+        if (p.presence_penalty or p.frequency_penalty) and generated[row]:
+            ids, counts = torch.tensor(list(generated[row]), device=logits.device).unique(return_counts=True)
+            logits[row, ids] -= counts * p.frequency_penalty + p.presence_penalty
 
 
 def draw(cdf: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:

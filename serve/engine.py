@@ -19,12 +19,35 @@ import threading
 import torch
 
 from decode.speculative import DEFAULT_DRAFT_TOKENS
+from runtime.errors import UserError
 from serve.events import REQUEST_FAILED, ErrorEvent, GenerationRequest
 from serve.metrics import ServerMetrics
 from serve.runner import Runner
 from serve.scheduler import Scheduler
 
 log = logging.getLogger("serve.engine")
+
+
+class RequestRejected(UserError, ValueError):
+    """A request that cannot run on the served model; the message says what does not fit, `field` where."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
+
+def check_fits(request: GenerationRequest, block_size: int, vocab_size: int) -> None:
+    """The prompt holds ids within the model's vocabulary, it and the new tokens fit the context, and the biased
+    tokens have logits."""
+    ids, new = request.prompt_ids, request.params.max_new_tokens
+    if not ids:
+        raise RequestRejected("the prompt holds no tokens; a generation starts from at least one", "prompt")
+    if len(ids) + new > block_size:
+        raise RequestRejected(f"the prompt's {len(ids)} tokens and {new} new ones exceed the model's context of "
+                              f"{block_size}", "prompt")
+    for what, tokens in (("prompt", ids), ("logit_bias", [token for token, _ in request.params.logit_bias])):
+        if tokens and not (0 <= min(tokens) and max(tokens) < vocab_size):
+            raise RequestRejected(f"the {what} names a token id outside the model's vocabulary of {vocab_size}", what)
 
 
 class Engine:
@@ -59,7 +82,11 @@ class Engine:
             self.thread.join()
 
     def submit(self, request: GenerationRequest) -> None:
-        """Queue `request`; raises QueueFull or EngineStopped (serve/scheduler.py)."""
+        """Check that `request` can run on this engine's model, then queue it; raises RequestRejected (naming what
+        does not fit), QueueFull or EngineStopped (serve/scheduler.py).  The routes check the same with the
+        request's own field names first; this is the engine's guard for every caller, so that a request that
+        cannot run fails here, at once, rather than in the engine's thread, in its prefill or a step."""
+        check_fits(request, self.config.block_size, self.config.vocab_size)
         self.scheduler.submit(request)
 
     @property

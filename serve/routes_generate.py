@@ -12,7 +12,7 @@ import json
 
 from fastapi import APIRouter, Depends, Request
 
-from decode.sampling import SamplingParams
+from decode.request_sampling import SAMPLING_FIELDS
 from serve.events import DoneEvent, TokenEvent
 from serve.errors import APIError, error_body
 from serve.event_stream import EventStream
@@ -51,8 +51,7 @@ async def generate(body: GenerateRequest, request: Request):
     state = server_state(request)
     prompt_ids = state.encode_within_context(body.prompt, body.max_new_tokens, "prompt", "max_new_tokens")
     state.check_top_k(body.top_k)
-    params = SamplingParams(max_new_tokens=body.max_new_tokens, temperature=body.temperature, top_k=body.top_k,
-                            top_p=body.top_p, seed=body.seed, stop_at_eot=not body.ignore_eos)
+    params = state.sampling(body.model_dump(include=set(SAMPLING_FIELDS)))
     submission = Submission(state.engine, [(prompt_ids, params, body.stop_strings)], state.config.retry_after_s,
                             body.logprobs)
     submission.submit()

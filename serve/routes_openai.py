@@ -12,7 +12,7 @@ import uuid
 
 from fastapi import APIRouter, Depends, Request
 
-from decode.sampling import SamplingParams
+from decode.request_sampling import SAMPLING_FIELDS
 from decode.row_state import OPENAI_FINISH_REASONS
 from serve.events import DoneEvent, ErrorEvent, TokenEvent
 from serve.errors import APIError, error_body
@@ -45,7 +45,7 @@ async def create_completion(body: CompletionRequest, request: Request):
                             f"(see GET /v1/models)", param="model", code="model_not_found")
     check_count(body, state)
     prompts = completion_prompts(body, state)
-    jobs = completion_jobs(body, prompts)
+    jobs = completion_jobs(body, prompts, state)
     submission = Submission(state.engine, jobs, state.config.retry_after_s, body.logprobs, body.echo)
     submission.submit()
     completion_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
@@ -82,15 +82,14 @@ def check_count(body: CompletionRequest, state: ServerState) -> None:
                             f"never accept them: ask for fewer", param="n")
 
 
-def completion_jobs(body: CompletionRequest, prompts: list[Prompt]) -> list:
+def completion_jobs(body: CompletionRequest, prompts: list[Prompt], state: ServerState) -> list:
+    fields = body.model_dump(include=set(SAMPLING_FIELDS)) | {"max_new_tokens": body.max_tokens}
     jobs = []
     for p, prompt in enumerate(prompts):
         for j in range(body.n):
             index = p * body.n + j
             seed = None if body.seed is None else (body.seed + index) % 2**63
-            params = SamplingParams(max_new_tokens=body.max_tokens, temperature=body.temperature,
-                                    top_p=body.top_p, seed=seed, stop_at_eot=not body.ignore_eos)
-            jobs.append((prompt.ids, params, body.stop_strings))
+            jobs.append((prompt.ids, state.sampling(fields | {"seed": seed}), body.stop_strings))
     return jobs
 
 

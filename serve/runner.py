@@ -169,14 +169,14 @@ class Runner:
         generators = [seq.generator for seq in seqs]
         states = [g.get_state() for g in generators]
         try:
-            return sample_rows(logits, [seq.params for seq in seqs], generators)
+            return sample_rows(logits, [seq.params for seq in seqs], generators, [seq.row.tokens for seq in seqs])
         except Exception:  # find the rows that fail, so that only they end
             log.exception("sampling a batch of %d failed; sampling its rows one at a time", len(seqs))
         tokens: list[int | None] = []
         for row, (seq, state) in enumerate(zip(seqs, states)):
             seq.generator.set_state(state)
             try:
-                tokens.append(sample_rows(logits[row:row + 1], [seq.params], [seq.generator])[0])
+                tokens.append(sample_rows(logits[row:row + 1], [seq.params], [seq.generator], [seq.row.tokens])[0])
             except Exception:  # this request alone ends
                 log.exception("sampling failed for a request with %s", seq.params)
                 tokens.append(None)

@@ -11,6 +11,9 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from decode.request_sampling import MAX_LOGIT_BIAS_ENTRIES
+from decode.sampling import MAX_LOGIT_BIAS, MAX_PENALTY
+
 MAX_SEED = 2**63 - 1
 MAX_LOGPROBS = 5  # alternatives per position, as OpenAI's completions API allows
 MAX_STOP_STRINGS = 4
@@ -20,6 +23,16 @@ StopStrings = StopString | Annotated[list[StopString], Field(max_length=MAX_STOP
 Probability = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 PromptText = Annotated[str, Field(min_length=1)]
 TokenIds = Annotated[list[int], Field(min_length=1)]  # checked against the vocabulary in the route
+# OpenAI's: {"token id": bias}, each bias in [-100, 100]; keys are checked against the vocabulary in the route.
+LogitBias = Annotated[dict[str, Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS, allow_inf_nan=False)]],
+                      Field(max_length=MAX_LOGIT_BIAS_ENTRIES, description=(
+                          "added to each named token's logit before sampling (-100 bans a token, 100 all but forces "
+                          "it); keys are token ids as decimal strings"))]
+Penalty = Annotated[float, Field(ge=-MAX_PENALTY, le=MAX_PENALTY, allow_inf_nan=False)]
+PRESENCE = ("subtracted from the logit of each token the completion has generated so far (OpenAI's "
+            "presence_penalty; negative values encourage repeats)")
+FREQUENCY = ("subtracted from each token's logit once per time the completion has generated it so far (OpenAI's "
+             "frequency_penalty)")
 
 
 class StrictBody(BaseModel):
@@ -44,6 +57,9 @@ class GenerateRequest(StrictBody):
         "each generated token's log-probability and this many most likely alternatives (the model's own "
         "distribution, as /v1/completions reports them): on each token event when streaming, else in the reply's "
         "logprobs"))
+    logit_bias: LogitBias | None = None
+    presence_penalty: Penalty = Field(0.0, description=PRESENCE)
+    frequency_penalty: Penalty = Field(0.0, description=FREQUENCY)
 
     @property
     def stop_strings(self) -> list[str]:
@@ -101,13 +117,13 @@ class CompletionRequest(StrictBody):
             description="a text, a list of texts, token ids (one tokenized prompt) or a list of token-id lists")
     best_of: int | None = Field(None, ge=1)
     echo: bool = False
-    frequency_penalty: float = Field(0.0, allow_inf_nan=False)
-    logit_bias: dict[str, float] | None = None
+    frequency_penalty: Penalty = Field(0.0, description=FREQUENCY)
+    logit_bias: LogitBias | None = None
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="log-probabilities of the chosen tokens "
                                                                             "and of this many alternatives per position")
     max_tokens: int = Field(16, ge=0, description="0 only with echo: score the prompt, generate nothing")
     n: int = Field(1, ge=1)
-    presence_penalty: float = Field(0.0, allow_inf_nan=False)
+    presence_penalty: Penalty = Field(0.0, description=PRESENCE)
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
     stop: StopStrings | None = None
     stream: bool = False
@@ -131,20 +147,6 @@ class CompletionRequest(StrictBody):
                 raise ValueError("must be a text, a list of texts, a list of token ids (integers) or a list of "
                                  "such lists") from None
             raise
-
-    @field_validator("frequency_penalty", "presence_penalty")
-    @classmethod
-    def _no_penalty(cls, v, info):
-        if v != 0:
-            raise ValueError(f"{info.field_name} is not supported by this server; leave it out or set it to 0")
-        return v
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_logit_bias(cls, v):
-        if v:
-            raise ValueError("logit_bias is not supported by this server; leave it out")
-        return v
 
     @field_validator("suffix")
     @classmethod

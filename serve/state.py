@@ -8,7 +8,9 @@ from pathlib import Path
 import torch
 from fastapi import Request
 
-from data.tokenizer import encode
+from data.tokenizer import encode, get_tokenizer
+from decode.request_sampling import sampling_params
+from decode.sampling import SamplingError, SamplingParams
 from serve.config import ServeConfig
 from serve.engine import Engine
 from serve.errors import APIError
@@ -47,6 +49,16 @@ class ServerState:
             raise APIError(422, f"{prompt_field} is {len(ids)} token(s) and {max_new_field} is {max_new}: "
                                 f"{len(ids) + max_new} exceeds the model's context of {self.block_size} tokens; "
                                 f"shorten the prompt or lower {max_new_field}", param=param, code="context_length_exceeded")
+
+    def sampling(self, fields: dict) -> SamplingParams:
+        """The request's SamplingParams (decode/request_sampling.py, named as its SAMPLING_FIELDS), or a 422 naming
+        the knob this server cannot honour."""
+        try:
+            # The model may have more rows than the tokenizer has tokens (padded) or fewer (a small test model).
+            return sampling_params(fields, min(self.vocab_size, get_tokenizer().n_vocab),
+                                   speculative=self.config.draft is not None)
+        except SamplingError as e:
+            raise APIError(422, str(e), param=e.field) from e
 
     def check_top_k(self, top_k: int | None) -> None:
         if top_k is not None and top_k > self.vocab_size:

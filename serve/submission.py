@@ -14,7 +14,7 @@ from typing import AsyncIterator
 from fastapi import Request
 
 from decode.sampling import SamplingParams
-from serve.engine import Engine
+from serve.engine import Engine, RequestRejected
 from serve.events import DoneEvent, ErrorEvent, Event, GenerationRequest
 from serve.scheduler import EngineStopped, QueueFull
 from serve.errors import APIError, shutdown_error
@@ -43,6 +43,9 @@ class Submission:
         try:
             for request in self.requests:
                 self.engine.submit(request)
+        except RequestRejected as e:  # the route's own checks came first, in its fields' names: not expected
+            self.cancel()
+            raise APIError(422, f"the request cannot run on this model: {e}", param=e.field) from e
         except (QueueFull, EngineStopped) as e:
             self.cancel()
             raise APIError(503, f"server busy: {e}; retry after {self.retry_after_s}s", code="overloaded",

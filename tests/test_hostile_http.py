@@ -230,3 +230,24 @@ def test_integers_past_64_bits_in_any_field_are_refused_never_a_server_error(ser
             assert 400 <= response.status_code < 500, (name, value, response.status_code, response.text[:300])
             check_error_body(response)
             assert not server_errors.records, [r.getMessage() for r in server_errors.records]
+
+
+# logit_bias and the penalties on both generating doors: keys that are not ids, ids outside the vocabulary, values
+# past OpenAI's bounds or of the wrong type.
+DOORS = SMALLEST_BODIES
+SAMPLING_CASES = [({"logit_bias": {"1e3": 1}}, "logit_bias"), ({"logit_bias": {"99999999999999999999": 1}}, "logit_bias"),
+                  ({"logit_bias": {"1": 1e308}}, "logit_bias"), ({"logit_bias": {"1": None}}, "logit_bias"),
+                  ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"), ({"logit_bias": "1"}, "logit_bias"),
+                  ({"presence_penalty": True}, "presence_penalty"), ({"frequency_penalty": "0"}, "frequency_penalty"),
+                  ({"frequency_penalty": 2.0001}, "frequency_penalty")]
+
+
+@pytest.mark.parametrize("path", DOORS)
+@pytest.mark.parametrize("extra, param", SAMPLING_CASES)
+def test_bad_bias_and_penalties_are_one_line_naming_the_field(served_schema, server_errors, path, extra, param):
+    response = served_schema[path]["POST"].Case(body={**DOORS[path], **extra},
+                                                media_type="application/json").call_and_validate(checks=CHECKS)
+    assert response.status_code == 422, response.text
+    check_error_body(response)
+    assert response.json()["error"]["param"] == param
+    assert not server_errors.records, [r.getMessage() for r in server_errors.records]

@@ -158,3 +158,35 @@ def test_a_prompt_file_that_is_not_utf8_is_one_error_line(small_artifact, tmp_pa
     prompt.write_bytes(b"Hello\nw\xff")
     with pytest.raises(SystemExit, match=f"error: {prompt} is not UTF-8: byte 0xff at offset 7 \\(line 2\\)"):
         sample.main(["--checkpoint", small_artifact, "--prompt-file", str(prompt)])
+
+
+def test_logit_bias_and_penalties_take_the_servers_form(small_artifact, tmp_path):
+    """sample.py's door to decode/request_sampling.py: --logit-bias is OpenAI's JSON object, and a prompts file's
+    line may carry its own."""
+    forced = run_sample("--checkpoint", small_artifact, "--prompt", "Hello", "--max-new-tokens", "4",
+                        "--logit-bias", '{"262": 100}', "--temperature", "1")
+    assert forced.returncode == 0, forced.stderr
+    assert "Hello the the the the" in forced.stdout
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Hi", "max_new_tokens": 3, "logit_bias": {"13": 100}}) + "\n" +
+                       json.dumps({"prompt": "Hi", "max_new_tokens": 3, "logit_bias": {"x": 1}}) + "\n" +
+                       json.dumps({"prompt": "Hi", "max_new_tokens": 3, "presence_penalty": 9}) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert run_sample("--checkpoint", small_artifact, "--prompts-file", str(prompts), "--output", str(out)).returncode == 0
+    rows = {r["line"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert rows[1]["tokens"] == [13] * 3
+    assert "logit_bias: key 'x' is not a token id" in rows[2]["error"]
+    assert "presence_penalty must be in [-2, 2], got 9" in rows[3]["error"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--logit-bias", "{x"], "--logit-bias is not JSON"),
+    (["--logit-bias", "[1]"], "--logit-bias must be an object of token ids and biases"),
+    (["--logit-bias", '{"50257": 1}'], "--logit-bias: token id 50257 is outside the vocabulary"),
+    (["--logit-bias", '{"1": -101}'], "the bias of token 1 must be in [-100, 100], got -101"),
+    (["--presence-penalty", "2.5"], "--presence-penalty must be in [-2, 2], got 2.5"),
+    (["--frequency-penalty", "nan"], "--frequency-penalty must be in [-2, 2], got nan"),
+])
+def test_bad_bias_and_penalty_flags_are_one_line_naming_the_flag(small_artifact, args, message):
+    result = run_sample("--checkpoint", small_artifact, "--prompt", "x", *args)
+    assert result.returncode != 0 and message in result.stderr and result.stderr.count("\n") == 1, result.stderr

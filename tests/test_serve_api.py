@@ -189,7 +189,7 @@ def test_the_docs_pages_load_their_files_from_this_server(client, page, assets):
 def test_openai_request_checks(client, checkpoint):
     base = {"model": Path(checkpoint).name, "prompt": "hi", "max_tokens": 4}
     for body, status, param in [({**base, "model": "gpt-4"}, 404, "model"), ({**base, "n": 9}, 422, "n"),
-                                ({**base, "presence_penalty": 0.5}, 422, "presence_penalty"),
+                                ({**base, "presence_penalty": 2.5}, 422, "presence_penalty"),
                                 ({**base, "prompt": ["ok", "word " * 70]}, 422, "prompt[1]"),
                                 ({**base, "prompt": [[1, 2], [3, 50257]]}, 422, "prompt[1][1]"),
                                 ({**base, "prompt": [5, -1]}, 422, "prompt[1]"),
@@ -331,10 +331,10 @@ def test_a_request_whose_sampling_fails_gets_an_error_without_internal_text(chec
     """Plain and streamed: the failing request gets OpenAI's error shape, the server stays up."""
     from decode.sampling import sample_rows
 
-    def poisoned(logits, params, generators):
+    def poisoned(logits, params, generators, generated):
         if any(p.seed == POISON_SEED for p in params):
             raise FloatingPointError("secret internal detail")
-        return sample_rows(logits, params, generators)
+        return sample_rows(logits, params, generators, generated)
 
     monkeypatch.setattr("serve.runner.sample_rows", poisoned)
     with make_client(checkpoint) as client:
@@ -362,7 +362,7 @@ def test_vanishing_temperature_or_top_p_decodes_greedily(client, checkpoint, set
 
 def test_ignore_eos_generates_exactly_max_new_tokens(checkpoint, monkeypatch):
     """A model that always says end-of-text: the reply stops at it, unless the request sets ignore_eos."""
-    monkeypatch.setattr("serve.runner.sample_rows", lambda logits, params, generators: [EOT_TOKEN] * len(params))
+    monkeypatch.setattr("serve.runner.sample_rows", lambda logits, params, *_: [EOT_TOKEN] * len(params))
     with make_client(checkpoint) as client:
         stopped = client.post("/generate", json={"prompt": "hi", "max_new_tokens": 5}).json()
         assert (stopped["tokens"], stopped["finish_reason"]) == (1, "eos")
@@ -488,7 +488,7 @@ def test_logprobs_of_a_token_holding_the_stop_string_show_only_its_part_in_the_t
     [" Paris", "."]: the token that holds the stop string's start is kept, cut to its part in the text, with the
     whole token's log-probability; the token after it is left out, as its text is."""
     generated = iter([6342, 526, 632])  # " Paris", '."', " It"
-    monkeypatch.setattr("serve.runner.sample_rows", lambda logits, params, generators: [next(generated)])
+    monkeypatch.setattr("serve.runner.sample_rows", lambda logits, params, *_: [next(generated)])
     with make_client(checkpoint) as client:
         body = {"model": Path(checkpoint).name, "prompt": "Hello", "max_tokens": 3, "logprobs": 1, "stop": ['"']}
         choice = client.post("/v1/completions", json=body).json()["choices"][0]
@@ -503,7 +503,7 @@ def test_logprobs_of_a_token_holding_the_stop_string_show_only_its_part_in_the_t
 def test_a_generated_end_of_text_is_scored(checkpoint, monkeypatch):
     """The harness drops the last entry of an echo + max_tokens 1 reply: it must be the generated token even when
     that token is end-of-text, which the text leaves out."""
-    monkeypatch.setattr("serve.runner.sample_rows", lambda logits, params, generators: [EOT_TOKEN] * len(params))
+    monkeypatch.setattr("serve.runner.sample_rows", lambda logits, params, *_: [EOT_TOKEN] * len(params))
     with make_client(checkpoint) as client:
         body = {"model": Path(checkpoint).name, "prompt": "Hello there", "max_tokens": 1, "echo": True, "logprobs": 1}
         choice = client.post("/v1/completions", json=body).json()["choices"][0]
@@ -582,11 +582,11 @@ def test_the_openai_client_streams_logprobs_as_the_reply_lists_them(client, chec
 
 def test_streamed_logprobs_leave_out_the_tokens_a_stop_string_cuts(checkpoint, monkeypatch):
     """The tokens " Paris", '."', " It" with stop '"': the stream's entries are the reply's, [" Paris", "."]."""
-    monkeypatch.setattr("serve.runner.sample_rows", lambda logits, params, generators: [next(generated)])
+    generated = iter([6342, 526, 632])
+    monkeypatch.setattr("serve.runner.sample_rows", lambda logits, params, *_: [next(generated)])
     with make_client(checkpoint) as client:
         body = {"model": Path(checkpoint).name, "prompt": "Hello", "max_tokens": 3, "logprobs": 1, "stop": ['"'],
                 "stream": True}
-        generated = iter([6342, 526, 632])
         with client.stream("POST", "/v1/completions", json=body) as response:
             chunks = [json.loads(line.removeprefix("data: ")) for line in response.iter_lines()
                       if line.startswith("data: {")]
@@ -604,3 +604,40 @@ def test_tokenize_counts_what_a_completion_is_charged_and_detokenize_gives_the_t
     assert client.post("/tokenize", json={"prompt": text}).json()["tokens"] == tokens["tokens"]
     assert client.post("/detokenize", json={"tokens": tokens["tokens"]}).json() == {"prompt": text}
     assert "/tokenize" in client.get("/openapi.json").json()["paths"]
+
+
+def test_logit_bias_and_penalties_change_sampling_in_both_doors(client, checkpoint):
+    """Issue 51.4: a +100 bias forces its token, strong penalties keep greedy decoding from repeating a token; the
+    same fields in /generate and /v1/completions (decode/request_sampling.py maps both)."""
+    the = 262
+    forced = client.post("/generate", json={"prompt": "Hello", "max_new_tokens": 5, "temperature": 0.8, "seed": 1,
+                                            "logit_bias": {str(the): 100}}).json()
+    assert forced["text"] == " the" * 5
+    body = {"model": Path(checkpoint).name, "prompt": "Hello", "max_tokens": 5, "logit_bias": {str(the): 100}}
+    assert client.post("/v1/completions", json=body).json()["choices"][0]["text"] == " the" * 5
+    greedy = {"prompt": "Hello", "max_new_tokens": 20, "temperature": 0, "ignore_eos": True, "logprobs": 0}
+    plain = [t["token"] for t in client.post("/generate", json=greedy).json()["logprobs"]]
+    penalised = [t["token"] for t in client.post("/generate", json={**greedy, "frequency_penalty": 2,
+                                                                   "presence_penalty": 2}).json()["logprobs"]]
+    assert len(set(plain)) < len(plain) and len(set(penalised)) == len(penalised)
+    completion = client.post("/v1/completions", json={"model": Path(checkpoint).name, "prompt": "Hello",
+                                                      "max_tokens": 20, "temperature": 0, "ignore_eos": True,
+                                                      "frequency_penalty": 2, "presence_penalty": 2}).json()
+    assert completion["choices"][0]["text"] == client.post("/generate", json={
+        **greedy, "frequency_penalty": 2, "presence_penalty": 2}).json()["text"]
+
+
+@pytest.mark.parametrize("extra, param, message", [
+    ({"logit_bias": {"abc": 1}}, "logit_bias", "key 'abc' is not a token id"),
+    ({"logit_bias": {"50257": 1}}, "logit_bias", "token id 50257 is outside the vocabulary"),
+    ({"logit_bias": {"7": 100.5}}, "logit_bias", "less than or equal to 100"),
+    ({"logit_bias": {"7": "1"}}, "logit_bias", "valid number"),
+    ({"logit_bias": [1]}, "logit_bias", "valid dictionary"),
+    ({"presence_penalty": 2.5}, "presence_penalty", "less than or equal to 2"),
+    ({"frequency_penalty": -3}, "frequency_penalty", "greater than or equal to -2"),
+])
+def test_bad_bias_and_penalties_are_422s_naming_the_field(client, checkpoint, extra, param, message):
+    for path, body in [("/generate", {"prompt": "Hello", "max_new_tokens": 2}),
+                       ("/v1/completions", {"model": Path(checkpoint).name, "prompt": "Hello", "max_tokens": 2})]:
+        error = client.post(path, json={**body, **extra}).json()["error"]
+        assert error["param"] == param and message in error["message"], (path, error)

@@ -167,13 +167,14 @@ def test_time_limit_ends_a_request_with_a_clear_error(short_context_model):
                     request_timeout_s=0.15, decode="dynamic")
     engine.start()
     try:
-        out = run(engine, [([1, 2], SamplingParams(max_new_tokens=20, stop_at_eot=False))])
+        # As many tokens as the context of 16 holds: the engine refuses more at submission.
+        out = run(engine, [([1, 2], SamplingParams(max_new_tokens=14, stop_at_eot=False))])
     finally:
         engine.stop()
     error = out.ends[0]
     assert isinstance(error, ErrorEvent) and error.kind == "timeout"
-    assert "time limit of 0.15s" in error.message and "of 20 tokens" in error.message
-    assert 0 < len(out.tokens[0]) < 20
+    assert "time limit of 0.15s" in error.message and "of 14 tokens" in error.message
+    assert 0 < len(out.tokens[0]) < 14
     assert engine.batch_size == 0 and engine.runner.slots.rows == 0
 
 
@@ -202,7 +203,7 @@ def test_cancelled_request_leaves_the_batch(short_context_model):
         events.append(event)
         first_token.set()
 
-    request = GenerationRequest([1, 2], SamplingParams(max_new_tokens=20, stop_at_eot=False), on_event)
+    request = GenerationRequest([1, 2], SamplingParams(max_new_tokens=14, stop_at_eot=False), on_event)
     engine.start()
     try:
         engine.submit(request)
@@ -216,7 +217,7 @@ def test_cancelled_request_leaves_the_batch(short_context_model):
         assert isinstance(run(engine, [([3], SamplingParams(max_new_tokens=2))]).ends[0], DoneEvent)
     finally:
         engine.stop()
-    assert len(events) < 20 and not any(isinstance(e, DoneEvent) for e in events)
+    assert len(events) < 14 and not any(isinstance(e, DoneEvent) for e in events)
 
 
 def test_engine_reports_metrics(engine):
@@ -303,8 +304,8 @@ def test_a_request_whose_sampling_fails_ends_alone_and_its_batch_completes_as_if
     poison = SamplingParams(max_new_tokens=6, temperature=0.8, seed=5, stop_at_eot=False)
     batch_sizes_with_poison = []
 
-    def poisoned(logits, params, generators):
-        tokens = sample_rows(logits, params, generators)  # every row draws first, as a late failure would
+    def poisoned(logits, params, generators, generated):
+        tokens = sample_rows(logits, params, generators, generated)  # every row draws first, as a late failure would
         if any(p is poison for p in params):
             batch_sizes_with_poison.append(len(params))
             if len(batch_sizes_with_poison) > 2:  # prefill and the first decode step pass: it fails mid-batch
@@ -339,3 +340,19 @@ def test_a_vanishing_top_p_keeps_the_best_token():
     tokens = sample_rows(logits, [SamplingParams(temperature=1.0, top_p=1e-300)] * 3,
                          [torch.Generator().manual_seed(i) for i in range(3)])
     assert tokens == logits.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("ids, params, message", [
+    ([], SamplingParams(max_new_tokens=2), "the prompt holds no tokens"),
+    ([1] * 10, SamplingParams(max_new_tokens=7), "the prompt's 10 tokens and 7 new ones exceed the model's context "
+                                                 "of 16"),
+    ([1, 2048], SamplingParams(max_new_tokens=2), "the prompt names a token id outside the model's vocabulary of 2048"),
+    ([1, -1], SamplingParams(max_new_tokens=2), "the prompt names a token id outside"),
+    ([1], SamplingParams(max_new_tokens=2, logit_bias=((2048, 1.0),)), "the logit_bias names a token id outside"),
+])
+def test_the_engine_refuses_at_submission_a_request_its_model_cannot_run(short_context_model, ids, params, message):
+    from serve.engine import RequestRejected
+    engine = Engine(short_context_model, torch.device("cpu"), max_batch_size=1, max_queue=1, request_timeout_s=60)
+    with pytest.raises(RequestRejected, match=message):
+        engine.submit(GenerationRequest(ids, params, lambda event: None))
+    assert engine.queue_depth == 0
