@@ -33,7 +33,7 @@ import torch
 
 from model.gpt import GPT
 from model.kv_cache import AttentionInputs, CacheWrites, KVCache, write_columns
-from model.packed_linear import PackedLinear, packed_while
+from model.packed_linear import PackedLinear, choosing_kernels, packed_while
 from runtime.huge_pages import collapse_in_background
 
 log = logging.getLogger(__name__)
@@ -87,10 +87,14 @@ class _DecodeStep(torch.nn.Module):
                           if torch._C._jit_is_script_object(value))
         for i, value in enumerate(script_objects):
             setattr(self, f"script_object_{i}", value)
-        # The oneDNN-packed weights are derived copies outside the model's state; registered here, the trace
-        # reads them as its module's state rather than failing to embed them as constants.
-        for i, layer in enumerate(m for m in model.modules() if isinstance(m, PackedLinear)):
-            self.register_buffer(f"packed_{i}", layer.packed_weight(), persistent=False)
+
+    def register_forms(self) -> None:
+        """Register the derived weights the chosen kernels read (oneDNN-packed, transposed: copies outside the
+        model's state, model/packed_linear.py), so that the trace reads them as its module's state rather than
+        failing to embed them as constants."""
+        forms = (form for m in self.model.modules() if isinstance(m, PackedLinear) for form in m.forms())
+        for i, tensor in enumerate(_unique(forms)):
+            self.register_buffer(f"form_{i}", tensor, persistent=False)
 
     def forward(self, tokens, positions, *tensors):
         mask, tensors = (tensors[0], tensors[1:]) if self.masked else (None, tensors)
@@ -125,9 +129,15 @@ def _trace(model: GPT, tokens: torch.Tensor, masked: bool, placed: bool,
         # Python values derived from shapes (nn.Linear's row count, say) become constants: by design, as each
         # trace serves one row count.
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-        with packed_while(model):  # the trace multiplies through oneDNN-packed weights, whether or not the model does
+        # the trace multiplies through packed layers (each shape's kernel timed on this host), whether or not the
+        # model does
+        with packed_while(model):
             inputs = (tokens, torch.zeros_like(tokens), *mask, *columns, *sample)
-            step = torch.jit.trace(_DecodeStep(model, masked, placed), inputs, check_trace=False)
+            module = _DecodeStep(model, masked, placed)
+            with choosing_kernels():  # one eager run first: each product's kernel is timed and chosen
+                module(*inputs)
+            module.register_forms()
+            step = torch.jit.trace(module, inputs, check_trace=False)
     # TorchScript's executor profiles a graph's first run and optimizes it at the second: one-time costs of the
     # trace, paid here so that they are timed with it and the caller's steps run the optimized graph.
     for _ in range(2):

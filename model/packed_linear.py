@@ -1,15 +1,18 @@
-"""Float linear layers for inference on the CPU, with the weight reordered once into oneDNN's blocked layout.
+"""Float linear layers for inference on the CPU, each product run by the kernel timed fastest for its shape on this
+host.
 
-A decoding step multiplies each weight matrix by one row per sequence, so it is bound by reading the
-weights from memory. PyTorch's default CPU path for that product (MKL) does not stream a weight at the machine's
-read rate on every host (on one 2-core EPYC its one-row product ran on one of the two cores); oneDNN's product
-over a weight packed ahead of time read GPT-2 124M's matrices faster on the hosts measured. How much, per
-product and per host: bench/standalone/decode_profile.py (bench/results/decode_profile.md), and the whole step against
-ONNX Runtime and llama.cpp: bench/experiments/generate_speed.py. One row (a decoding step at batch 1) is the
-exception: there a batched product over the weight cut into one block of rows per thread, a view with no copy,
-streams the weight faster than either library's one-row product. The packed copy is derived and never saved:
-the module keeps the original parameter, so a tied head stays tied and checkpoints, exports and state dicts are
-unchanged.
+A decoding step multiplies each weight matrix by a few rows (one per sequence), so it is bound by reading the
+weights from memory, and which kernel reads them fastest depends on the host and the row count: on one 2-core
+EPYC, MKL's one-row product ran on one of the two cores, oneDNN's product over a weight packed ahead of time read
+GPT-2 124M's matrices faster, and a batched product over the weight cut into one block of rows per thread faster
+still at one row; on a slower host ONNX Runtime's products (MLAS: the columns split across threads) kept up with
+more rows where oneDNN's did not.  So the kernel of each shape (rows, in, out, threads) is chosen by timing the
+candidates (`KERNELS`) on this host, once per process (model/kernel_choice.py), when a decode step is traced
+(decode/trace.py); shapes not timed run the default rule (`default_kernel`).  How the products compare per host:
+bench/standalone/decode_profile.py, and the whole step against ONNX Runtime and llama.cpp:
+bench/experiments/generate_speed.py.  The copies a kernel reads (oneDNN's packed weight, a transposed one) are
+derived and never saved: the module keeps the original parameter, so a tied head stays tied and checkpoints,
+exports and state dicts are unchanged.
 
 `pack_for_inference(model)` swaps the layers in place and says what it did; sample.py, the server, the
 scorecard and the speed benchmarks call it. Training and anything that needs gradients keep nn.Linear's
@@ -19,26 +22,71 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
+import threading
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
+from model.kernel_choice import KernelChoices
+
 
 # What pack_for_inference says it did, after the count of layers.
-PACKED = "linear layers packed for oneDNN (float32, CPU; one row: blocks of weight rows per thread)"
+PACKED = ("linear layers packed for oneDNN (float32, CPU; each decode step's shape runs the product timed fastest "
+          "on this host when traced)")
 
-# weight -> (its version when packed, the packed copy): one copy per weight, whichever PackedLinear asks.  Each
-# traced step (one per row count, decode/trace.py) wraps the model's layers in PackedLinears of its own, and
-# a copy per wrapper would hold the weights once more for every trace kept.
-_PACKED_COPIES = WeakIdKeyDictionary()
+# The products a PackedLinear can run, each `x @ weight.T + bias` over a form of the weight: oneDNN's product over
+# its packed copy; torch's `linear` (MKL, the weight as it is); `transposed`, a plain product over a (in, out)
+# copy; `blocked`, the weight's rows cut into one block per thread, each thread streaming a block of its own (a
+# view, no copy); `blocked_t`, the same blocks transposed into (in, out / threads) panels, as ONNX Runtime's MLAS
+# splits a skinny product's columns across its threads over a weight packed in column panels.
+KERNELS = ("onednn", "linear", "transposed", "blocked", "blocked_t")
+# Bytes of weights each candidate reads per timed round when a shape's kernel is chosen (several layers' weights
+# of that shape in turn, at least one): more than a cache holds, so that each product reads its weight from
+# memory, as every product of a decode step does.
+MEASURED_BYTES = 48 * 2**20
+
+# weight -> {form: (the weight's version when made, the derived copy)}: one copy per weight and form, whichever
+# PackedLinear asks.  Each traced step (one per row count, decode/trace.py) wraps the model's layers in
+# PackedLinears of its own, and a copy per wrapper would hold the weights once more for every trace kept.
+_FORMS = WeakIdKeyDictionary()
+# (in, out, bias or not) -> {weight: bias} of every PackedLinear made: the weights a shape's timing reads in turn.
+_BY_SHAPE: dict[tuple[int, int, bool], WeakIdKeyDictionary] = {}
+# The kernel per (rows, in, out, bias or not, threads), for the process's life.
+CHOICES = KernelChoices()
+_choosing = threading.local()
+
+
+@contextlib.contextmanager
+def choosing_kernels():
+    """Within the block, a product at a shape with no kernel chosen yet times the candidates and keeps the fastest
+    (decode/trace.py runs a step once so, before tracing it); elsewhere such a shape runs the default rule
+    (`default_kernel`), as timing the candidates costs many products: paid once per shape by a trace, whose cost
+    decides whether a call traces at all (decode/trace_payback.py)."""
+    before = getattr(_choosing, "on", False)
+    _choosing.on = True
+    try:
+        yield
+    finally:
+        _choosing.on = before
+
+
+def default_kernel(rows: int, out_features: int, parts: int) -> str:
+    """The kernel of a shape not timed: a thread's block of weight rows for one row (a decoding step at batch 1),
+    which streamed the weight faster than either library's one-row product on the hosts measured; else oneDNN's."""
+    return "blocked" if rows == 1 and _splits(out_features, parts) else "onednn"
+
+
+def _splits(out_features: int, parts: int) -> bool:
+    return parts > 1 and out_features % parts == 0
 
 
 @functools.cache
 def _traceable_product():
-    """The same product as a TorchScript function, for decode/trace.py: the tracer cannot record the
-    operator's empty `Scalar?[]` argument from Python, and TorchScript source can type it."""
+    """oneDNN's product as a TorchScript function, for decode/trace.py: the tracer cannot record the operator's
+    empty `Scalar?[]` argument from Python, and TorchScript source can type it."""
     return torch.jit.CompilationUnit("""
 def linear_pointwise(x: Tensor, packed_weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     scalars: List[Optional[number]] = []
@@ -46,54 +94,133 @@ def linear_pointwise(x: Tensor, packed_weight: Tensor, bias: Optional[Tensor]) -
 """).linear_pointwise
 
 
+def _form_key(kernel: str, parts: int):
+    """The derived copy of the weight that `kernel` reads (None: the weight itself)."""
+    return {"onednn": "onednn", "transposed": "transposed", "blocked_t": ("blocked_t", parts)}.get(kernel)
+
+
+def _make_form(weight: torch.Tensor, form) -> torch.Tensor:
+    weight = weight.detach()
+    if form == "onednn":
+        return torch.ops.mkldnn._reorder_linear_weight(weight, None)
+    if form == "transposed":
+        return weight.t().contiguous()
+    _, parts = form  # blocked_t: (parts, in, out / parts), each thread's panel contiguous
+    return weight.view(parts, weight.size(0) // parts, weight.size(1)).transpose(1, 2).contiguous()
+
+
+def weight_form(weight: torch.Tensor, form) -> torch.Tensor:
+    """The derived copy `form` of `weight`, made again whenever the weight was replaced or changed in place since
+    (a loaded state dict, an optimizer step); a tensor made under inference mode has no version counter, and
+    cannot be changed outside it.  The copies are kept beside the layer, not in it: an opaque oneDNN tensor can be
+    neither copied nor pickled, and a copy of the layer (copy.deepcopy, torch.save of a model) has a weight of its
+    own."""
+    version = None if torch.is_inference(weight) else weight._version
+    forms = _FORMS.setdefault(weight, {})
+    kept = forms.get(form)
+    if kept is None or kept[0] != version:
+        kept = forms[form] = (version, _make_form(weight, form))
+    return kept[1]
+
+
+def product(kernel: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, parts: int
+            ) -> torch.Tensor:
+    """`x @ weight.T + bias` for x (..., in) through `kernel` (KERNELS), `parts` threads' blocks for the blocked
+    ones."""
+    if kernel == "linear":
+        return F.linear(x, weight, bias)
+    if kernel == "onednn":
+        packed = weight_form(weight, "onednn")
+        if torch.jit.is_tracing():
+            return _traceable_product()(x, packed, bias)
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    out_features, in_features = weight.shape
+    rows = int(math.prod(x.shape[:-1]))
+    # (in, rows) as the transpose of the rows: MKL reads these strides as matrix-vector products it splits well; a
+    # (1, in, 1) reshape of one row gave the same values far more slowly.
+    x2 = x.reshape(rows, in_features)
+    if kernel == "transposed":
+        transposed = weight_form(weight, "transposed")
+        out = torch.mm(x2, transposed) if bias is None else torch.addmm(bias, x2, transposed)
+    elif kernel == "blocked":
+        blocks = weight.view(parts, out_features // parts, in_features)
+        columns = x2.t().expand(parts, in_features, rows)
+        out = torch.bmm(blocks, columns) if bias is None else torch.baddbmm(bias.view(parts, -1, 1), blocks, columns)
+        out = out.view(out_features, rows).t()
+    elif kernel == "blocked_t":
+        panels = weight_form(weight, ("blocked_t", parts))
+        rows_each = x2.expand(parts, rows, in_features)
+        out = torch.bmm(rows_each, panels) if bias is None else torch.baddbmm(bias.view(parts, 1, -1), rows_each,
+                                                                              panels)
+        out = out.transpose(0, 1).reshape(rows, out_features)
+    else:
+        raise ValueError(f"unknown kernel {kernel!r}; the kernels are {KERNELS}")
+    return out.reshape(*x.shape[:-1], out_features)
+
+
 class PackedLinear(nn.Module):
-    """`linear`'s weight and bias, multiplied on the CPU through a oneDNN-packed copy of the weight."""
+    """`linear`'s weight and bias, multiplied on the CPU through the kernel chosen for each shape (`KERNELS`)."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight  # the same parameter (a tied head stays tied)
         self.bias = linear.bias
+        _BY_SHAPE.setdefault(self._shape(), WeakIdKeyDictionary())[self.weight] = self.bias
+
+    def _shape(self) -> tuple[int, int, bool]:
+        return self.in_features, self.out_features, self.bias is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32:
             return F.linear(x, self.weight, self.bias)  # the same product, with a backward and on any device
         parts = torch.get_num_threads()
-        if x.numel() == self.in_features and parts > 1 and self.out_features % parts == 0:
-            return self._one_row(x, parts)
-        if torch.jit.is_tracing():
-            return _traceable_product()(x, self.packed_weight(), self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), self.bias, "none", [], "")
+        rows = int(math.prod(x.shape[:-1]))  # while tracing, sizes are tensors: a trace serves one row count
+        shape = (rows, *self._shape(), parts)
+        kernel = CHOICES.chosen.get(shape)
+        if kernel is None:
+            if getattr(_choosing, "on", False):
+                kernel = CHOICES.choose(shape, lambda: self._candidates(rows, parts))
+                _drop_unchosen_forms(self._shape())
+            else:
+                kernel = default_kernel(rows, self.out_features, parts)
+        return product(kernel, x, self.weight, self.bias, parts)
 
-    def _one_row(self, x: torch.Tensor, parts: int) -> torch.Tensor:
-        """One row (a decoding step at batch 1) as a batched product over the weight cut into `parts` blocks of
-        rows, one per thread: the product is bound by reading the weight, and each thread then streams a block of
-        its own, where oneDNN's and MKL's one-row products leave part of the machine's read rate unused.  No copy:
-        the blocks are a view of the weight."""
-        blocks = self.weight.view(parts, self.out_features // parts, self.in_features)
-        # (in, 1) as the transpose of a row: MKL reads these strides as a matrix-vector product it splits well; a
-        # (1, in, 1) reshape gives the same values far more slowly.
-        column = x.reshape(1, self.in_features).t().expand(parts, self.in_features, 1)
-        if self.bias is None:
-            out = torch.bmm(blocks, column)
-        else:
-            out = torch.baddbmm(self.bias.view(parts, -1, 1), blocks, column)
-        return out.view(*x.shape[:-1], self.out_features)
+    def _candidates(self, rows: int, parts: int) -> dict:
+        """Each kernel that fits, as a call running it over this layer's weight and others of its shape in turn
+        (MEASURED_BYTES in all), on rows of random values (the values do not change a product's time)."""
+        siblings = [(self.weight, self.bias)] + [(w, b) for w, b in _BY_SHAPE[self._shape()].items()
+                                                 if w is not self.weight]
+        each = self.weight.numel() * self.weight.element_size()
+        weights = siblings[:max(1, MEASURED_BYTES // each)]
+        x = torch.randn(rows, self.in_features)
+        kernels = [k for k in KERNELS if _splits(self.out_features, parts) or not k.startswith("blocked")]
+        return {k: functools.partial(_over, k, x, weights, parts) for k in kernels}
 
-    def packed_weight(self) -> torch.Tensor:
-        # Repacked whenever the weight was replaced or changed in place since (a loaded state dict, an optimizer
-        # step); a tensor made under inference mode has no version counter, and cannot be changed outside it.
-        # The copy is kept beside the layer, not in it: an opaque oneDNN tensor can be neither copied nor pickled,
-        # and a copy of the layer (copy.deepcopy, torch.save of a model) has a weight of its own to pack.
-        version = None if torch.is_inference(self.weight) else self.weight._version
-        kept = _PACKED_COPIES.get(self.weight)
-        if kept is None or kept[0] != version:
-            kept = _PACKED_COPIES[self.weight] = (
-                version, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None))
-        return kept[1]
+    def forms(self) -> list[torch.Tensor]:
+        """The derived copies of the weight kept now (those the chosen kernels read): a trace holds them as its
+        state."""
+        return [tensor for _, tensor in _FORMS.get(self.weight, {}).values()]
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def _over(kernel: str, x: torch.Tensor, weights: list, parts: int) -> None:
+    for weight, bias in weights:
+        product(kernel, x, weight, bias, parts)
+
+
+def _drop_unchosen_forms(shape: tuple[int, int, bool]) -> None:
+    """Free the derived copies that timing made and no kernel chosen for a layer of `shape` reads (a trace made
+    already keeps those it holds)."""
+    # oneDNN's packed copy stays: the default kernel of most shapes not timed (a prompt's pass) reads it.
+    needed = {"onednn"} | {_form_key(kernel, chosen[-1]) for chosen, kernel in CHOICES.chosen.items()
+                           if chosen[1:4] == shape}
+    for weight in _BY_SHAPE.get(shape, {}).keys():
+        forms = _FORMS.get(weight, {})
+        for form in [f for f in forms if f not in needed]:
+            del forms[form]
 
 
 def _float_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:

@@ -15,6 +15,8 @@ from decode.trace_payback import TracePayback
 from decode.generate import generate
 from model.kv_cache import ContextOverflow, KVCache
 from model.int8 import quantize_model
+from model import packed_linear
+from model.kernel_choice import KernelChoices
 from model.packed_linear import PackedLinear, pack_for_inference
 from decode.sampling import SamplingParams
 
@@ -138,3 +140,25 @@ def test_a_step_past_the_cache_is_refused(small_model):
         small_model(prompt(batch=1, length=4), cache=cache, last_only=True)
         with pytest.raises(ContextOverflow, match="KV cache holds 4 positions; 5 requested"):
             DecodeSteps(small_model, torch.device("cpu"), "traced").logits(cache, torch.zeros(1, 1, dtype=torch.long), 1)
+
+
+@pytest.mark.parametrize("fastest, op", [("transposed", "aten::addmm"), ("onednn", "mkldnn::_linear_pointwise"),
+                                         ("linear", "aten::linear")])
+def test_a_trace_multiplies_through_the_kernel_timed_fastest_for_its_shapes(small_model, monkeypatch, fastest, op):
+    clock = type("Clock", (), {"now": 0.0, "__call__": lambda self: self.now})()
+    monkeypatch.setattr(packed_linear, "CHOICES", KernelChoices(clock=clock))
+    real_product = packed_linear.product
+
+    def timed_product(kernel, *args):
+        clock.now += 1.0 if kernel == fastest else 2.0
+        return real_product(kernel, *args)
+
+    monkeypatch.setattr(packed_linear, "product", timed_product)
+    for params in (GREEDY, SAMPLED):
+        assert torch.equal(generate(small_model, prompt(), params, decode="traced"),
+                           generate(small_model, prompt(), params, decode="dynamic"))
+    traced, = _TRACES[small_model][1].values()
+    graph = str(traced.inlined_graph)
+    assert op in graph and all(kernel == fastest for kernel in packed_linear.CHOICES.chosen.values())
+    others = {"aten::addmm", "mkldnn::_linear_pointwise", "aten::linear", "aten::baddbmm"} - {op}
+    assert not any(other in graph for other in others)

@@ -11,7 +11,10 @@ import torch.nn as nn
 from decode.generate import generate
 from model.gpt import GPT
 from model.int8 import Int8Linear, quantize_model
-from model.packed_linear import PACKED, PackedLinear, pack_for_inference
+from model import packed_linear
+from model.kernel_choice import KernelChoices
+from model.packed_linear import (KERNELS, PACKED, PackedLinear, choosing_kernels, default_kernel, pack_for_inference,
+                                 product, weight_form)
 from decode.sampling import SamplingParams
 from tests.conftest import small_config
 
@@ -21,37 +24,83 @@ needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reas
 @needs_onednn
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("shape", [(1, 48), (12, 48), (2, 5, 48)])
-def test_packed_product_equals_nn_linear(bias, shape):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_every_kernel_computes_nn_linears_product(bias, shape, kernel):
     torch.manual_seed(0)
     linear = nn.Linear(48, 80, bias=bias)
-    packed = PackedLinear(linear)
     x = torch.randn(shape)
     with torch.inference_mode():
-        torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(product(kernel, x, linear.weight, linear.bias, 2), linear(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(PackedLinear(linear)(x), linear(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_shape_not_timed_runs_the_default_rule():
+    """One row (a decoding step at batch 1): one block of weight rows per thread, when the threads divide the
+    rows; else, and for more rows, oneDNN's product."""
+    assert default_kernel(1, 80, 2) == "blocked"
+    assert default_kernel(1, 81, 2) == "onednn" and default_kernel(1, 80, 1) == "onednn"
+    assert default_kernel(3, 80, 2) == "onednn"
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_chooser_keeps_the_fastest_candidate_per_shape_and_times_each_shape_once():
+    clock = FakeClock()
+    choices = KernelChoices(clock=clock, rounds=3)
+    calls = []
+    # b is slower than a in its warm-up (a first call's one-time work) and once more; its fastest round wins
+    costs = {"a": [5.0, 2.0, 2.0, 2.0], "b": [9.0, 1.5, 3.0, 1.5]}
+
+    def run(name):
+        calls.append(name)
+        clock.now += costs[name].pop(0)
+
+    candidates = lambda: {name: (lambda name=name: run(name)) for name in costs}
+    assert choices.choose((1, 8, 8), candidates) == "b"
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # a warm-up round, then turns reversed every other
+    assert choices.timings[(1, 8, 8)] == {"a": 2.0, "b": 1.5}
+    calls.clear()
+    assert choices.choose((1, 8, 8), lambda: pytest.fail("a chosen shape is not timed again")) == "b"
+    costs = {"a": [1.0] * 4, "b": [2.0] * 4}
+    assert choices.choose((4, 8, 8), candidates) == "a" and len(calls) == 8  # another shape: timed on its own
+    with pytest.raises(ValueError, match="no kernel candidates"):
+        choices.choose((12, 8, 8), dict)
 
 
 @needs_onednn
-@pytest.mark.parametrize("bias", [True, False])
-def test_one_row_runs_as_one_block_of_weight_rows_per_thread(bias, monkeypatch):
-    """A decoding step at batch 1: a batched product over blocks of the weight's rows (no copy), the same values as
-    nn.Linear; a width the threads do not divide, and more rows, keep oneDNN's product."""
+def test_a_layer_times_the_candidates_only_while_choosing_and_keeps_only_the_chosen_kernels_copies(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(packed_linear, "CHOICES", KernelChoices(clock=clock))
+    real_product = packed_linear.product
+    speed = {"transposed": 1.0}  # the fastest on this fake host; every other kernel takes 2 s
+
+    def timed_product(kernel, *args):
+        clock.now += speed.get(kernel, 2.0)
+        return real_product(kernel, *args)
+
+    monkeypatch.setattr(packed_linear, "product", timed_product)
     torch.manual_seed(0)
-    blocks = []
-    one_row = PackedLinear._one_row
-    monkeypatch.setattr(PackedLinear, "_one_row", lambda self, x, parts: (blocks.append(parts),
-                                                                          one_row(self, x, parts))[1])
+    linears = [nn.Linear(48, 80) for _ in range(3)]
+    layers = [PackedLinear(linear) for linear in linears]
+    x = torch.randn(4, 48)
     threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        for out_features, rows, expected in ((80, (1, 1), [2]), (81, (1, 1), []), (80, (3,), [])):
-            blocks.clear()
-            linear = nn.Linear(48, out_features, bias=bias)
-            x = torch.randn(*rows, 48)
-            with torch.inference_mode():
-                torch.testing.assert_close(PackedLinear(linear)(x), linear(x), rtol=1e-5, atol=1e-5)
-            assert blocks == expected
-    finally:
-        torch.set_num_threads(threads)
+    with torch.inference_mode():
+        torch.testing.assert_close(layers[0](x), linears[0](x), rtol=1e-5, atol=1e-5)  # not choosing: the default
+        assert packed_linear.CHOICES.chosen == {}
+        with choosing_kernels():
+            torch.testing.assert_close(layers[0](x), linears[0](x), rtol=1e-5, atol=1e-5)
+    shape = (4, 48, 80, True, threads)
+    assert packed_linear.CHOICES.chosen == {shape: "transposed"}
+    fitting = KERNELS if threads > 1 else ("onednn", "linear", "transposed")
+    assert set(packed_linear.CHOICES.timings[shape]) == set(fitting)
+    for layer in layers:  # timed over the three layers' weights; the copies no chosen kernel reads are freed
+        assert [tuple(f.shape) for f in layer.forms() if f.layout == torch.strided] == [(48, 80)]
 
 
 @needs_onednn
@@ -70,16 +119,16 @@ def test_a_weight_changed_in_place_is_repacked():
 
 
 @needs_onednn
-def test_layers_wrapping_one_weight_share_one_packed_copy():
+def test_layers_wrapping_one_weight_share_one_copy_of_each_form():
     # Each traced step wraps the model's layers anew: a packed copy per wrapper held the weights once per trace.
     linear = nn.Linear(16, 24)
-    first, second = PackedLinear(linear), PackedLinear(linear)
-    packed = first.packed_weight()
-    assert second.packed_weight() is packed
-    assert PackedLinear(copy.deepcopy(linear)).packed_weight() is not packed
-    with torch.no_grad():
-        linear.weight.add_(1)
-    assert second.packed_weight() is not packed and second.packed_weight() is first.packed_weight()
+    for form in ("onednn", "transposed", ("blocked_t", 2)):
+        made = weight_form(linear.weight, form)
+        assert weight_form(PackedLinear(linear).weight, form) is made
+        assert weight_form(copy.deepcopy(linear).weight, form) is not made
+        with torch.no_grad():
+            linear.weight.add_(1)
+        assert weight_form(linear.weight, form) is not made
 
 
 def test_gradients_flow_through_the_plain_product():
