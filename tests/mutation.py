@@ -56,7 +56,8 @@ SCHEMA_TESTS = ("tests/test_serve_schemas.py", "tests/test_serve_api.py::test_ba
                 "tests/test_hostile_http.py")
 SERVE_TESTS = ("tests/test_serve_api.py", "tests/test_hostile_http.py")
 DATA_TESTS = ("tests/test_hostile_data.py", "tests/test_data.py")
-TOKEN_FILE_TESTS = ("tests/test_data.py::test_damaged_token_file_is_reported",
+TOKEN_FILE_TESTS = ("tests/test_hostile_data.py::test_a_token_file_is_read_only_when_every_part_of_it_is_whole",
+                    "tests/test_data.py::test_damaged_token_file_is_reported",
                     "tests/test_hostile_data.py::test_damaged_token_files_name_the_damage",
                     "tests/test_hostile_data.py::test_any_damaged_token_file_is_one_error_line")
 CLAIM_TESTS = ("tests/test_storage.py", "tests/test_hostile_data.py::test_an_out_dir_inside_the_dataset_is_refused"
@@ -69,15 +70,16 @@ CLI_TESTS = ("tests/test_cli.py", "tests/test_hostile_cli.py")
 # In the order a whole run takes them: the quickest to mutate first, so a run cut short has finished the most.
 MODULES = {
     "data/shards.py": Target(TOKEN_FILE_TESTS, only=("read_tokens",)),
-    "quantize/dynamic.py": Target(("tests/test_quantize.py::test_bad_input_gets_a_clear_error", *CLI_TESTS),
-                                  only=("QuantizeConfig",)),
-    "prune/config.py": Target(("tests/test_prune.py::test_bad_input_gets_a_clear_error", *CLI_TESTS)),
+    "quantize/dynamic.py": Target(("tests/test_tool_configs.py", "tests/test_quantize.py::test_bad_input_gets_a_"
+                                   "clear_error", *CLI_TESTS), only=("QuantizeConfig",)),
+    "prune/config.py": Target(("tests/test_tool_configs.py", "tests/test_prune.py::test_bad_input_gets_a_clear_error",
+                               *CLI_TESTS)),
     "storage/claim.py": Target(CLAIM_TESTS),
     "serve/schemas.py": Target(SCHEMA_TESTS),
     "serve/prompts.py": Target(("tests/test_serve_api.py::test_token_id_prompts_work_as_the_text_they_encode",
                                 *SERVE_TESTS)),
     "serve/errors.py": Target(("tests/test_serve_api.py::test_bad_fields_are_named", *SERVE_TESTS)),
-    "runtime/cli.py": Target(CLI_TESTS),
+    "runtime/cli.py": Target((*CLI_TESTS, "tests/test_tool_configs.py")),
     "data/documents.py": Target(DATA_TESTS),
     "data/local_files.py": Target(DATA_TESTS),
     "storage/folder.py": Target(("tests/test_storage.py", "tests/test_folder.py")),
