@@ -16,6 +16,7 @@ from pathlib import Path
 from bench.experiments import EXPERIMENTS
 from bench.record import RESULTS_DIR, gpu_results, read_result
 from bench.report_page import Page, mib, num
+from bench.suite_report import suite_section
 from runtime.cli import entry_point, option, parse_config
 
 REPORT = RESULTS_DIR.parent / "REPORT.md"
@@ -161,6 +162,7 @@ def write_report(results_dir: Path, out: Path) -> Path:
     header(page, environments, run)
     scorecards(page, list(cards.values()), run)
     experiment_sections(page, results_dir, results)
+    suite_section(page, results_dir)
     gpu_section(page, gpu_results(results_dir))
     conditions(page, environments)
     if run:

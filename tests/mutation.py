@@ -39,6 +39,7 @@ from runtime.errors import UserError
 from runtime.timing import environment
 
 EQUIVALENTS_FILE = ROOT / "tests" / "mutation_equivalents.json"
+KILLED_EARLIER = "killed in an earlier run"
 PYTEST = ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
 
 
@@ -56,11 +57,13 @@ SCHEMA_TESTS = ("tests/test_serve_schemas.py", "tests/test_serve_api.py::test_ba
                 "tests/test_hostile_http.py")
 SERVE_TESTS = ("tests/test_serve_api.py", "tests/test_hostile_http.py")
 DATA_TESTS = ("tests/test_hostile_data.py", "tests/test_data.py")
-TOKEN_FILE_TESTS = ("tests/test_data.py::test_damaged_token_file_is_reported",
+TOKEN_FILE_TESTS = ("tests/test_hostile_data.py::test_a_token_file_is_read_only_when_every_part_of_it_is_whole",
+                    "tests/test_data.py::test_damaged_token_file_is_reported",
                     "tests/test_hostile_data.py::test_damaged_token_files_name_the_damage",
                     "tests/test_hostile_data.py::test_any_damaged_token_file_is_one_error_line")
-CLAIM_TESTS = ("tests/test_storage.py", "tests/test_hostile_data.py::test_an_out_dir_inside_the_dataset_is_refused"
-               "_before_anything_is_written", "tests/test_train.py::test_a_refused_start_leaves_no_new_out_dir",
+CLAIM_TESTS = ("tests/test_claim.py", "tests/test_storage.py",
+               "tests/test_hostile_data.py::test_an_out_dir_inside_the_dataset_is_refused_before_anything_is_written",
+               "tests/test_train.py::test_a_refused_start_leaves_no_new_out_dir",
                "tests/test_hostile_artifacts.py::test_an_output_folder_that_is_the_source_under_any_name_is_refused",
                "tests/test_hostile_artifacts.py::test_a_hard_linked_copy_of_the_source_may_be_overwritten_without_"
                "touching_the_source",
@@ -69,15 +72,16 @@ CLI_TESTS = ("tests/test_cli.py", "tests/test_hostile_cli.py")
 # In the order a whole run takes them: the quickest to mutate first, so a run cut short has finished the most.
 MODULES = {
     "data/shards.py": Target(TOKEN_FILE_TESTS, only=("read_tokens",)),
-    "quantize/dynamic.py": Target(("tests/test_quantize.py::test_bad_input_gets_a_clear_error", *CLI_TESTS),
-                                  only=("QuantizeConfig",)),
-    "prune/config.py": Target(("tests/test_prune.py::test_bad_input_gets_a_clear_error", *CLI_TESTS)),
+    "quantize/dynamic.py": Target(("tests/test_tool_configs.py", "tests/test_quantize.py::test_bad_input_gets_a_"
+                                   "clear_error", *CLI_TESTS), only=("QuantizeConfig",)),
+    "prune/config.py": Target(("tests/test_tool_configs.py", "tests/test_prune.py::test_bad_input_gets_a_clear_error",
+                               *CLI_TESTS)),
     "storage/claim.py": Target(CLAIM_TESTS),
     "serve/schemas.py": Target(SCHEMA_TESTS),
     "serve/prompts.py": Target(("tests/test_serve_api.py::test_token_id_prompts_work_as_the_text_they_encode",
                                 *SERVE_TESTS)),
     "serve/errors.py": Target(("tests/test_serve_api.py::test_bad_fields_are_named", *SERVE_TESTS)),
-    "runtime/cli.py": Target(CLI_TESTS),
+    "runtime/cli.py": Target((*CLI_TESTS, "tests/test_tool_configs.py")),
     "data/documents.py": Target(DATA_TESTS),
     "data/local_files.py": Target(DATA_TESTS),
     "storage/folder.py": Target(("tests/test_storage.py", "tests/test_folder.py")),
@@ -109,6 +113,9 @@ class MutationConfig:
     base: str = option("main", "the branch --changed compares with")
     label: str = option("latest", "the name this run's figures are kept under in mutation.json (before, after)")
     planted: bool = option(True, "also run the defects planted by hand (PLANTED)")
+    rerun_survivors_of: str | None = option(None, "run only the mutants that survived the run of this label (e.g. "
+                                                  "before), counting the others as killed by it: new tests cannot "
+                                                  "revive a killed mutant, so the after figures cost a fraction")
     timeout_factor: float = option(4.0, "a mutant's tests time out at this many times their unmutated duration "
                                         "(plus 30 s)", above=1)
     results_dir: Path = option(RESULTS_DIR, "where mutation.json goes")
@@ -141,6 +148,7 @@ class ModuleResult:
     score: float  # (killed + timed out) / (mutants - equivalent)
     survivors: list[Mutant]
     left_out: dict[str, int] = field(default_factory=dict)  # reason -> mutants not run
+    killed_earlier: int = 0  # of `killed`, those counted from --rerun-survivors-of's run, not run again
     baseline_s: float = 0.0  # the tests' time on the unmutated module
     wall_s: float = 0.0
 
@@ -234,6 +242,19 @@ def baseline(copy: Path, tests: tuple[str, ...]) -> float:
     return time.perf_counter() - started
 
 
+def earlier_survivors(cfg: MutationConfig, module: str) -> set[tuple[int, str, str]] | None:
+    """(line, operator, code) of the mutants of `module` that survived --rerun-survivors-of's run (equivalent ones
+    included); None: run all."""
+    if cfg.rerun_survivors_of is None:
+        return None
+    path = cfg.results_dir / "mutation.json"
+    earlier = json.loads(path.read_text())["runs"].get(cfg.rerun_survivors_of, {}) if path.exists() else {}
+    if module not in earlier.get("modules", {}):
+        raise UserError(f"--rerun-survivors-of {cfg.rerun_survivors_of}: {path} has no such run of {module}")
+    ran = earlier["modules"][module]
+    return {(m["line"], m["operator"], m["code"]) for m in ran["survivors"] + ran["equivalent"]}
+
+
 def mutate_module(module: str, target: Target, copy: Path, work: Path, cfg: MutationConfig) -> ModuleResult:
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
@@ -250,7 +271,9 @@ def mutate_module(module: str, target: Target, copy: Path, work: Path, cfg: Muta
     source = (copy / module).read_text().splitlines()
     wanted = definition_lines(copy / module, target.only) if target.only else None
     typed = annotation_lines(copy / module)
+    survived_before = earlier_survivors(cfg, module)
     left_out: dict[str, int] = {}
+    killed_earlier = 0
     with use_db(str(db), WorkDB.Mode.open) as work_db:
         for item in list(work_db.pending_work_items):
             spec = item.mutations[0]
@@ -259,6 +282,11 @@ def mutate_module(module: str, target: Target, copy: Path, work: Path, cfg: Muta
                 reason = f"outside {', '.join(target.only)}"
             elif line in typed and spec.operator_name.startswith("core/ReplaceBinaryOperator_BitOr"):
                 reason = "a type annotation's union (read by type checkers, not run)"
+            elif survived_before is not None and (line, spec.operator_name.removeprefix("core/"),
+                                                  source[line - 1].strip()) not in survived_before:
+                killed_earlier += 1
+                work_db.set_result(item.job_id, WorkResult(worker_outcome=WorkerOutcome.SKIPPED, output=KILLED_EARLIER))
+                continue
             else:
                 continue
             left_out[reason] = left_out.get(reason, 0) + 1
@@ -266,7 +294,7 @@ def mutate_module(module: str, target: Target, copy: Path, work: Path, cfg: Muta
         pending = len(list(work_db.pending_work_items))
     print(f"{module}: {pending} mutants to run ({sum(left_out.values())} left out)", flush=True)
     cosmic_ray("exec", str(config), str(db), cwd=copy)
-    listed, killed, timed_out, equivalent, survivors = equivalents(), 0, 0, [], []
+    listed, killed, timed_out, equivalent, survivors = equivalents(), killed_earlier, 0, [], []
     with use_db(str(db), WorkDB.Mode.open) as work_db:
         for item, result in work_db.completed_work_items:
             if result.worker_outcome == WorkerOutcome.SKIPPED:
@@ -288,8 +316,8 @@ def mutate_module(module: str, target: Target, copy: Path, work: Path, cfg: Muta
     print(f"{module}: {mutants} mutants, {killed} killed, {timed_out} timed out, {len(survivors)} survived, "
           f"{len(equivalent)} equivalent: {score:.0%}", flush=True)
     return ModuleResult(module, list(target.tests), mutants, killed, timed_out, len(survivors), equivalent,
-                        round(score, 3), sorted(survivors, key=lambda m: m.line), left_out, round(took, 1),
-                        round(time.perf_counter() - started, 1))
+                        round(score, 3), sorted(survivors, key=lambda m: m.line), left_out, killed_earlier,
+                        round(took, 1), round(time.perf_counter() - started, 1))
 
 
 def run_planted(planted: Planted, copy: Path) -> PlantedResult:

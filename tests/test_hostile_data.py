@@ -542,3 +542,43 @@ def test_past_ten_files_that_cannot_be_used_the_rest_are_counted(tmp_path):
     message = str(refused.value)
     assert "holds 12 files" in message and "part-09.csv is .csv" in message and "part-10.csv" not in message
     assert "part-09.csv is .csv, not a format read here; and 2 more. Read are" in message
+
+
+def test_a_token_file_is_read_only_when_every_part_of_it_is_whole(tmp_path):
+    """data/shards.py's read_tokens at each of its checks' edges, with the exact line each gives."""
+    path = tmp_path / "t.bin"
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = [MAGIC, VERSION, 3]
+
+    def written(head: np.ndarray, tokens: list[int], tail: bytes = b"") -> Path:
+        path.write_bytes(head.tobytes() + np.array(tokens, dtype=np.uint16).tobytes() + tail)
+        return path
+    top = GPT2_VOCAB_SIZE - 1
+    tokens = read_tokens(written(header, [0, 7, top]))
+    assert tokens.dtype == np.uint16 and tokens.tolist() == [0, 7, top] and not tokens.flags.writeable
+    empty = header.copy()
+    empty[2] = 0
+    assert read_tokens(written(empty, [])).tolist() == [] and read_tokens(path).dtype == np.uint16
+    other_version = np.array([MAGIC, VERSION + 1, 3, *[0] * 253], np.int32)
+    other_magic = np.array([MAGIC + 1, VERSION, 3, *[0] * 253], np.int32)
+    cases = [  # each file written when its case runs: they share one path
+        (lambda: written(header, [0, 7, top + 1]), f"holds token id {top + 1}, beyond GPT-2's vocabulary of "
+                                                   f"{GPT2_VOCAB_SIZE:,}"),
+        (lambda: written(header, [0, 7]), "holds 2 tokens but its header says 3: truncated"),
+        (lambda: written(header, [0, 7, 8, 9]), "holds 4 tokens but its header says 3"),
+        (lambda: written(header, [0, 7, 8], b"\0"), "ends inside a token (7 bytes after the header"),
+        (lambda: written(header[:255], []), "is 1020 bytes, cut inside its 1024-byte header"),
+        (lambda: written(header[:3], []), "is 12 bytes, cut inside its 1024-byte header"),
+        (lambda: written(header[:2], []), "is not a token file (bad magic)"),
+        (lambda: written(other_version, [0, 7, 8]), f"has format version {VERSION + 1}, this code reads {VERSION}; "
+                                                    f"delete it"),
+        (lambda: written(other_magic, [0, 7, 8]), "is not a token file (bad magic)"),
+    ]
+    for make, message in cases:
+        with pytest.raises(DatasetError) as refused:
+            read_tokens(make())
+        assert str(refused.value).startswith(f"{path} {message}"), (message, str(refused.value))
+        check_error_line(str(refused.value), TOKEN_CACHE)
+    with pytest.raises(DatasetError, match=r"missing.bin cannot be read \(No such file or directory\); delete it and "
+                                           r"it will be rebuilt"):
+        read_tokens(tmp_path / "missing.bin")
