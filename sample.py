@@ -15,6 +15,10 @@ batch finishes (so lines come in the order they finish, and a crash keeps what w
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # first: a stop sent while the imports below take seconds is noted (runtime/stopping.py)
+    from runtime.stopping import note_stops_while_starting
+    note_stops_while_starting()
+
 import contextlib
 import json
 import sys
@@ -37,6 +41,7 @@ from runtime.cli import check_options, entry_point, flag, option, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
 from runtime.progress import ProgressBar
+from runtime.stopping import Stopped
 from runtime.text import decode_utf8
 from storage.artifact import load_model
 from storage.hub import resolve_checkpoint
@@ -267,9 +272,21 @@ def open_output(cfg: SampleConfig):
 
 
 def sample_many(cfg: SampleConfig, model, device, out, draft=None) -> None:
+    written = []  # the line number of each result written
+
     def write(result: dict) -> None:  # at once: a later crash keeps every line already done
         out.write(json.dumps(result) + "\n")
         out.flush()
+        written.append(result["line"])
+
+    try:
+        sample_batches(cfg, model, device, write, draft)
+    except KeyboardInterrupt as e:  # SIGINT or SIGTERM (runtime/stopping.py): the entry point prints the line
+        raise Stopped.of(e).saying(f"after {len(written)} results; {cfg.output or 'standard output'} holds them, "
+                                   f"one whole line each") from None
+
+
+def sample_batches(cfg: SampleConfig, model, device, write, draft=None) -> None:
 
     jobs, errors = read_prompts(cfg)
     for error in errors:
@@ -307,7 +324,7 @@ def sample_many(cfg: SampleConfig, model, device, out, draft=None) -> None:
         print(f"wrote {len(jobs) + len(errors)} results ({failed} errors) to {cfg.output}", file=sys.stderr)
 
 
-@entry_point
+@entry_point(interrupted="before its samples were complete")
 def main(argv=None) -> None:
     cfg = parse_config(SampleConfig, __doc__, argv)
     with open_output(cfg) as out:

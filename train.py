@@ -11,6 +11,10 @@ is training/trainer.py.
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # first: a stop sent while the imports below take seconds is noted (runtime/stopping.py)
+    from runtime.stopping import note_stops_while_starting
+    note_stops_while_starting()
+
 import signal
 
 import torch.distributed as dist
@@ -22,6 +26,7 @@ from parallel.distributed import announce_failure, exit_rank, failed_rank, launc
 from runtime.cli import entry_point, given_fields, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
+from runtime.stopping import Stopped
 from storage.claim import missing_folders, refuse_output_in_dataset, remove_unused_folders
 from storage.hub import resolve_checkpoint
 from training.config import TrainConfig, TrainingError
@@ -42,6 +47,7 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> EvalRecord:
     layout = layout_from_flags(cfg.parallel, cfg.tp_size)
     ctx = init_distributed(layout.dims, choose_device(cfg.device), cfg.dist_timeout_s)
     created = missing_folders(cfg.out_dir) if ctx.is_writer else []
+    final = None
     try:
         with skipping_unreadable(cfg.skip_unreadable), Trainer(cfg, ctx, layout.strategy, given) as trainer:
             final = trainer.fit()
@@ -53,7 +59,9 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> EvalRecord:
     except BaseException as e:
         # A run that stops before it wrote anything (bad data, a refused --resume) leaves no new --out-dir.
         remove_unused_folders(created)
-        if isinstance(e, (UserError, SystemExit)) or ctx.world_size == 1:
+        if isinstance(e, Stopped) and final is not None:  # the training loop's own stop handling had ended
+            raise e.saying(f"after the run finished; its last checkpoint in {cfg.out_dir} is whole") from None
+        if isinstance(e, (UserError, SystemExit, Stopped)) or ctx.world_size == 1:
             raise
         if isinstance(e, dist.DistError) or "gloo" in str(e).lower() or "nccl" in str(e).lower():
             culprit = failed_rank()
@@ -66,8 +74,9 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> EvalRecord:
         shutdown(ctx)
 
 
-# Ctrl-C while starting: the training loop ends its own interruptions with their message.
-@entry_point(interrupted="interrupted while starting; nothing was saved in this run")
+# A stop while starting (SIGINT or SIGTERM, runtime/stopping.py): the training loop ends its own stops with their
+# message (training/stop_signals.py).
+@entry_point(interrupted="while starting; nothing was saved in this run")
 def main(argv=None) -> None:
     train(parse_config(TrainConfig, __doc__, argv), given_fields(TrainConfig, argv))
 

@@ -16,21 +16,39 @@ of the float architecture it was quantized from (same config, fresh weights).
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # first: a stop sent while the imports below take seconds is noted (runtime/stopping.py)
+    from runtime.stopping import note_stops_while_starting
+    note_stops_while_starting()
+
 import json
+import os
+from pathlib import Path
 
 from bench.eval.scorecard import LeaderboardConfig, scorecard
 from runtime.cli import entry_point, parse_config
 
 
-@entry_point
+def write_whole(path: Path, text: str) -> None:
+    """Written beside and renamed into place: a stop never leaves half a scorecard at --out."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        partial.write_text(text)
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+# A stop (SIGINT or SIGTERM) ends its training runs with it (bench/processes.py) and their temporary folder.
+@entry_point(interrupted="before the scorecard was complete; nothing was written")
 def main(argv=None) -> dict:
     args = parse_config(LeaderboardConfig, __doc__, argv)
     score = scorecard(args)
     text = json.dumps(score, indent=2)
     print(text)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+        write_whole(args.out, text + "\n")
     return score
 
 

@@ -15,9 +15,12 @@ report (one curve each); the checkpoint there is the latest run's.
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # first: a stop sent while the imports below take seconds is noted (runtime/stopping.py)
+    from runtime.stopping import note_stops_while_starting
+    note_stops_while_starting()
+
 import copy
 import dataclasses
-import sys
 import time
 from pathlib import Path
 
@@ -39,6 +42,7 @@ from runtime.cli import entry_point, parse_config
 from runtime.device import choose_device, precision_policy
 from runtime.progress import ProgressBar
 from runtime.provenance import provenance
+from runtime.stopping import Stopped
 from storage.artifact import artifact_writers, load_model, model_state_for_saving, write_folder_atomically
 from storage.claim import claim_output_folder
 from storage.meta import ArtifactMeta
@@ -197,10 +201,9 @@ def run(cfg: PruneConfig) -> dict:
             session.save(model, report, row)
             rounds_bar.update(1)
             ProgressBar.write(round_summary(row, cfg.rounds))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # SIGINT or SIGTERM (runtime/stopping.py): the entry point prints the line
         rounds_bar.close()
-        print(f"\n{interrupted_rounds(session.saved_round, cfg.rounds, out_dir)}", file=sys.stderr)
-        raise SystemExit(130)
+        raise Stopped.of(e).saying(interrupted_rounds(session.saved_round, cfg.rounds, out_dir)) from None
     rounds_bar.close()
     final = entry["rounds"][-1]
     print(f"wrote {out_dir}: pruned checkpoint (round {cfg.rounds}), prune_report.json, loss_vs_sparsity.png, "
@@ -214,16 +217,16 @@ def run(cfg: PruneConfig) -> dict:
 
 
 def interrupted_rounds(saved: int, rounds: int, out_dir: Path) -> str:
-    """What a Ctrl-C during the rounds leaves: the round on disk, not the last one computed (a save the Ctrl-C cut
+    """What a stop during the rounds leaves: the round on disk, not the last one computed (a save the stop cut
     short was discarded)."""
     when = f"during round {saved + 1}" if saved < rounds else "after the last round"
     kept = (f"round {saved}'s checkpoint and report in {out_dir} are intact" if saved else
             f"no round had been saved, so {out_dir} holds nothing from this run")
-    return f"interrupted {when}; {kept}"
+    return f"{when}; {kept}"
 
 
-# Ctrl-C during loading or the dense baseline; interrupts inside rounds are handled there.
-@entry_point(interrupted="interrupted before the first pruning round finished; nothing was written")
+# A stop during loading or the dense baseline; stops inside rounds say what they leave there.
+@entry_point(interrupted="before a pruning round finished; nothing was written")
 def main(argv=None) -> None:
     cfg = parse_config(PruneConfig, __doc__, argv)
     for method in method_names(cfg):  # each adds its curve to the same report in --out-dir

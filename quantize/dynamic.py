@@ -27,6 +27,10 @@ and still measures on CPU.
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # first: a stop sent while the imports below take seconds is noted (runtime/stopping.py)
+    from runtime.stopping import note_stops_while_starting
+    note_stops_while_starting()
+
 import json
 import platform
 import sys
@@ -45,6 +49,7 @@ from runtime.cli import check_options, entry_point, non_default_flags, option, p
 from runtime.device import choose_device
 from runtime.errors import UserError
 from runtime.provenance import git_commit, provenance
+from runtime.stopping import leaving
 from runtime.timing import cpu_model
 from storage.artifact import DEFAULT_OUT_ROOT, WEIGHTS_FILE, int8_artifact_writers, load_model, write_folder_atomically
 from storage.claim import claim_output_folder
@@ -151,44 +156,53 @@ def quantize(cfg: QuantizeConfig) -> dict:
                                    "scheme": quantization["scheme"]},
                   "note": "quantize/dynamic.py stopped before measuring this artifact; run it again to measure"}
     write_folder_atomically(out_dir, {**writers, REPORT_FILE: json_writer(unmeasured)})
-    # Measure the artifact as every other tool will see it: reloaded from disk.
-    int8_model, _ = load_model(out_dir, "cpu")
-    print(f"wrote int8 artifact to {out_dir} ({len(quantization['layers'])} linear layers quantized, "
-          f"{cfg.head} head); measuring", file=sys.stderr)
+    with leaving(not_measured_yet(out_dir)):
+        # Measure the artifact as every other tool will see it: reloaded from disk.
+        int8_model, _ = load_model(out_dir, "cpu")
+        print(f"wrote int8 artifact to {out_dir} ({len(quantization['layers'])} linear layers quantized, "
+              f"{cfg.head} head); measuring", file=sys.stderr)
 
-    # Each side on its fastest path: float linears packed for oneDNN (and an fp32 head of the int8 model).
-    kernels = {"float": pack_for_inference(float_model), "int8": pack_for_inference(int8_model)}
-    validation = paired_validation(float_model, int8_model,
-                                   eval_batches(tokens, block, cfg.eval_batch_size, cfg.eval_batches),
-                                   total_batches=cfg.eval_batches)
-    prompts = prompts_from(tokens, max(BATCH_SIZES), cfg.prompt_tokens)
-    generation, outputs = generation_speed({"float": float_model, "int8": int8_model}, prompts, BATCH_SIZES,
-                                           cfg.new_tokens, cfg.repeats)
-    return {
-        "source": str(source), "source_artifact": source_meta.kind, "artifact": str(out_dir),
-        "quantization": {"head": cfg.head, "layers": len(quantization["layers"]),
-                         "scheme": quantization["scheme"]},
-        "dataset": dataset, "dataset_chosen": dataset_why, "split": "validation", "eval_block_size": block,
-        "validation": validation, "generation": generation, "float_kernels": kernels,
-        "greedy": greedy_agreement(outputs["float"], outputs["int8"], cfg.prompt_tokens),
-        "measured": True,
-        "size_bytes": {"float": weights_size(Path(source)), "int8": weights_size(out_dir)},
-        "environment": {"device": "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__,
-                        "quantized_engine": torch.backends.quantized.engine, "machine": platform.machine(),
-                        "cpu": cpu_model(), "git_commit": git_commit()},
-        "command": " ".join(["python quantize/dynamic.py", *non_default_flags(cfg)]),
-    }
+        # Each side on its fastest path: float linears packed for oneDNN (and an fp32 head of the int8 model).
+        kernels = {"float": pack_for_inference(float_model), "int8": pack_for_inference(int8_model)}
+        validation = paired_validation(float_model, int8_model,
+                                       eval_batches(tokens, block, cfg.eval_batch_size, cfg.eval_batches),
+                                       total_batches=cfg.eval_batches)
+        prompts = prompts_from(tokens, max(BATCH_SIZES), cfg.prompt_tokens)
+        generation, outputs = generation_speed({"float": float_model, "int8": int8_model}, prompts, BATCH_SIZES,
+                                               cfg.new_tokens, cfg.repeats)
+        return {
+            "source": str(source), "source_artifact": source_meta.kind, "artifact": str(out_dir),
+            "quantization": {"head": cfg.head, "layers": len(quantization["layers"]),
+                             "scheme": quantization["scheme"]},
+            "dataset": dataset, "dataset_chosen": dataset_why, "split": "validation", "eval_block_size": block,
+            "validation": validation, "generation": generation, "float_kernels": kernels,
+            "greedy": greedy_agreement(outputs["float"], outputs["int8"], cfg.prompt_tokens),
+            "measured": True,
+            "size_bytes": {"float": weights_size(Path(source)), "int8": weights_size(out_dir)},
+            "environment": {"device": "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__,
+                            "quantized_engine": torch.backends.quantized.engine, "machine": platform.machine(),
+                            "cpu": cpu_model(), "git_commit": git_commit()},
+            "command": " ".join(["python quantize/dynamic.py", *non_default_flags(cfg)]),
+        }
 
 
-@entry_point
+def not_measured_yet(out_dir: Path) -> str:
+    """What a stop while measuring leaves (the report of a run stopped earlier cannot be beside these weights)."""
+    return (f"while measuring; the int8 artifact in {out_dir} is whole and its {REPORT_FILE} says it is not measured "
+            f"yet (run again to measure)")
+
+
+@entry_point(interrupted="before the int8 artifact was written; nothing was written")
 def main(argv=None) -> None:
     cfg = parse_config(QuantizeConfig, __doc__, argv)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     report = quantize(cfg)
     out_dir = Path(cfg.out_dir)
-    write_folder_atomically(out_dir, {REPORT_FILE: json_writer(report)})
-    print_table(report)
+    with leaving(not_measured_yet(out_dir)):  # a save cut short is discarded
+        write_folder_atomically(out_dir, {REPORT_FILE: json_writer(report)})
+    with leaving(f"after writing {out_dir}: the int8 artifact and its measured {REPORT_FILE} are complete"):
+        print_table(report)
     print(f"report: {out_dir / REPORT_FILE}", file=sys.stderr)
 
 

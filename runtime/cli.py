@@ -8,6 +8,7 @@ import difflib
 import functools
 import json
 import operator
+import signal
 import sys
 import tomllib
 import types
@@ -15,6 +16,8 @@ import typing
 from pathlib import Path
 
 from runtime.errors import UserError
+from runtime.stopping import (Stopped, closing_line, ignore_stop_signals, stop_on_signals,
+                              take_stop_noted_while_starting)
 
 # The bounds `option` takes: how a message states each, and the test a value within it passes (NaN fails all).
 _BOUNDS = {"min": ("at least", operator.ge), "above": ("above", operator.gt),
@@ -147,21 +150,25 @@ def _base_type(hint):
 def entry_point(main=None, *, interrupted: str | None = None):
     """Every command's `main(argv=None)` is wrapped by this, as `@entry_point` or `@entry_point(interrupted=...)`:
     a UserError ends the command with the one line `error: <message>` and exit status 1, while any other exception
-    (a bug) keeps its traceback.  With `interrupted`, Ctrl-C ends it with that line and exit status 130, as a
-    shell reports a command stopped by SIGINT; without, Python's own KeyboardInterrupt does (the command handles
-    its interruptions inside, or has nothing to say)."""
+    (a bug) keeps its traceback.  SIGINT and SIGTERM stop it however it was started (runtime/stopping.py) with one
+    closing line, `stopped by SIGTERM <what it leaves>; exit status 143`, and exit status 128 + the signal's number,
+    as a shell reports a command a signal ended.  What it leaves is what the stopped code said (`Stopped.saying`),
+    else `interrupted`, the command's word for a stop anywhere."""
     def wrap(body):
         @functools.wraps(body)
         def command(argv=None):
-            try:
-                return body(argv)
-            except UserError as e:
-                sys.exit(f"error: {e}")
-            except KeyboardInterrupt:
-                if interrupted is None:
-                    raise
-                print(f"\n{interrupted}", file=sys.stderr)
-                raise SystemExit(130)
+            with stop_on_signals():
+                try:
+                    take_stop_noted_while_starting()
+                    return body(argv)
+                except UserError as e:
+                    sys.exit(f"error: {e}")
+                except KeyboardInterrupt as e:
+                    stop = Stopped.of(e)
+                    ignore_stop_signals()  # until the block ends: a repeated signal does not cut the line short
+                    below_ctrl_c = "\n" if stop.signum == signal.SIGINT else ""  # a terminal shows ^C there
+                    print(below_ctrl_c + closing_line(stop, interrupted), file=sys.stderr, flush=True)
+                    raise SystemExit(stop.exit_status) from None
         return command
     return wrap if main is None else wrap(main)
 

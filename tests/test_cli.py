@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import os
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -16,6 +20,7 @@ from prune.errors import PruneError
 from quantize.dynamic import QuantizeConfig, QuantizeError
 from runtime.cli import add_dataclass_args, check_options, entry_point, option, parse_config
 from runtime.errors import UserError
+from runtime.stopping import Stopped, leaving
 from serve.config import ServeConfig, ServeConfigError
 from tests.source_tree import ROOT, parsed, python_files
 from training.config import TrainConfig, TrainingError
@@ -132,7 +137,7 @@ def test_a_bounded_list_needs_a_value_unless_it_may_be_empty():
     assert Optional(levels=[]).levels == []
 
 
-def test_entry_point_ends_a_user_error_with_one_line_and_lets_a_bug_keep_its_traceback():
+def test_entry_point_ends_a_user_error_with_one_line_and_lets_a_bug_keep_its_traceback(capsys):
     @entry_point
     def main(argv=None):
         if argv == ["bug"]:
@@ -146,19 +151,54 @@ def test_entry_point_ends_a_user_error_with_one_line_and_lets_a_bug_keep_its_tra
     assert exit_info.value.code == "error: --flag x is wrong; give --flag 1"
     with pytest.raises(KeyError):
         main(["bug"])
-    with pytest.raises(KeyboardInterrupt):  # no message of its own: Python's Ctrl-C
+    with pytest.raises(SystemExit) as exit_info:  # no message of its own: the signal and the status
         main(["ctrl-c"])
+    assert exit_info.value.code == 130 and capsys.readouterr().err == "\nstopped by SIGINT; exit status 130\n"
 
 
 def test_entry_point_with_a_message_ends_ctrl_c_with_it_and_exit_status_130(capsys):
-    @entry_point(interrupted="interrupted while starting; nothing was written")
+    @entry_point(interrupted="while starting; nothing was written")
     def main(argv=None):
         raise KeyboardInterrupt
 
     with pytest.raises(SystemExit) as exit_info:
         main([])
     assert exit_info.value.code == 130
-    assert capsys.readouterr().err == "\ninterrupted while starting; nothing was written\n"
+    assert capsys.readouterr().err == "\nstopped by SIGINT while starting; nothing was written; exit status 130\n"
+
+
+def test_entry_point_ends_a_sigterm_with_what_the_stopped_code_said_and_128_plus_its_number(capsys):
+    @entry_point(interrupted="while starting; nothing was written")
+    def main(argv=None):
+        with leaving("during round 2; round 1 is on disk"):
+            raise Stopped(signal.SIGTERM)
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([])
+    assert exit_info.value.code == 143
+    assert capsys.readouterr().err == "stopped by SIGTERM during round 2; round 1 is on disk; exit status 143\n"
+
+
+def test_entry_point_takes_sigint_and_sigterm_only_while_the_command_runs():
+    """The handlers are the command's while it runs (SIG_IGN, as `cmd &` leaves SIGINT, included) and the
+    previous ones afterwards; run in a process of its own, since it changes them."""
+    script = """
+import os, signal
+from runtime.cli import entry_point
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+@entry_point
+def main(argv=None):
+    os.kill(os.getpid(), signal.SIGINT)
+    signal.pause()  # never reached: the signal stops the command
+main([])
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 130 and result.stderr == "\nstopped by SIGINT; exit status 130\n", result.stderr
+    after = "from runtime.cli import entry_point; import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); " \
+            "entry_point(lambda argv: None)([]); assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN"
+    assert subprocess.run([sys.executable, "-c", after], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          timeout=60).returncode == 0
 
 
 def test_every_command_main_is_wrapped_by_entry_point():

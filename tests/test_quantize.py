@@ -283,7 +283,7 @@ def test_bad_input_gets_a_clear_error(workspace, monkeypatch, argv, message):
                       "--dataset", str(workspace / "corpus"), *argv])
 
 
-def test_a_run_stopped_while_measuring_leaves_no_report_of_another_run(workspace, monkeypatch):
+def test_a_run_stopped_while_measuring_leaves_no_report_of_another_run(workspace, monkeypatch, capsys):
     monkeypatch.setenv("GPT2_DATA_CACHE", str(workspace / "cache"))
     out = workspace / "int8_stopped"
     run_cli(workspace, out, "--head", "fp32")
@@ -293,8 +293,11 @@ def test_a_run_stopped_while_measuring_leaves_no_report_of_another_run(workspace
         raise KeyboardInterrupt
 
     monkeypatch.setattr(dynamic, "paired_validation", killed)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(SystemExit) as exit_info:
         run_cli(workspace, out, "--head", "int8")
+    assert exit_info.value.code == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        f"stopped by SIGINT {dynamic.not_measured_yet(out)}; exit status 130"
     report = json.loads((out / dynamic.REPORT_FILE).read_text())
     assert json.loads((out / CONFIG_FILE).read_text())["quantization"]["head"] == "int8"
     assert report["quantization"]["head"] == "int8" and report["measured"] is False

@@ -282,7 +282,8 @@ def measure(args: LeaderboardConfig) -> Measured:
     inference_peak = peak_memory_bytes(device)
     del model
     with tempfile.TemporaryDirectory(prefix="leaderboard-") as tmp:
-        training = training_figures(args, trainable_source(Path(folder), meta, Path(tmp)), settled.train_block,
+        # Resolved: train.py runs from the project root (bench/processes.py), not where a relative path was given.
+        training = training_figures(args, trainable_source(Path(folder).resolve(), meta, Path(tmp)), settled.train_block,
                                     Path(tmp), PROTOCOLS[args.protocol])
     return Measured(Path(folder), meta, settled, device, precision, dataset, dataset_chosen, described, len(tokens),
                     validation, generation, inference_peak, training)
