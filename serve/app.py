@@ -66,7 +66,7 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
                      config.draft_tokens, pack_for_inference(draft))
         engine = Engine(model, device, config.max_batch_size, config.max_queue, config.request_timeout_s, metrics,
                         config.decode, draft, config.draft_tokens)
-        engine.warm_up()
+        engine.warm_up(all_rows=config.warm_up == "all-rows")
         return engine, meta
 
     engine, meta = off_the_main_thread(build)

@@ -9,6 +9,7 @@ from decode.speculative import DEFAULT_DRAFT_TOKENS
 from runtime.cli import check_options, option
 from runtime.errors import UserError
 
+WARM_UP_CHOICES = ("all-rows", "one-row")
 # The environment variable that, when set, holds the API key every generation request must present.
 API_KEY_ENV = "GPT2_SERVE_API_KEY"
 # The environment variable the uvicorn app factory (`uvicorn --factory serve.app:create_app`) reads
@@ -56,6 +57,10 @@ class ServeConfig:
                                      "greedy tokens stay the model's own, sampled ones follow its distribution")
     draft_tokens: int = option(DEFAULT_DRAFT_TOKENS, "with --draft: tokens the draft proposes per step", min=1)
     max_batch_size: int = option(16, "sequences decoded together in one forward pass", min=1)
+    warm_up: str = option("all-rows", "decode steps made at start-up, before /health says ready: all-rows (a trace or "
+                                      "capture per row count the batch is padded to, so that no request waits for "
+                                      "one) or one-row (a faster start; each other count is made when a batch first "
+                                      "reaches it, in that request's time)", choices=WARM_UP_CHOICES)
     max_queue: int = option(64, "requests that may wait for a batch slot before new ones get 503", min=0)
     request_timeout_s: float = option(120.0, "time limit per request, from arrival to the last token, queueing "
                                              "included", above=0)

@@ -65,8 +65,8 @@ class Engine:
     # ---- called from other threads ----
 
     @torch.inference_mode()
-    def warm_up(self) -> None:
-        self.runner.warm_up()
+    def warm_up(self, all_rows: bool = True) -> None:
+        self.runner.warm_up(all_rows)
 
     def start(self) -> None:
         """Start the engine's thread, or start it again after `stop`: an app's lifespan can run more than once (a

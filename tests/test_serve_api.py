@@ -30,7 +30,9 @@ def checkpoint(tmp_path_factory) -> str:
 
 
 def make_client(checkpoint: str, **settings) -> TestClient:
-    return TestClient(create_app(ServeConfig(checkpoint=checkpoint, device="cpu", **settings)))
+    # One row's step at start-up: these tests start many apps, and the warm-up of every row count is
+    # test_serve_engine's and the live server's.
+    return TestClient(create_app(ServeConfig(checkpoint=checkpoint, device="cpu", **{"warm_up": "one-row", **settings})))
 
 
 @pytest.fixture(scope="module")
@@ -315,7 +317,7 @@ def test_an_unexpected_error_answers_500_without_its_text(checkpoint, monkeypatc
         raise RuntimeError("secret internal detail")
 
     monkeypatch.setattr(ServerState, "encode_within_context", broken)
-    app = create_app(ServeConfig(checkpoint=checkpoint, device="cpu"))
+    app = create_app(ServeConfig(checkpoint=checkpoint, device="cpu", warm_up="one-row"))
     with TestClient(app, raise_server_exceptions=False) as client:
         response = client.post("/generate", json={"prompt": "hi", "max_new_tokens": 2})
     assert response.status_code == 500

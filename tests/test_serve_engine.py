@@ -356,3 +356,26 @@ def test_the_engine_refuses_at_submission_a_request_its_model_cannot_run(short_c
     with pytest.raises(RequestRejected, match=message):
         engine.submit(GenerationRequest(ids, params, lambda event: None))
     assert engine.queue_depth == 0
+
+
+def test_after_warm_up_no_batch_waits_for_a_trace(short_context_model, monkeypatch):
+    """Issue 49: start-up makes the step of every row count the batch is padded to, in the form the batch runs it
+    (rows of one length included), so no request pays for a trace."""
+    torch.manual_seed(1)
+    model = GPT(small_config(block_size=16, vocab_size=2048)).eval()  # traces are kept per model: a fresh one
+    engine = Engine(model, torch.device("cpu"), max_batch_size=6, max_queue=8, request_timeout_s=60)
+    engine.warm_up()
+    traced = engine.runner.steps.traced
+    made = set(traced.traces)
+    assert sorted(key[0] for key in made) == [1, 2, 3, 4, 6]  # 5 rows run padded to 6
+    engine.start()
+    try:
+        greedy = SamplingParams(max_new_tokens=5, temperature=0, stop_at_eot=False)
+        alone = run(engine, [([1, 2, 3], greedy)]).tokens[0]
+        # Six rows of one length, then five of several lengths, join and leave together.
+        together = run(engine, [([1, 2, 3], greedy)] * 6).tokens
+        run(engine, [([i + 1] * (i + 1), greedy) for i in range(5)])
+    finally:
+        engine.stop()
+    assert together == [alone] * 6
+    assert set(traced.traces) == made

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from bench.experiment import Experiment, SettingsError
 from bench.experiments import (batch_sweep, comm_strategies, compression, data_loading, data_prep, faults,
-                               generate_speed, one_off_decode, phase_profile, playground, precision_memory,
-                               prune_speed, serve_speed, speculative, tp_vs_fsdp, train_speed)
+                               first_request, generate_speed, one_off_decode, phase_profile, playground,
+                               precision_memory, prune_speed, serve_speed, speculative, tp_vs_fsdp, train_speed)
 
 EXPERIMENTS: tuple[Experiment, ...] = (
     batch_sweep.EXPERIMENT,
@@ -28,6 +28,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     faults.EXPERIMENT,
     one_off_decode.EXPERIMENT,
     playground.EXPERIMENT,
+    first_request.EXPERIMENT,
 )
 
 
