@@ -41,6 +41,7 @@ class SideSpec:
     int8_head: str | None = None
     context: int = 1024  # llama.cpp's context length
     rows: int = 1  # llama.cpp's sequence slots
+    cpus: tuple[int, ...] = ()  # the cores the side runs on (as taskset -c), before any thread starts; () all
 
 
 def step_bytes(model: torch.nn.Module) -> int:
@@ -97,6 +98,8 @@ def _transformers(spec: SideSpec) -> tuple[Callable[[torch.Tensor, int], torch.T
 
 def _build(spec: SideSpec) -> tuple[Callable[[torch.Tensor, int], torch.Tensor], dict]:
     """The side's decoder, and what it says of itself (versions, kernels, bytes a step reads)."""
+    if spec.cpus:  # before the runtime's threads start: they inherit it
+        os.sched_setaffinity(0, spec.cpus)
     torch.set_num_threads(spec.threads)
     if spec.runtime == "ours":
         return _ours(spec)
