@@ -42,7 +42,9 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import shutil
 import sys
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +54,7 @@ from bench.experiment import Experiment, SettingsError
 from bench.peers.colocated import colocated
 from bench.peers.decode_sides import Sides, SideSpec
 from bench.peers.host_rates import HostRates, measure_in_process, read_bandwidth
+from bench.processes import run_command
 from bench.record import plt
 from bench.report_page import Page, spread
 from data.corpus import builtin_documents
@@ -98,6 +101,8 @@ class Settings:
     transformers: bool = option(True, "time Hugging Face transformers beside ours when it is installed")
     decode: str = option("auto", "how our decode steps run (sample.py --decode; auto: its default)",
                          choices=DECODE_MODES)
+    baseline: str | None = option(None, "a git revision of this project whose generate() runs too, fp32 and int8, "
+                                        "in the same interleaved rounds: an A/B of a change (none: not run)")
     device: str = option("auto", "auto, cpu, cuda, ...")
 
     def __post_init__(self):
@@ -172,6 +177,25 @@ COMPARED = (("ours fp32", "ONNX Runtime fp32"), ("ours fp32", "llama.cpp F32"), 
             ("ours int8", "ours int8 eager"), ("ours int8", "ours int8 fp16 head"))
 
 
+def checkout(revision: str, folder: Path) -> Path:
+    """This project's files at `revision` (git archive, no git metadata touched), in `folder`, made afresh."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    archive = run_command(["git", "archive", "--format=tar", revision, "-o", str(folder / "source.tar")])
+    if not archive.ok:
+        raise SettingsError(f"--baseline {revision!r}: git archive failed: {archive.output.strip()}")
+    with tarfile.open(folder / "source.tar") as tar:
+        tar.extractall(folder, filter="data")
+    return folder
+
+
+def compared(settings: Settings) -> list[tuple[str, str]]:
+    """The pairs compared at every batch size both sides ran: our side first; with a baseline, ours against it."""
+    if not settings.baseline:
+        return list(COMPARED)
+    return [*COMPARED, *((f"ours {kind}", f"ours {kind} at {settings.baseline}") for kind in ("fp32", "int8"))]
+
+
 def real_prompts(rows: int, length: int) -> torch.Tensor:
     """`rows` prompts of `length` tokens of English: consecutive windows of the built-in corpus's validation
     text (data/corpus.py), the same in every run."""
@@ -195,12 +219,18 @@ def side_specs(model: GPT, settings: Settings, device: torch.device, decode: str
     """Every side to time, with the files it loads written here once: our artifact, the ONNX graphs, the GGUF
     files, the Hugging Face folder (each peer when installed and asked for)."""
     threads, cpu = torch.get_num_threads(), device.type == "cpu"
-    ours = work_dir / "ours"
+    ours = work_dir.resolve() / "ours"
     save_artifact(ours, model, model.config, "float", provenance("generate_speed"))
     run = lambda name, **kw: SideSpec(name, "ours", (str(ours),), threads, str(device), **kw)
     specs = [run("ours fp32", decode=decode)]
     if cpu:
         specs.append(run("ours int8", decode=decode, int8_head=settings.int8_head))
+    if settings.baseline:
+        root = str(checkout(settings.baseline, work_dir.resolve() / "baseline"))
+        specs.append(run(f"ours fp32 at {settings.baseline}", decode=decode, root=root))
+        if cpu:
+            specs.append(run(f"ours int8 at {settings.baseline}", decode=decode, int8_head=settings.int8_head,
+                             root=root))
         if settings.fp16_head_too:
             specs.append(run("ours int8 fp16 head", decode=decode, int8_head="fp16"))
     if decode != "dynamic":
@@ -281,7 +311,7 @@ def time_row(sides: Sides, names: list[str], condition: Condition, rates: HostRa
                               agreement(reference, tokens[name], settings.prompt_tokens)) for name in names}
     comparisons = [Comparison(side, against, paired_ratio(whole[against], whole[side]),
                               paired_ratio(decode_s[against], decode_s[side]))
-                   for side, against in COMPARED if side in speeds and against in speeds]
+                   for side, against in compared(settings) if side in speeds and against in speeds]
     row = GenerationRow(batch, condition.busy_cores, condition.name, rates, speeds, comparisons, loads)
     print(f"batch {batch:>2}, {condition.name}{host_note(rates)}, new tokens/s end to end (decode only): " + ", ".join(
         f"{name} {s.tokens_per_s.median:.1f} ({s.decode_tokens_per_s.median:.1f})"
@@ -370,7 +400,8 @@ def peer_setups(versions: dict[str, str]) -> dict[str, str]:
 def plot(result: GenerateSpeed):
     order = ["ours fp32", "ONNX Runtime fp32", "llama.cpp F32", "ours int8", "ours int8 fp16 head",
              "ONNX Runtime int8", "llama.cpp Q8_0", "transformers"]
-    names = [n for n in order if any(n in r.sides for r in result.results)]
+    present = list(dict.fromkeys(name for r in result.results for name in r.sides))
+    names = [n for n in order if n in present] + [n for n in present if n not in order and "eager" not in n]
     hosts = list(dict.fromkeys(r.host for r in result.results))
     batches = sorted({r.batch for r in result.results})
     fig, axes = plt.subplots(len(hosts), len(batches), figsize=(5 * len(batches), 3.8 * len(hosts)), squeeze=False)

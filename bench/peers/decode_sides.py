@@ -42,6 +42,8 @@ class SideSpec:
     context: int = 1024  # llama.cpp's context length
     rows: int = 1  # llama.cpp's sequence slots
     cpus: tuple[int, ...] = ()  # the cores the side runs on (as taskset -c), before any thread starts; () all
+    root: str | None = None  # a checkout of this project whose code the side runs (an A/B against another commit;
+    #                          its files must then be absolute paths); None: this checkout
 
 
 def step_bytes(model: torch.nn.Module) -> int:
@@ -154,8 +156,10 @@ class Sides:
         self.names = [spec.name for spec in specs]
         self.processes: dict[str, Process] = {}
         for spec in specs:
-            # Where the parent is: the files it names may be relative to its working directory.
-            process = start([sys.executable, "-m", "bench.peers.decode_sides"], cwd=None, stdin=PIPE, stderr=INHERIT,
+            # Where the parent is: the files it names may be relative to its working directory.  A side of another
+            # checkout starts in it, with it first on the path (`python -m` looks in the working directory first).
+            process = start([sys.executable, "-m", "bench.peers.decode_sides"], cwd=spec.root,
+                            env={"PYTHONPATH": spec.root} if spec.root else None, stdin=PIPE, stderr=INHERIT,
                             text=False)
             pickle.dump(spec, process.stdin)
             process.stdin.flush()
