@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import sample
 import train
+from bench.experiment import SettingsError
 from bench.experiments import generate_speed, serve_speed
 from bench.eval.scorecard import LeaderboardConfig
 from bench.eval.perplexity import PerplexityConfig
@@ -68,3 +69,12 @@ def test_a_flag_cut_short_is_refused_never_taken_for_the_whole(prog):
         with pytest.raises(SystemExit) as exit_info:
             parse_config(TOOLS[prog], "A tool.", [short, "1"], prog=prog)
         assert exit_info.value.code.startswith(f"error: unknown flag {short}, did you mean --")
+
+
+@pytest.mark.parametrize("baseline", ["-o/tmp/x", "--remote=x", "no-such-revision", "HEAD:README.md", ""])
+def test_a_baseline_that_is_not_a_commit_is_one_error_line(baseline):
+    with pytest.raises(SettingsError) as error:
+        parse_config(generate_speed.Settings, "A tool.", [f"--baseline={baseline}"], prog="generate_speed")
+    assert str(error.value).startswith(f"--baseline {baseline!r} is not a commit of this repository")
+    assert "\n" not in str(error.value)
+    assert parse_config(generate_speed.Settings, "A tool.", ["--baseline", "HEAD"], prog="generate_speed").baseline

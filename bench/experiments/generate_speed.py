@@ -107,6 +107,13 @@ class Settings:
 
     def __post_init__(self):
         check_options(self, SettingsError)
+        if self.baseline is not None:
+            # Named to git as a commit, never as an option: a leading "-" is refused before git sees it.
+            found = None if self.baseline.startswith("-") else run_command(
+                ["git", "rev-parse", "--verify", "--quiet", f"{self.baseline}^{{commit}}"])
+            if found is None or not found.ok:
+                raise SettingsError(f"--baseline {self.baseline!r} is not a commit of this repository; give a "
+                                    f"revision `git log` shows (a hash, a branch, HEAD~1)")
 
 
 @dataclass
