@@ -81,7 +81,8 @@ def results(tmp_path_factory):
     run("train_speed", "--shapes", "tiny:2x16", "tiny:1x8", "--steps", "1", "--repeats", "1",
         "--device", "cpu")
     run("generate_speed", "--model", "tiny", "--prompt-tokens", "4", "--new-tokens", "4", "--batch-sizes", "1", "2",
-        "--busy-cores", "0", "1", "--repeats", "1", "--device", "cpu", "--decode", "dynamic", "--no-onnx",
+        "--busy-cores", "0", "1", "--slowed", "one-core", "--repeats", "1", "--device", "cpu", "--decode", "dynamic",
+        "--no-onnx",
         "--no-llama-cpp", "--no-transformers")
     # (the peers and the traced steps have tests of their own)
     run("serve_speed", "--model", "tiny", "--new-tokens", "3", "--clients", "2", "--repeats", "1", "--device", "cpu")
@@ -203,7 +204,11 @@ def test_speed_comparisons_time_each_side_in_the_same_run(results):
         assert list(shape.tokens_per_s) == ["ours"] and shape.tokens_per_s["ours"].n == 1
         assert shape.ratio_ours_over_nanogpt is None
     generation = results["generate_speed"]  # every side in its own process
-    assert [(r.batch, r.busy_cores) for r in generation.results] == [(1, 0), (2, 0), (1, 1), (2, 1)]
+    assert [(r.batch, r.host) for r in generation.results] == [(1, "quiet"), (2, "quiet"), (1, "1 busy core"),
+                                                               (2, "1 busy core"), (1, "one core"), (2, "one core")]
+    for row in generation.results:  # the host's rates under each condition, on one core with one thread there
+        assert row.host_rates.read_gb_per_s > 0 and row.host_rates.matmul_gflop_per_s > 0
+        assert (row.host_rates.threads, row.host_rates.cpus) == (1, [0]) if row.host == "one core" else True
     assert generation.decode == "dynamic"
     assert generation.linear_kernels.endswith(PACKED)
     for row in generation.results:

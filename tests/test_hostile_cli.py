@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import sample
 import train
+from bench.experiment import SettingsError
 from bench.experiments import generate_speed, serve_speed
 from bench.eval.scorecard import LeaderboardConfig
 from bench.eval.perplexity import PerplexityConfig
@@ -119,3 +120,12 @@ def test_any_config_file_parses_or_is_one_error_line_naming_the_file(prog, data)
         if prog == "train.py":
             attempt(CONFIG_FILE, lambda: given_fields(cls, argv))
         assert path.read_bytes() == content  # read, never changed
+
+
+@pytest.mark.parametrize("baseline", ["-o/tmp/x", "--remote=x", "no-such-revision", "HEAD:README.md", ""])
+def test_a_baseline_that_is_not_a_commit_is_one_error_line(baseline):
+    with pytest.raises(SettingsError) as error:
+        parse_config(generate_speed.Settings, "A tool.", [f"--baseline={baseline}"], prog="generate_speed")
+    assert str(error.value).startswith(f"--baseline {baseline!r} is not a commit of this repository")
+    assert "\n" not in str(error.value)
+    assert parse_config(generate_speed.Settings, "A tool.", ["--baseline", "HEAD"], prog="generate_speed").baseline

@@ -1,14 +1,17 @@
 """Decoding speed against the runtimes a CPU user would pick, on the same weights, each set up as its own docs
 recommend: ONNX Runtime in fp32 and int8 through its GPT-2 converter, optimizer and IO binding
 (bench/peers/onnx_peer.py), llama.cpp in F32 and Q8_0 through its C API, several sequences in one context
-(bench/peers/llama_cpp_peer.py), and Hugging Face transformers' generate(), each when installed; quiet, and with
-one core kept busy by another process (bench/peers/colocated.py).
+(bench/peers/llama_cpp_peer.py), and Hugging Face transformers' generate(), each when installed; quiet, and on a
+slowed host: one core kept busy by another process, a co-running memory-bandwidth load (bench/peers/colocated.py),
+and every side on one core with one thread (as `taskset -c 0`).  Every row records the host's memory read rate and
+float32 matmul rate measured under its condition (bench/peers/host_rates.py), so that a ratio from a slow or shared
+host reads as such.
 
     pip install onnxruntime onnx "transformers==4.44.2"  # the peers, each optional (onnx_peer.py says why 4.44)
     pip install gguf llama-cpp-python                    # builds llama.cpp from source: 4.5 min on 2 cores
     python -m bench.experiments generate_speed           # GPT-2 124M config, random weights, 32-token English
                                                          # prompts, 128 new tokens, greedy, batches 1, 4 and 12,
-                                                         # quiet and with one core busy
+                                                         # quiet, one core busy, memory load, one core
 
 Ours is `generate()` on the model as sample.py runs it: float32 linears packed for oneDNN
 (model/packed_linear.py), and the int8 artifact's model (model/int8.py) with the tied embedding / output head
@@ -21,8 +24,9 @@ order reverses every other round, so that machine noise hits all alike and no ru
 another's way. A side's first call is untimed (our traces, ONNX Runtime's and llama.cpp's first allocations);
 then each round times a one-token call (the prompt's prefill and the first token) and a whole call: end-to-end
 new tokens/s, and decode-only tokens/s (the tokens after the first over the time after the first). Each ratio is
-the median of per-round ratios; the 1-minute load average is recorded as each round begins.  With busy cores,
-the busy processes run through that setting's rounds, and our eager sides are left out (they show what tracing
+the median of per-round ratios; the 1-minute load average is recorded as each round begins.  On a slowed host,
+the load runs through that condition's rounds (the one-core rows restart every side pinned), and our eager sides are
+left out (they show what tracing
 gains, which the quiet rounds show). The fp32 tokens of
 every peer are compared with ours; the int8 sides are compared with our fp32 tokens (agreement: the share of
 equal new tokens).
@@ -35,18 +39,22 @@ and 5 after the rounds). On a CUDA device our default decoding is one captured C
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
+import shutil
 import sys
-import time
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from bench.experiment import Experiment, SettingsError
-from bench.peers.colocated import busy_cores
+from bench.peers.colocated import colocated
 from bench.peers.decode_sides import Sides, SideSpec
+from bench.peers.host_rates import HostRates, measure_in_process, read_bandwidth
+from bench.processes import run_command
 from bench.record import plt
 from bench.report_page import Page, spread
 from data.corpus import builtin_documents
@@ -64,6 +72,9 @@ from storage.artifact import save_artifact
 from storage.export import export_hf_gpt2
 
 
+SLOWED = ("memory-load", "one-core")
+
+
 @dataclass
 class Settings:
     model: str = option("gpt2", "model preset (random weights)", choices=tuple(PRESETS))
@@ -73,6 +84,10 @@ class Settings:
     batch_sizes: list[int] = option([1, 4, 12], "rows generated together", min=1)
     busy_cores: list[int] = option([0, 1], "cores kept busy by another process while the sides run (a Python "
                                            "loop each, bench/peers/colocated.py): 0 is a quiet machine", min=0)
+    slowed: list[str] = option(list(SLOWED), "slowed-host rows after those: one-core (every side on core 0 with "
+                                             "1 thread, as taskset -c 0), memory-load (a co-running memory-bandwidth "
+                                             "load, bench/workloads/memory_stream.py)", choices=SLOWED,
+                               may_be_empty=True)
     repeats: int = option(5, "timed repeats of each side (interleaved)", min=1)
     onnx: bool = option(True, "time ONNX Runtime beside ours when onnxruntime is installed (its export takes "
                               "about a minute for GPT-2 124M)")
@@ -86,10 +101,19 @@ class Settings:
     transformers: bool = option(True, "time Hugging Face transformers beside ours when it is installed")
     decode: str = option("auto", "how our decode steps run (sample.py --decode; auto: its default)",
                          choices=DECODE_MODES)
+    baseline: str | None = option(None, "a git revision of this project whose generate() runs too, fp32 and int8, "
+                                        "in the same interleaved rounds: an A/B of a change (none: not run)")
     device: str = option("auto", "auto, cpu, cuda, ...")
 
     def __post_init__(self):
         check_options(self, SettingsError)
+        if self.baseline is not None:
+            # Named to git as a commit, never as an option: a leading "-" is refused before git sees it.
+            found = None if self.baseline.startswith("-") else run_command(
+                ["git", "rev-parse", "--verify", "--quiet", f"{self.baseline}^{{commit}}"])
+            if found is None or not found.ok:
+                raise SettingsError(f"--baseline {self.baseline!r} is not a commit of this repository; give a "
+                                    f"revision `git log` shows (a hash, a branch, HEAD~1)")
 
 
 @dataclass
@@ -115,6 +139,8 @@ class Comparison:
 class GenerationRow:
     batch: int
     busy_cores: int  # cores kept busy by another process while this row's rounds ran
+    host: str  # the condition: quiet, N busy core(s), memory load, one core
+    host_rates: HostRates | None  # the host's read and matmul rates under it (CPU runs)
     sides: dict[str, SideSpeed]
     comparisons: list[Comparison]
     load_average: list[float]  # the 1-minute load average as each timed round began
@@ -158,6 +184,25 @@ COMPARED = (("ours fp32", "ONNX Runtime fp32"), ("ours fp32", "llama.cpp F32"), 
             ("ours int8", "ours int8 eager"), ("ours int8", "ours int8 fp16 head"))
 
 
+def checkout(revision: str, folder: Path) -> Path:
+    """This project's files at `revision` (git archive, no git metadata touched), in `folder`, made afresh."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    archive = run_command(["git", "archive", "--format=tar", revision, "-o", str(folder / "source.tar")])
+    if not archive.ok:
+        raise SettingsError(f"--baseline {revision!r}: git archive failed: {archive.output.strip()}")
+    with tarfile.open(folder / "source.tar") as tar:
+        tar.extractall(folder, filter="data")
+    return folder
+
+
+def compared(settings: Settings) -> list[tuple[str, str]]:
+    """The pairs compared at every batch size both sides ran: our side first; with a baseline, ours against it."""
+    if not settings.baseline:
+        return list(COMPARED)
+    return [*COMPARED, *((f"ours {kind}", f"ours {kind} at {settings.baseline}") for kind in ("fp32", "int8"))]
+
+
 def real_prompts(rows: int, length: int) -> torch.Tensor:
     """`rows` prompts of `length` tokens of English: consecutive windows of the built-in corpus's validation
     text (data/corpus.py), the same in every run."""
@@ -181,12 +226,18 @@ def side_specs(model: GPT, settings: Settings, device: torch.device, decode: str
     """Every side to time, with the files it loads written here once: our artifact, the ONNX graphs, the GGUF
     files, the Hugging Face folder (each peer when installed and asked for)."""
     threads, cpu = torch.get_num_threads(), device.type == "cpu"
-    ours = work_dir / "ours"
+    ours = work_dir.resolve() / "ours"
     save_artifact(ours, model, model.config, "float", provenance("generate_speed"))
     run = lambda name, **kw: SideSpec(name, "ours", (str(ours),), threads, str(device), **kw)
     specs = [run("ours fp32", decode=decode)]
     if cpu:
         specs.append(run("ours int8", decode=decode, int8_head=settings.int8_head))
+    if settings.baseline:
+        root = str(checkout(settings.baseline, work_dir.resolve() / "baseline"))
+        specs.append(run(f"ours fp32 at {settings.baseline}", decode=decode, root=root))
+        if cpu:
+            specs.append(run(f"ours int8 at {settings.baseline}", decode=decode, int8_head=settings.int8_head,
+                             root=root))
         if settings.fp16_head_too:
             specs.append(run("ours int8 fp16 head", decode=decode, int8_head="fp16"))
     if decode != "dynamic":
@@ -227,21 +278,73 @@ def time_rounds(sides: Sides, names: list[str], prompt: torch.Tensor, new_tokens
     return tokens, first, whole, loads
 
 
-def read_bandwidth(repeats: int = 5) -> list[float]:
-    """GB/s of each of `repeats` sums over 1 GiB of float32 with this process's threads: what streaming
-    weights can reach."""
-    data = torch.ones(2**28)  # the values do not change a sum's memory traffic; filling with ones is quick
-    data.sum()
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        data.sum()
-        rates.append(data.numel() * 4 / (time.perf_counter() - start) / 1e9)
-    return rates
-
-
 def agreement(reference: torch.Tensor, candidate: torch.Tensor, prompt_tokens: int) -> float:
     return float((reference[:, prompt_tokens:] == candidate[:, prompt_tokens:]).float().mean())
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A state of the host while rows are timed."""
+    name: str
+    busy_cores: int = 0  # busy Python loops beside the sides
+    memory_streams: int = 0  # memory-bandwidth loads beside the sides
+    cpus: tuple[int, ...] = ()  # the cores every side is pinned to, with one thread each; () all, as set up
+
+    @property
+    def quiet(self) -> bool:
+        return self == Condition("quiet")
+
+
+def conditions(settings: Settings) -> list[Condition]:
+    found = [Condition("quiet" if n == 0 else f"{n} busy core{'s' * (n > 1)}", busy_cores=n)
+             for n in settings.busy_cores]
+    if "memory-load" in settings.slowed:
+        found.append(Condition("memory load", memory_streams=1))
+    if "one-core" in settings.slowed:
+        found.append(Condition("one core", cpus=(0,)))
+    return found
+
+
+def time_row(sides: Sides, names: list[str], condition: Condition, rates: HostRates | None, prompt: torch.Tensor,
+             settings: Settings) -> GenerationRow:
+    batch = prompt.size(0)
+    tokens, first, whole, loads = time_rounds(sides, names, prompt, settings.new_tokens, settings.repeats)
+    new, later = batch * settings.new_tokens, batch * (settings.new_tokens - 1)
+    decode_s = {name: [w - f for w, f in zip(whole[name], first[name])] for name in names}
+    reference = tokens["ours fp32"]
+    speeds = {name: SideSpeed(Spread.of([new / t for t in whole[name]]),
+                              Spread.of([later / t for t in decode_s[name]]), Spread.of(first[name]),
+                              bool(torch.equal(tokens[name], reference)),
+                              agreement(reference, tokens[name], settings.prompt_tokens)) for name in names}
+    comparisons = [Comparison(side, against, paired_ratio(whole[against], whole[side]),
+                              paired_ratio(decode_s[against], decode_s[side]))
+                   for side, against in compared(settings) if side in speeds and against in speeds]
+    row = GenerationRow(batch, condition.busy_cores, condition.name, rates, speeds, comparisons, loads)
+    print(f"batch {batch:>2}, {condition.name}{host_note(rates)}, new tokens/s end to end (decode only): " + ", ".join(
+        f"{name} {s.tokens_per_s.median:.1f} ({s.decode_tokens_per_s.median:.1f})"
+        for name, s in speeds.items()) + f"; load average {min(loads):.2f}-{max(loads):.2f}", flush=True)
+    return row
+
+
+def host_note(rates: HostRates | None) -> str:
+    return "" if rates is None else (f" (host: read {rates.read_gb_per_s:.1f} GB/s, matmul "
+                                     f"{rates.matmul_gflop_per_s:.0f} GFLOP/s with {rates.threads} thread(s))")
+
+
+def batch1_bandwidth(rows: list[GenerationRow], sides: Sides, read: Spread) -> Bandwidth | None:
+    one = next((r for r in rows if r.batch == 1 and r.host == "quiet"), None)
+    if one is None:
+        return None
+    step = {name: about["step_bytes"] for name, about in sides.about.items() if "step_bytes" in about}
+    # Every fp32 side reads the same tensors (llama.cpp's head has 50,257 rows, not our padded 50,304: 0.1% fewer
+    # bytes); the int8 peers' formats differ from ours, so only ours is counted.
+    sizes = {name: step["ours fp32"] for name in ("ours fp32", "ONNX Runtime fp32", "llama.cpp F32") if name in one.sides}
+    if "ours int8" in step:
+        sizes["ours int8"] = step["ours int8"]
+    gb = {name: one.sides[name].decode_tokens_per_s.median * size / 1e9 for name, size in sizes.items()}
+    print(f"read bandwidth {read.median:.1f} GB/s ({read.min:.1f}-{read.max:.1f}); at batch 1, decode steps: "
+          + ", ".join(f"{name} {v:.1f} GB/s ({v / read.median:.0%})" for name, v in gb.items()), flush=True)
+    return Bandwidth(read, step["ours fp32"], step.get("ours int8"), gb, {name: v / read.median for name, v in gb.items()})
 
 
 def measure(settings: Settings, work_dir: Path) -> GenerateSpeed:
@@ -255,51 +358,34 @@ def measure(settings: Settings, work_dir: Path) -> GenerateSpeed:
     prompts = real_prompts(max(settings.batch_sizes), settings.prompt_tokens)
     specs = side_specs(model, settings, device, decode, Path(work_dir))
     del model  # each side loads its own copy
-    print(f"starting {len(specs)} sides, each in its own process: {', '.join(s.name for s in specs)}",
-          file=sys.stderr, flush=True)
-    with Sides(specs) as sides:
-        read_before = read_bandwidth() if device.type == "cpu" else []  # the sides wait, idle, on their pipes
-        rows = []
-        for busy, batch in ((busy, batch) for busy in settings.busy_cores for batch in settings.batch_sizes):
-            names = [s.name for s in specs if not (busy and s.name.endswith(" eager"))]
-            with busy_cores(busy):
-                tokens, first, whole, loads = time_rounds(sides, names, prompts[:batch], settings.new_tokens,
-                                                          settings.repeats)
-            new, later = batch * settings.new_tokens, batch * (settings.new_tokens - 1)
-            decode_s = {name: [w - f for w, f in zip(whole[name], first[name])] for name in names}
-            reference = tokens["ours fp32"]
-            speeds = {name: SideSpeed(Spread.of([new / t for t in whole[name]]),
-                                      Spread.of([later / t for t in decode_s[name]]), Spread.of(first[name]),
-                                      bool(torch.equal(tokens[name], reference)),
-                                      agreement(reference, tokens[name], settings.prompt_tokens)) for name in names}
-            comparisons = [Comparison(side, against, paired_ratio(whole[against], whole[side]),
-                                      paired_ratio(decode_s[against], decode_s[side]))
-                           for side, against in COMPARED if side in speeds and against in speeds]
-            rows.append(GenerationRow(batch, busy, speeds, comparisons, loads))
-            print(f"batch {batch:>2}, {busy} busy cores, new tokens/s end to end (decode only): " + ", ".join(
-                f"{name} {s.tokens_per_s.median:.1f} ({s.decode_tokens_per_s.median:.1f})"
-                for name, s in speeds.items()) + f"; load average {min(loads):.2f}-{max(loads):.2f}", flush=True)
-        bandwidth = None
-        one = next((r for r in rows if r.batch == 1 and not r.busy_cores), None)
-        if device.type == "cpu" and one is not None:
-            read = Spread.of(read_before + read_bandwidth())
-            step = {name: about["step_bytes"] for name, about in sides.about.items() if "step_bytes" in about}
-            # Every fp32 side reads the same tensors (llama.cpp's head has 50,257 rows, not our padded 50,304:
-            # 0.1% fewer bytes); the int8 peers' formats differ from ours, so only ours is counted.
-            sizes = {name: step["ours fp32"] for name in ("ours fp32", "ONNX Runtime fp32", "llama.cpp F32")
-                     if name in one.sides}
-            if "ours int8" in step:
-                sizes["ours int8"] = step["ours int8"]
-            gb = {name: one.sides[name].decode_tokens_per_s.median * size / 1e9 for name, size in sizes.items()}
-            bandwidth = Bandwidth(read, step["ours fp32"], step.get("ours int8"), gb,
-                                  {name: v / read.median for name, v in gb.items()})
-            print(f"read bandwidth {read.median:.1f} GB/s ({read.min:.1f}-{read.max:.1f}); at batch 1, decode steps: "
-                  + ", ".join(f"{name} {v:.1f} GB/s ({v / read.median:.0%})" for name, v in gb.items()), flush=True)
-        versions = {spec.runtime: sides.about[spec.name]["version"] for spec in specs if spec.runtime != "ours"}
-        kernels = sides.about["ours fp32"]["kernels"]
+    cpu = device.type == "cpu"
+    every = conditions(settings) if cpu else [Condition("quiet")]
+    rows, bandwidth, about = [], None, None
+    # The pinned conditions run on sides started pinned, after the others' sides have ended (two sets of loaded
+    # runtimes at once would not fit a small host's memory).
+    for group in ([c for c in every if not c.cpus], [c for c in every if c.cpus]):
+        if not group:
+            continue
+        cpus = group[0].cpus
+        group_specs = [dataclasses.replace(spec, threads=1, cpus=cpus) for spec in specs] if cpus else specs
+        print(f"starting {len(specs)} sides, each in its own process{f' on cores {cpus}' if cpus else ''}: "
+              f"{', '.join(s.name for s in specs)}", file=sys.stderr, flush=True)
+        with Sides(group_specs) as sides:
+            about = about or sides.about
+            read_before = read_bandwidth() if cpu and not cpus else []  # the sides wait, idle, on their pipes
+            for condition in group:
+                names = [s.name for s in specs if condition.quiet or not s.name.endswith(" eager")]
+                with colocated("busy_loop", condition.busy_cores), colocated("memory_stream",
+                                                                             condition.memory_streams):
+                    rates = measure_in_process(group_specs[0].threads, list(cpus)) if cpu else None
+                    rows += [time_row(sides, names, condition, rates, prompts[:batch], settings)
+                             for batch in settings.batch_sizes]
+            if read_before:
+                bandwidth = batch1_bandwidth(rows, sides, Spread.of(read_before + read_bandwidth()))
+    versions = {spec.runtime: about[spec.name]["version"] for spec in specs if spec.runtime != "ours"}
     return GenerateSpeed(settings.model, settings.prompt_tokens, settings.new_tokens,
                          "the built-in corpus's validation text (Python's documentation), consecutive windows",
-                         kernels, decode, settings.int8_head if device.type == "cpu" else None,
+                         about["ours fp32"]["kernels"], decode, settings.int8_head if cpu else None,
                          {"torch": torch.__version__, **versions}, peer_setups(versions), rows, bandwidth,
                          environment(device))
 
@@ -321,12 +407,13 @@ def peer_setups(versions: dict[str, str]) -> dict[str, str]:
 def plot(result: GenerateSpeed):
     order = ["ours fp32", "ONNX Runtime fp32", "llama.cpp F32", "ours int8", "ours int8 fp16 head",
              "ONNX Runtime int8", "llama.cpp Q8_0", "transformers"]
-    names = [n for n in order if any(n in r.sides for r in result.results)]
-    busy = sorted({r.busy_cores for r in result.results})
+    present = list(dict.fromkeys(name for r in result.results for name in r.sides))
+    names = [n for n in order if n in present] + [n for n in present if n not in order and "eager" not in n]
+    hosts = list(dict.fromkeys(r.host for r in result.results))
     batches = sorted({r.batch for r in result.results})
-    fig, axes = plt.subplots(len(busy), len(batches), figsize=(5 * len(batches), 3.8 * len(busy)), squeeze=False)
+    fig, axes = plt.subplots(len(hosts), len(batches), figsize=(5 * len(batches), 3.8 * len(hosts)), squeeze=False)
     for row in result.results:
-        ax = axes[busy.index(row.busy_cores)][batches.index(row.batch)]
+        ax = axes[hosts.index(row.host)][batches.index(row.batch)]
         x = range(len(names))
         for offset, label, rate in ((-0.2, "end to end", lambda s: s.tokens_per_s),
                                     (0.2, "decode steps only", lambda s: s.decode_tokens_per_s)):
@@ -338,7 +425,9 @@ def plot(result: GenerateSpeed):
             ax.bar_label(bars, labels=[f"{v:.0f}" if n in row.sides else "not run" for n, v in zip(names, values)],
                          fontsize=7)
         ax.set_xticks(list(x), names, rotation=25, ha="right", fontsize=8)
-        ax.set_title(f"batch {row.batch}" + (f", {row.busy_cores} core(s) busy" if row.busy_cores else ", quiet"))
+        ax.set_title(f"batch {row.batch}, {row.host}" + ("" if row.host_rates is None else
+                     f" (read {row.host_rates.read_gb_per_s:.0f} GB/s, {row.host_rates.matmul_gflop_per_s:.0f} "
+                     f"GFLOP/s)"), fontsize=9)
         ax.set_ylabel("new tokens / s")
         ax.grid(alpha=0.3, axis="y")
     axes[0][0].legend(fontsize=8)
@@ -361,8 +450,7 @@ def section(res: GenerateSpeed, page: Page) -> None:
              + "".join(f"; {runtime}: {setup}" for runtime, setup in res.setups.items())
              + f". Versions: {versions}.\n")
     for row in res.results:
-        busy = f", {row.busy_cores} core(s) kept busy by another process" if row.busy_cores else ", quiet"
-        page.add(f"Batch {row.batch}{busy} (1-minute load average as the rounds began: "
+        page.add(f"Batch {row.batch}, {row.host}{host_note(row.host_rates)} (1-minute load average as the rounds began: "
                  f"{', '.join(f'{v:.2f}' for v in row.load_average)}):\n")
         page.table(["side", "new tokens/s end to end", "decode only", "first token (s)",
                     "tokens = ours fp32"],
@@ -387,6 +475,6 @@ def section(res: GenerateSpeed, page: Page) -> None:
 EXPERIMENT = Experiment(
     name="generate_speed", title="Decoding against ONNX Runtime, llama.cpp and transformers", about=__doc__,
     settings=Settings,
-    quick=Settings(new_tokens=32, repeats=3, busy_cores=[0]), full=Settings(),
+    quick=Settings(new_tokens=32, repeats=3, busy_cores=[0], slowed=[]), full=Settings(),
     result=GenerateSpeed, measure=measure, plot=plot, section=section,
     gpu=Settings(new_tokens=256, repeats=5))

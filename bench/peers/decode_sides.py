@@ -41,6 +41,9 @@ class SideSpec:
     int8_head: str | None = None
     context: int = 1024  # llama.cpp's context length
     rows: int = 1  # llama.cpp's sequence slots
+    cpus: tuple[int, ...] = ()  # the cores the side runs on (as taskset -c), before any thread starts; () all
+    root: str | None = None  # a checkout of this project whose code the side runs (an A/B against another commit;
+    #                          its files must then be absolute paths); None: this checkout
 
 
 def step_bytes(model: torch.nn.Module) -> int:
@@ -97,6 +100,8 @@ def _transformers(spec: SideSpec) -> tuple[Callable[[torch.Tensor, int], torch.T
 
 def _build(spec: SideSpec) -> tuple[Callable[[torch.Tensor, int], torch.Tensor], dict]:
     """The side's decoder, and what it says of itself (versions, kernels, bytes a step reads)."""
+    if spec.cpus:  # before the runtime's threads start: they inherit it
+        os.sched_setaffinity(0, spec.cpus)
     torch.set_num_threads(spec.threads)
     if spec.runtime == "ours":
         return _ours(spec)
@@ -151,8 +156,10 @@ class Sides:
         self.names = [spec.name for spec in specs]
         self.processes: dict[str, Process] = {}
         for spec in specs:
-            # Where the parent is: the files it names may be relative to its working directory.
-            process = start([sys.executable, "-m", "bench.peers.decode_sides"], cwd=None, stdin=PIPE, stderr=INHERIT,
+            # Where the parent is: the files it names may be relative to its working directory.  A side of another
+            # checkout starts in it, with it first on the path (`python -m` looks in the working directory first).
+            process = start([sys.executable, "-m", "bench.peers.decode_sides"], cwd=spec.root,
+                            env={"PYTHONPATH": spec.root} if spec.root else None, stdin=PIPE, stderr=INHERIT,
                             text=False)
             pickle.dump(spec, process.stdin)
             process.stdin.flush()
