@@ -20,6 +20,9 @@ from bench.suite_report import suite_section
 from runtime.cli import entry_point, option, parse_config
 
 REPORT = RESULTS_DIR.parent / "REPORT.md"
+# Figures measured by single commands outside `make bench` (fresh-clone timings, stop times, fuzz runs, ...), each
+# with its command and result file: kept by hand, copied into the report as they are.
+BY_HAND = RESULTS_DIR.parent / "by_hand.md"
 SCORECARD_KEYS = ("loss", "inference_latency_1", "inference_latency_12", "training_throughput_4",
                   "training_throughput_12", "time_to_first_token_s", "ms_per_token_batch_1")
 
@@ -164,6 +167,8 @@ def write_report(results_dir: Path, out: Path) -> Path:
     experiment_sections(page, results_dir, results)
     suite_section(page, results_dir)
     gpu_section(page, gpu_results(results_dir))
+    if BY_HAND.exists():
+        page.add(BY_HAND.read_text())
     conditions(page, environments)
     if run:
         reproduce(page, run)
