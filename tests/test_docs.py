@@ -4,6 +4,7 @@ figures live in bench/REPORT.md."""
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 
@@ -82,3 +83,24 @@ def test_the_readme_is_a_front_page():
 def test_measured_figures_are_left_to_the_benchmark_report(page):
     figures = [line for line in (ROOT / page).read_text().splitlines() if FIGURE.search(line)]
     assert figures == [], f"{page} quotes figures; put them in bench/REPORT.md (bench/by_hand.md) and link it"
+
+
+def makefile_commands(target: str) -> list[Command]:
+    """The tool commands of a Makefile target's recipe, as a user would type them ($(PY) is python)."""
+    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    recipe = re.search(rf"^{target}:.*\n((?:\t.*\n)+)", text, re.M).group(1)
+    variables = dict(re.findall(r"^(\w+) :?= (.*)$", text, re.M))
+    commands = []
+    for line in recipe.splitlines():
+        line = re.sub(r"\$\((\w+)\)", lambda m: {"PY": "python"}.get(m.group(1), variables.get(m.group(1), "")), line)
+        words = shlex.split(line)
+        while words and "=" in words[0]:
+            words = words[1:]
+        if words and words[0] == "python":
+            commands.append(Command(f"Makefile ({target})", words))
+    return commands
+
+
+@pytest.mark.parametrize("command", makefile_commands("demo"), ids=str)
+def test_make_demo_runs_commands_its_tools_parse(command):
+    check(command)
