@@ -203,7 +203,7 @@ def options_table(tool: str) -> str:
             continue
         invocation = formatter._format_action_invocation(action)
         text = " ".join((action.help or "").split())
-        rows.append(f"| `{invocation}` | {text.replace('|', '&#124;')} |")
+        rows.append(f"| `{invocation}` | {text.replace('|', '&#124;').replace('<', '&lt;')} |")
     command = tool if tool.startswith("python ") else f"python {tool}"
     return (f"<!-- Written by `python -m tests.docs_commands` from `{command} --help`; tests/test_docs.py checks it. -->\n"
             f"`{command}` takes these options (`{command} --help` prints the same); each is also a key of a "
