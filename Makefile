@@ -37,7 +37,9 @@ demo: setup
 		--out $(DEMO_OUT)/scorecard.json
 	$(PY) -m serve.demo --checkpoint $(DEMO_OUT)/train
 
-# The linter first (pyproject.toml's rules; well under a second), then the project's own modules compiled once:
+# The linter first (pyproject.toml's rules; well under a second), then the docs site (mkdocs.yml; --strict, so a
+# broken link, anchor or include fails; a few seconds; the banner about MkDocs 2 is silenced), then the project's own
+# modules compiled once:
 # with PYTHONDONTWRITEBYTECODE set, every process the tests start (servers, torchrun ranks, train.py runs, some
 # hundreds) would otherwise compile them again.  Then one pytest-xdist worker per core, each test file on one worker
 # (module fixtures train once), the files in tests/conftest.py's longest-first order.  A plain `pytest` runs
@@ -45,6 +47,7 @@ demo: setup
 SOURCES := model decode data parallel prune quantize serve storage training runtime bench tests train.py sample.py
 test: setup
 	$(VENV)/bin/ruff check .
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 	$(PY) -m compileall -q -j 0 $(SOURCES) > /dev/null
 	$(PY) -m pytest -n auto --dist loadfile --no-loadscope-reorder
 
@@ -84,4 +87,4 @@ bench: setup
 		$(if $(NANOGPT),--nanogpt $(NANOGPT))
 
 clean:
-	rm -rf out .cache .pytest_cache
+	rm -rf out .cache .pytest_cache site

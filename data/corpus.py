@@ -32,8 +32,8 @@ __all__ = ["SPLITS", "DATASET_NAMES", "DATASET_FORMATS", "DatasetError", "Corpus
 
 HUB_CONFIGS = {"wikitext-103": "wikitext-103-raw-v1", "wikitext-2": "wikitext-2-raw-v1"}
 HUB_REPO = "Salesforce/wikitext"
-# Every form --dataset takes and what it reads, in one place: the tools' --help (`dataset_help`) and the README's
-# table of formats (`formats_table`; tests/test_data.py checks the README holds it) are both written from it.
+# Every form --dataset takes and what it reads, in one place: the tools' --help (`dataset_help`) and docs/data.md's
+# table of formats (`formats_table`; tests/test_data.py checks the page holds it) are both written from it.
 DATASET_FORMATS = (
     ("FOLDER", "its .txt/.raw text, .jsonl (a \"text\" field per line) and .parquet (a \"text\" column) files, in "
                "any mix; a file whose name says train, valid/validation/val/dev or test is that split, any other is "
@@ -53,7 +53,7 @@ def dataset_help() -> str:
 
 
 def formats_table() -> str:
-    """The README's table of the forms --dataset takes (markdown)."""
+    """docs/data.md's table of the forms --dataset takes (markdown)."""
     rows = [f"| `{form}` | {what} |" for form, what in DATASET_FORMATS]
     return "\n".join(["| `--dataset` | reads |", "|---|---|", *rows])
 HUB_ROWS_PER_READ = 4096

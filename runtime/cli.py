@@ -273,13 +273,15 @@ def given_fields(cls, argv=None) -> set[str]:
 def read_config_file(cls, path: Path) -> dict:
     """The settings of the TOML file at `path` for the dataclass `cls`, by field name, each checked as its flag
     would be (type, choices, bounds).  Anything wrong is one ConfigFileError naming the file and the key."""
+    if path.is_dir():
+        raise ConfigFileError(f"{CONFIG_FLAG} {path}: is a folder; name a .toml file")
+    if path.exists() and not path.is_file():  # a FIFO or a device would block the read or never end it
+        raise ConfigFileError(f"{CONFIG_FLAG} {path}: not a regular file; name a .toml file")
     try:
         with open(path, "rb") as file:
             table = tomllib.load(file)
     except FileNotFoundError:
         raise ConfigFileError(f"{CONFIG_FLAG} {path}: no such file") from None
-    except IsADirectoryError:
-        raise ConfigFileError(f"{CONFIG_FLAG} {path}: is a folder; name a .toml file") from None
     except OSError as e:
         raise ConfigFileError(f"{CONFIG_FLAG} {path}: cannot be read ({e.strerror})") from None
     except UnicodeDecodeError as e:

@@ -119,7 +119,7 @@ def fuzz_report(commit: str, minutes: float, rounds: int, failed: list[str],
 
 
 def table(report: FuzzReport) -> str:
-    """The README's reliability table."""
+    """The reliability table (bench/by_hand.md, copied into bench/REPORT.md)."""
     outcomes = sorted({o for s in report.surfaces for o in s.outcomes} - set(BAD_OUTCOMES))
     rows = ["| surface | inputs tried | " + " | ".join(outcomes) + " | " + " | ".join(BAD_OUTCOMES) + " |",
             "|---|---:|" + "---:|" * (len(outcomes) + len(BAD_OUTCOMES))]

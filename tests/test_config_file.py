@@ -3,6 +3,7 @@ in the file one line naming the file and the key."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
@@ -82,6 +83,9 @@ def test_a_file_that_cannot_be_read_is_one_line(tmp_path):
         parse(TrainConfig, ["--config", str(tmp_path / "missing.toml")])
     with pytest.raises(ConfigFileError, match="is a folder; name a .toml file$"):
         parse(TrainConfig, ["--config", str(tmp_path)])
+    os.mkfifo(tmp_path / "fifo.toml")  # opening it would wait for a writer forever
+    with pytest.raises(ConfigFileError, match=r"fifo\.toml: not a regular file; name a \.toml file$"):
+        parse(TrainConfig, ["--config", str(tmp_path / "fifo.toml")])
     (tmp_path / "latin1.toml").write_bytes(b'prompt = "caf\xe9"\n')
     with pytest.raises(ConfigFileError, match=r"latin1\.toml: not UTF-8 text \(byte 13\); TOML files are UTF-8$"):
         parse(TrainConfig, ["--config", str(tmp_path / "latin1.toml")])

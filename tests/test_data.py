@@ -376,6 +376,6 @@ def test_every_run_says_each_splits_tokens_and_files_whether_tokenized_or_cached
 def test_the_readme_table_of_formats_is_the_one_the_help_is_written_from():
     from data.corpus import DATASET_FORMATS, formats_table
     from training.config import TrainConfig
-    assert formats_table() in (Path(__file__).parent.parent / "README.md").read_text()
+    assert formats_table() in (Path(__file__).parent.parent / "docs" / "data.md").read_text()
     [dataset] = [f for f in dataclasses.fields(TrainConfig) if f.name == "dataset"]
     assert all(f"{form}: {what}" in dataset.metadata["help"] for form, what in DATASET_FORMATS)

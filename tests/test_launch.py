@@ -98,7 +98,7 @@ def single_process(root):
 
 @pytest.fixture(scope="module")
 def two_node_ddp(root):
-    """The README's static multi-node form: node ranks, one master address and port."""
+    """docs/parallel.md's static multi-node form: node ranks, one master address and port."""
     out, port = root / "two-node-ddp", free_port()
     two_nodes(lambda node: ["--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port)],
               out, 1, "--parallel", "ddp")

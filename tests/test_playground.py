@@ -3,7 +3,7 @@
 
 Without chromium or playwright the browser tests skip, and the run's summary says in one line what installs them
 (tests/conftest.py); the page's files are still checked, over HTTP.  PLAYGROUND_SCREENSHOT=PATH has the streaming
-test save a screenshot of the page there (the README's, bench/results/playground_page.png), and PLAYGROUND_CHECKPOINT
+test save a screenshot of the page there (docs/serving.md's, bench/results/playground_page.png), and PLAYGROUND_CHECKPOINT
 serves that artifact instead of the random small model, so that the screenshot shows a trained model's tokens.
 """
 from __future__ import annotations
@@ -175,7 +175,7 @@ def test_tokens_stream_in_shaded_with_the_replys_latency(playground):
 
 
 def take_screenshot(playground: Playground, path: str) -> None:
-    """The README's picture, at a desktop width: a generation that the live panel's polls see, then a word's
+    """docs/serving.md's picture, at a desktop width: a generation that the live panel's polls see, then a word's
     alternatives shown."""
     page = playground.page
     page.set_viewport_size({"width": 1000, "height": 900})
