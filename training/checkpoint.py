@@ -123,16 +123,17 @@ class Checkpointer:
         single-device tensors when saved), its config, the optimizer and the data position."""
         self._registered = (par, model_config, optimizer, sampler)
 
-    def due(self, step: int, last: bool = False) -> bool:
-        """Whether `step` is to be saved: every --checkpoint-interval steps and the last, once."""
-        return step != self.last_saved_step and (last or step % self.cfg.checkpoint_every == 0)
+    def due(self, step: int, last: bool = False, by_clock: bool = False) -> bool:
+        """Whether `step` is to be saved: every --checkpoint-interval steps, when --checkpoint-minutes have passed
+        (`by_clock`, as the ranks agreed) and the last, once."""
+        return step != self.last_saved_step and (last or by_clock or step % self.cfg.checkpoint_every == 0)
 
     def save(self, step: int) -> None:
         """Write the registered state as the checkpoint of `step`."""
         par, model_config, optimizer, sampler = self._registered
-        model_state = {k: v.contiguous() for k, v in full_model_state(par).items()}
-        optimizer_state = full_optimizer_state(par, optimizer)
         ctx = par.ctx
+        model_state = {k: v.contiguous() for k, v in full_model_state(par, keep=ctx.is_writer).items()}
+        optimizer_state = full_optimizer_state(par, optimizer, keep=ctx.is_writer)
         if ctx.is_writer:
             bad = first_non_finite(model_state) or first_non_finite(
                 {f"optimizer state of {name}.{key}": v for name, entry in optimizer_state["state"].items()
