@@ -177,7 +177,7 @@ class Trainer:
                 finally:
                     if self.stop_points is not None:
                         self.stop_points.remove()
-                self.save_and_exit(stop)
+                self.save_and_exit(stop, stop_signals)
         except KeyboardInterrupt:
             print(f"\ninterrupted after step {self.completed}; {self.checkpointer.describe_last_good()} "
                   f"(continue with --resume)", file=sys.stderr)
@@ -207,14 +207,23 @@ class Trainer:
                 (self.ctx.world_size == 1 or self.micro_batch_s is None or
                  self.micro_batch_s >= ARM_SHARE * self.grace.seconds))
 
-    def save_and_exit(self, stop: StopRequested) -> NoReturn:
-        saved = self.save_if_due(self.completed, last=True)
+    def save_and_exit(self, stop: StopRequested, stop_signals: StopSignals) -> NoReturn:
+        """Save the last whole step, unless a save of this run took longer than the grace left (the launcher's SIGKILL
+        would cut it short, and the time is better left to the exit), and say so in one line."""
+        grace_left = self.grace.seconds - (time.monotonic() - stop.received_at)
+        too_long = self.last_save_s is not None and self.last_save_s > grace_left
+        (too_long,) = stop_signals.agree(float(too_long))[2]  # a save is collective: every rank takes it or none
+        saved = not too_long and self.save_if_due(self.completed, last=True)
         grace_left = self.grace.seconds - (time.monotonic() - stop.received_at)
         if self.ctx.is_writer:  # one line for the job, not one per rank
             timing = (f", saved in {self.last_save_s:.1f} s with {max(0.0, grace_left):.0f} s of the "
                       f"{self.grace.seconds:g} s grace to spare" if saved else "")
-            print(f"stopped by {stop} after step {self.completed}; {self.checkpointer.describe_last_good()}{timing} "
-                  f"(continue with --resume); exit status {stop.exit_status}", file=sys.stderr)
+            skipped = (f" not saved: a save of this run takes {self.last_save_s:.0f} s, longer than the "
+                       f"{max(0.0, grace_left):.0f} s left of the {self.grace.seconds:g} s grace ({self.grace.source}; "
+                       f"--checkpoint-minutes bounds what such a stop loses);" if too_long else "")
+            print(f"stopped by {stop} after step {self.completed};{skipped} "
+                  f"{self.checkpointer.describe_last_good()}{timing} (continue with --resume); exit status "
+                  f"{stop.exit_status}", file=sys.stderr)
         raise SystemExit(stop.exit_status)
 
     def on_stop_signal(self, signal_name: str) -> bool:
@@ -225,9 +234,11 @@ class Trainer:
         finish = self.finishing_step and (not armed or self.finish_fits_in_grace())
         if self.ctx.is_writer:
             where = "within" if armed and not finish else "after"
-            print(f"{signal_name}: stopping {where} this micro-batch; saving step {self.completed + finish} "
-                  f"(the grace before a SIGKILL: {self.grace.seconds:g} s, {self.grace.source})",
-                  file=sys.stderr, flush=True)
+            saving = (f"not saving (a save of this run takes {self.last_save_s:.0f} s)"
+                      if self.last_save_s is not None and self.last_save_s > self.grace.seconds
+                      else f"saving step {self.completed + finish}")
+            print(f"{signal_name}: stopping {where} this micro-batch; {saving} (the grace before a SIGKILL: "
+                  f"{self.grace.seconds:g} s, {self.grace.source})", file=sys.stderr, flush=True)
         return finish
 
     def finish_fits_in_grace(self) -> bool:
