@@ -227,7 +227,7 @@ def test_a_stop_signal_at_any_moment_saves_the_announced_step_and_resumes_exactl
     # Nothing trains after a stop signal, and no validation goes on: the one batch it may fetch is refused by the
     # stop check before it is evaluated.
     assert "batch" not in moments.after_first and moments.after_first.count("validation") <= 1, moments.after_first
-    announced = re.findall(r"\w+: stopping after this micro-batch; saving step (\d+)", result.stderr)
+    announced = re.findall(r"\w+: stopping (?:within|after) this micro-batch; saving step (\d+)", result.stderr)
     last_line = result.stderr.strip().splitlines()[-1]
     assert len(announced) == 1, result.stderr
     assert step_named(last_line) == on_disk, result.stderr
@@ -277,6 +277,106 @@ def test_a_signal_to_the_train_process_ends_it_with_its_status_and_a_whole_check
         resumed = train_in_process(["--resume", "--out-dir", str(out), "--max-steps", str(on_disk + 1)], capsys)
         check_finished("train.py stop signals", resumed)
         assert saved_step(out) == on_disk + 1
+
+
+def test_a_stop_whose_save_would_outlast_the_grace_keeps_the_checkpoint_on_disk_and_says_so(run_flags, tmp_path,
+                                                                                                capsys):
+    """Once a save of the run has taken longer than the grace left, a stop does not start one the launcher's SIGKILL
+    would cut short: it exits at once, naming the checkpoint already on disk."""
+    real_next, batches = WindowSampler.next_batch, []
+
+    def next_batch(self):
+        batches.append(1)
+        if len(batches) == 3:  # step 3's batch: steps 1 and 2 are saved
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_next(self)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(WindowSampler, "next_batch", next_batch)
+        result = train_in_process([*run_flags, "--checkpoint-interval", "1", "--eval-interval", "100",
+                                   "--stop-grace-s", "1e-9", "--out-dir", str(tmp_path / "run")], capsys)
+    check_finished("train.py stop signals", result, SIGNAL_EXITS)
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 143 and "; not saved: a save of this run takes" in last_line, result.stderr
+    assert "SIGTERM: stopping within this micro-batch; not saving" in result.stderr, result.stderr
+    assert step_named(last_line) == saved_step(tmp_path / "run") == 2
+
+
+# --- torchrun: a micro-batch longer than the launcher's grace ---------------------------------------------------
+
+# tests/slow_blocks.py slows each of tiny's 4 blocks by SLOW_BLOCK_S in forward and again in backward: a micro-batch of
+# 6 s or more against torchrun's --shutdown-timeout of GRACE_S, as GPT-2 Medium's 54 s against 30 s on a 2-core CPU.
+SLOW_BLOCK_S, GRACE_S = 0.75, 5
+TORCHRUN_FLAGS = ["--model", "tiny", "--dataset", "builtin", "--device", "cpu", "--batch-size", "2", "--block-size",
+                  "32", "--max-steps", "3", "--log-interval", "1", "--final-eval-batches", "1", "--dropout", "0.1",
+                  "--no-curves"]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def torchrun(script: str, mode: str, out: Path, *flags: str, slow: bool = False,
+             launcher: str = "torch.distributed.run") -> subprocess.Popen:
+    """A two-rank job in a session of its own, so that a Ctrl-C can reach all of it as a terminal's does; `launcher`:
+    torchrun's module, or parallel.launch, torchrun without its traceback."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT),
+           **({"SLOW_BLOCK_S": str(SLOW_BLOCK_S)} if slow else {})}
+    return subprocess.Popen([sys.executable, "-m", launcher, "--standalone", "--nproc_per_node=2",
+                             f"--shutdown-timeout={GRACE_S}", script, *TORCHRUN_FLAGS, "--parallel", mode,
+                             "--out-dir", str(out), *flags], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+@pytest.fixture(scope="module")
+def torchrun_reference(tmp_path_factory):
+    """Per layout: the losses of the job never stopped (and never slowed)."""
+    runs = {}
+
+    def run(mode: str) -> dict[int, float]:
+        if mode not in runs:
+            out = tmp_path_factory.mktemp(f"reference-{mode}")
+            job = torchrun("train.py", mode, out)
+            _, stderr = job.communicate(timeout=300)
+            assert job.returncode == 0, stderr[-3000:]
+            runs[mode] = losses(out)
+        return runs[mode]
+    return run
+
+
+@examples(1)
+@given(into_step_s=st.floats(0.2, 4.0))
+@pytest.mark.parametrize("mode, launcher", [("tp", "torch.distributed.run"), ("fsdp", "parallel.launch")])
+def test_a_ctrl_c_in_a_micro_batch_longer_than_torchruns_grace_saves_the_last_whole_step(
+        mode, launcher, into_step_s, torchrun_reference, tmp_path_factory):
+    """Ctrl-C (to the whole job, as a terminal sends it) `into_step_s` into step 2, whose one micro-batch outlasts
+    torchrun's grace: the ranks abandon it at the same block, forward or backward, save step 1 before torchrun's
+    SIGKILL, and say so in one closing line; the resumed run's losses equal those of a run never stopped.  Under
+    torchrun the agent's own traceback follows; under parallel.launch the job's closing line is the last."""
+    out = tmp_path_factory.mktemp(f"stopped-{mode}")
+    job = torchrun("tests/slow_blocks.py", mode, out, slow=True, launcher=launcher)
+    try:
+        for line in job.stdout:
+            if line.startswith("step 1/"):
+                break
+        time.sleep(into_step_s)
+        os.killpg(job.pid, signal.SIGINT)
+        _, stderr = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    if launcher == "parallel.launch":
+        assert job.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
+        assert stderr.strip().splitlines()[-1].startswith("stopped by SIGINT"), stderr[-3000:]
+    else:  # torchrun's agent re-raises the signal after its workers exit: its own traceback, the ranks' none
+        assert stderr.count("Traceback") == 1 and stderr.rstrip().endswith("got signal: 2"), stderr[-3000:]
+    assert "forcefully exiting" not in stderr, stderr[-3000:]  # no rank outlived the grace
+    closing = [line for line in stderr.splitlines() if line.startswith("stopped by")]
+    assert len(closing) == 1 and closing[0].startswith("stopped by SIGINT after step 1;"), stderr[-3000:]
+    assert re.search(r"SIGINT: stopping within this micro-batch; saving step 1 \(the grace before a SIGKILL: "
+                     rf"{GRACE_S} s, torchrun --shutdown-timeout {GRACE_S}\)", stderr), stderr[-3000:]
+    assert step_named(closing[0]) == saved_step(out) == 1
+
+    job = torchrun("train.py", mode, out, "--resume")
+    _, stderr = job.communicate(timeout=300)
+    assert job.returncode == 0, stderr[-3000:]
+    assert losses(out) == torchrun_reference(mode)
 
 
 # --- pruning ----------------------------------------------------------------------------------------------------

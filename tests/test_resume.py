@@ -130,9 +130,10 @@ def final_weights(out) -> dict:
     return load_file(out / "model.safetensors")
 
 
-def test_sigterm_mid_step_stops_after_the_micro_batch_and_resumes_to_the_uninterrupted_weights(tmp_path, monkeypatch,
-                                                                                                capsys):
-    """SIGTERM during the second micro-batch of step 3 (of 4 per step): the step is dropped, step 2 is saved with
+def test_sigterm_mid_step_stops_within_the_micro_batch_and_resumes_to_the_uninterrupted_weights(tmp_path, monkeypatch,
+                                                                                                 capsys):
+    """SIGTERM during the second micro-batch of step 3 (of 4 per step): in one process the micro-batch stops at its
+    next block (training/stop_points.py), the step is dropped, step 2 is saved with
     its data position and RNG, and the resumed run ends with the weights of a run never stopped (dropout on, so a
     wrong RNG would show)."""
     import os
@@ -157,7 +158,7 @@ def test_sigterm_mid_step_stops_after_the_micro_batch_and_resumes_to_the_uninter
         train.main([*run, "--out-dir", str(out)])
     assert exit_info.value.code == 143 and calls["n"] == 10  # no micro-batch after the one under way
     err = capsys.readouterr().err
-    assert "SIGTERM: stopping after this micro-batch; saving step 2" in err and "stopped by SIGTERM after step 2" in err
+    assert "SIGTERM: stopping within this micro-batch; saving step 2" in err and "stopped by SIGTERM after step 2" in err
     assert json.loads((out / "training_state" / "state.json").read_text())["step"] == 2
     monkeypatch.setattr(WindowSampler, "next_batch", real_next)
     train.main([*run, "--out-dir", str(out), "--resume"])

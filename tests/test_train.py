@@ -263,3 +263,35 @@ def test_a_refused_start_leaves_no_new_out_dir(tmp_path, argv, message):
         train.main([*argv, "--out-dir", str(tmp_path / "new" / "run"), "--max-steps", "1"])
     assert str(exit_info.value.code).startswith(message)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_checkpoint_minutes_saves_on_the_clock_between_the_step_intervals(tmp_path, monkeypatch):
+    """--checkpoint-minutes saves whenever that much wall-clock time has passed since the last save, whatever
+    --checkpoint-interval says; the default half hour saves nothing extra in a run of seconds."""
+    import training.checkpoint
+    saved, real_save = [], training.checkpoint.Checkpointer.save
+
+    def save(self, step):
+        saved.append(step)
+        real_save(self, step)
+    monkeypatch.setattr(training.checkpoint.Checkpointer, "save", save)
+    train.train(TrainConfig(**FAST, max_steps=3, eval_interval=100, checkpoint_minutes=1e-9, out_dir=str(tmp_path / "a")))
+    assert saved == [1, 2, 3]
+    saved.clear()
+    train.train(TrainConfig(**FAST, max_steps=3, eval_interval=100, out_dir=str(tmp_path / "b")))
+    assert saved == [3]
+
+
+@pytest.mark.parametrize("model, lr, source", [("gpt2", 6e-4, "GPT-3 paper Table 2.1, 125M"),
+                                               ("gpt2-medium", 3e-4, "GPT-3 paper Table 2.1, 350M"),
+                                               ("tiny", 1e-3, "train.py's default for the CPU presets")])
+def test_each_preset_trains_at_its_cited_learning_rate_unless_lr_is_given(model, lr, source):
+    from training.preset_defaults import describe_lr
+    assert TrainConfig(model=model).lr == lr and TrainConfig(model=model, lr=1e-4).lr == 1e-4
+    assert describe_lr(lr, model, None) == f"lr {lr:.2e} ({model} default, {source})"
+    assert describe_lr(1e-4, model, None) == "lr 1.00e-04 (given)"
+
+
+def test_the_first_line_of_a_new_run_says_where_its_learning_rate_came_from(tmp_path, capsys):
+    train.train(TrainConfig(**{**FAST, "lr": None}, max_steps=1, eval_interval=100, out_dir=str(tmp_path / "run")))
+    assert capsys.readouterr().out.splitlines()[0] == "lr 1.00e-03 (tiny default, train.py's default for the CPU presets)"

@@ -20,7 +20,7 @@ from model.config import GPTConfig
 from parallel.errors import ParallelError
 from parallel.state import full_model_state, full_optimizer_state, load_optimizer_state
 from runtime.provenance import provenance
-from storage.artifact import artifact_writers, load_model, write_folder_atomically
+from storage.artifact import WEIGHTS_FILE, artifact_writers, load_model, write_folder_atomically
 from storage.claim import claim_output_folder
 from storage.folder import DiskFull, acquire_writer_lock, release_writer_lock
 from storage.run_folder import TRAINING_TOOL, is_training_checkpoint
@@ -123,42 +123,63 @@ class Checkpointer:
         single-device tensors when saved), its config, the optimizer and the data position."""
         self._registered = (par, model_config, optimizer, sampler)
 
-    def due(self, step: int, last: bool = False) -> bool:
-        """Whether `step` is to be saved: every --checkpoint-interval steps and the last, once."""
-        return step != self.last_saved_step and (last or step % self.cfg.checkpoint_every == 0)
+    def due(self, step: int, last: bool = False, by_clock: bool = False) -> bool:
+        """Whether `step` is to be saved: every --checkpoint-interval steps, when --checkpoint-minutes have passed
+        (`by_clock`, as the ranks agreed) and the last, once."""
+        return step != self.last_saved_step and (last or by_clock or step % self.cfg.checkpoint_every == 0)
 
     def save(self, step: int) -> None:
-        """Write the registered state as the checkpoint of `step`."""
+        """Write the registered state as the checkpoint of `step`.  The weights and then the optimizer state are each
+        consolidated when their file is written, and dropped after it, so the writer never holds both (4.3 GB at GPT-2
+        Medium); the other ranks take part in the same gatherings, in the same order, keeping nothing."""
         par, model_config, optimizer, sampler = self._registered
-        model_state = {k: v.contiguous() for k, v in full_model_state(par).items()}
-        optimizer_state = full_optimizer_state(par, optimizer)
         ctx = par.ctx
         if ctx.is_writer:
-            bad = first_non_finite(model_state) or first_non_finite(
-                {f"optimizer state of {name}.{key}": v for name, entry in optimizer_state["state"].items()
-                 for key, v in entry.items() if torch.is_tensor(v)})
-            if bad:
-                raise TrainingError(f"step {step}: {bad} holds NaN or infinite values; not saving it over "
-                                    f"{self.describe_last_good()}")
-            state = TrainingState(
-                step=step, sampler=sampler.state_dict(), global_batch=sampler.global_batch,
-                train_config=dataclasses.asdict(self.cfg), torch_rng=torch.get_rng_state().tolist(),
-                cuda_rng=[s.tolist() for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
-                parallel={"mode": self.cfg.parallel, "world_size": ctx.world_size, "tp_size": ctx.tp_size})
-            writers = artifact_writers(model_state, model_config, "float", provenance(TRAINING_TOOL, self.cfg.init_from),
-                                       extra={"step": step})
-            writers[OPTIMIZER_FILE] = lambda p: save_through_python(optimizer_state, p)
-            writers[STATE_FILE] = state.write
-
-            def in_place() -> None:  # recorded before a signal held during the move can stop the run
-                self.last_saved_step = step
-            try:
-                write_folder_atomically(self.out_dir, writers, on_saved=in_place)
-            except DiskFull as e:
-                raise TrainingError(f"step {step}: {e}. Last good: {self.describe_last_good()}") from e
+            self.write(step)
+        else:
+            full_model_state(par, keep=False)
+            full_optimizer_state(par, optimizer, keep=False)
         if ctx.world_size > 1:
             dist.barrier()  # nobody reads the folder before it is complete
         self.last_saved_step = step
+
+    def write(self, step: int) -> None:
+        par, model_config, optimizer, sampler = self._registered
+        ctx = par.ctx
+        state = TrainingState(
+            step=step, sampler=sampler.state_dict(), global_batch=sampler.global_batch,
+            train_config=dataclasses.asdict(self.cfg), torch_rng=torch.get_rng_state().tolist(),
+            cuda_rng=[s.tolist() for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
+            parallel={"mode": self.cfg.parallel, "world_size": ctx.world_size, "tp_size": ctx.tp_size})
+
+        def finite(tensors: dict[str, torch.Tensor]) -> None:
+            bad = first_non_finite(tensors)
+            if bad:  # raised by a writer: the staged files are discarded, the folder keeps its last checkpoint
+                raise TrainingError(f"step {step}: {bad} holds NaN or infinite values; not saving it over "
+                                    f"{self.describe_last_good()}")
+
+        produced_by, extra = provenance(TRAINING_TOOL, self.cfg.init_from), {"step": step}
+
+        def write_weights(path: Path) -> None:
+            model_state = {k: v.contiguous() for k, v in full_model_state(par).items()}
+            finite(model_state)
+            artifact_writers(model_state, model_config, "float", produced_by, extra)[WEIGHTS_FILE](path)
+
+        def write_optimizer(path: Path) -> None:
+            optimizer_state = full_optimizer_state(par, optimizer)
+            finite({f"optimizer state of {name}.{key}": v for name, entry in optimizer_state["state"].items()
+                    for key, v in entry.items() if torch.is_tensor(v)})
+            save_through_python(optimizer_state, path)
+        # Written in this order (the weights' file is artifact_writers' first), the other ranks' gatherings' order.
+        writers = {**artifact_writers({}, model_config, "float", produced_by, extra), WEIGHTS_FILE: write_weights,
+                   OPTIMIZER_FILE: write_optimizer, STATE_FILE: state.write}
+
+        def in_place() -> None:  # recorded before a signal held during the move can stop the run
+            self.last_saved_step = step
+        try:
+            write_folder_atomically(self.out_dir, writers, on_saved=in_place)
+        except DiskFull as e:
+            raise TrainingError(f"step {step}: {e}. Last good: {self.describe_last_good()}") from e
 
     def describe_last_good(self) -> str:
         if self.last_saved_step is None:

@@ -11,6 +11,7 @@ from parallel import MODES
 from training.optim import LR_SCALING_RULES
 from runtime.cli import check_options, flag, option
 from runtime.errors import UserError
+from training.preset_defaults import default_lr
 
 DEFAULT_OUT_DIR = "out/train"
 RESUME_MODES = ("no", "yes", "auto")
@@ -34,7 +35,10 @@ class TrainConfig:
     batch_size: int = option(8, "micro-batch size per data-parallel rank", min=1)
     block_size: int | None = option(None, "training context length (default: the model's)", min=1)
     grad_accum: int = option(1, "micro-batches accumulated per optimizer step", min=1)
-    lr: float = option(1e-3, "peak learning rate", above=0)
+    lr: float | None = option(None, "peak learning rate (default: the preset's, from the GPT-3 paper's Table 2.1 for "
+                                    "the GPT-2 sizes: gpt2 6e-4, gpt2-medium 3e-4, gpt2-large 2.5e-4, gpt2-xl 2e-4; "
+                                    "1e-3 for tiny, small-cpu and --init-from; training/preset_defaults.py)",
+                              above=0)
     min_lr_ratio: float = option(0.1, "cosine schedule decays to lr * this", min=0, max=1)
     warmup_steps: int = option(50, "steps of linear warmup", min=0)
     weight_decay: float = option(0.1, "AdamW weight decay of matrices (biases and LayerNorm gains do not decay)",
@@ -60,6 +64,12 @@ class TrainConfig:
     log_interval: int = option(10, "log a metrics line every N steps", min=1)
     checkpoint_interval: int | None = option(None, "checkpoint every N steps (default: --eval-interval)",
                                              min=1)
+    # The default bounds what a SIGKILL (a node lost, a grace overrun) can cost against what saving costs: a save of
+    # GPT-2 Medium under torchrun x4 on a 2-core CPU took CHECKPOINT_SAVE_NOTE (bench/REPORT.md, "Stopping").
+    checkpoint_minutes: float = option(30.0, "also checkpoint when this many minutes have passed since the last "
+                                             "checkpoint (or the start), which bounds what a SIGKILL can lose; the "
+                                             "default keeps a GPT-2 Medium save (measured: see bench/REPORT.md, "
+                                             "Stopping) under 2% of the run's time", above=0)
     parallel: str = option("none", "parallelism mode: none (one device); under torchrun ddp, fsdp, tp, allreduce, "
                                    "gather-scatter; dp (nn.DataParallel, one process over several CUDA devices)",
                            choices=tuple(MODES))
@@ -70,6 +80,11 @@ class TrainConfig:
                                    "sqrt), after warmup", choices=LR_SCALING_RULES)
     reference_batch: int | None = option(None, "global batch (sequences) that --lr was tuned for (default: "
                                                "--batch-size, one rank)", min=1)
+    stop_grace_s: float | None = option(None, "seconds between a stop signal and the SIGKILL that follows it (default: "
+                                              "torchrun's --shutdown-timeout, read from its command line or "
+                                              "environment; else 30, the usual schedulers' default): a micro-batch "
+                                              "that would outlast it is abandoned to save the last whole step in time",
+                                        above=0)
     dist_timeout_s: float = option(300.0, "collective timeout: if a rank dies or hangs, the others stop after "
                                           "this many seconds", above=0)
     final_eval_batches: int | None = option(None, "batches in the final validation (default: the whole split)",
@@ -83,7 +98,10 @@ class TrainConfig:
 
     def __post_init__(self):
         check_options(self, TrainingError)
-        for name in ("lr", "grad_clip", "dist_timeout_s", "weight_decay", "peak_flops"):  # their bounds let infinity through
+        if self.lr is None and self.model in PRESETS:  # an unknown preset is refused below
+            self.lr = default_lr(self.model, self.init_from).value
+        for name in ("lr", "grad_clip", "dist_timeout_s", "weight_decay", "peak_flops", "checkpoint_minutes",
+                     "stop_grace_s"):  # their bounds let infinity through
             value = getattr(self, name)
             self._require(name, value is None or math.isfinite(value), "must be a finite number")
         self._require("seed", 0 <= self.seed < 2**63, "must be a whole number from 0 to 2**63 - 1")

@@ -24,10 +24,10 @@ from training.config import TrainConfig, TrainingError
 
 # Settings of the launch, not of the run.
 LAUNCH_SETTINGS = ("device", "compile", "activation_checkpointing", "out_dir", "resume", "overwrite", "parallel",
-                   "tp_size", "cpu_offload", "dist_timeout_s", "peak_flops", "tensorboard", "curves")
+                   "tp_size", "cpu_offload", "dist_timeout_s", "stop_grace_s", "peak_flops", "tensorboard", "curves")
 # Settings of the run that may change when it is resumed.
 CHANGEABLE_SETTINGS = ("max_steps", "eval_interval", "eval_batches", "log_interval", "checkpoint_interval",
-                       "final_eval_batches")
+                       "checkpoint_minutes", "final_eval_batches")
 FIXED_SETTINGS = tuple(f.name for f in dataclasses.fields(TrainConfig)
                        if f.name not in LAUNCH_SETTINGS + CHANGEABLE_SETTINGS)
 

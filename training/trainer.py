@@ -17,7 +17,7 @@ from training.evaluate import evaluate_loss
 from model.gpt import GPT, CausalSelfAttention
 from training.optim import build_optimizer, lr_at, scaled_lr
 from parallel import CommsMeter, check_divisibility, parallelize
-from parallel.distributed import run_on_node_leader
+from parallel.distributed import launched_by_torchrun, run_on_node_leader
 from parallel.state import local_state_bytes
 from runtime.cli import non_default_fields
 from runtime.device import is_out_of_memory, precision_policy
@@ -25,9 +25,12 @@ from runtime.progress import ProgressBar
 from training.checkpoint import Checkpointer, load_init_model
 from training.config import TrainConfig, TrainingError
 from training.estimate import RunEstimate
+from training.preset_defaults import describe_lr
 from training.metrics import (NO_CLOCK, EvalRecord, MetricsLog, NullLog, PhaseClock, device_peak_flops,
                               flops_per_token, parallel_record, peak_memory_per_rank, step_record)
 from training.step import NonFiniteStep, TrainStep
+from training.stop_grace import stop_grace
+from training.stop_points import ARM_SHARE, StopPoints
 from training.stop_signals import StopRequested, StopSignals
 
 
@@ -94,6 +97,8 @@ class Trainer:
         resuming = self.checkpointer.resuming
         if changes:
             self.say(f"resume: {'; '.join(changes)}")
+        if not resuming:  # a resumed run keeps its saved settings, which its first run said
+            self.say(describe_lr(cfg.lr, cfg.model, cfg.init_from), flush=True)
         self.cfg = cfg
         self.precision = precision_policy(self.device, cfg.precision)
         model = build_model(cfg, self.checkpointer)
@@ -130,6 +135,7 @@ class Trainer:
         self.tokens_per_step = self.sampler.global_batch * cfg.grad_accum * self.block
         self.peak_flops = device_peak_flops(self.device, cfg.peak_flops)
         self.flops_per_token = flops_per_token(self.model_config, self.n_params, self.block)
+        self.grace = stop_grace(cfg.stop_grace_s, launched_by_torchrun())
         self.metrics = (MetricsLog(self.out_dir, cfg.tensorboard, self.start_step if resuming else None, cfg.curves)
                         if ctx.is_writer else NullLog())
         self.announce()
@@ -150,17 +156,28 @@ class Trainer:
         """Train to --max-steps, checkpointing and validating on the way; returns the final validation."""
         cfg = self.cfg
         self.completed = self.start_step  # steps whose update is applied: the count the console and records use
-        self.finishing_step = False  # whether the step under way is past its last stop check (see step_to_save)
+        self.finishing_step = False  # whether the step under way is in its last micro-batch (see on_stop_signal)
+        self.micro_batch_s: float | None = None  # the slowest rank's last micro-batch, as the ranks agreed on it
+        self.micro_batch_started, self.last_micro_batch_s = time.perf_counter(), 0.0
+        self.last_checkpoint_at = time.monotonic()  # for --checkpoint-minutes
+        self.last_save_s: float | None = None  # the last save's probe and write, all ranks together
         self.estimate = RunEstimate(cfg.max_steps - self.start_step, cfg.grad_accum, self.device)
         try:
-            with StopSignals(self.announce_stop) as stop_signals:
+            with StopSignals(self.ctx, self.on_stop_signal) as stop_signals:
+                self.stop_points = self.install_stop_points(stop_signals)
                 try:
                     self.train_steps(stop_signals)
                     return self.evaluate(cfg.max_steps, cfg.final_eval_batches, stop_signals)
                 except StopRequested as e:
-                    # Saved while the handlers still listen: a second Ctrl-C then interrupts the save (the staged
-                    # files are discarded) and ends below, instead of raising a traceback inside this handler.
-                    self.save_and_exit(e)
+                    stop = e
+                    # Saved after this handler, whose traceback would keep the abandoned micro-batch's activations
+                    # (gigabytes at GPT-2 Medium) alive through the save; and while the signal handlers still listen,
+                    # so that a second Ctrl-C interrupts the save (the staged files are discarded) and ends below.
+                    stop.__traceback__ = None
+                finally:
+                    if self.stop_points is not None:
+                        self.stop_points.remove()
+                self.save_and_exit(stop, stop_signals)
         except KeyboardInterrupt:
             print(f"\ninterrupted after step {self.completed}; {self.checkpointer.describe_last_good()} "
                   f"(continue with --resume)", file=sys.stderr)
@@ -176,27 +193,67 @@ class Trainer:
                                 f"lower --batch-size (and raise --grad-accum to keep the batch) or use "
                                 f"--activation-checkpointing") from e
 
-    def save_and_exit(self, stop: StopRequested) -> NoReturn:
-        self.save_if_due(self.completed, last=True)
+    def install_stop_points(self, stop_signals: StopSignals) -> StopPoints | None:
+        """The agreement points inside a micro-batch (training/stop_points.py), where the blocks run in this
+        process's main thread uncompiled."""
+        if self.cfg.compile or self.cfg.parallel == "dp":
+            return None
+        return StopPoints(self.model.transformer.h, lambda: stop_signals.check(finishing=self.finishing_step))
+
+    def points_armed(self) -> bool:
+        """Whether the next micro-batch stops at its blocks: always in one process; under a launcher, while the
+        slowest rank's micro-batch takes ARM_SHARE of the grace or more, and before one has been timed."""
+        return (self.stop_points is not None and
+                (self.ctx.world_size == 1 or self.micro_batch_s is None or
+                 self.micro_batch_s >= ARM_SHARE * self.grace.seconds))
+
+    def save_and_exit(self, stop: StopRequested, stop_signals: StopSignals) -> NoReturn:
+        """Save the last whole step, unless a save of this run took longer than the grace left (the launcher's SIGKILL
+        would cut it short, and the time is better left to the exit), and say so in one line."""
+        grace_left = self.grace.seconds - (time.monotonic() - stop.received_at)
+        too_long = self.last_save_s is not None and self.last_save_s > grace_left
+        (too_long,) = stop_signals.agree(float(too_long))[2]  # a save is collective: every rank takes it or none
+        saved = not too_long and self.save_if_due(self.completed, last=True)
+        grace_left = self.grace.seconds - (time.monotonic() - stop.received_at)
         if self.ctx.is_writer:  # one line for the job, not one per rank
-            print(f"stopped by {stop} after step {self.completed}; {self.checkpointer.describe_last_good()} "
-                  f"(continue with --resume); exit status {stop.exit_status}", file=sys.stderr)
+            timing = (f", saved in {self.last_save_s:.1f} s with {max(0.0, grace_left):.0f} s of the "
+                      f"{self.grace.seconds:g} s grace to spare" if saved else "")
+            skipped = (f" not saved: a save of this run takes {self.last_save_s:.0f} s, longer than the "
+                       f"{max(0.0, grace_left):.0f} s left of the {self.grace.seconds:g} s grace ({self.grace.source}; "
+                       f"--checkpoint-minutes bounds what such a stop loses);" if too_long else "")
+            print(f"stopped by {stop} after step {self.completed};{skipped} "
+                  f"{self.checkpointer.describe_last_good()}{timing} (continue with --resume); exit status "
+                  f"{stop.exit_status}", file=sys.stderr)
         raise SystemExit(stop.exit_status)
 
-    def announce_stop(self, signal_name: str) -> None:
-        """Said by the signal handler the moment the first stop signal arrives."""
+    def on_stop_signal(self, signal_name: str) -> bool:
+        """Said by the signal handler the moment the first stop signal arrives: what happens and which step is saved.
+        Returns whether the step under way finishes: only once its last micro-batch is under way, and then, if that
+        micro-batch can be abandoned at its blocks, only if its expected end and a save fit well within the grace."""
+        armed = self.stop_points is not None and self.stop_points.armed
+        finish = self.finishing_step and (not armed or self.finish_fits_in_grace())
         if self.ctx.is_writer:
-            print(f"{signal_name}: stopping after this micro-batch; saving step {self.step_to_save()}",
-                  file=sys.stderr, flush=True)
+            where = "within" if armed and not finish else "after"
+            saving = (f"not saving (a save of this run takes {self.last_save_s:.0f} s)"
+                      if self.last_save_s is not None and self.last_save_s > self.grace.seconds
+                      else f"saving step {self.completed + finish}")
+            print(f"{signal_name}: stopping {where} this micro-batch; {saving} (the grace before a SIGKILL: "
+                  f"{self.grace.seconds:g} s, {self.grace.source})", file=sys.stderr, flush=True)
+        return finish
 
-    def step_to_save(self) -> int:
-        """The step a stop signal arriving now saves: the last whole one, or the one under way once its last
-        micro-batch has begun, since no stop check follows that micro-batch and the step finishes."""
-        return self.completed + 1 if self.finishing_step else self.completed
+    def finish_fits_in_grace(self) -> bool:
+        """Whether the rest of the micro-batch under way and a save take at most half the grace (the other half for a
+        busy host).  Until this run has saved once, a quarter of the grace is set aside for the save."""
+        if self.micro_batch_s is None:  # the run's first micro-batch: its length is not known
+            return False
+        left = max(0.0, self.micro_batch_s - (time.perf_counter() - self.micro_batch_started))
+        save_s = self.last_save_s
+        return left + (self.grace.seconds / 4 if save_s is None else save_s) <= self.grace.seconds / 2
 
     def train_steps(self, stop_signals: StopSignals) -> None:
-        """The steps from the start (or the resumed) step to --max-steps; after each micro-batch, a stop signal
-        on any rank stops every rank, and a step stopped midway is dropped (training/stop_signals.py)."""
+        """The steps from the start (or the resumed) step to --max-steps; at every agreement point (after each
+        micro-batch, and at the blocks while they are armed), a stop signal on any rank stops every rank, and a
+        step stopped midway is dropped (training/stop_signals.py)."""
         cfg = self.cfg
         window_start, window_steps, excluded = time.perf_counter(), 0, 0.0
         for step in range(self.start_step, cfg.max_steps):
@@ -207,6 +264,8 @@ class Trainer:
             started = time.perf_counter()
             position = self.sampler.state_dict(), torch.get_rng_state(), self.device_rng_state()
             self.finishing_step = cfg.grad_accum == 1
+            self.micro_batch_started = started
+            self.arm_stop_points(self.points_armed())
             try:
                 result = self.step(self.sampler.next_batch, lr, clock, self.after_micro_batch(stop_signals, started))
             except StopRequested:  # back to the state of the last whole step, which is what gets saved
@@ -215,6 +274,8 @@ class Trainer:
                 if position[2] is not None:
                     torch.cuda.set_rng_state(position[2], self.device)
                 raise
+            finally:
+                self.arm_stop_points(False)  # the evaluations and the save's probe run the blocks too
             self.estimate.step_done(time.perf_counter() - started)
             self.completed, self.finishing_step = done, False
             window_steps += 1
@@ -225,30 +286,50 @@ class Trainer:
             t0 = time.perf_counter()  # evaluation and checkpointing are kept out of tokens/s
             if done % cfg.eval_interval == 0 and done != cfg.max_steps:
                 self.evaluate(done, cfg.eval_batches, stop_signals)
-            self.save_if_due(done, last=done == cfg.max_steps)
-            stop_signals.check(self.ctx)
+            # One agreement: a stop (which saves this step itself), the slowest micro-batch, and whether any rank's
+            # clock says --checkpoint-minutes have passed (a save is collective: every rank must take it).
+            self.micro_batch_s, clock_due = stop_signals.check(self.last_micro_batch_s, self.checkpoint_clock_due())
+            self.save_if_due(done, last=done == cfg.max_steps, by_clock=bool(clock_due))
             excluded += time.perf_counter() - t0
 
+    def arm_stop_points(self, armed: bool) -> None:
+        if self.stop_points is not None:
+            self.stop_points.armed = armed
+
+    def checkpoint_clock_due(self) -> float:
+        return float(time.monotonic() - self.last_checkpoint_at >= self.cfg.checkpoint_minutes * 60)
+
     def after_micro_batch(self, stop_signals: StopSignals, step_started: float):
-        """What runs after each micro-batch: the run's first estimate, and the ranks' agreement on a stop signal
-        (not after the last micro-batch: the step then finishes, and the check after it stops)."""
+        """What runs after each micro-batch: the run's first estimate, and the ranks' agreement on a stop signal and
+        on the slowest micro-batch (not after the last micro-batch: the step then finishes, and the check after it
+        stops)."""
         def hook(micro: int) -> None:
+            took = time.perf_counter() - self.micro_batch_started
             if not self.estimate.announced:
                 for line in self.estimate.first_micro_batch(time.perf_counter() - step_started):
                     self.say(line, flush=True)
             if micro < self.cfg.grad_accum - 1:
-                stop_signals.check(self.ctx)
+                (self.micro_batch_s,) = stop_signals.check(took)
                 self.finishing_step = micro == self.cfg.grad_accum - 2  # the last one is next: no check after it
+                self.arm_stop_points(self.points_armed())
+            self.last_micro_batch_s = took
+            self.micro_batch_started = time.perf_counter()
         return hook
 
     def device_rng_state(self) -> torch.Tensor | None:
         return torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
 
-    def save_if_due(self, step: int, last: bool = False) -> None:
-        """The checkpoint of `step` when the checkpointer says one is due, once its state proves savable."""
-        if self.checkpointer.due(step, last):
-            self.check_savable(step)
-            self.checkpointer.save(step)
+    def save_if_due(self, step: int, last: bool = False, by_clock: bool = False) -> bool:
+        """The checkpoint of `step` when the checkpointer says one is due, once its state proves savable; returns
+        whether it was saved."""
+        if not self.checkpointer.due(step, last, by_clock):
+            return False
+        started = time.perf_counter()
+        self.check_savable(step)
+        self.checkpointer.save(step)
+        self.last_save_s = time.perf_counter() - started
+        self.last_checkpoint_at = time.monotonic()
+        return True
 
     def check_savable(self, step: int) -> None:
         """Only weights that still give a finite loss are saved: a finite but exploded update (a huge
@@ -292,7 +373,7 @@ class Trainer:
     def until_stopped(self, batches: Iterable, stop_signals: StopSignals) -> Iterator:
         """`batches`, with every rank's stop check before each (all ranks run the whole evaluation in step)."""
         for batch in batches:
-            stop_signals.check(self.ctx)
+            stop_signals.check()
             yield batch
 
     def log_step(self, done: int, lr: float, result, clock: PhaseClock, elapsed: float, steps: int) -> None:

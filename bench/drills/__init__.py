@@ -1,5 +1,5 @@
 """The fault drills, one module each: what a reader, a kill -9, a poisoned request, slow clients, a dead rank, a full
-disk and a hostile folder cost.  Each module's docstring says what its drill does and what counts as a failure,
+disk, a hostile folder and a stop beyond the launcher's grace cost.  Each module's docstring says what its drill does and what counts as a failure,
 and its `run(settings, work)` returns a `Drill` (bench/drills/drill.py).  `python -m bench.experiments faults`
 runs them all, in this order, into bench/results/faults.json; adding a drill is adding its module and its line
 below.
@@ -7,7 +7,7 @@ below.
 from __future__ import annotations
 
 from bench.drills import (disk_full, hostile_contents, kill_during_saves, killed_rank, poison_request,
-                          readers_during_saves, restarted_rank, slow_clients)
+                          readers_during_saves, restarted_rank, slow_clients, stop_beyond_grace)
 
 DRILLS = (readers_during_saves, kill_during_saves, poison_request, slow_clients, killed_rank, restarted_rank,
-          disk_full, hostile_contents)
+          disk_full, hostile_contents, stop_beyond_grace)

@@ -51,10 +51,16 @@ class DrillSettings:
                                 "job ends, job restarts)", min=1)
     dist_timeout_s: float = option(20.0, "those jobs' --dist-timeout-s")
     disk_full_runs: int = option(1, "training runs that fill a small tmpfs")
+    grace_modes: list[str] = option([], "layouts of the GPT-2 Medium stop-beyond-the-grace drill (tp, fsdp; about 12 "
+                                        "min each on 2 CPU cores; none in the quick run)", may_be_empty=True)
+    grace_s: int = option(30, "torchrun's --shutdown-timeout in that drill: the grace before its SIGKILL", min=0)
     seed: int = option(0, "seed of the kill moments")
 
     def __post_init__(self):
         check_options(self, SettingsError)
+        for mode in self.grace_modes:
+            if mode not in ("tp", "fsdp"):
+                raise SettingsError(f"--grace-modes takes tp and fsdp, got {mode!r}")
 
 
 @dataclass
