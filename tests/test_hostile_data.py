@@ -566,7 +566,7 @@ def test_a_token_file_is_read_only_when_every_part_of_it_is_whole(tmp_path):
                                                    f"{GPT2_VOCAB_SIZE:,}"),
         (lambda: written(header, [0, 7]), "holds 2 tokens but its header says 3: truncated"),
         (lambda: written(header, [0, 7, 8, 9]), "holds 4 tokens but its header says 3"),
-        (lambda: written(header, [0, 7, 8], b"\0"), "ends inside a token (7 bytes after the header"),
+        (lambda: written(header, [1] * 600, b"\0"), "ends inside a token (1201 bytes after the header"),
         (lambda: written(header[:255], []), "is 1020 bytes, cut inside its 1024-byte header"),
         (lambda: written(header[:3], []), "is 12 bytes, cut inside its 1024-byte header"),
         (lambda: written(header[:2], []), "is not a token file (bad magic)"),
