@@ -20,6 +20,7 @@ the figures before and after new tests; a run that stops keeps the modules it fi
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import shutil
 import subprocess
@@ -40,7 +41,9 @@ from runtime.timing import environment
 
 EQUIVALENTS_FILE = ROOT / "tests" / "mutation_equivalents.json"
 KILLED_EARLIER = "killed in an earlier run"
-PYTEST = ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
+PYTEST = ["-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
+SOCKET = "warm-pytest.socket"
+BASELINE_LIMIT_S = 1800.0
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,9 @@ class MutationConfig:
     base: str = option("main", "the branch --changed compares with")
     label: str = option("latest", "the name this run's figures are kept under in mutation.json (before, after)")
     planted: bool = option(True, "also run the defects planted by hand (PLANTED)")
+    leave_out: list[str] = option([], "tests (files or node ids) taken out of every module's selection: the suite "
+                                      "as it was before tests written to kill survivors, for the before figures",
+                                  may_be_empty=True)
     rerun_survivors_of: str | None = option(None, "run only the mutants that survived the run of this label (e.g. "
                                                   "before), counting the others as killed by it: new tests cannot "
                                                   "revive a killed mutant, so the after figures cost a fraction")
@@ -186,8 +192,24 @@ def scratch_copy(where: Path) -> Path:
     return where
 
 
-def test_command(copy: Path, tests: tuple[str, ...]) -> list[str]:
-    return ["env", f"PYTHONPATH={copy}", sys.executable, *PYTEST, *tests]
+def test_command(copy: Path, tests: tuple[str, ...], timeout: float) -> list[str]:
+    """pytest on `tests`, in a fork of the warm server (tests/warm_pytest.py), cut off at `timeout` seconds."""
+    return ["env", f"PYTHONPATH={copy}", sys.executable, "-m", "tests.warm_pytest", "run", str(copy / SOCKET),
+            f"{timeout:.0f}", "--", *PYTEST, *tests]
+
+
+@contextlib.contextmanager
+def warm_server(copy: Path):
+    """tests/warm_pytest.py's server over the copy, for the length of the block."""
+    server = subprocess.Popen(["env", f"PYTHONPATH={copy}", sys.executable, "-m", "tests.warm_pytest", "serve",
+                               str(copy / SOCKET)], cwd=copy, stdout=subprocess.PIPE, text=True)
+    try:
+        if server.stdout.readline().strip() != "ready":
+            raise UserError("the warm pytest server (tests/warm_pytest.py) did not start")
+        yield
+    finally:
+        server.kill()
+        server.wait()
 
 
 def definition_lines(path: Path, names: tuple[str, ...]) -> set[int]:
@@ -235,10 +257,10 @@ def cosmic_ray(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def baseline(copy: Path, tests: tuple[str, ...]) -> float:
     started = time.perf_counter()
-    run = subprocess.run(test_command(copy, tests), cwd=copy, capture_output=True, text=True)
+    run = subprocess.run(test_command(copy, tests, BASELINE_LIMIT_S), cwd=copy, capture_output=True, text=True)
     if run.returncode != 0:
-        last = run.stdout.strip().splitlines()[-1:] if run.stdout.strip() else run.stderr.strip().splitlines()[-1:]
-        raise UserError(f"the tests {' '.join(tests)} fail on the unmutated code ({last}); fix them first")
+        raise UserError(f"the tests {' '.join(tests)} fail on the unmutated code (pytest exit {run.returncode}; "
+                        f"run them alone to see why); fix them first")
     return time.perf_counter() - started
 
 
@@ -259,13 +281,17 @@ def mutate_module(module: str, target: Target, copy: Path, work: Path, cfg: Muta
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
     started = time.perf_counter()
-    target = Target(tuple(t for t in target.tests if (copy / t.split("::")[0]).exists()), target.only)
+    target = Target(tuple(t for t in target.tests if (copy / t.split("::")[0]).exists() and t not in cfg.leave_out),
+                    target.only)
+    if cfg.leave_out:  # a node id under a file left out goes with it
+        target = Target(tuple(t for t in target.tests if t.split("::")[0] not in cfg.leave_out), target.only)
     took = baseline(copy, target.tests)
     print(f"{module}: its tests take {took:.0f} s unmutated", flush=True)
     config, db = work / f"{module.replace('/', '_')}.toml", work / f"{module.replace('/', '_')}.sqlite"
-    config.write_text(f'[cosmic-ray]\nmodule-path = "{module}"\ntimeout = {took * cfg.timeout_factor + 30:.0f}\n'
-                      f'excluded-modules = []\ntest-command = "{" ".join(test_command(copy, target.tests))}"\n'
-                      f'[cosmic-ray.distributor]\nname = "local"\n')
+    limit = took * cfg.timeout_factor + 30  # the server ends a run here; Cosmic Ray's own limit is a backstop
+    command = " ".join(test_command(copy, target.tests, limit))
+    config.write_text(f'[cosmic-ray]\nmodule-path = "{module}"\ntimeout = {limit + 60:.0f}\n'
+                      f'excluded-modules = []\ntest-command = "{command}"\n[cosmic-ray.distributor]\nname = "local"\n')
     db.unlink(missing_ok=True)
     cosmic_ray("init", str(config), str(db), cwd=copy)
     source = (copy / module).read_text().splitlines()
@@ -307,7 +333,7 @@ def mutate_module(module: str, target: Target, copy: Path, work: Path, cfg: Muta
                     equivalent.append(Mutant(**{**mutant.__dict__, "reason": reason}))
                 else:
                     survivors.append(mutant)
-            elif result.output == "timeout":
+            elif result.output == "timeout" or "timed out after" in (result.output or ""):
                 timed_out += 1
             else:
                 killed += 1
@@ -328,7 +354,8 @@ def run_planted(planted: Planted, copy: Path) -> PlantedResult:
                         f"{planted.old!r}; update PLANTED")
     path.write_text(original.replace(planted.old, planted.new))
     try:
-        run = subprocess.run(test_command(copy, planted.tests), cwd=copy, capture_output=True, text=True)
+        run = subprocess.run(["env", f"PYTHONPATH={copy}", sys.executable, "-m", "pytest", *PYTEST, *planted.tests],
+                             cwd=copy, capture_output=True, text=True)  # a process of its own: its output names the test
     finally:
         path.write_text(original)
     failed = [line for line in run.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
@@ -374,13 +401,14 @@ def main(argv=None) -> None:
         if cfg.planted:
             planted = [run_planted(p, copy) for p in PLANTED if not cfg.changed or p.module in modules]
             save(cfg, results, planted)
-        for module in modules:
-            try:
-                results[module] = mutate_module(module, MODULES[module], copy, work, cfg)
-            except UserError as e:  # the module's tests fail unmutated: the other modules still run
-                print(f"{module}: not mutated: {e}", flush=True)
-                continue
-            save(cfg, results, planted)  # a stopped run keeps the modules it finished
+        with warm_server(copy):
+            for module in modules:
+                try:
+                    results[module] = mutate_module(module, MODULES[module], copy, work, cfg)
+                except UserError as e:  # the module's tests fail unmutated: the other modules still run
+                    print(f"{module}: not mutated: {e}", flush=True)
+                    continue
+                save(cfg, results, planted)  # a stopped run keeps the modules it finished
     low = [f"{m} {r.score:.0%}" for m, r in results.items() if r.score < 0.85]
     missed = [p.name for p in planted if not p.killed]
     print(f"wrote {cfg.results_dir / 'mutation.json'}")

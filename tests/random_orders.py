@@ -122,10 +122,13 @@ def host_rates(repeats: int = 5) -> HostRates:
 def main(argv=None) -> None:
     cfg = parse_config(OrdersConfig, __doc__, argv)
     host = host_rates()
-    runs = [run_order(seed, cfg.workers) for seed in cfg.seeds]
     command = " ".join(["python -m pytest", *pytest_command(0, cfg.workers)[3:-1], "SEED"])
-    report = OrdersReport(command, runs, all(r.exit_code == 0 for r in runs), host, environment(torch.device("cpu")))
-    write_result(cfg.results_dir, "test_orders", report)
+    runs: list[OrderRun] = []
+    for seed in cfg.seeds:  # written after each order: a run stopped part-way keeps the orders it finished
+        runs.append(run_order(seed, cfg.workers))
+        report = OrdersReport(command, runs, all(r.exit_code == 0 for r in runs), host,
+                              environment(torch.device("cpu")))
+        write_result(cfg.results_dir, "test_orders", report)
     if not report.all_passed:
         sys.exit(f"error: {sum(r.exit_code != 0 for r in runs)} of {len(runs)} orders failed: "
                  + "; ".join(f"seed {r.seed}: {r.summary}" for r in runs if r.exit_code != 0))

@@ -556,22 +556,28 @@ def test_a_token_file_is_read_only_when_every_part_of_it_is_whole(tmp_path):
     top = GPT2_VOCAB_SIZE - 1
     tokens = read_tokens(written(header, [0, 7, top]))
     assert tokens.dtype == np.uint16 and tokens.tolist() == [0, 7, top] and not tokens.flags.writeable
+    for count in (1, 600):  # one token; and more than a header's worth of them (2-byte tokens past 1024 bytes)
+        sized = header.copy()
+        sized[2] = count
+        assert read_tokens(written(sized, list(range(count)))).tolist() == list(range(count))
     empty = header.copy()
     empty[2] = 0
     assert read_tokens(written(empty, [])).tolist() == [] and read_tokens(path).dtype == np.uint16
     other_version = np.array([MAGIC, VERSION + 1, 3, *[0] * 253], np.int32)
+    older_version = np.array([MAGIC, VERSION - 1, 3, *[0] * 253], np.int32)
     other_magic = np.array([MAGIC + 1, VERSION, 3, *[0] * 253], np.int32)
     cases = [  # each file written when its case runs: they share one path
         (lambda: written(header, [0, 7, top + 1]), f"holds token id {top + 1}, beyond GPT-2's vocabulary of "
                                                    f"{GPT2_VOCAB_SIZE:,}"),
         (lambda: written(header, [0, 7]), "holds 2 tokens but its header says 3: truncated"),
         (lambda: written(header, [0, 7, 8, 9]), "holds 4 tokens but its header says 3"),
-        (lambda: written(header, [0, 7, 8], b"\0"), "ends inside a token (7 bytes after the header"),
+        (lambda: written(header, [1] * 600, b"\0"), "ends inside a token (1201 bytes after the header"),
         (lambda: written(header[:255], []), "is 1020 bytes, cut inside its 1024-byte header"),
         (lambda: written(header[:3], []), "is 12 bytes, cut inside its 1024-byte header"),
         (lambda: written(header[:2], []), "is not a token file (bad magic)"),
         (lambda: written(other_version, [0, 7, 8]), f"has format version {VERSION + 1}, this code reads {VERSION}; "
                                                     f"delete it"),
+        (lambda: written(older_version, [0, 7, 8]), f"has format version {VERSION - 1}, this code reads {VERSION}"),
         (lambda: written(other_magic, [0, 7, 8]), "is not a token file (bad magic)"),
     ]
     for make, message in cases:
