@@ -4,9 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TOKENIZER := data/assets/gpt2.tiktoken
-DEMO_OUT := out/demo
 
-.PHONY: setup demo test fuzz bench clean
+.PHONY: setup demo smoke test fuzz bench clean
 
 setup: $(STAMP) $(TOKENIZER)
 
@@ -24,20 +23,14 @@ $(STAMP): requirements.txt requirements-test.txt pyproject.toml
 $(TOKENIZER): | $(STAMP)
 	$(PY) -m data.fetch_tokenizer
 
+# The tour in stages (bench/demo.py): each says what it does and how long it should take, and one whose output is
+# complete and valid is skipped, so a stopped demo continues where it stopped (`make clean` starts over).
+# `make smoke` runs every stage on the smallest sizes, into out/smoke.
 demo: setup
-	rm -rf $(DEMO_OUT)
-	$(PY) train.py --model tiny --dataset builtin --max-steps 200 --eval-interval 50 --out-dir $(DEMO_OUT)/train
-	$(PY) sample.py --checkpoint $(DEMO_OUT)/train --prompt "The module" --num-samples 2 --max-new-tokens 60 --seed 1
-	$(PY) prune/iterative.py --method row --target 0.5 --rounds 2 --finetune-steps 20 --batch-size 4 --block-size 64 \
-		--eval-batches 4 --speed-repeats 3 --generation-tokens 8 --checkpoint $(DEMO_OUT)/train --out-dir $(DEMO_OUT)/prune-row
-	$(PY) quantize/dynamic.py --checkpoint $(DEMO_OUT)/train --out-dir $(DEMO_OUT)/int8 --eval-batches 4 --repeats 3 --new-tokens 16
-	$(PY) sample.py --checkpoint $(DEMO_OUT)/int8 --prompt "The module" --num-samples 1 --max-new-tokens 40 --seed 1
-	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --nproc_per_node=2 train.py --parallel fsdp --model tiny \
-		--max-steps 20 --block-size 64 --batch-size 4 --log-interval 10 --eval-interval 1000 --final-eval-batches 4 \
-		--out-dir $(DEMO_OUT)/fsdp
-	$(PY) bench/leaderboard.py --checkpoint $(DEMO_OUT)/train --dataset builtin --new-tokens 32 --repeats 1 --train-steps 1 \
-		--out $(DEMO_OUT)/scorecard.json
-	$(PY) -m serve.demo --checkpoint $(DEMO_OUT)/train
+	$(PY) -m bench.demo
+
+smoke: setup
+	$(PY) -m bench.demo --sizes smoke
 
 # The linter first (pyproject.toml's rules; well under a second), then the project's own modules compiled once:
 # with PYTHONDONTWRITEBYTECODE set, every process the tests start (servers, torchrun ranks, train.py runs, some
