@@ -25,15 +25,19 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from bench.processes import INHERIT, PIPE, ROOT, start
+from bench.record import write_result
 from runtime.cli import entry_point, option, parse_config
 from runtime.errors import UserError
 from runtime.progress import duration
-from runtime.stopping import Stopped, leaving
+from runtime.stopping import Stopped, leaving, stops_held
+from runtime.timing import Spread, environment, matmul_rate
 from storage.artifact import load_model
 
 RECORDED = ROOT / "bench" / "results" / "demo_time.json"
@@ -90,6 +94,9 @@ class DemoConfig:
     sizes: str = option("demo", "demo (the tour, `make demo`) or smoke (every stage on the smallest sizes, "
                                 "`make smoke`)", choices=tuple(SIZES))
     out_dir: str | None = option(None, "where the stages write (default: out/demo, or out/smoke for --sizes smoke)")
+    record: bool = option(False, f"after a run in which every stage ran, write its stage times and wall time, with "
+                                 f"this host's load, read rate and matmul rate, to {RECORDED.relative_to(ROOT)} "
+                                 f"(the estimates' source on a machine that has not run the demo)")
 
 
 @dataclass
@@ -205,11 +212,15 @@ def run_stage(stage: Stage) -> None:
     only once the command succeeded, so a stopped stage leaves no output that looks done).  The command runs in a
     session of its own, so a stop reaches it once, from here: it stops as it does (train.py saves its last whole
     step), and a second stop kills it."""
-    process = start(stage.command, cwd=ROOT, env=stage.env, stdout=PIPE if stage.output else INHERIT, stderr=INHERIT,
-                    own_session=True)
+    process = None
     try:
+        with stops_held():  # a stop while it starts comes once it is known, below
+            process = start(stage.command, cwd=ROOT, env=stage.env, stdout=PIPE if stage.output else INHERIT,
+                            stderr=INHERIT, own_session=True)
         stdout, _ = process.communicate()
     except KeyboardInterrupt as e:
+        if process is None:  # it never started
+            raise
         stop = Stopped.of(e)
         try:
             process.send_signal(stop.signum)
@@ -218,7 +229,8 @@ def run_stage(stage: Stage) -> None:
             process.kill_all()
         raise stop from None
     finally:
-        process.kill_all()  # anything of its session left behind (torchrun's ranks)
+        if process is not None:
+            process.kill_all()  # anything of its session left behind (torchrun's ranks)
     if process.returncode != 0:
         raise DemoError(f"stage {stage.name} failed (exit status {process.returncode}): {' '.join(stage.command[1:])}; "
                         f"fix what it said and run the demo again (the finished stages are kept)")
@@ -235,10 +247,16 @@ def run_stage(stage: Stage) -> None:
 def tour(cfg: DemoConfig) -> None:
     sizes = SIZES[cfg.sizes]
     out = Path(cfg.out_dir or f"out/{cfg.sizes}")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DemoError(f"--out-dir {out} cannot be made a folder ({e.strerror}); choose another") from e
     times_path = out / TIMES_FILE
     here, (recorded, host) = read_times(times_path), recorded_times(cfg.sizes)
     plan = stages(sizes, out)
+    if cfg.record and any(stage.done() for stage in plan):
+        raise DemoError(f"--record times a run in which every stage runs, and {out} holds finished stages; give an "
+                        f"empty --out-dir")
     started = time.perf_counter()
     for number, stage in enumerate(plan, 1):
         heading = f"== stage {number}/{len(plan)} {stage.name}: {stage.says}"
@@ -255,7 +273,31 @@ def tour(cfg: DemoConfig) -> None:
         here[stage.name] = time.perf_counter() - stage_start
         times_path.write_text(json.dumps(here, indent=2) + "\n")
         print(f"== stage {number}/{len(plan)} {stage.name} took {duration(here[stage.name])}", flush=True)
-    print(f"== the tour is complete in {out} ({duration(time.perf_counter() - started)} this run)")
+    wall_s = time.perf_counter() - started
+    print(f"== the tour is complete in {out} ({duration(wall_s)} this run)")
+    if cfg.record:
+        record(cfg.sizes, {stage.name: here[stage.name] for stage in plan}, wall_s)
+
+
+def host_rates() -> dict:
+    from bench.experiments.generate_speed import read_bandwidth  # the experiment's own measure of the read rate
+    return {"load_average_1m": os.getloadavg()[0], "read_gb_per_s": Spread.of(read_bandwidth()).median,
+            "matmul_gflop_per_s": Spread.of(matmul_rate()).median}
+
+
+def record(sizes: str, stage_seconds: dict[str, float], wall_s: float) -> None:
+    """This run's times as the recorded estimate for `sizes` (the other sizes' record is kept)."""
+    try:
+        recorded = json.loads(RECORDED.read_text())
+    except (OSError, ValueError):
+        recorded = {}
+    env = environment(torch.device("cpu"))
+    recorded[sizes] = {"stage_seconds": stage_seconds, "wall_s": wall_s,
+                       "host": f"a {env.cpu_count}-core {env.cpu} (load {env.load_average_1m:.1f} at the end)",
+                       "environment": asdict(env), "host_rates_at_the_end": host_rates(),
+                       "command": f"python -m bench.demo --sizes {sizes} --record (in an empty --out-dir; set-up, "
+                                  f"the .venv and the tokenizer, not included)"}
+    write_result(RECORDED.parent, RECORDED.stem, recorded)
 
 
 @entry_point(interrupted="between stages; the finished stages are kept, and the demo continues from the next")

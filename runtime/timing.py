@@ -118,6 +118,19 @@ def environment(device: torch.device) -> Environment:
         load_average_1m=os.getloadavg()[0])
 
 
+def matmul_rate(size: int = 1024, repeats: int = 5) -> list[float]:
+    """GFLOP/s of each of `repeats` float32 (size x size) @ (size x size) products with this process's threads:
+    what compute-bound work reaches on this host now (another process's load lowers it)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b  # warm-up
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        rates.append(2 * size**3 / (time.perf_counter() - start) / 1e9)
+    return rates
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:

@@ -15,7 +15,7 @@ from model.gpt import GPT
 from runtime.provenance import provenance
 from storage.artifact import artifact_writers, model_state_for_saving, write_folder_atomically
 from tests.conftest import small_config
-from tests.hostile import file_digests
+from tests.hostile import attempt, file_digests, unchanged
 from tests.source_tree import ROOT
 
 
@@ -47,6 +47,16 @@ def test_a_text_stage_is_done_only_once_its_output_was_renamed_into_place(tmp_pa
     demo.run_stage(stage)
     assert stage.done() and output.read_text() == "hello\n"
     assert not list(tmp_path.glob(".*partial"))
+
+
+def test_an_out_dir_that_cannot_be_a_folder_or_a_record_over_finished_stages_is_one_error_line(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    for out in (tmp_path / "file", tmp_path / "file" / "below"):
+        assert attempt("demo", lambda: demo.main(["--sizes", "smoke", "--out-dir", str(out)])) == "refused"
+    saved_training_step(tmp_path / "smoke" / "train", demo.SIZES["smoke"].train_steps)  # stage 1 finished
+    with unchanged("demo", tmp_path / "smoke"):
+        assert attempt("demo", lambda: demo.main(["--sizes", "smoke", "--out-dir", str(tmp_path / "smoke"),
+                                                  "--record"])) == "refused"
 
 
 def test_a_demo_stopped_after_its_first_stage_continues_and_skips_it(tmp_path):
