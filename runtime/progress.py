@@ -128,10 +128,10 @@ class Heartbeat:
             tqdm.write(line, file=self.file)
             self.file.flush()
 
-    def expect(self, seconds_left: float, said: str | None = None) -> None:
-        """The time the rest of the run should take, as of now; `said`: the line that tells the user (with the
-        estimate in it), printed now."""
-        self.left = (seconds_left, time.monotonic())
+    def expect(self, seconds_left: float | None, said: str | None = None) -> None:
+        """The time the rest of the run should take, as of now (None: not known until more is timed); `said`: the
+        line that tells the user (with the estimate in it), printed now."""
+        self.left = None if seconds_left is None else (seconds_left, time.monotonic())
         if said:
             self.say(said)
 

@@ -216,6 +216,8 @@ def training_figures(args: LeaderboardConfig, source: Path, block: int, workdir:
         doing = (f"training throughput ({number}/{len(TRAINING_BATCHES)}): micro-batch {batch} x block {block}"
                  f"{f', {args.parallel} on {args.nproc_per_node} ranks' if parallel else ''}, {steps} steps")
         beat.phase(doing)
+        if number == 1:
+            beat.expect(None)  # until this run ends
         beat.say(doing)
         run = run_train(workdir / f"train_{batch}", config, nproc=args.nproc_per_node if parallel else None,
                         threads=args.threads)
