@@ -79,6 +79,15 @@ def stops_held() -> Iterator[None]:
             signal.raise_signal(signum)
 
 
+def stop_by_default() -> None:
+    """SIGTERM ends the process at once and SIGINT raises Python's own KeyboardInterrupt, as in a fresh interpreter:
+    for a torchrun rank outside its training loop, which its launcher stops with SIGTERM and, after a grace period,
+    SIGKILL, and which may be waiting in a collective or a rendezvous, where no Python handler would run."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def note_stops_while_starting() -> None:
     """Called by a command script first of all, before its imports (torch's take seconds), which no handler that
     raises may interrupt: a stop sent meanwhile is noted, and `stop_on_signals` takes it as its block begins."""
