@@ -112,7 +112,8 @@ def demo_section(page: Page, recorded: dict | None) -> None:
         page.add(f"**make {sizes}**: {run['wall_s'] / 60:.1f} min in all on {run['host']}; at the end the host read "
                  f"{rates['read_gb_per_s']:.1f} GB/s and multiplied {rates['matmul_gflop_per_s']:.1f} GFLOP/s "
                  f"(load {rates['load_average_1m']:.1f}). `{run['command']}`, commit "
-                 f"`{run['environment']['git_commit']}`, {run['environment']['date']}.\n")
+                 f"`{run['environment']['git_commit']}`, {run['environment']['date']}."
+                 + (f" Note: {run['note']}." if run.get("note") else "") + "\n")
         page.table(["stage", "seconds"], [[name, f"{seconds:.0f}"] for name, seconds in run["stage_seconds"].items()])
 
 
