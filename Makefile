@@ -4,9 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TOKENIZER := data/assets/gpt2.tiktoken
-DEMO_OUT := out/demo
 
-.PHONY: setup demo test test-random test-orders mutate fuzz bench clean
+.PHONY: setup demo smoke test test-random test-orders mutate fuzz bench clean
 
 setup: $(STAMP) $(TOKENIZER)
 
@@ -24,18 +23,14 @@ $(STAMP): requirements.txt requirements-test.txt pyproject.toml
 $(TOKENIZER): | $(STAMP)
 	$(PY) -m data.fetch_tokenizer
 
+# The tour in stages (bench/demo.py): each says what it does and how long it should take, and one whose output is
+# complete and valid is skipped, so a stopped demo continues where it stopped (`make clean` starts over).
+# `make smoke` runs every stage on the smallest sizes, into out/smoke.
 demo: setup
-	rm -rf $(DEMO_OUT)
-	$(PY) train.py --config configs/demo/train.toml --out-dir $(DEMO_OUT)/train
-	$(PY) sample.py --checkpoint $(DEMO_OUT)/train --prompt "The module" --num-samples 2 --max-new-tokens 60 --seed 1
-	$(PY) prune/iterative.py --config configs/demo/prune.toml --checkpoint $(DEMO_OUT)/train --out-dir $(DEMO_OUT)/prune-row
-	$(PY) quantize/dynamic.py --config configs/demo/quantize.toml --checkpoint $(DEMO_OUT)/train --out-dir $(DEMO_OUT)/int8
-	$(PY) sample.py --checkpoint $(DEMO_OUT)/int8 --prompt "The module" --num-samples 1 --max-new-tokens 40 --seed 1
-	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --nproc_per_node=2 train.py --config configs/demo/train-fsdp.toml \
-		--out-dir $(DEMO_OUT)/fsdp
-	$(PY) bench/leaderboard.py --config configs/demo/scorecard.toml --checkpoint $(DEMO_OUT)/train \
-		--out $(DEMO_OUT)/scorecard.json
-	$(PY) -m serve.demo --checkpoint $(DEMO_OUT)/train
+	$(PY) -m bench.demo
+
+smoke: setup
+	$(PY) -m bench.demo --sizes smoke
 
 # The linter first (pyproject.toml's rules; well under a second), then the docs site (mkdocs.yml; --strict, so a
 # broken link, anchor or include fails; a few seconds; the banner about MkDocs 2 is silenced), then the project's own

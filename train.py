@@ -26,7 +26,7 @@ from parallel.distributed import announce_failure, exit_rank, failed_rank, launc
 from runtime.cli import entry_point, given_fields, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
-from runtime.stopping import Stopped
+from runtime.stopping import Stopped, stop_by_default
 from storage.claim import missing_folders, refuse_output_in_dataset, remove_unused_folders
 from storage.hub import resolve_checkpoint
 from training.config import TrainConfig, TrainingError
@@ -40,6 +40,8 @@ __all__ = ["TrainConfig", "TrainingError", "train", "main"]
 def train(cfg: TrainConfig, given: set[str] | None = None) -> EvalRecord:
     """Train (one process, or this rank of a torchrun job); returns the final validation record.  `given`:
     the settings the command line named, which a resumed run takes over its saved ones."""
+    if launched_by_torchrun():  # the launcher stops its ranks (training/stop_signals.py takes over in the loop)
+        stop_by_default()
     if (dataset := local_dataset_path(cfg.dataset)) is not None:  # before anything is written
         refuse_output_in_dataset(dataset, cfg.out_dir, "--out-dir")
     if cfg.init_from:  # a name that is not there, or a hub model not to be had, fails before anything starts

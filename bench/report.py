@@ -106,6 +106,21 @@ def experiment_sections(page: Page, results_dir: Path, results: dict) -> None:
                            results[experiment.name], results_dir)
 
 
+def demo_section(page: Page, recorded: dict | None) -> None:
+    """`make demo` and `make smoke`, stage by stage (bench/demo.py --record): what a new user waits for."""
+    if not recorded:
+        return
+    page.add("## `make demo` and `make smoke`, stage by stage (`bench/demo.py`)\n")
+    for sizes, run in recorded.items():
+        rates = run["host_rates_at_the_end"]
+        page.add(f"**make {sizes}**: {run['wall_s'] / 60:.1f} min in all on {run['host']}; at the end the host read "
+                 f"{rates['read_gb_per_s']:.1f} GB/s and multiplied {rates['matmul_gflop_per_s']:.1f} GFLOP/s "
+                 f"(load {rates['load_average_1m']:.1f}). `{run['command']}`, commit "
+                 f"`{run['environment']['git_commit']}`, {run['environment']['date']}."
+                 + (f" Note: {run['note']}." if run.get("note") else "") + "\n")
+        page.table(["stage", "seconds"], [[name, f"{seconds:.0f}"] for name, seconds in run["stage_seconds"].items()])
+
+
 def gpu_section(page: Page, gpu_dir: Path) -> None:
     """The GPU profile's results (bench/run_all.py on a CUDA machine), with the machine they came from."""
     page.add("## GPU\n")
@@ -166,6 +181,7 @@ def write_report(results_dir: Path, out: Path) -> Path:
     scorecards(page, list(cards.values()), run)
     experiment_sections(page, results_dir, results)
     suite_section(page, results_dir)
+    demo_section(page, read_result(results_dir, "demo_time"))
     gpu_section(page, gpu_results(results_dir))
     if BY_HAND.exists():
         page.add(BY_HAND.read_text())

@@ -33,16 +33,17 @@ from model.gpt import GPT
 from prune.config import PruneConfig, method_names, validate_against_model
 from prune.finetune import FinetuneSettings, finetune
 from prune.masks import MaskSet
-from prune.methods import METHODS, PruningMethod, ScoringInputs
+from prune.methods import METHODS, MaskedMethod, PruningMethod, ScoringInputs
 from prune.report import read_report, report_writers, round_row, round_summary, sparsity_counts
 from prune.schedule import sparsity_schedule
 from prune.source import resolve_dataset
-from prune.speed import SpeedSettings, sparse_format_verdict, speed_against_dense
+from prune.speed import SpeedSettings, round_noise_floor, sparse_format_verdict, speed_against_dense
 from runtime.cli import entry_point, parse_config
 from runtime.device import choose_device, precision_policy
-from runtime.progress import ProgressBar
+from runtime.progress import Heartbeat, ProgressBar, duration
 from runtime.provenance import provenance
 from runtime.stopping import Stopped
+from runtime.timing import ratio_beside_floor
 from storage.artifact import artifact_writers, load_model, model_state_for_saving, write_folder_atomically
 from storage.claim import claim_output_folder
 from storage.meta import ArtifactMeta
@@ -84,6 +85,38 @@ class PruningRun:
         self.pruned_total = sum(t.numel() for t in method.pruned_tensors(model))
         self.all_total = sum(p.numel() for p in model.parameters())
         self.saved_round = 0  # the round whose checkpoint --out-dir holds (0: none of this run)
+        self.beat: Heartbeat | None = None  # the run's estimate and its lines while it works (`run` sets it)
+        self.started = time.perf_counter()
+        self.round_seconds: list[float] = []
+
+    def doing(self, what: str) -> None:
+        if self.beat is not None:
+            self.beat.phase(what)
+
+    def estimate_from_first_step(self, k: int, step_s: float, round_start: float, baseline: dict) -> None:
+        """Round 1's first fine-tune step is the last unit of work not yet timed: a round is pruning, two
+        evaluations, the fine-tune steps and the speed check, each timed once by now."""
+        if k != 1 or self.beat is None:
+            return
+        timed = baseline["time_s"]
+        round_s = (time.perf_counter() - round_start) + timed["eval"] + step_s * (self.cfg.finetune_steps - 1) \
+            + timed["speed"] * (1.5 if self.cfg.sparse_format_check and isinstance(self.method, MaskedMethod) else 1)
+        left = round_s * self.cfg.rounds - (time.perf_counter() - round_start)
+        self.beat.expect(left, f"estimate: about {duration(round_s)} per round (first fine-tune step "
+                               f"{duration(step_s)}), about {duration(time.perf_counter() - self.started + left)} for "
+                               f"the whole run, {duration(left)} to go")
+
+    def round_done(self, k: int, seconds: float) -> None:
+        self.round_seconds.append(seconds)
+        if self.beat is None:
+            return
+        per_round = sum(self.round_seconds) / len(self.round_seconds)
+        left = per_round * (self.cfg.rounds - k)
+        said = None
+        if k == 1 and not self.cfg.finetune_steps:  # no fine-tune step gave an estimate earlier
+            said = (f"estimate: round 1 took {duration(seconds)}, about "
+                    f"{duration(time.perf_counter() - self.started + left)} for the whole run, {duration(left)} to go")
+        self.beat.expect(left, said)
 
     def evaluate(self, model: GPT) -> float:
         return evaluate_loss(model, self.val_batches, self.device, self.precision.autocast)["val_loss"]
@@ -92,10 +125,15 @@ class PruningRun:
         return sparsity_counts(model, self.method.pruned_tensors(model), self.pruned_total, self.all_total)
 
     def baseline(self, model: GPT) -> dict:
+        """Round 0: the dense model's loss, and its speed against a copy of itself (the run's noise floor)."""
         start = time.perf_counter()
+        self.doing("dense baseline: validation")
         row = round_row(0, 0.0, None, self.evaluate(model), 0, self.counts(model))
+        evaluated = time.perf_counter()
+        self.doing("dense baseline: the dense model timed against a copy of itself (the noise floor)")
         row.update(speed_against_dense(self.dense, model, self.speed, self.device, with_csr=False))
-        row["time_s"] = {"total": time.perf_counter() - start}
+        end = time.perf_counter()
+        row["time_s"] = {"eval": evaluated - start, "speed": end - evaluated, "total": end - start}
         return row
 
     def describe(self, schedule: list[float]) -> dict:
@@ -123,21 +161,28 @@ class PruningRun:
                  desc="dense control fine-tune")
         return {"finetune_steps": steps, "val_loss": self.evaluate(control), "time_s": time.perf_counter() - start}
 
-    def round(self, k: int, sparsity: float, model: GPT, masks: MaskSet | None) -> tuple[GPT, MaskSet | None, dict]:
+    def round(self, k: int, sparsity: float, model: GPT, masks: MaskSet | None,
+              baseline: dict) -> tuple[GPT, MaskSet | None, dict]:
         """Prune to `sparsity`, evaluate, fine-tune, evaluate, time: the new model, its masks and the report row."""
         cfg = self.cfg
         t0 = time.perf_counter()
+        self.doing(f"round {k}/{cfg.rounds}: pruning to {sparsity:.1%}")
         model, masks = self.method.apply(model, self.method.score(model, sparsity, masks, self.scoring))
         t1 = time.perf_counter()
+        self.doing(f"round {k}/{cfg.rounds}: validation after pruning")
         loss_after_pruning = self.evaluate(model)
         t2 = time.perf_counter()
+        self.doing(f"round {k}/{cfg.rounds}: {cfg.finetune_steps} fine-tune steps")
         finetune(model, self.sampler, self.settings, self.device, self.precision, masks,
-                 desc=f"round {k}/{cfg.rounds} fine-tune")
+                 desc=f"round {k}/{cfg.rounds} fine-tune",
+                 on_first_step=lambda seconds: self.estimate_from_first_step(k, seconds, t0, baseline))
         t3 = time.perf_counter()
+        self.doing(f"round {k}/{cfg.rounds}: validation after fine-tuning")
         val_loss = self.evaluate(model) if cfg.finetune_steps else loss_after_pruning
         t4 = time.perf_counter()
         row = round_row(k, sparsity, loss_after_pruning, val_loss, cfg.finetune_steps, self.counts(model))
         row.update(self.method.round_details(model))
+        self.doing(f"round {k}/{cfg.rounds}: speed against the dense model")
         row.update(speed_against_dense(self.dense, model, self.speed, self.device,
                                        with_csr=masks is not None and cfg.sparse_format_check))
         t5 = time.perf_counter()
@@ -163,57 +208,77 @@ class PruningRun:
 def run(cfg: PruneConfig) -> dict:
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
-    device = choose_device(cfg.device)
-    precision = precision_policy(device, cfg.precision)
-    model, folder, _ = load_source(cfg, device)
-    method = METHODS[cfg.method](cfg.prune_params)
-    block = validate_against_model(cfg, model, method)
-    dataset = resolve_dataset(cfg.dataset, folder)
-    out_dir = Path(cfg.out_dir)
-    report = read_report(out_dir)
-    for other, entry in report["methods"].items():
-        if other != cfg.method and entry.get("source_checkpoint") != str(folder):
-            print(f"note: {out_dir}/prune_report.json also holds a {other} run pruned from "
-                  f"{entry.get('source_checkpoint')}, not {folder}; its curve stays in the plots")
-    schedule = sparsity_schedule(cfg.target, cfg.rounds, cfg.schedule)
-    session = PruningRun(cfg, method, model, folder, dataset, block, device, precision)
+    with Heartbeat(f"{cfg.method} pruning") as beat:
+        device = choose_device(cfg.device)
+        precision = precision_policy(device, cfg.precision)
+        beat.phase("loading the model")
+        model, folder, _ = load_source(cfg, device)
+        method = METHODS[cfg.method](cfg.prune_params)
+        block = validate_against_model(cfg, model, method)
+        dataset = resolve_dataset(cfg.dataset, folder)
+        out_dir = Path(cfg.out_dir)
+        report = read_report(out_dir)
+        for other, entry in report["methods"].items():
+            if other != cfg.method and entry.get("source_checkpoint") != str(folder):
+                print(f"note: {out_dir}/prune_report.json also holds a {other} run pruned from "
+                      f"{entry.get('source_checkpoint')}, not {folder}; its curve stays in the plots")
+        schedule = sparsity_schedule(cfg.target, cfg.rounds, cfg.schedule)
+        beat.phase("reading the data")
+        session = PruningRun(cfg, method, model, folder, dataset, block, device, precision)
+        session.beat = beat
+        entry = pruning_rounds(session, model, schedule, report)
+    final, baseline, floor = entry["rounds"][-1], entry["rounds"][0], entry["noise_floor"]
+    print(f"wrote {out_dir}: pruned checkpoint (round {cfg.rounds}), prune_report.json, loss_vs_sparsity.png, "
+          f"speed_vs_sparsity.png")
+    print(f"dense val_loss {baseline['val_loss']:.4f} -> {final['val_loss']:.4f} at "
+          f"{final['sparsity_pruned_tensors']:.2%} sparsity; measured against the dense model: forward "
+          f"{ratio_beside_floor(final['forward_speedup'], floor)}, generation "
+          f"{ratio_beside_floor(final['generation_speedup'], floor)}"
+          f"{'; the zeros are stored dense, so the model does the same work' if isinstance(method, MaskedMethod) else ''}")
+    if entry.get("sparse_format"):
+        print(entry["sparse_format"]["summary"])
+    return report
 
+
+def pruning_rounds(session: PruningRun, model: GPT, schedule: list[float], report: dict) -> dict:
+    """The dense baseline (round 0), the dense control if asked, then each round, saved as it ends; the method's
+    report entry."""
+    cfg, beat, out_dir, block = session.cfg, session.beat, session.out_dir, session.block
     baseline = session.baseline(model)
-    print(f"dense: val_loss {baseline['val_loss']:.4f} on {len(session.val_batches)} batches of "
-          f"{cfg.batch_size}x{block}, forward {baseline['forward_tokens_per_s']:,.0f} tokens/s, generation "
-          f"{baseline['generation_tokens_per_s']:,.1f} tokens/s")
-    entry = {**session.describe(schedule), "rounds": [baseline]}
+    floor = round_noise_floor([baseline])
+    beat.say(f"dense: val_loss {baseline['val_loss']:.4f} on {len(session.val_batches)} batches of "
+             f"{cfg.batch_size}x{block}, forward {baseline['forward_tokens_per_s']:,.0f} tokens/s, generation "
+             f"{baseline['generation_tokens_per_s']:,.1f} tokens/s; noise floor of this run's speed ratios +-{floor:.0%} "
+             f"(the dense model timed against a copy of itself: forward {baseline['forward_speedup']:.2f}x, "
+             f"generation {baseline['generation_speedup']:.2f}x)")
+    entry = {**session.describe(schedule), "rounds": [baseline], "noise_floor": floor}
     if cfg.dense_control and cfg.finetune_steps:
+        session.doing(f"dense control: {cfg.rounds * cfg.finetune_steps} fine-tune steps without pruning")
         entry["dense_control"] = session.dense_control()
-        print(f"dense control: val_loss {entry['dense_control']['val_loss']:.4f} after "
-              f"{entry['dense_control']['finetune_steps']} fine-tune steps without pruning")
+        beat.say(f"dense control: val_loss {entry['dense_control']['val_loss']:.4f} after "
+                 f"{entry['dense_control']['finetune_steps']} fine-tune steps without pruning")
 
     masks = None
     rounds_bar = ProgressBar(total=cfg.rounds, desc=f"{cfg.method} pruning", unit="round")
     try:
         for k, sparsity in enumerate(schedule, start=1):
-            model, masks, row = session.round(k, sparsity, model, masks)
+            started = time.perf_counter()
+            model, masks, row = session.round(k, sparsity, model, masks, baseline)
             entry["rounds"].append(row)
             entry["finished"] = k == cfg.rounds
-            entry["sparse_format"] = sparse_format_verdict(entry["rounds"], device)
+            entry["sparse_format"] = sparse_format_verdict(entry["rounds"], session.device)
             report["methods"][cfg.method] = entry
             report["checkpoint"] = {"method": cfg.method, "round": k, "target": cfg.target}
+            session.doing(f"round {k}/{cfg.rounds}: saving")
             session.save(model, report, row)
             rounds_bar.update(1)
-            ProgressBar.write(round_summary(row, cfg.rounds))
+            beat.say(round_summary(row, cfg.rounds, floor, stored_dense=isinstance(session.method, MaskedMethod)))
+            session.round_done(k, time.perf_counter() - started)
     except KeyboardInterrupt as e:  # SIGINT or SIGTERM (runtime/stopping.py): the entry point prints the line
         rounds_bar.close()
         raise Stopped.of(e).saying(interrupted_rounds(session.saved_round, cfg.rounds, out_dir)) from None
     rounds_bar.close()
-    final = entry["rounds"][-1]
-    print(f"wrote {out_dir}: pruned checkpoint (round {cfg.rounds}), prune_report.json, loss_vs_sparsity.png, "
-          f"speed_vs_sparsity.png")
-    print(f"dense val_loss {baseline['val_loss']:.4f} -> {final['val_loss']:.4f} at "
-          f"{final['sparsity_pruned_tensors']:.2%} sparsity; measured forward {final['forward_speedup']:.2f}x and "
-          f"generation {final['generation_speedup']:.2f}x the dense model")
-    if entry.get("sparse_format"):
-        print(entry["sparse_format"]["summary"])
-    return report
+    return entry
 
 
 def interrupted_rounds(saved: int, rounds: int, out_dir: Path) -> str:

@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt
 from model.gpt import GPT
 from prune.masks import count_nonzero
 from runtime.errors import UserError
+from runtime.timing import ratio_beside_floor
 
 REPORT_FILE = "prune_report.json"
 LOSS_PLOT = "loss_vs_sparsity.png"
@@ -59,10 +60,15 @@ def sparsity_counts(model: GPT, pruned_tensors: list[torch.Tensor], pruned_total
             "parameters": stored, "nonzero_parameters": all_nonzero, "parameters_original": all_total}
 
 
-def round_summary(row: dict, rounds: int) -> str:
-    speed = f"forward {row['forward_speedup']:.2f}x, generation {row['generation_speedup']:.2f}x dense"
+def round_summary(row: dict, rounds: int, floor: float, stored_dense: bool) -> str:
+    """One round in a line.  Each speed ratio sits beside the run's noise floor (prune/speed.py's
+    `round_noise_floor`); `stored_dense`: the pruned weights are zeros in dense tensors (magnitude, wanda)."""
+    speed = (f"speed against dense: forward {ratio_beside_floor(row['forward_speedup'], floor)}, generation "
+             f"{ratio_beside_floor(row['generation_speedup'], floor)}")
+    if stored_dense:
+        speed += " (the zeros are stored dense: the model does the same work)"
     if "csr" in row:
-        speed += f"; CSR forward {row['csr']['forward_speedup']:.2f}x"
+        speed += f"; CSR forward {ratio_beside_floor(row['csr']['forward_speedup'], floor)}"
     return (f"round {row['round']}/{rounds}: sparsity {row['sparsity_pruned_tensors']:.2%} of the pruned tensors "
             f"({row['sparsity_all_params']:.2%} of all parameters), val_loss {row['val_loss_after_pruning']:.4f} "
             f"after pruning -> {row['val_loss']:.4f} after {row['finetune_steps']} fine-tune steps; {speed}")

@@ -15,11 +15,9 @@ from decode.generate import generate
 from model.gpt import GPT
 from decode.sampling import SamplingParams
 from prune.csr import csr_copy
-from runtime.timing import time_interleaved
+from runtime.timing import noise_floor, ratio_beside_floor, time_interleaved
 
 GENERATION_PROMPT_TOKENS = 16
-# The smallest noise floor a speed-up must clear, however closely the two dense copies agreed in round 0.
-MIN_NOISE_FLOOR = 0.05
 
 
 @dataclass(frozen=True)
@@ -89,18 +87,24 @@ def speed_against_dense(dense: GPT, model: GPT, settings: SpeedSettings, device,
 def sparse_format_verdict(rows: list[dict], device: torch.device) -> dict | None:
     """Whether storing the zeros in CSR made the final model faster than dense here (measured, not assumed).
 
-    A speedup counts only beyond the noise floor: round 0 times two copies of the dense model, and
-    however far their ratio strays from 1 (at least MIN_NOISE_FLOOR) is what chance alone can produce.
+    A speedup counts only beyond the noise floor (`round_noise_floor`).
     """
     last = rows[-1].get("csr")
     if last is None:
         return None
-    noise = max(MIN_NOISE_FLOOR, abs(rows[0]["forward_speedup"] - 1), abs(rows[0]["generation_speedup"] - 1))
+    noise = round_noise_floor(rows)
     forward, generation = last["forward_speedup"], last["generation_speedup"]
     faster = forward > 1 + noise or generation > 1 + noise
     verdict = "a real speedup" if faster else f"no real speedup (noise floor in this run: +-{noise:.0%})"
     return {"format": "torch sparse CSR weights (torch.sparse.mm) in every block linear layer",
             "device": str(device), "forward_speedup": forward, "generation_speedup": generation,
             "noise_floor": noise, "real_speedup": faster,
-            "summary": f"CSR at {rows[-1]['sparsity_pruned_tensors']:.1%} sparsity runs forward at {forward:.2f}x "
-                       f"and generation at {generation:.2f}x the dense model's speed on {device.type}: {verdict}"}
+            "summary": f"CSR at {rows[-1]['sparsity_pruned_tensors']:.1%} sparsity runs forward "
+                       f"{ratio_beside_floor(forward, noise)} and generation {ratio_beside_floor(generation, noise)} "
+                       f"against the dense model on {device.type}: {verdict}"}
+
+
+def round_noise_floor(rows: list[dict]) -> float:
+    """Round 0 times two copies of the dense model against each other: however far their ratios stray from 1 is
+    what chance alone produces in this run (runtime/timing.py's `noise_floor`)."""
+    return noise_floor(rows[0]["forward_speedup"], rows[0]["generation_speedup"])

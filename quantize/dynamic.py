@@ -44,13 +44,15 @@ from data.loader import eval_batches
 from data.shards import load_split
 from model.int8 import HEAD_FORMATS, quantize_model
 from model.packed_linear import pack_for_inference
-from quantize.measure import generation_speed, greedy_agreement, paired_validation, prompts_from
+from quantize.measure import (generation_speed, generation_warm_up, greedy_agreement, paired_validation,
+                              prompts_from)
 from runtime.cli import check_options, entry_point, non_default_flags, option, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
+from runtime.progress import Heartbeat, duration
 from runtime.provenance import git_commit, provenance
 from runtime.stopping import leaving
-from runtime.timing import cpu_model
+from runtime.timing import cpu_model, ratio_beside_floor
 from storage.artifact import DEFAULT_OUT_ROOT, WEIGHTS_FILE, int8_artifact_writers, load_model, write_folder_atomically
 from storage.claim import claim_output_folder
 from storage.run_folder import evaluation_context, evaluation_dataset, pick_checkpoint
@@ -108,22 +110,24 @@ def print_table(report: dict) -> None:
     for b in BATCH_SIZES:
         row = gen[f"batch_{b}"]
         rows.append((f"tokens/s batch {b}", f"{row['float_tokens_per_s']:.1f}", f"{row['int8_tokens_per_s']:.1f}",
-                     f"{row['speedup']:.2f}x"))
+                     ratio_beside_floor(row["speedup"], row["noise_floor"])))
     size = report["size_bytes"]
     rows.append(("size on disk (MB)", f"{size['float'] / 1e6:.1f}", f"{size['int8'] / 1e6:.1f}",
                  f"{size['int8'] / size['float']:.2f}x"))
     print(f"validation on {report['dataset']}, {report['split']} split, windows of {report['eval_block_size']} "
           f"tokens")
-    print(f"{'':20} {'float':>10} {'int8':>10} {'change':>9}")
+    print(f"{'':20} {'float':>10} {'int8':>10}  change")
     for name, a, b, change in rows:
-        print(f"{name:20} {a:>10} {b:>10} {change:>9}")
+        print(f"{name:20} {a:>10} {b:>10}  {change}")
     greedy = report["greedy"]
     print(f"next-token agreement (teacher forced, {val['val_tokens']} tokens): {val['next_token_agreement']:.2%}")
     print(f"greedy continuations: {greedy['identical_tokens']:.2%} identical tokens, "
           f"{greedy['identical_rows']}/{greedy['rows']} rows identical")
 
 
-def quantize(cfg: QuantizeConfig) -> dict:
+def quantize(cfg: QuantizeConfig, beat: Heartbeat) -> dict:
+    """Write the int8 artifact, then measure it against the float model; `beat` tells the user how it goes."""
+    beat.phase("loading the model and quantizing it")
     source, why = pick_checkpoint(cfg.checkpoint)
     dataset, dataset_why = evaluation_dataset(cfg.dataset, source, DEFAULT_DATASET)
     print(f"model: {source} ({why}); dataset: {dataset} ({dataset_why})", file=sys.stderr)
@@ -164,12 +168,24 @@ def quantize(cfg: QuantizeConfig) -> dict:
 
         # Each side on its fastest path: float linears packed for oneDNN (and an fp32 head of the int8 model).
         kernels = {"float": pack_for_inference(float_model), "int8": pack_for_inference(int8_model)}
+        models = {"float": float_model, "int8": int8_model}
+        prompts = prompts_from(tokens, max(BATCH_SIZES), cfg.prompt_tokens)
+        beat.phase("generation warm-up: one greedy run per model and batch size")
+        outputs, warm_up_s = generation_warm_up(models, prompts, BATCH_SIZES, cfg.new_tokens)
+        generation_s = warm_up_s * 1.5 * cfg.repeats  # a timed repeat runs the float model twice (the noise floor)
+
+        def estimate(first_batch_s: float) -> None:
+            left = first_batch_s * (cfg.eval_batches - 1) + generation_s
+            beat.expect(left, f"estimate: generation warm-up {duration(warm_up_s)}, first validation batch "
+                              f"{duration(first_batch_s)}: about {duration(beat.elapsed() + left)} for the whole run, "
+                              f"{duration(left)} to go")
+        beat.phase(f"validation float vs int8 ({cfg.eval_batches} batches)")
         validation = paired_validation(float_model, int8_model,
                                        eval_batches(tokens, block, cfg.eval_batch_size, cfg.eval_batches),
-                                       total_batches=cfg.eval_batches)
-        prompts = prompts_from(tokens, max(BATCH_SIZES), cfg.prompt_tokens)
-        generation, outputs = generation_speed({"float": float_model, "int8": int8_model}, prompts, BATCH_SIZES,
-                                               cfg.new_tokens, cfg.repeats)
+                                       total_batches=cfg.eval_batches, on_first_batch=estimate)
+        beat.phase(f"generation: {cfg.repeats} timed repeats of float, int8 and float again (the noise floor)")
+        beat.expect(generation_s)
+        generation = generation_speed(models, prompts, BATCH_SIZES, cfg.new_tokens, cfg.repeats)
         return {
             "source": str(source), "source_artifact": source_meta.kind, "artifact": str(out_dir),
             "quantization": {"head": cfg.head, "layers": len(quantization["layers"]),
@@ -197,7 +213,8 @@ def main(argv=None) -> None:
     cfg = parse_config(QuantizeConfig, __doc__, argv)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
-    report = quantize(cfg)
+    with Heartbeat("quantize") as beat:
+        report = quantize(cfg, beat)
     out_dir = Path(cfg.out_dir)
     with leaving(not_measured_yet(out_dir)):  # a save cut short is discarded
         write_folder_atomically(out_dir, {REPORT_FILE: json_writer(report)})

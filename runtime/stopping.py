@@ -60,6 +60,34 @@ def leaving(outcome: str) -> Iterator[None]:
         raise (stop if stop.outcome else stop.saying(outcome)) from None
 
 
+@contextmanager
+def stops_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block ends, then take their course: a stop while a child process is being
+    started would otherwise leave it running, started but not yet known to the code that stops it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {signum: signal.signal(signum, lambda received, frame: arrived.append(received))
+                for signum in STOPPING_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(arrived):
+            signal.raise_signal(signum)
+
+
+def stop_by_default() -> None:
+    """SIGTERM ends the process at once and SIGINT raises Python's own KeyboardInterrupt, as in a fresh interpreter:
+    for a torchrun rank outside its training loop, which its launcher stops with SIGTERM and, after a grace period,
+    SIGKILL, and which may be waiting in a collective or a rendezvous, where no Python handler would run."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def note_stops_while_starting() -> None:
     """Called by a command script first of all, before its imports (torch's take seconds), which no handler that
     raises may interrupt: a stop sent meanwhile is noted, and `stop_on_signals` takes it as its block begins."""

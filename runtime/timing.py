@@ -69,6 +69,24 @@ def time_interleaved(calls: dict[Key, Callable[[], object]], repeats: int, warmu
     return times
 
 
+# The smallest noise floor a speed ratio must clear, however closely two timings of the same model agreed.
+MIN_NOISE_FLOOR = 0.05
+
+
+def noise_floor(*same_model_ratios: float) -> float:
+    """How far from 1 chance alone moved the speed ratio of a model against itself (or an identical copy) timed in
+    the same run, at least MIN_NOISE_FLOOR: a ratio closer to 1 than this measured nothing."""
+    return max(MIN_NOISE_FLOOR, *(abs(ratio - 1) for ratio in same_model_ratios))
+
+
+def ratio_beside_floor(ratio: float, floor: float) -> str:
+    """A speed ratio as a user should read it: `1.45x (noise floor +-6%)`, or, within the floor, `no measurable
+    change (+-6% noise floor)` -- never `1.04x` for what two copies of one model also show."""
+    if abs(ratio - 1) <= floor:
+        return f"no measurable change (+-{floor:.0%} noise floor)"
+    return f"{ratio:.2f}x (noise floor +-{floor:.0%})"
+
+
 def paired_ratio(reference: list[float], candidate: list[float]) -> float:
     """Median over rounds of reference time / candidate time: the speed-up of the candidate, each round
     compared with its own partner (paired samples), which cancels load that changes between rounds."""
@@ -98,6 +116,19 @@ def environment(device: torch.device) -> Environment:
         python=platform.python_version(), git_commit=git_commit(),
         date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), cpu=cpu_model(), cpu_count=os.cpu_count(),
         load_average_1m=os.getloadavg()[0])
+
+
+def matmul_rate(size: int = 1024, repeats: int = 5) -> list[float]:
+    """GFLOP/s of each of `repeats` float32 (size x size) @ (size x size) products with this process's threads:
+    what compute-bound work reaches on this host now (another process's load lowers it)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b  # warm-up
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        rates.append(2 * size**3 / (time.perf_counter() - start) / 1e9)
+    return rates
 
 
 def cpu_model() -> str:

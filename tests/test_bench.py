@@ -4,9 +4,12 @@ reported as the limit; the registry complete; the report holds every section, fr
 and from the committed ones."""
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import io
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -61,9 +64,13 @@ def results(tmp_path_factory):
     save_artifact(root / "artifact", model, model.config, "float", provenance("tests"))
     (root / "eval.txt").write_text(TEXT)
     out = {"root": root, "dir": results_dir}
-    out["score"] = leaderboard.main(["--checkpoint", str(root / "artifact"), "--eval-text", str(root / "eval.txt"),
-                                     "--new-tokens", "4", "--repeats", "1", "--block-size", "16", "--train-steps", "1",
-                                     "--device", "cpu", "--out", str(results_dir / "leaderboard.json")])
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said):  # its estimates and progress lines (a module fixture has no capsys)
+        out["score"] = leaderboard.main(["--checkpoint", str(root / "artifact"), "--eval-text",
+                                         str(root / "eval.txt"), "--new-tokens", "4", "--repeats", "1", "--block-size",
+                                         "16", "--train-steps", "1", "--device", "cpu", "--out",
+                                         str(results_dir / "leaderboard.json")])
+    out["score_said"] = said.getvalue()
 
     def run(name, *flags):
         out[name] = run_experiment([name, *flags, "--results-dir", str(results_dir), "--work-dir", str(root / name)])
@@ -108,6 +115,15 @@ def test_scorecard_has_the_five_keys_with_numbers_and_units(results):
         (str(results["root"] / "eval.txt"), "from --eval-text")
     assert score["protocol"]["name"] == "default" and score["protocol"]["grad_accum"] == 1
     assert json.loads((results["dir"] / "leaderboard.json").read_text())["loss"] == score["loss"]
+
+
+def test_the_scorecard_estimates_each_part_after_its_first_unit_of_work(results):
+    said = results["score_said"].splitlines()
+    for expected in (r"estimate: first validation batch .+, about .+ for the other \d+ ",
+                     r"estimate: a generation call at batch 1 took .+: about .+ for its 1 timed repeats; then batch 12",
+                     r"estimate: a generation call at batch 12 took .+; then 2 training runs",
+                     r"estimate: the first training run took .+; about .+ for the rest"):
+        assert any(re.match(expected, line) for line in said), (expected, said)
 
 
 def test_reference_protocol_needs_room_for_its_500_new_tokens(results):

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import sample
 import train
 from bench.experiment import SettingsError
+from bench import demo
 from bench.experiments import generate_speed, serve_speed
 from bench.eval.scorecard import LeaderboardConfig
 from bench.eval.perplexity import PerplexityConfig
@@ -31,6 +32,7 @@ CONFIG_FILE = "config file"
 TOOLS = {"train.py": train.TrainConfig, "sample.py": sample.SampleConfig, "python -m serve": ServeConfig,
          "quantize/dynamic.py": QuantizeConfig, "bench/eval/perplexity.py": PerplexityConfig,
          "bench/leaderboard.py": LeaderboardConfig, "prune/iterative.py": PruneConfig,
+         "python -m bench.demo": demo.DemoConfig,
          # the settings of the experiments that start peers and busy processes
          "generate_speed": generate_speed.Settings, "serve_speed": serve_speed.Settings}
 VALUES = ("0", "-1", "1", "90", "1e309", "nan", "inf", "0.5", "", "--", "-", "=", "yes", "auto", "builtin", "none")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import random
 
 import numpy as np
@@ -217,6 +218,27 @@ FAST = ["--rounds", "2", "--finetune-steps", "2", "--batch-size", "2", "--block-
 
 def run_cli(*argv):
     iterative.main([*FAST, *argv])  # later flags win, so a test can override FAST
+
+
+def test_a_run_estimates_itself_and_prints_each_speed_ratio_beside_round_0s_noise_floor(workspace, capsys):
+    root, checkpoint = workspace
+    out = root / "estimated"
+    run_cli("--target", "0.5", "--rounds", "2", "--checkpoint", str(checkpoint), "--out-dir", str(out))
+    said = capsys.readouterr().err
+    entry = json.loads((out / "prune_report.json").read_text())["methods"]["magnitude"]
+    floor = entry["noise_floor"]
+    dense_against_itself = entry["rounds"][0]
+    assert floor == max(0.05, abs(dense_against_itself["forward_speedup"] - 1),
+                        abs(dense_against_itself["generation_speedup"] - 1))
+    assert f"noise floor of this run's speed ratios +-{floor:.0%}" in said
+    assert re.search(r"^estimate: about .+ per round \(first fine-tune step .+\), about .+ for the whole run, .+ to "
+                     r"go$", said, re.MULTILINE), said
+    for row in entry["rounds"][1:]:
+        line = next(line for line in said.splitlines() if line.startswith(f"round {row['round']}/2: sparsity"))
+        ratio = row["generation_speedup"]
+        assert (f"generation no measurable change (+-{floor:.0%} noise floor)" if abs(ratio - 1) <= floor else
+                f"generation {ratio:.2f}x (noise floor +-{floor:.0%})") in line
+        assert "the zeros are stored dense: the model does the same work" in line  # magnitude: same work
 
 
 def test_two_methods_in_one_run_share_the_source_and_the_report(workspace):

@@ -226,9 +226,19 @@ def test_cli_writes_artifact_and_report_that_sample_loads(workspace, monkeypatch
     assert report["size_bytes"]["int8"] < report["size_bytes"]["float"]
     assert report["quantization"]["head"] == "int8"  # the default
     assert (report["dataset"], report["dataset_chosen"]) == (str(workspace / "corpus"), "from --dataset")
-    printed = capsys.readouterr().out
+    printed, said = capsys.readouterr()
     assert printed.startswith(f"validation on {workspace / 'corpus'}, validation split, windows of 64 tokens\n")
     assert "val loss" in printed and "tokens/s batch 12" in printed
+    # The whole run's estimate once its first units were timed; each speed ratio beside this run's noise floor.
+    assert re.search(r"^estimate: generation warm-up .+, first validation batch .+: about .+ for the whole run, "
+                     r".+ to go$", said, re.MULTILINE), said
+    for b in (1, 12):
+        row = report["generation"][f"batch_{b}"]
+        assert row["noise_floor"] >= max(0.05, abs(row["float_against_itself"] - 1))
+        shown = re.search(rf"^tokens/s batch {b} .*  (.+)$", printed, re.MULTILINE).group(1)
+        within = abs(row["speedup"] - 1) <= row["noise_floor"]
+        assert shown == (f"no measurable change (+-{row['noise_floor']:.0%} noise floor)" if within else
+                         f"{row['speedup']:.2f}x (noise floor +-{row['noise_floor']:.0%})"), printed
 
     sample.main(["--checkpoint", str(out), "--prompt", "The layer", "--max-new-tokens", "5", "--seed", "1"])
     captured = capsys.readouterr()

@@ -7,26 +7,10 @@ from __future__ import annotations
 
 import torch
 
+from runtime.progress import duration
+
 # A CPU run estimated beyond this is called GPU-sized.
 GPU_SIZED_S = 12 * 3600
-
-
-def duration(seconds: float) -> str:
-    """`40 ms`, `2.5 s`, `45 s`, `12 min`, `6 h 10 min`, `9 days 4 h`: a fast step is not `0 s`."""
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    minutes = seconds / 60
-    if minutes < 90:
-        return f"{minutes:.0f} min"
-    hours, minutes = divmod(round(minutes), 60)
-    if hours < 48:
-        return f"{hours} h {minutes} min"
-    days, hours = divmod(hours, 24)
-    return f"{days} days {hours} h"
 
 
 class RunEstimate:

@@ -27,7 +27,7 @@ from parallel.layout import MULTI_PROCESS_MODES
 from runtime.cli import check_options, option
 from runtime.device import choose_device, peak_memory_bytes, precision_policy, synchronize
 from runtime.errors import UserError
-from runtime.progress import ProgressBar
+from runtime.progress import Heartbeat, ProgressBar, duration
 from runtime.provenance import provenance
 from runtime.timing import Spread, environment, time_repeats
 from storage.artifact import load_model, save_artifact
@@ -119,15 +119,33 @@ def chosen_dataset(args: LeaderboardConfig, folder: Path) -> tuple[str, str]:
     return evaluation_dataset(args.dataset, folder, DEFAULT_DATASET)
 
 
-def validation_loss(model, tokens, block: int, batch_size: int, device, precision) -> dict:
-    n_batches = -(-((len(tokens) - 1 + block - 1) // block) // batch_size)
-    batches = ProgressBar(eval_batches(tokens, block, batch_size), total=n_batches, desc="validation",
+def validation_batches(tokens, block: int, batch_size: int) -> int:
+    return -(-((len(tokens) - 1 + block - 1) // block) // batch_size)
+
+
+def validation_loss(model, tokens, block: int, batch_size: int, device, precision, beat: Heartbeat) -> dict:
+    """Over all of `tokens`; once the first batch is done, `beat` expects the rest at its pace."""
+    n_batches = validation_batches(tokens, block, batch_size)
+
+    def timed(batches):
+        start = time.perf_counter()
+        for number, batch in enumerate(batches):
+            if number == 1:  # the first batch has been evaluated
+                first_s = time.perf_counter() - start
+                left = first_s * (n_batches - 1)
+                beat.expect(left, f"estimate: first validation batch {duration(first_s)}, about {duration(left)} "
+                                  f"for the other {n_batches - 1} (generation and training are estimated as each "
+                                  f"begins)")
+            yield batch
+    batches = ProgressBar(timed(eval_batches(tokens, block, batch_size)), total=n_batches, desc="validation",
                           unit=" batch", leave=False)
     return evaluate_loss(model, batches, device, precision.autocast)
 
 
-def generation_figures(model, tokens, prompt_tokens: int, new_tokens: int, repeats: int, device) -> dict:
-    """Greedy decoding with the KV cache and no early stop, so every run makes exactly `new_tokens` per row."""
+def generation_figures(model, tokens, prompt_tokens: int, new_tokens: int, repeats: int, device,
+                       beat: Heartbeat, training_runs: int) -> dict:
+    """Greedy decoding with the KV cache and no early stop, so every run makes exactly `new_tokens` per row.
+    Each batch size's warm-up call is its first unit of work: `beat` expects the rest from it."""
     params = SamplingParams(max_new_tokens=new_tokens, temperature=0, stop_at_eot=False)
     stride = max(1, (len(tokens) - prompt_tokens) // max(GENERATION_BATCHES))
     rows = [torch.from_numpy(tokens[i * stride:i * stride + prompt_tokens].astype("int64"))
@@ -136,6 +154,7 @@ def generation_figures(model, tokens, prompt_tokens: int, new_tokens: int, repea
     bar = ProgressBar(total=len(GENERATION_BATCHES) * (repeats + 1), desc="generation throughput", unit=" call",
                       file=sys.stderr)
     for batch in GENERATION_BATCHES:
+        beat.phase(f"generation at batch {batch}: {repeats + 1} calls of {new_tokens} new tokens")
         prompt = torch.stack(rows[:batch]).to(device)
         first_token_s = []  # per call: from its start to its first new token
         bar.set_postfix_str(f"batch {batch}")
@@ -151,6 +170,14 @@ def generation_figures(model, tokens, prompt_tokens: int, new_tokens: int, repea
             generate(model, prompt, params, on_token=on_token)
             first_token_s.append(first[0])
             bar.update()
+            if len(first_token_s) == 1:  # the warm-up call: this batch size's first unit of work
+                call_s = time.perf_counter() - start
+                later = [b for b in GENERATION_BATCHES if b > batch]
+                beat.expect(call_s * repeats,
+                            f"estimate: a generation call at batch {batch} took {duration(call_s)}: about "
+                            f"{duration(call_s * repeats)} for its {repeats} timed repeats; then "
+                            f"{f'batch {later[0]} (estimated from its first call), ' if later else ''}"
+                            f"{training_runs} training runs (estimated when the first ends)")
 
         totals = time_repeats(run, repeats, warmup=1, device=device)
         ttfts = first_token_s[1:]  # the first call is the warm-up
@@ -175,7 +202,9 @@ def trainable_source(folder: Path, meta: dict, workdir: Path) -> Path:
     return float_copy
 
 
-def training_figures(args: LeaderboardConfig, source: Path, block: int, workdir: Path, grad_accum: int) -> dict:
+def training_figures(args: LeaderboardConfig, source: Path, block: int, workdir: Path, grad_accum: int,
+                     beat: Heartbeat) -> dict:
+    """One train.py run per micro-batch size; the first run's time sets the estimate for the rest."""
     parallel = args.parallel != "none"
     steps = args.train_steps * (args.repeats + 1)
     figures = {}
@@ -184,12 +213,21 @@ def training_figures(args: LeaderboardConfig, source: Path, block: int, workdir:
                              max_steps=steps, log_interval=args.train_steps, eval_interval=steps, eval_batches=1,
                              final_eval_batches=1, warmup_steps=1, parallel=args.parallel, device=args.device,
                              grad_accum=grad_accum, curves=False)
-        print(f"training throughput ({number}/{len(TRAINING_BATCHES)}): micro-batch {batch} x block {block}"
-              f"{f', {args.parallel} on {args.nproc_per_node} ranks' if parallel else ''}", file=sys.stderr)
+        doing = (f"training throughput ({number}/{len(TRAINING_BATCHES)}): micro-batch {batch} x block {block}"
+                 f"{f', {args.parallel} on {args.nproc_per_node} ranks' if parallel else ''}, {steps} steps")
+        beat.phase(doing)
+        if number == 1:
+            beat.expect(None)  # until this run ends
+        beat.say(doing)
         run = run_train(workdir / f"train_{batch}", config, nproc=args.nproc_per_node if parallel else None,
                         threads=args.threads)
         if not run.ok:
             raise LeaderboardError(f"train.py failed for micro-batch {batch}: {run.failure()}\n{run.output_tail}")
+        if number == 1 and len(TRAINING_BATCHES) > 1:
+            # A larger micro-batch costs up to proportionally more per step; the process start-up does not grow.
+            left = run.elapsed_s * sum(b / batch for b in TRAINING_BATCHES[1:])
+            beat.expect(left, f"estimate: the first training run took {duration(run.elapsed_s)}; about "
+                              f"{duration(left)} for the rest (at most, as its micro-batch grows)")
         windows = run.timed_windows(skip=1)
         last = run.step_records[-1]
         figures[batch] = {"tokens_per_s": window_summary(windows, "tokens_per_s"),
@@ -253,8 +291,9 @@ class Measured:
     training: dict
 
 
-def measure(args: LeaderboardConfig) -> Measured:
+def measure(args: LeaderboardConfig, beat: Heartbeat) -> Measured:
     """Load the model, check the plan, then measure: loss, generation, training."""
+    beat.phase("reading the evaluation text and loading the model")
     device = choose_device(args.device)
     folder, why = pick_checkpoint(args.checkpoint)
     dataset, dataset_chosen = chosen_dataset(args, folder)
@@ -274,17 +313,19 @@ def measure(args: LeaderboardConfig) -> Measured:
     precision = precision_policy(device)
 
     print(f"validation loss over all of {described} ({len(tokens):,} tokens)", file=sys.stderr)
-    validation = validation_loss(model, tokens, settled.eval_block, args.eval_batch_size, device, precision)
+    beat.phase(f"validation loss ({validation_batches(tokens, settled.eval_block, args.eval_batch_size)} batches)")
+    validation = validation_loss(model, tokens, settled.eval_block, args.eval_batch_size, device, precision, beat)
     print(f"generation throughput: {settled.new_tokens_note}, batches {GENERATION_BATCHES}", file=sys.stderr)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    generation = generation_figures(model, tokens, args.prompt_tokens, settled.new_tokens, args.repeats, device)
+    generation = generation_figures(model, tokens, args.prompt_tokens, settled.new_tokens, args.repeats, device, beat,
+                                    len(TRAINING_BATCHES))
     inference_peak = peak_memory_bytes(device)
     del model
     with tempfile.TemporaryDirectory(prefix="leaderboard-") as tmp:
         # Resolved: train.py runs from the project root (bench/processes.py), not where a relative path was given.
         training = training_figures(args, trainable_source(Path(folder).resolve(), meta, Path(tmp)), settled.train_block,
-                                    Path(tmp), PROTOCOLS[args.protocol])
+                                    Path(tmp), PROTOCOLS[args.protocol], beat)
     return Measured(Path(folder), meta, settled, device, precision, dataset, dataset_chosen, described, len(tokens),
                     validation, generation, inference_peak, training)
 
@@ -351,5 +392,6 @@ def record(args: LeaderboardConfig, m: Measured) -> dict:
 
 
 def scorecard(args: LeaderboardConfig) -> dict:
-    return record(args, measure(args))
+    with Heartbeat("scorecard") as beat:
+        return record(args, measure(args, beat))
 
