@@ -65,8 +65,7 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
             log.info("draft: %s model from %s, %d tokens per step; %s", draft_meta.kind, config.draft,
                      config.draft_tokens, pack_for_inference(draft))
         engine = Engine(model, device, config.max_batch_size, config.max_queue, config.request_timeout_s, metrics,
-                        config.decode, draft, config.draft_tokens)
-        engine.warm_up(all_rows=config.warm_up == "all-rows")
+                        config.decode, draft, config.draft_tokens, config.prefix_cache_mb << 20)
         return engine, meta
 
     engine, meta = off_the_main_thread(build)
@@ -79,7 +78,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        engine.start()
+        # Warmed up on the engine's thread, before the server takes requests (uvicorn binds after this).
+        await asyncio.to_thread(engine.start, config.warm_up == "all-rows")
         yield
         # Uvicorn has let in-flight requests finish by now; drain whatever is left off the event loop.
         await asyncio.to_thread(engine.stop)

@@ -53,9 +53,11 @@ def check_fits(request: GenerationRequest, block_size: int, vocab_size: int) -> 
 class Engine:
     def __init__(self, model: torch.nn.Module, device: torch.device, max_batch_size: int, max_queue: int,
                  request_timeout_s: float, metrics: ServerMetrics | None = None, decode: str = "auto",
-                 draft: torch.nn.Module | None = None, draft_tokens: int = DEFAULT_DRAFT_TOKENS):
+                 draft: torch.nn.Module | None = None, draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+                 prefix_cache_bytes: int = 0):
         self.metrics = metrics or ServerMetrics()
-        self.runner = Runner(model, device, max_batch_size, self.metrics, decode, draft, draft_tokens)
+        self.runner = Runner(model, device, max_batch_size, self.metrics, decode, draft, draft_tokens,
+                             prefix_cache_bytes)
         self.scheduler = Scheduler(max_batch_size, max_queue, request_timeout_s, self.metrics,
                                    running=lambda: len(self.runner.active))
         self.config = model.config
@@ -68,12 +70,36 @@ class Engine:
     def warm_up(self, all_rows: bool = True) -> None:
         self.runner.warm_up(all_rows)
 
-    def start(self) -> None:
+    def start(self, warm_up_all_rows: bool | None = None) -> None:
         """Start the engine's thread, or start it again after `stop`: an app's lifespan can run more than once (a
-        test client entered again), and each run starts and stops the engine."""
+        test client entered again), and each run starts and stops the engine.
+
+        With `warm_up_all_rows` (not None), the thread first warms up (Runner.warm_up, every row count's step or the
+        one-row step alone), and this returns once it has, raising what made the warm-up fail.  On the engine's own
+        thread, because part of what a first request pays is the thread's: its OpenMP team and the per-thread state
+        of the kernels it runs (a warm-up on another thread left the first request ~2x slower than the next)."""
         self.scheduler.open()
-        self.thread = threading.Thread(target=self._run, name="serve-engine", daemon=True)
+        warmed: list[BaseException | None] = []
+        ready = threading.Event()
+
+        def run() -> None:
+            if warm_up_all_rows is not None:
+                try:
+                    self.warm_up(warm_up_all_rows)
+                except BaseException as e:  # handed to start(), which raises it
+                    warmed.append(e)
+                    ready.set()
+                    return
+            warmed.append(None)
+            ready.set()
+            self._run()
+
+        self.thread = threading.Thread(target=run, name="serve-engine", daemon=True)
         self.thread.start()
+        ready.wait()
+        if warmed[0] is not None:
+            self.thread.join()
+            raise warmed[0]
 
     def stop(self) -> None:
         """Finish everything submitted so far, then end the thread; later submissions are refused."""

@@ -91,6 +91,11 @@ class ServerMetrics:
         self.total_time = Histogram("serve_request_seconds", "Time from arrival to the last token.")
         self.decode_batch = Histogram("serve_decode_batch_size", "Sequences advanced by each shared forward pass.",
                                       BATCH_BUCKETS)
+        self.prefix_hits = Counter("serve_prefix_cache_hits_total",
+                                   "Requests whose prompt reused cached blocks of an earlier prompt's keys and values.")
+        self.prefix_reused_tokens = Counter("serve_prefix_cache_reused_tokens_total",
+                                            "Prompt tokens whose keys and values came from the prefix cache.")
+        self.prefix_cache_bytes = Gauge("serve_prefix_cache_bytes", "Bytes the prefix cache holds.")
         self.queue_depth = Gauge("serve_queue_depth", "Requests waiting for a batch slot.")
         self.batch_size = Gauge("serve_batch_size", "Sequences in the running batch.")
         self.speculative_proposed = Counter("serve_draft_tokens_proposed_total",
@@ -113,5 +118,6 @@ class ServerMetrics:
     def render(self) -> str:
         parts = (self.requests, self.tokens, self.queue_time, self.first_token, self.total_time,
                  self.decode_batch, self.queue_depth, self.batch_size, self.speculative_proposed,
-                 self.speculative_accepted, self.speculative_passes, self.cancelled, self.connections_closed)
+                 self.speculative_accepted, self.speculative_passes, self.cancelled, self.connections_closed,
+                 self.prefix_hits, self.prefix_reused_tokens, self.prefix_cache_bytes)
         return "\n".join(line for metric in parts for line in metric.render()) + "\n"

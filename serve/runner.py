@@ -22,11 +22,13 @@ import torch
 
 from decode.steps import DecodeSteps
 from model.kv_cache import KVCache
+from decode import sampling
 from decode.sampling import SamplingParams, sample_rows
 from decode.speculative import SpeculativeStats, check_draft, speculative_step
 from runtime import huge_pages
 from serve.events import REQUEST_FAILED, ErrorEvent, GenerationRequest
 from serve.metrics import ServerMetrics
+from serve.prefix_cache import PrefixCache
 from serve.sequence import Sequence
 from serve.slots import Slots, padded_rows
 
@@ -45,7 +47,8 @@ SPECULATIVE_LOG_INTERVAL_S = 30.0
 
 class Runner:
     def __init__(self, model: torch.nn.Module, device: torch.device, max_batch_size: int, metrics: ServerMetrics,
-                 decode: str, draft: torch.nn.Module | None, draft_tokens: int):
+                 decode: str, draft: torch.nn.Module | None, draft_tokens: int, prefix_cache_bytes: int = 0):
+        """`prefix_cache_bytes`: the prefix cache's budget (serve/prefix_cache.py); 0, none."""
         # With a draft, each model's passes as generate() runs them; the weights stay as loaded while they serve.
         speculative = draft is not None
         self.steps = DecodeSteps(model, device, decode, max_batch_size, speculative)
@@ -65,6 +68,7 @@ class Runner:
         # A request's prompt and new tokens fit the served model's context.
         self.slots = Slots([steps.new_cache(max_batch_size, model.config.block_size) for steps in self.all_steps])
         self.active: list[Sequence] = []  # active[i] lives in slot row i
+        self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
 
     def warm_up(self, all_rows: bool = True) -> None:
         """Pay every one-time cost now, before /health says ready, so that the first requests run as fast as the
@@ -115,8 +119,9 @@ class Runner:
         prompt = torch.zeros(1, WARM_UP_PROMPT_TOKENS, dtype=torch.long, device=self.device)
         logits = self.steps.logits(self.steps.new_cache(1, WARM_UP_PROMPT_TOKENS), prompt, 1)[:, -1]
         generator = torch.Generator(device=self.device).manual_seed(0)
-        sample_rows(logits.expand(2, -1), [SamplingParams(temperature=0), SamplingParams(top_k=40, top_p=0.9)],
-                    [generator, generator], [[], []])
+        # decode/sampling.py's own sampler, whichever the steps call through this module's name.
+        sampling.sample_rows(logits.expand(2, -1), [SamplingParams(temperature=0), SamplingParams(top_k=40, top_p=0.9)],
+                             [generator, generator], [[], []])
 
     def join(self, request: GenerationRequest) -> None:
         """Prefill the prompt alone, sample the first token, and give the sequence a row."""
@@ -125,7 +130,7 @@ class Runner:
         prefills = [steps.new_cache(1, prompt.size(1)) for steps in self.all_steps]
         # With echo the prompt's own positions are scored too: logits at every position, not just the last.
         scored = seq.row.logprobs is not None and request.echo
-        logits = self.steps.logits(prefills[0], prompt, prompt.size(1) if scored else 1)
+        logits = self._prefill(prefills[0], request.prompt_ids, prompt, scored)
         if scored:
             seq.row.score_prompt(request.prompt_ids, logits[0])
         if seq.row.finished:  # no new tokens asked for: scoring only (echo), its answer ready as it starts
@@ -143,6 +148,18 @@ class Runner:
             self.draft_steps.logits(prefills[1], prompt, 1)
         self.slots.add(prefills, request.prompt_ids + [token])
         self.active.append(seq)
+
+    def _prefill(self, cache, ids: list[int], prompt: torch.Tensor, scored: bool) -> torch.Tensor:
+        """The prompt's pass into its one-row `cache`: its logits, every position's when `scored`, else the last
+        one's; through the prefix cache when there is one (serve/prefix_cache.py)."""
+        if self.prefix_cache is None:
+            return self.steps.logits(cache, prompt, prompt.size(1) if scored else 1)
+        done = self.prefix_cache.prefill(self.model, cache, ids, scored)
+        if done.reused_tokens:
+            self.metrics.prefix_hits.inc()
+            self.metrics.prefix_reused_tokens.inc(done.reused_tokens)
+        self.metrics.prefix_cache_bytes.set(self.prefix_cache.nbytes)
+        return done.logits
 
     def step(self) -> None:
         """Every row gains its next token, or with a draft its kept draft tokens and one of the model's."""

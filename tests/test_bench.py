@@ -46,7 +46,7 @@ HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 # runs train.py once per setting (train.py's runs are tests/test_train.py's, recomputed activations' gradients
 # tests/test_model.py's), and its tiny run cost 8 s.
 NOT_RUN = ("batch_sweep", "faults", "speculative", "one_off_decode", "tp_vs_fsdp", "data_prep", "playground",
-           "precision_memory", "first_request")
+           "precision_memory", "first_request", "prefix_cache")
 
 
 @pytest.fixture(scope="module")

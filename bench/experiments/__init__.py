@@ -9,7 +9,8 @@ from __future__ import annotations
 from bench.experiment import Experiment, SettingsError
 from bench.experiments import (batch_sweep, comm_strategies, compression, data_loading, data_prep, faults,
                                first_request, generate_speed, one_off_decode, phase_profile, playground,
-                               precision_memory, prune_speed, serve_speed, speculative, tp_vs_fsdp, train_speed)
+                               prefix_cache, precision_memory, prune_speed, serve_speed, speculative, tp_vs_fsdp,
+                               train_speed)
 
 EXPERIMENTS: tuple[Experiment, ...] = (
     batch_sweep.EXPERIMENT,
@@ -29,6 +30,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     one_off_decode.EXPERIMENT,
     playground.EXPERIMENT,
     first_request.EXPERIMENT,
+    prefix_cache.EXPERIMENT,
 )
 
 
