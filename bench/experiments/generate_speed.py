@@ -72,7 +72,7 @@ from storage.artifact import save_artifact
 from storage.export import export_hf_gpt2
 
 
-SLOWED = ("memory-load", "one-core")
+SLOWED = ("memory-load", "one-core", "none")
 
 
 @dataclass
@@ -84,10 +84,10 @@ class Settings:
     batch_sizes: list[int] = option([1, 4, 12], "rows generated together", min=1)
     busy_cores: list[int] = option([0, 1], "cores kept busy by another process while the sides run (a Python "
                                            "loop each, bench/peers/colocated.py): 0 is a quiet machine", min=0)
-    slowed: list[str] = option(list(SLOWED), "slowed-host rows after those: one-core (every side on core 0 with "
-                                             "1 thread, as taskset -c 0), memory-load (a co-running memory-bandwidth "
-                                             "load, bench/workloads/memory_stream.py)", choices=SLOWED,
-                               may_be_empty=True)
+    slowed: list[str] = option(["memory-load", "one-core"], "slowed-host rows after those: one-core (every side on "
+                                                             "core 0 with 1 thread, as taskset -c 0), memory-load (a "
+                                                             "co-running memory-bandwidth load, "
+                                                             "bench/workloads/memory_stream.py), none", choices=SLOWED)
     repeats: int = option(5, "timed repeats of each side (interleaved)", min=1)
     onnx: bool = option(True, "time ONNX Runtime beside ours when onnxruntime is installed (its export takes "
                               "about a minute for GPT-2 124M)")
@@ -475,6 +475,6 @@ def section(res: GenerateSpeed, page: Page) -> None:
 EXPERIMENT = Experiment(
     name="generate_speed", title="Decoding against ONNX Runtime, llama.cpp and transformers", about=__doc__,
     settings=Settings,
-    quick=Settings(new_tokens=32, repeats=3, busy_cores=[0], slowed=[]), full=Settings(),
+    quick=Settings(new_tokens=32, repeats=3, busy_cores=[0], slowed=["none"]), full=Settings(),
     result=GenerateSpeed, measure=measure, plot=plot, section=section,
     gpu=Settings(new_tokens=256, repeats=5))
