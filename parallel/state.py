@@ -45,7 +45,7 @@ def full_model_state(par, keep: bool = True) -> dict[str, torch.Tensor]:
     """Every parameter as one full tensor under its single-device name (all ranks must call).  A rank that does not
     `keep` them (one that will not write them) takes part in each gathering and drops its result at once, so that it
     never holds more than one full tensor: at GPT-2 Medium on four ranks, every rank holding the whole consolidated
-    state (4.3 GB with the optimizer's) ran a 24 GB host out of memory."""
+    state (with the optimizer's) ran the shared CPU host out of memory (bench/REPORT.md, "Stopping GPT-2 Medium")."""
     state = {}
     for name, p in par.model.named_parameters():
         full = full_tensor(par, name, p)

@@ -130,8 +130,8 @@ class Checkpointer:
 
     def save(self, step: int) -> None:
         """Write the registered state as the checkpoint of `step`.  The weights and then the optimizer state are each
-        consolidated when their file is written, and dropped after it, so the writer never holds both (4.3 GB at GPT-2
-        Medium); the other ranks take part in the same gatherings, in the same order, keeping nothing."""
+        consolidated when their file is written, and dropped after it, so the writer never holds both (gigabytes at
+        GPT-2 Medium); the other ranks take part in the same gatherings, in the same order, keeping nothing."""
         par, model_config, optimizer, sampler = self._registered
         ctx = par.ctx
         if ctx.is_writer:

@@ -64,12 +64,15 @@ class TrainConfig:
     log_interval: int = option(10, "log a metrics line every N steps", min=1)
     checkpoint_interval: int | None = option(None, "checkpoint every N steps (default: --eval-interval)",
                                              min=1)
-    # The default bounds what a SIGKILL (a node lost, a grace overrun) can cost against what saving costs: a save of
-    # GPT-2 Medium under torchrun x4 on a 2-core CPU took CHECKPOINT_SAVE_NOTE (bench/REPORT.md, "Stopping").
+    # The default weighs what a SIGKILL (a node lost, a save longer than the grace) can lose against what saving
+    # costs at GPT-2 Medium under torchrun x4 on the 2-core host, where a save (its probe's forward, then the weights
+    # and AdamW state through fsync) cannot fit torchrun's grace: there the cadence, not the stop, keeps the run's
+    # work.  The measured save and its share of the run's time: bench/REPORT.md, "Stopping GPT-2 Medium".
     checkpoint_minutes: float = option(30.0, "also checkpoint when this many minutes have passed since the last "
-                                             "checkpoint (or the start), which bounds what a SIGKILL can lose; the "
-                                             "default keeps a GPT-2 Medium save (measured: see bench/REPORT.md, "
-                                             "Stopping) under 2% of the run's time", above=0)
+                                             "checkpoint (or the start): the most a SIGKILL can lose.  A GPT-2 Medium "
+                                             "save takes about 2 min on a 2-core host with a 41 MB/s disk, ~7%% of "
+                                             "the time at the default (bench/REPORT.md, Stopping GPT-2 Medium)",
+                                       above=0)
     parallel: str = option("none", "parallelism mode: none (one device); under torchrun ddp, fsdp, tp, allreduce, "
                                    "gather-scatter; dp (nn.DataParallel, one process over several CUDA devices)",
                            choices=tuple(MODES))

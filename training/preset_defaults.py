@@ -3,7 +3,7 @@
 The GPT-2 sizes take the rate of the GPT-3 paper's model of nearest size (Brown et al. 2020, "Language Models are
 Few-Shot Learners", Table 2.1: 125M 6.0e-4, 350M 3.0e-4, 760M 2.5e-4, 1.3B 2.0e-4), as nanoGPT's GPT-2 (124M)
 reproduction does with 6e-4.  The rest of that recipe is what train.py already defaults to for every size: AdamW
-with betas (0.9, 0.95) and weight decay 0.1, gradients clipped at 1.0, a cosine decay to 10% of the peak.  Two of its
+with betas (0.9, 0.95) and weight decay 0.1, gradients clipped at 1.0, a cosine decay to --min-lr-ratio of the peak.  Two of its
 settings are not taken: the batch (0.5M tokens for 125M-760M, 1M for 1.3B) and the warmup (375M tokens, 715 steps of
 nanoGPT's 524,288-token batch) are sized for runs of 300B tokens, and on the batches a CPU or one GPU holds they would
 make every run of this repository all warmup; --warmup-steps stays 50 and the batch is the user's to set.

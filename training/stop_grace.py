@@ -3,9 +3,9 @@
 torchrun (torch/distributed/elastic/agent/server/api.py, `SimpleElasticAgent.run`): on SIGINT or SIGTERM its agent
 calls `_shutdown(sig, timeout=shutdown_timeout)`, which passes the signal to every worker and, `timeout` seconds after
 sending it (multiprocessing/api.py, `SubprocessContext._close`), SIGKILLs the ones still alive.  `shutdown_timeout` is
-its `--shutdown-timeout` flag (also read from PET_SHUTDOWN_TIMEOUT), else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s
-(launcher/api.py, `LaunchConfig.__post_init__`).  A worker inherits the agent's environment but not its flags, so the
-flag is read from the agent's command line (/proc/<parent>/cmdline, Linux).  Without torchrun, 30 s is what the usual
+its `--shutdown-timeout` flag (also read from PET_SHUTDOWN_TIMEOUT), else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else
+TORCHRUN_DEFAULT_S (launcher/api.py, `LaunchConfig.__post_init__`).  A worker inherits the agent's environment but not its flags, so the
+flag is read from the agent's command line (/proc/<parent>/cmdline, Linux).  Without torchrun, SCHEDULER_DEFAULT_S is what the usual
 schedulers give between SIGTERM and SIGKILL by default (Slurm's KillWait, Kubernetes' terminationGracePeriodSeconds);
 --stop-grace-s names another.
 """

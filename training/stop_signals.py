@@ -4,7 +4,7 @@ exit status that says why.
 Schedulers end a job with SIGTERM and, after a grace period, SIGKILL (Slurm can also send SIGUSR1 ahead of time,
 `--signal=USR1@90`); torchrun passes a SIGTERM or SIGINT it receives on to its workers and kills them after a grace
 period of its own (training/stop_grace.py says how long, and how that is learnt).  A step of many micro-batches can
-take minutes, and one micro-batch of GPT-2 Medium on a CPU takes longer than the 30 s grace, so the handler only notes
+take minutes, and one micro-batch of GPT-2 Medium on a CPU takes longer than torchrun's grace, so the handler only notes
 the signal (and rank 0 says at once what will happen) and the ranks agree on it at points every rank reaches in the
 same order: after every micro-batch, and, while micro-batches are long against the grace (training/stop_points.py),
 before each transformer block's forward and after its backward.  One agreement is one all-reduce of a few numbers on a
