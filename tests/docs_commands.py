@@ -202,7 +202,8 @@ def options_table(tool: str) -> str:
         if isinstance(action, argparse._HelpAction):
             continue
         invocation = formatter._format_action_invocation(action)
-        text = " ".join((action.help or "").split())
+        # a default under the checkout is shown relative to it: the table is the same in every clone
+        text = " ".join((action.help or "").split()).replace(f"{ROOT}/", "")
         rows.append(f"| `{invocation}` | {text.replace('|', '&#124;').replace('<', '&lt;')} |")
     command = tool if tool.startswith("python ") else f"python {tool}"
     return (f"<!-- Written by `python -m tests.docs_commands` from `{command} --help`; tests/test_docs.py checks it. -->\n"
