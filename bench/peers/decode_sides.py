@@ -161,6 +161,8 @@ class Sides:
             process = start([sys.executable, "-m", "bench.peers.decode_sides"], cwd=spec.root,
                             env={"PYTHONPATH": spec.root} if spec.root else None, stdin=PIPE, stderr=INHERIT,
                             text=False)
+            if spec.cpus:  # also from here, for a side of an older checkout (--baseline) whose code predates `cpus`
+                os.sched_setaffinity(process.pid, spec.cpus)
             pickle.dump(spec, process.stdin)
             process.stdin.flush()
             self.processes[spec.name] = process
