@@ -61,9 +61,11 @@ class ServeConfig:
                                       "capture per row count the batch is padded to, so that no request waits for "
                                       "one) or one-row (a faster start; each other count is made when a batch first "
                                       "reaches it, in that request's time)", choices=WARM_UP_CHOICES)
-    prefix_cache_mb: int = option(256, "prefix caching: keys and values of recent prompts, reused by prompts that "
-                                       "start with the same tokens (serve/prefix_cache.py), up to this many MiB; 0 "
-                                       "turns it off", min=0)
+    prefix_cache_mb: int = option(0, "prefix caching: keep the keys and values of recent prompts, up to this many "
+                                     "MiB, for prompts that start with the same tokens (serve/prefix_cache.py; 256 "
+                                     "holds ~3,400 tokens of GPT-2 124M); 0, the default, turns it off: measured, it "
+                                     "cut few-shot first tokens but slowed echo scoring (bench/results/prefix_cache)",
+                                  min=0)
     max_queue: int = option(64, "requests that may wait for a batch slot before new ones get 503", min=0)
     request_timeout_s: float = option(120.0, "time limit per request, from arrival to the last token, queueing "
                                              "included", above=0)

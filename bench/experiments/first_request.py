@@ -171,6 +171,11 @@ def section(res: FirstRequest, page: Page) -> None:
                [[c.warm_up, c.clients, spread(c.startup_s), num(c.first[0].first_token_ms, 0),
                  num(c.last[0].first_token_ms, 0), f"{c.first_token_ratio:.2f}x", num(c.first[0].tokens_per_s),
                  num(c.last[0].tokens_per_s), f"{c.rate_ratio:.2f}x"] for c in res.cases])
+    for c in res.cases:
+        curve = [sorted(values)[len(values) // 2] for values in zip(*c.bursts_ms)]
+        page.add(f"--warm-up {c.warm_up}, {c.clients} client(s): bursts 2-{len(curve)} took at most "
+                 f"{max(curve[1:]) / curve[-1]:.1f}x the last burst's first-token time; burst 1, "
+                 f"{curve[0] / curve[-1]:.1f}x.\n")
 
 
 EXPERIMENT = Experiment(

@@ -1,5 +1,5 @@
-"""Prefix caching (issue 51): the same server with its prefix cache (`--prefix-cache-mb`, the default) and without
-(`--prefix-cache-mb 0`), on two workloads whose prompts share their starts.
+"""Prefix caching (issue 51): the same server with its prefix cache (`--prefix-cache-mb 256`) and without
+(`--prefix-cache-mb 0`, the default), on two workloads whose prompts share their starts.
 
     python -m bench.experiments prefix_cache            # GPT-2 124M config, random weights
 
@@ -45,7 +45,7 @@ from serve.launch import running_server
 
 MODEL_ID = "model"
 REQUEST_TIMEOUT_S = 600.0
-SIDES = ("off", "on")  # --prefix-cache-mb 0, and the default
+SIDES = ("off", "on")  # --prefix-cache-mb 0 and 256
 
 
 @dataclass
@@ -144,7 +144,7 @@ def measure(settings: Settings, work_dir: Path) -> PrefixCacheResult:
     with contextlib.ExitStack() as servers:
         urls = {side: servers.enter_context(running_server(
             artifact, work_dir / f"server_{side}.log", ["--device", "cpu", "--warm-up", "one-row", "--served-model-name",
-                                                        MODEL_ID, *(["--prefix-cache-mb", "0"] if side == "off" else [])],
+                                                        MODEL_ID, "--prefix-cache-mb", "0" if side == "off" else "256"],
             startup_timeout_s=REQUEST_TIMEOUT_S)).url for side in SIDES}
         for round_ in range(settings.rounds + 1):
             loads.append(os.getloadavg()[0])
