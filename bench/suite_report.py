@@ -17,11 +17,11 @@ def read(results_dir: Path, name: str) -> dict | None:
 
 
 def suite_section(page: Page, results_dir: Path) -> None:
-    page.add(HEADING)
+    """The section, when the results hold either file (a benchmark run alone holds neither: no section)."""
     mutation, orders = read(results_dir, "mutation"), read(results_dir, "test_orders")
     if mutation is None and orders is None:
-        page.add("*Not run: `mutation.json` and `test_orders.json` are missing.*\n")
         return
+    page.add(HEADING)
     if mutation is not None:
         mutation_part(page, mutation)
     if orders is not None:

@@ -287,12 +287,22 @@ def test_connections_over_the_cap_get_503_at_once(server):
     assert metric(server.url, 'serve_connections_closed_total{reason="over_limit"}') >= 1
 
 
+SMALL_SERVER = ["--device", "cpu", "--threads", "1", "--max-batch-size", "1", "--max-queue", "1", "--retry-after-s", "2"]
+
+
 @pytest.fixture(scope="module")
 def small_server(checkpoint, tmp_path_factory):
     """One batch row and one queue place: the third concurrent request finds the server full."""
     log = tmp_path_factory.mktemp("serve_small_log") / "server.log"
-    with running_server(checkpoint, log, ["--device", "cpu", "--threads", "1", "--max-batch-size", "1", "--max-queue", "1",
-                                          "--retry-after-s", "2"]) as server:
+    with running_server(checkpoint, log, SMALL_SERVER) as server:
+        yield server
+
+
+@pytest.fixture
+def stopped_server(checkpoint, tmp_path):
+    """A small server of this test's own, which it stops: the module's shared one must outlive it, whatever order
+    the tests run in."""
+    with running_server(checkpoint, tmp_path / "server.log", SMALL_SERVER) as server:
         yield server
 
 
@@ -308,21 +318,21 @@ def test_full_queue_answers_503_with_retry_after(small_server):
             assert r.headers["retry-after"] == "2" and "server busy" in r.json()["error"]["message"]
 
 
-def test_shutdown_lets_the_request_in_flight_finish(small_server):
+def test_shutdown_lets_the_request_in_flight_finish(stopped_server):
     result = {}
     body = {"prompt": "hi", "max_new_tokens": 200, "temperature": 0}
     request = threading.Thread(target=lambda: result.update(
-        response=httpx.post(f"{small_server.url}/generate", json=body, timeout=60)))
+        response=httpx.post(f"{stopped_server.url}/generate", json=body, timeout=60)))
     request.start()
     deadline = time.monotonic() + 20
-    while httpx.get(f"{small_server.url}/health").json()["batch_size"] == 0 and time.monotonic() < deadline:
+    while httpx.get(f"{stopped_server.url}/health").json()["batch_size"] == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
-    small_server.stop()  # SIGTERM, then wait for the process to exit
-    assert small_server.process.poll() is not None
+    stopped_server.stop()  # SIGTERM, then wait for the process to exit
+    assert stopped_server.process.poll() is not None
     request.join(30)
     response = result["response"]
     assert response.status_code == 200 and response.json()["tokens"] == 200
-    assert "Application shutdown complete" in small_server.log()
+    assert "Application shutdown complete" in stopped_server.log()
 
 
 def stream_data(url: str, body: dict, first_data: threading.Event | None = None) -> list[dict]:
