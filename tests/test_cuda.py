@@ -61,7 +61,10 @@ def test_one_nccl_rank_equals_one_device(tmp_path, mode):
                    "--block-size", "64", "--batch-size", "4", "--max-steps", "6", "--log-interval", "1",
                    "--eval-interval", "100", "--final-eval-batches", "1", "--out-dir", str(out), *extra]
         result = subprocess.run(command, capture_output=True, text=True, timeout=600,
-                                env={**os.environ, "PYTHONPATH": str(REPO)})
+                                # the repo first, then whatever path the caller had (a machine whose packages
+                                # sit beside the interpreter's, as on the lent GPU image, needs it kept)
+                                env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                    [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])})
         assert result.returncode == 0, result.stderr[-2000:]
         return losses(out)
     reference = run(tmp_path / "none")
