@@ -3,8 +3,8 @@ measured use, and kept for the process's life.
 
 model/packed_linear.py asks it which matrix product a float32 linear layer runs for (rows, in, out): the fastest
 one depends on the host's read rate, its cores and its caches, which no fixed rule tuned on one machine gets right
-everywhere (on one slow 2-core host ONNX Runtime's skinny products grew 3.3x from 1 to 4 rows where oneDNN's grew
-2.6x).  Each candidate is timed in turns with the others (the order reversed every other round, after one untimed
+everywhere (issue 50: on one slow 2-core host ONNX Runtime's skinny products kept up from 1 to 4 rows where
+oneDNN's fell behind; `python -m bench.experiments generate_speed`, bench/results/generate_speed.json).  Each candidate is timed in turns with the others (the order reversed every other round, after one untimed
 warm-up round: a first call builds kernels and allocates), and the fastest round of each counts: on a shared host
 another program's bursts only ever slow a round down.
 """

@@ -20,6 +20,7 @@ import torch
 
 from decode.speculative import DEFAULT_DRAFT_TOKENS
 from runtime.errors import UserError
+from serve.warm_up import warm_up
 from serve.events import REQUEST_FAILED, ErrorEvent, GenerationRequest
 from serve.metrics import ServerMetrics
 from serve.runner import Runner
@@ -68,16 +69,17 @@ class Engine:
 
     @torch.inference_mode()
     def warm_up(self, all_rows: bool = True) -> None:
-        self.runner.warm_up(all_rows)
+        warm_up(self.runner, all_rows)
 
     def start(self, warm_up_all_rows: bool | None = None) -> None:
         """Start the engine's thread, or start it again after `stop`: an app's lifespan can run more than once (a
         test client entered again), and each run starts and stops the engine.
 
-        With `warm_up_all_rows` (not None), the thread first warms up (Runner.warm_up, every row count's step or the
+        With `warm_up_all_rows` (not None), the thread first warms up (serve/warm_up.py, every row count's step or the
         one-row step alone), and this returns once it has, raising what made the warm-up fail.  On the engine's own
         thread, because part of what a first request pays is the thread's: its OpenMP team and the per-thread state
-        of the kernels it runs (a warm-up on another thread left the first request ~2x slower than the next)."""
+        of the kernels it runs (a warm-up on another thread left the first request slower than the next:
+        `python -m bench.experiments first_request`, bench/results/first_request.json)."""
         self.scheduler.open()
         warmed: list[BaseException | None] = []
         ready = threading.Event()

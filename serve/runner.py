@@ -21,11 +21,8 @@ from typing import Callable
 import torch
 
 from decode.steps import DecodeSteps
-from model.kv_cache import KVCache
-from decode import sampling
-from decode.sampling import SamplingParams, sample_rows
+from decode.sampling import sample_rows
 from decode.speculative import SpeculativeStats, check_draft, speculative_step
-from runtime import huge_pages
 from serve.events import REQUEST_FAILED, ErrorEvent, GenerationRequest
 from serve.metrics import ServerMetrics
 from serve.prefix_cache import PrefixCache
@@ -34,13 +31,6 @@ from serve.slots import Slots, padded_rows
 
 log = logging.getLogger("serve.engine")
 
-# Runs of each step made at start-up after its trace's own two (`_warm_step`).
-WARM_UP_STEPS = 8
-# A warm-up prompt's length: any runs the same eager pass.
-WARM_UP_PROMPT_TOKENS = 8
-# How long start-up waits at most for the pass that moves the weights onto huge pages (lowest priority, so slow on
-# a busy host); beyond it the server starts anyway and logs that the pass still runs.
-HUGE_PAGES_SETTLE_S = 60.0
 # How often the log gets a line of the draft's acceptance while requests decode speculatively.
 SPECULATIVE_LOG_INTERVAL_S = 30.0
 
@@ -69,59 +59,6 @@ class Runner:
         self.slots = Slots([steps.new_cache(max_batch_size, model.config.block_size) for steps in self.all_steps])
         self.active: list[Sequence] = []  # active[i] lives in slot row i
         self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
-
-    def warm_up(self, all_rows: bool = True) -> None:
-        """Pay every one-time cost now, before /health says ready, so that the first requests run as fast as the
-        tenth (issue 49): the traces or CUDA-graph captures of the steps a batch can run, with their first runs
-        (a model that cannot be traced or captured fails here, at startup), an eager prompt pass and both ways of
-        sampling, and the pass that moves the weights onto huge pages (runtime/huge_pages.py), which would
-        otherwise run beside the first requests.
-
-        The steps made: plain decoding, one per row count the batch is padded to (`padded_rows`: 1-4, then
-        multiples of 4 up to the largest batch; the one-row step alone without `all_rows`), each in the form the batch
-        runs it (`step` keeps every batch of
-        several rows in the ragged form, rows at their own columns); with a draft, the one-row steps only (the
-        speculative check of K + 1 tokens and the draft's one-token step), as speculative batches are not padded
-        and every row count would need traces of its own.  They run on the free rows of the empty caches, which
-        joining sequences overwrite."""
-        started = time.perf_counter()
-        if self.draft is None:
-            counts = {padded_rows(active, self.max_batch_size) for active in range(1, self.max_batch_size + 1)}
-            for rows in sorted(counts) if self.steps.compiled and all_rows else [1]:
-                if rows > 1:  # the batch's form: row 0 holds a column, the others (as free rows) none
-                    self.slots.views(1)[0][0].advance(1)
-                self._warm_step(self.steps, lambda: self.slots.views(rows)[0][0], 1)
-                self.slots.clear_free_rows()
-        else:
-            for i, (steps, width) in enumerate(zip(self.all_steps, [self.draft_tokens + 1, 1])):
-                self._warm_step(steps, lambda: self.slots.views(1)[0][i], width)
-            self.slots.clear_free_rows()
-        for steps in self.all_steps:  # the build thread's count back, as the steps may have changed it
-            steps.release_threads()
-        self._warm_prompt_and_sampling()
-        settled = huge_pages.settled(HUGE_PAGES_SETTLE_S)
-        log.info("warmed up in %.1fs: %s", time.perf_counter() - started,
-                 "weights settled" if settled else f"huge-page pass still running after {HUGE_PAGES_SETTLE_S:g}s")
-
-    def _warm_step(self, steps: DecodeSteps, cache: Callable[[], KVCache], width: int) -> None:
-        """Make the step of `width` tokens per row over `cache()`'s rows, then run it a few times more: TorchScript's
-        executor optimizes a traced graph again for the first few cache lengths it meets (on a busy 2-core host
-        each of GPT-2 124M's first steps took ~0.5-1 s), so those runs are start-up's, not a request's."""
-        steps.prepare(cache(), width)
-        for _ in range(WARM_UP_STEPS):
-            view = cache()
-            if view.length + width > view.max_len:
-                break
-            steps.logits(view, torch.zeros(view.lengths.numel(), width, dtype=torch.long, device=self.device), width)
-
-    def _warm_prompt_and_sampling(self) -> None:
-        """A prompt's eager pass and a draw of both kinds (greedy, and top-k with top-p) on its logits."""
-        prompt = torch.zeros(1, WARM_UP_PROMPT_TOKENS, dtype=torch.long, device=self.device)
-        logits = self.steps.logits(self.steps.new_cache(1, WARM_UP_PROMPT_TOKENS), prompt, 1)[:, -1]
-        generator = torch.Generator(device=self.device).manual_seed(0)
-        # decode/sampling.py's own sampler, whichever the steps call through this module's name.
-        sampling.sample_rows(logits.expand(2, -1), [SamplingParams(temperature=0), SamplingParams(top_k=40, top_p=0.9)],
-                             [generator, generator], [[], []])
 
     def join(self, request: GenerationRequest) -> None:
         """Prefill the prompt alone, sample the first token, and give the sequence a row."""

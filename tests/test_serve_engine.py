@@ -384,10 +384,10 @@ def test_after_warm_up_no_batch_waits_for_a_trace(short_context_model, monkeypat
 def test_a_warm_up_that_fails_fails_the_start(short_context_model, monkeypatch):
     """The warm-up runs on the engine's thread (its per-thread costs are the first request's otherwise); a failure
     there reaches whoever starts the engine, as a model that cannot be traced must fail the server's start-up."""
-    def broken(self, all_rows):
+    def broken(runner, all_rows):
         raise RuntimeError("cannot trace this model")
 
-    monkeypatch.setattr("serve.runner.Runner.warm_up", broken)
+    monkeypatch.setattr("serve.engine.warm_up", broken)
     engine = Engine(short_context_model, torch.device("cpu"), max_batch_size=2, max_queue=2, request_timeout_s=60)
     with pytest.raises(RuntimeError, match="cannot trace this model"):
         engine.start(warm_up_all_rows=True)

@@ -98,7 +98,7 @@ def test_scoring_and_the_options_that_depend_on_each_other():
     assert not accepts(CompletionRequest, {**COMPLETION, "max_tokens": 0})
     assert accepts(CompletionRequest, {**COMPLETION, "stream": True})
     assert accepts(CompletionRequest, {**COMPLETION, "logprobs": 2})
-    assert not accepts(CompletionRequest, {**COMPLETION, "stream": True, "logprobs": 0})
+    assert accepts(CompletionRequest, {**COMPLETION, "stream": True, "logprobs": 0})  # streamed logprobs (issue 51)
     assert accepts(CompletionRequest, {**COMPLETION, "n": 3, "best_of": 3})
     assert not accepts(CompletionRequest, {**COMPLETION, "n": 3, "best_of": 4})
     assert not accepts(CompletionRequest, {**COMPLETION, "n": 2, "best_of": 1})

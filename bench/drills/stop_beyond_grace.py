@@ -25,6 +25,7 @@ from bench.drills.drill import Drill, DrillSettings, logged_losses, saved_step
 from bench.experiment import ExperimentError
 from bench.processes import Finished, start
 from bench.record import RESULTS_DIR, write_result
+from runtime.cli import entry_point
 from runtime.timing import Environment, environment
 
 MODEL = "gpt2-medium"
@@ -138,12 +139,15 @@ def checkpoint_cost_note(save_s: list[float]) -> str:
             f"and a SIGKILL loses at most {minutes:g} min of training")
 
 
-def main(modes: list[str], grace_s: int) -> None:
-    """Run the drill, write its result, and put it into the fault drills' results (bench/results/faults.json, which
-    the report's fault-drill section is written from) in place of an earlier run of it."""
-    from bench.experiments.faults import EXPERIMENT as FAULTS
+@entry_point(interrupted="the drill's job is stopped with it; nothing was recorded")
+def main(argv: list[str] | None = None) -> None:
+    """`[GRACE_S [MODE ...]]`: run the drill alone and write its result, bench/results/stop_beyond_grace.json (the
+    fault-drill experiment runs it among the others with `--grace-modes`)."""
     from bench.experiments.generate_speed import read_bandwidth
-    from bench.record import read_result, save_figure
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and not argv[0].isdigit():
+        raise ExperimentError(f"the first argument is the grace in whole seconds, got {argv[0]!r}")
+    grace_s, modes = (int(argv[0]) if argv else 30), argv[1:] or ["tp", "fsdp"]
     host = read_bandwidth(), matmul_gflops()
     result = run(DrillSettings(grace_modes=modes, grace_s=grace_s), Path("out/bench/stop_beyond_grace"))
     save_s = [float(v) for v in re.findall(r"save ([\d.]+) s", " ".join(result.notes))]
@@ -151,12 +155,7 @@ def main(modes: list[str], grace_s: int) -> None:
         result.notes.append(checkpoint_cost_note(save_s))
     print("\n".join(result.notes))
     write_result(RESULTS_DIR, "stop_beyond_grace", StopBeyondGrace(result, *host, environment(torch.device("cpu"))))
-    faults = read_result(RESULTS_DIR, FAULTS.name, FAULTS.result)
-    if faults is not None:
-        faults.drills = [d for d in faults.drills if d.name != result.name] + [result]
-        write_result(RESULTS_DIR, FAULTS.name, faults)
-        save_figure(FAULTS.plot(faults), FAULTS.figure(RESULTS_DIR))
 
 
 if __name__ == "__main__":  # python -m bench.drills.stop_beyond_grace [GRACE_S [MODE ...]]
-    main(sys.argv[2:] or ["tp", "fsdp"], int(sys.argv[1]) if len(sys.argv) > 1 else 30)
+    main()
