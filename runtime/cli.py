@@ -160,7 +160,7 @@ def entry_point(main=None, *, interrupted: str | None = None):
             with stop_on_signals():
                 try:
                     take_stop_noted_while_starting()
-                    return body(argv)
+                    result = body(argv)
                 except UserError as e:
                     sys.exit(f"error: {e}")
                 except KeyboardInterrupt as e:
@@ -169,6 +169,12 @@ def entry_point(main=None, *, interrupted: str | None = None):
                     below_ctrl_c = "\n" if stop.signum == signal.SIGINT else ""  # a terminal shows ^C there
                     print(below_ctrl_c + closing_line(stop, interrupted), file=sys.stderr, flush=True)
                     raise SystemExit(stop.exit_status) from None
+            if argv is None:
+                # The process's own command has finished: a stop from here on has nothing left to stop, and the
+                # interpreter's exit puts a Python handler back to the default, which would end it by the signal
+                # instead of with status 0.  (A caller passing argv keeps its handlers.)
+                ignore_stop_signals()
+            return result
         return command
     return wrap if main is None else wrap(main)
 

@@ -52,7 +52,11 @@ def test_the_default_decode_on_the_cpu_traces_packed_products_and_leaves_the_mod
     for params in (GREEDY, SAMPLED):
         assert torch.equal(generate(small_model, prompt(), params), generate(eager, prompt(), params, decode="dynamic"))
     traced, = _TRACES[small_model][1].values()
-    assert "mkldnn::_linear_pointwise" in str(traced.inlined_graph) and eager not in _TRACES
+    # its products run through the kernels timed fastest on this host (which one is the host's: the test of the
+    # kernel choice below pins each with a fake clock)
+    graph = str(traced.inlined_graph)
+    assert any(op in graph for op in ("mkldnn::_linear_pointwise", "aten::addmm", "aten::linear", "aten::baddbmm"))
+    assert eager not in _TRACES
     assert not any(isinstance(m, PackedLinear) for m in small_model.modules())  # nn.Linear, as the caller made it
     assert fastest_decode(small_model, torch.device("cpu")) == "traced"
     assert fastest_decode(small_model, torch.device("cuda")) == "cuda-graph"
