@@ -26,7 +26,7 @@ from bench.experiment import ExperimentError
 from bench.processes import Finished, start
 from bench.record import RESULTS_DIR, write_result
 from runtime.cli import entry_point
-from runtime.timing import Environment, environment
+from runtime.timing import Environment, environment, matmul_rate
 
 MODEL = "gpt2-medium"
 BLOCK = {"tp": 1024, "fsdp": 256}
@@ -109,18 +109,6 @@ def run(s: DrillSettings, work: Path) -> Drill | None:
                  "part of 1 step per stop", time.perf_counter() - started, [note for _, note in outcomes])
 
 
-def matmul_gflops(n: int = 2048, repeats: int = 5) -> list[float]:
-    """GFLOP/s of each of `repeats` float32 n x n matrix products with this process's threads."""
-    a = torch.randn(n, n)
-    a @ a
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ a
-        rates.append(2 * n**3 / (time.perf_counter() - start) / 1e9)
-    return rates
-
-
 @dataclass
 class StopBeyondGrace:
     drill: Drill
@@ -148,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     if argv and not argv[0].isdigit():
         raise ExperimentError(f"the first argument is the grace in whole seconds, got {argv[0]!r}")
     grace_s, modes = (int(argv[0]) if argv else 30), argv[1:] or ["tp", "fsdp"]
-    host = read_bandwidth(), matmul_gflops()
+    host = read_bandwidth(), matmul_rate(2048)
     result = run(DrillSettings(grace_modes=modes, grace_s=grace_s), Path("out/bench/stop_beyond_grace"))
     save_s = [float(v) for v in re.findall(r"save ([\d.]+) s", " ".join(result.notes))]
     if save_s:

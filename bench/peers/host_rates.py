@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from runtime import timing
+
 from bench.processes import run_command
 
 READ_FLOATS = 2**28  # 1 GiB of float32: far more than any cache
@@ -48,15 +50,8 @@ def read_bandwidth(repeats: int = 5) -> list[float]:
 
 def matmul_rate(repeats: int = 3) -> list[float]:
     """GFLOP/s of each of `repeats` float32 MATMUL_SIZE-square products with this process's threads, after one
-    untimed."""
-    a, b = torch.randn(MATMUL_SIZE, MATMUL_SIZE), torch.randn(MATMUL_SIZE, MATMUL_SIZE)
-    a @ b
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        rates.append(2 * MATMUL_SIZE**3 / (time.perf_counter() - start) / 1e9)
-    return rates
+    untimed (runtime/timing.py's measure at this size)."""
+    return timing.matmul_rate(MATMUL_SIZE, repeats)
 
 
 def measure() -> HostRates:
