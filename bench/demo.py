@@ -36,7 +36,7 @@ from bench.record import write_result
 from runtime.cli import entry_point, option, parse_config
 from runtime.errors import UserError
 from runtime.progress import duration
-from runtime.stopping import Stopped, leaving, stops_held
+from runtime.stopping import Stopped, leaving, signals_held
 from runtime.timing import Spread, environment, matmul_rate
 from storage.artifact import load_model
 
@@ -214,7 +214,7 @@ def run_stage(stage: Stage) -> None:
     step), and a second stop kills it."""
     process = None
     try:
-        with stops_held():  # a stop while it starts comes once it is known, below
+        with signals_held():  # a stop while it starts comes once it is known, below
             process = start(stage.command, cwd=ROOT, env=stage.env, stdout=PIPE if stage.output else INHERIT,
                             stderr=INHERIT, own_session=True)
         stdout, _ = process.communicate()

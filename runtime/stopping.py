@@ -61,15 +61,19 @@ def leaving(outcome: str) -> Iterator[None]:
 
 
 @contextmanager
-def stops_held() -> Iterator[None]:
-    """SIGINT and SIGTERM wait until the block ends, then take their course: a stop while a child process is being
-    started would otherwise leave it running, started but not yet known to the code that stops it."""
+def signals_held(signums=None) -> Iterator[None]:
+    """The signals `signums` (default: SIGINT and SIGTERM) wait until the block ends, then reach the handlers they
+    had: a stop while a child process is being started would otherwise leave it running, started but not yet known
+    to the code that stops it (bench/demo.py), and one in the middle of a save's renames would leave a folder mixing
+    two saves (storage/folder.py).  Only the main thread may change handlers, and only it runs them, so elsewhere
+    nothing is held or needs to be; a handler installed outside Python (getsignal gives None) could not be put back,
+    so such a signal is not held."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     arrived: list[int] = []
-    previous = {signum: signal.signal(signum, lambda received, frame: arrived.append(received))
-                for signum in STOPPING_SIGNALS}
+    held = [signum for signum in (signums or STOPPING_SIGNALS) if signal.getsignal(signum) is not None]
+    previous = {signum: signal.signal(signum, lambda received, frame: arrived.append(received)) for signum in held}
     try:
         yield
     finally:

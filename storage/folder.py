@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from runtime.errors import UserError
+from runtime.stopping import signals_held
 
 STAGING_DIR = ".staging"
 JOURNAL = "COMPLETE"
@@ -260,26 +261,11 @@ def _replace_files(folder: Path, names: list[str], previous: list[str]) -> None:
     _fsync_dir(folder)
 
 
-@contextmanager
-def _signals_held() -> Iterator[None]:
+def _signals_held():
     """Hold HELD_SIGNALS until the block ends, then deliver them to the handlers they had: a Ctrl-C (or a
     scheduler's SIGTERM) in the middle of the renames would leave the folder mixing two saves until the next writer
-    finished the move, and the process that was saving could not say which save the folder holds.  Only the main
-    thread may change handlers, and only it runs them, so elsewhere nothing is held or needs to be."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    arrived: list[int] = []
-    # A handler installed outside Python (getsignal gives None) could not be put back: such a signal is not held.
-    held = [signum for signum in HELD_SIGNALS if signal.getsignal(signum) is not None]
-    previous = {signum: signal.signal(signum, lambda received, frame: arrived.append(received)) for signum in held}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        for signum in dict.fromkeys(arrived):
-            signal.raise_signal(signum)
+    finished the move, and the process that was saving could not say which save the folder holds."""
+    return signals_held(HELD_SIGNALS)
 
 
 def _write_durably(path: Path, text: str) -> None:

@@ -26,13 +26,12 @@ import torch
 from bench.eval.loadtest import exact_request_body, run_level
 from bench.experiment import Experiment, ExperimentError, SettingsError
 from bench.experiments.generate_speed import read_bandwidth
-from bench.experiments.serve_speed import save_served_artifact
+from bench.experiments.serve_speed import random_fp32_artifact
 from bench.record import plt
 from bench.report_page import Page, num, spread
-from model.config import PRESETS, preset
-from model.gpt import GPT
+from model.config import PRESETS
 from runtime.cli import check_options, non_default_flags, option
-from runtime.timing import Environment, Spread, environment
+from runtime.timing import Environment, Spread, environment, matmul_rate
 from serve.config import WARM_UP_CHOICES
 from serve.launch import running_server
 
@@ -85,17 +84,6 @@ class FirstRequest:
     environment: Environment
 
 
-def matmul_rate(repeats: int = 5) -> list[float]:
-    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    a @ b
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        rates.append(2 * 1024**3 / (time.perf_counter() - start) / 1e9)
-    return rates
-
-
 def burst(url: str, clients: int, new_tokens: int, index: int) -> Burst:
     body = lambda i, n: exact_request_body(index * clients + i, n)  # each burst its own prompts
     level = asyncio.run(run_level(url, clients, clients, new_tokens, REQUEST_TIMEOUT_S, REQUEST_TIMEOUT_S, body))
@@ -117,11 +105,7 @@ def one_server(artifact: Path, log: Path, warm_up: str, clients: int, settings: 
 
 
 def measure(settings: Settings, work_dir: Path) -> FirstRequest:
-    work_dir.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(0)
-    artifact = work_dir / f"{settings.model}_fp32"
-    if not artifact.exists():
-        save_served_artifact(artifact, GPT(preset(settings.model)).eval(), "fp32")
+    artifact = random_fp32_artifact(settings.model, work_dir)
     read, matmul = read_bandwidth(), matmul_rate()
     runs: dict[tuple[str, int], list[tuple[float, list[Burst]]]] = {}
     loads = []

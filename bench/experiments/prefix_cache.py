@@ -32,15 +32,13 @@ import torch
 
 from bench.eval.loadtest import completion_body, run_level
 from bench.experiment import Experiment, ExperimentError, SettingsError
-from bench.experiments.first_request import matmul_rate
 from bench.experiments.generate_speed import read_bandwidth
-from bench.experiments.serve_speed import save_served_artifact
+from bench.experiments.serve_speed import random_fp32_artifact
 from bench.record import plt
 from bench.report_page import Page, spread
-from model.config import PRESETS, preset
-from model.gpt import GPT
+from model.config import PRESETS
 from runtime.cli import check_options, non_default_flags, option
-from runtime.timing import Environment, Spread, environment, paired_ratio
+from runtime.timing import Environment, Spread, environment, matmul_rate, paired_ratio
 from serve.launch import running_server
 
 MODEL_ID = "model"
@@ -131,11 +129,7 @@ def metric(url: str, name: str) -> float:
 
 
 def measure(settings: Settings, work_dir: Path) -> PrefixCacheResult:
-    work_dir.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(0)
-    artifact = work_dir / f"{settings.model}_fp32"
-    if not artifact.exists():
-        save_served_artifact(artifact, GPT(preset(settings.model)).eval(), "fp32")
+    artifact = random_fp32_artifact(settings.model, work_dir)
     read, matmul = read_bandwidth(), matmul_rate()
     levels = [f"{c} client{'s' if c > 1 else ''}" for c in settings.clients]
     rates = {side: [] for side in SIDES}
