@@ -117,6 +117,30 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     assert meta.step == 2 and all(torch.isfinite(p).all() for p in loaded.parameters())
 
 
+def test_weights_whose_loss_is_not_finite_are_not_saved_and_the_probe_is_one_short_row(tmp_path, monkeypatch):
+    """The forward that proves a state savable sees one row of PROBE_TOKENS (a stop's save at GPT-2 Medium must fit
+    the grace), and a non-finite loss there keeps the last good checkpoint."""
+    import training.trainer
+    out, probed = tmp_path / "run", []
+    real_evaluate = training.trainer.evaluate_loss
+
+    def probe_goes_infinite(module, batches, *args, **kwargs):
+        batches = list(batches)
+        result = real_evaluate(module, batches, *args, **kwargs)
+        if len(batches) == 1 and batches[0][0].shape == (1, training.trainer.PROBE_TOKENS):
+            probed.append(batches[0][0].shape)
+            if len(probed) == 2:  # step 4's save: step 2's is the last good one
+                result["val_loss"] = float("inf")
+        return result
+
+    monkeypatch.setattr(training.trainer, "evaluate_loss", probe_goes_infinite)
+    with pytest.raises(TrainingError, match=r"validation loss became inf after the update of step 4.*step 2"):
+        train.train(TrainConfig(**{**FAST, "block_size": 128}, max_steps=10, eval_interval=100,
+                                checkpoint_interval=2, out_dir=str(out)))
+    assert len(probed) == 2
+    assert load_model(out)[1].step == 2
+
+
 def test_crash_during_save_keeps_previous_checkpoint(tmp_path, small_model):
     folder = tmp_path / "ckpt"
     save_artifact(folder, small_model, small_model.config, "float", provenance("tests"))

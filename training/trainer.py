@@ -33,6 +33,9 @@ from training.stop_grace import stop_grace
 from training.stop_points import ARM_SHARE, StopPoints
 from training.stop_signals import StopRequested, StopSignals
 
+# The tokens of the forward that proves a state savable (check_savable): enough to meet every weight.
+PROBE_TOKENS = 64
+
 
 def build_model(cfg: TrainConfig, checkpointer: Checkpointer) -> GPT:
     """Random weights from the preset and seed; or, with this run's dropout, the weights a resumed run saved
@@ -333,9 +336,11 @@ class Trainer:
 
     def check_savable(self, step: int) -> None:
         """Only weights that still give a finite loss are saved: a finite but exploded update (a huge
-        --lr) would otherwise become "the last good checkpoint" and only fail at the next step."""
+        --lr) would otherwise become "the last good checkpoint" and only fail at the next step.  One row of
+        PROBE_TOKENS is enough to see a non-finite loss, and a full batch's forward would take a stop's grace at
+        GPT-2 Medium (24 s of the 30 s on a busy 2-core host: bench/by_hand.md)."""
         with self.meter.paused():
-            first_batch = eval_batches(self.val_tokens, self.block, self.cfg.batch_size, 1)
+            first_batch = eval_batches(self.val_tokens, min(self.block, PROBE_TOKENS), 1, 1)
             probe = evaluate_loss(self.eval_module, first_batch, self.device, self.precision.autocast)["val_loss"]
             self.par.strategy.after_evaluation()
             if not math.isfinite(probe):
