@@ -183,3 +183,19 @@ def test_the_first_micro_batch_gives_an_estimate_and_gpu_sized_runs_are_named(tm
     assert len(RunEstimate(20000, 32, torch.device("cuda")).first_micro_batch(80.0)) == 1
     assert [duration(s) for s in (0.04, 2.5, 45, 600, 7800, 200000)] == \
         ["40 ms", "2.5 s", "45 s", "10 min", "2 h 10 min", "2 days 7 h"]
+
+
+@pytest.mark.parametrize("grace_s, first_saved", [(0.001, True), (3600.0, False)])
+def test_the_first_step_is_saved_at_once_when_a_micro_batch_takes_half_the_grace(tmp_path, capsys, grace_s,
+                                                                                  first_saved):
+    """A micro-batch of half the grace or more cannot be waited for at a stop, and a save may not fit what is left:
+    the first step a process trains is then on disk before any stop, new run or resumed; otherwise the interval
+    alone decides."""
+    out = tmp_path / "run"
+    flags = [*RUN, "--checkpoint-interval", "100", "--stop-grace-s", str(grace_s), "--out-dir", str(out)]
+    train.main([*flags, "--max-steps", "3"])
+    saved = [line for line in capsys.readouterr().out.splitlines() if "checkpoint saved" in line]
+    assert [line.split(":")[0] for line in saved] == (["step 1", "step 3"] if first_saved else ["step 3"])
+    train.main([*flags, "--max-steps", "5", "--resume"])
+    saved = [line for line in capsys.readouterr().out.splitlines() if "checkpoint saved" in line]
+    assert [line.split(":")[0] for line in saved] == (["step 4", "step 5"] if first_saved else ["step 5"])

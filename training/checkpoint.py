@@ -137,8 +137,8 @@ class Checkpointer:
         if ctx.is_writer:
             self.write(step)
         else:
-            full_model_state(par, keep=False)
-            full_optimizer_state(par, optimizer, keep=False)
+            full_model_state(par)
+            full_optimizer_state(par, optimizer)
         if ctx.world_size > 1:
             dist.barrier()  # nobody reads the folder before it is complete
         self.last_saved_step = step
