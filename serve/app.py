@@ -24,6 +24,7 @@ from serve.body_limit import BodySizeLimit
 from serve.config import CHECKPOINT_ENV, ServeConfig, api_key_from_environment
 from serve.docs import install_docs
 from serve.playground_page import install_playground
+from serve.rehearsal import rehearse
 from serve.engine import Engine
 from serve.errors import install_error_handlers
 from serve.metrics import ServerMetrics
@@ -80,6 +81,7 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         # Warmed up on the engine's thread, before the server takes requests (uvicorn binds after this).
         await asyncio.to_thread(engine.start, config.warm_up == "all-rows")
+        await rehearse(app, state)
         yield
         # Uvicorn has let in-flight requests finish by now; drain whatever is left off the event loop.
         await asyncio.to_thread(engine.stop)

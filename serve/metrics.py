@@ -115,6 +115,10 @@ class ServerMetrics:
                                           "Connections the server closed: over_limit (refused on arrival) or "
                                           "read_timeout (a request's bytes came too slowly).")
 
+    def reset(self) -> None:
+        """Every figure back to zero (start-up's rehearsal requests are not the clients')."""
+        self.__init__()
+
     def render(self) -> str:
         parts = (self.requests, self.tokens, self.queue_time, self.first_token, self.total_time,
                  self.decode_batch, self.queue_depth, self.batch_size, self.speculative_proposed,

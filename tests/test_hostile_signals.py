@@ -287,18 +287,19 @@ def test_a_stop_whose_save_would_outlast_the_grace_keeps_the_checkpoint_on_disk_
 
     def next_batch(self):
         batches.append(1)
-        if len(batches) == 3:  # step 3's batch: steps 1 and 2 are saved
+        if len(batches) == 4:  # step 4's batch: step 2 is saved, step 3 is not
             os.kill(os.getpid(), signal.SIGTERM)
         return real_next(self)
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setattr(WindowSampler, "next_batch", next_batch)
-        result = train_in_process([*run_flags, "--checkpoint-interval", "1", "--eval-interval", "100",
+        result = train_in_process([*run_flags, "--checkpoint-interval", "2", "--eval-interval", "100",
                                    "--stop-grace-s", "1e-9", "--out-dir", str(tmp_path / "run")], capsys)
     check_finished("train.py stop signals", result, SIGNAL_EXITS)
     last_line = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 143 and "; not saved: a save of this run takes" in last_line, result.stderr
     assert "SIGTERM: stopping within this micro-batch; not saving" in result.stderr, result.stderr
     assert step_named(last_line) == saved_step(tmp_path / "run") == 2
+    assert "stopped by SIGTERM after step 3;" in last_line, last_line
 
 
 # --- torchrun: a micro-batch longer than the launcher's grace ---------------------------------------------------
@@ -346,14 +347,15 @@ def torchrun_reference(tmp_path_factory):
 def test_a_ctrl_c_in_a_micro_batch_longer_than_torchruns_grace_saves_the_last_whole_step(
         mode, launcher, into_step_s, torchrun_reference, tmp_path_factory):
     """Ctrl-C (to the whole job, as a terminal sends it) `into_step_s` into step 2, whose one micro-batch outlasts
-    torchrun's grace: the ranks abandon it at the same block, forward or backward, save step 1 before torchrun's
-    SIGKILL, and say so in one closing line; the resumed run's losses equal those of a run never stopped.  Under
+    torchrun's grace: the ranks abandon it at the same block, forward or backward, with step 1 on disk before
+    torchrun's SIGKILL (saved when it ended, as its micro-batch outlasts half the grace), and say so in one closing
+    line; the resumed run's losses equal those of a run never stopped.  Under
     torchrun the agent's own traceback follows; under parallel.launch the job's closing line is the last."""
     out = tmp_path_factory.mktemp(f"stopped-{mode}")
     job = torchrun("tests/slow_blocks.py", mode, out, slow=True, launcher=launcher)
     try:
         for line in job.stdout:
-            if line.startswith("step 1/"):
+            if line.startswith("step 1: checkpoint saved"):  # at once, as its micro-batch outlasts half the grace
                 break
         time.sleep(into_step_s)
         os.killpg(job.pid, signal.SIGINT)
@@ -369,8 +371,8 @@ def test_a_ctrl_c_in_a_micro_batch_longer_than_torchruns_grace_saves_the_last_wh
     assert "forcefully exiting" not in stderr, stderr[-3000:]  # no rank outlived the grace
     closing = [line for line in stderr.splitlines() if line.startswith("stopped by")]
     assert len(closing) == 1 and closing[0].startswith("stopped by SIGINT after step 1;"), stderr[-3000:]
-    assert re.search(r"SIGINT: stopping within this micro-batch; saving step 1 \(the grace before a SIGKILL: "
-                     rf"{GRACE_S} s, torchrun --shutdown-timeout {GRACE_S}\)", stderr), stderr[-3000:]
+    assert re.search(r"SIGINT: stopping within this micro-batch; step 1 is on disk already \(the grace before a "
+                     rf"SIGKILL: {GRACE_S} s, torchrun --shutdown-timeout {GRACE_S}\)", stderr), stderr[-3000:]
     assert step_named(closing[0]) == saved_step(out) == 1
 
     job = torchrun("train.py", mode, out, "--resume")

@@ -214,7 +214,8 @@ class Trainer:
         """Save the last whole step, unless a save of this run took longer than the grace left (the launcher's SIGKILL
         would cut it short, and the time is better left to the exit), and say so in one line."""
         grace_left = self.grace.seconds - (time.monotonic() - stop.received_at)
-        too_long = self.last_save_s is not None and self.last_save_s > grace_left
+        too_long = (self.completed != self.checkpointer.last_saved_step and self.last_save_s is not None
+                    and self.last_save_s > grace_left)
         (too_long,) = stop_signals.agree(float(too_long))[2]  # a save is collective: every rank takes it or none
         saved = not too_long and self.save_if_due(self.completed, last=True)
         grace_left = self.grace.seconds - (time.monotonic() - stop.received_at)
