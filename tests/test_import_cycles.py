@@ -90,16 +90,16 @@ def test_cycles_finds_a_circle_and_only_that():
 
 
 def test_imports_read_every_form():
-    tree = ast.parse("import data.corpus\nfrom data import local_files\nfrom . import shards\n"
+    tree = ast.parse("import data.corpus\nfrom data import local_files\nfrom . import token_files\n"
                      "def later():\n    from model.gpt import GPT\n")
-    known = {"data", "data.corpus", "data.local_files", "data.shards", "model.gpt", "data.loader"}
-    assert imported_modules(tree, "data.loader", False, known) == {"data.corpus", "data.local_files", "data.shards",
+    known = {"data", "data.corpus", "data.local_files", "data.token_files", "model.gpt", "data.loader"}
+    assert imported_modules(tree, "data.loader", False, known) == {"data.corpus", "data.local_files", "data.token_files",
                                                                    "model.gpt"}
 
 
 def test_no_import_circle():
     graph = import_graph()
-    assert len(graph) > 100 and "data.corpus" in graph["data.shards"]  # the walk found the project
+    assert len(graph) > 100 and "data.corpus" in graph["data.token_files"]  # the walk found the project
     assert cycles(graph) == [], "modules that import each other (directly or around a circle); break the " \
                                 "circle with a module both can import"
 

@@ -69,7 +69,7 @@ def test_an_unbounded_final_validation_sweeps_the_whole_split(tmp_path, monkeypa
     (folder / "wiki.valid.raw").write_text(" \n = Beta = \n \n" + sentence * 30 + "\n")
     summary = train.train(TrainConfig(**{**FAST, "dataset": str(folder), "final_eval_batches": None}, max_steps=2,
                                       eval_interval=1000, out_dir=str(tmp_path / "run")))
-    from data.shards import load_split
+    from data.token_files import load_split
     assert summary.eval_full_split and summary.val_tokens == len(load_split(str(folder), "validation")) - 1
     assert summary.val_tokens > 2 * 4 * 64  # more than the bounded sweep of the other tests
 

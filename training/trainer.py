@@ -11,7 +11,7 @@ from typing import Iterable, Iterator, NoReturn
 import torch
 
 from data.loader import WindowSampler, eval_batches
-from data.shards import load_split, prepare_split
+from data.token_files import load_split, prepare_split
 from model.config import GPTConfig, preset
 from training.evaluate import evaluate_loss
 from model.gpt import GPT, CausalSelfAttention
