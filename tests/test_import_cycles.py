@@ -131,3 +131,13 @@ def test_a_folder_import_up_is_found():
     crossings = folder_imports(graph)
     assert crossings == {("model", "data"), ("data", "model")}
     assert [pair for pair in crossings if LAYER[pair[1]] >= LAYER[pair[0]]] == [("model", "data")]
+
+
+def test_training_reaches_storage_only_through_its_checkpoint_package():
+    """A checkpoint has one home in training/ (training/checkpoint/: what is saved, when, and the resume); the rest of
+    training/ hands it the state and never touches a run folder's files, which are storage/'s."""
+    graph = import_graph()
+    elsewhere = sorted(module for module, imported in graph.items()
+                       if module.startswith("training.") and not module.startswith("training.checkpoint")
+                       and any(b.split(".")[0] == "storage" for b in imported))
+    assert elsewhere == [], "training/ modules that import storage/ outside training/checkpoint/"

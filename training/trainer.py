@@ -1,5 +1,5 @@
 """The training loop: it reads like a table of contents and hands off to the step (training/step.py),
-the checkpointer (training/checkpoint.py), the evaluator and the metrics log (training/metrics.py)."""
+the checkpointer (training/checkpoint/), the evaluator and the metrics log (training/metrics.py)."""
 from __future__ import annotations
 
 import math
@@ -18,7 +18,7 @@ from model.gpt import GPT, CausalSelfAttention
 from training.optim import build_optimizer, lr_at, scaled_lr
 from parallel import CommsMeter, check_divisibility, parallelize
 from parallel.distributed import launched_by_torchrun, run_on_node_leader
-from parallel.state import local_state_bytes
+from parallel.local_state import local_state_bytes
 from runtime.cli import non_default_fields
 from runtime.device import is_out_of_memory, precision_policy
 from runtime.progress import ProgressBar
