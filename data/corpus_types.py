@@ -1,5 +1,5 @@
 """What a corpus is, for the corpora's sources (data/corpus.py, data/local_files.py) and their reader
-(data/shards.py): the splits, the names `--dataset` knows, a corpus and the passes that read its text."""
+(data/token_files.py): the splits, the names `--dataset` knows, a corpus and the passes that read its text."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

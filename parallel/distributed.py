@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, NoReturn
+from typing import Callable, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -27,6 +27,7 @@ from runtime.device import distributed_backend
 FAILURE_KEY = "parallel/failed_rank"
 NODE_LEADER_POLL_S = 0.05
 _node_leader_calls = itertools.count()  # every rank makes the same calls in the same order
+T = TypeVar("T")  # what run_on_node_leader's work returns
 
 
 @dataclass
@@ -142,23 +143,23 @@ def check_divisibility(config: GPTConfig, ctx: DistContext) -> None:
                                 f"--tp-size {tp}; use a tp size that divides it (or change vocab_pad_multiple)")
 
 
-def run_on_node_leader(ctx: DistContext, work: Callable[[], object], what: str) -> None:
+def run_on_node_leader(ctx: DistContext, work: Callable[[], T], what: str) -> T | None:
     """Run `work` on one rank per node (local rank 0) while the node's other ranks wait for it, e.g. to
-    tokenize a corpus into the node's cache once instead of once per rank.
+    tokenize a corpus into the node's cache once instead of once per rank.  Returns what `work` returned on the
+    rank that ran it, None on the ranks that waited.
 
     The wait is on the rendezvous store, not a collective, so it has no timeout however long the work takes;
     if the leader dies, torchrun ends the waiting ranks.  A leader that raises tells its node's ranks, which
     stop with an error pointing at its message."""
     if ctx.world_size == 1:
-        work()
-        return
+        return work()
     store = dist.distributed_c10d._get_default_store()
     local_rank = int(os.environ.get("LOCAL_RANK", ctx.rank % ctx.procs_per_node))
     node = int(os.environ.get("GROUP_RANK", ctx.rank // ctx.procs_per_node))
     key = f"node_leader/{next(_node_leader_calls)}/{node}"
     if local_rank == 0:
         try:
-            work()
+            result = work()
         except BaseException as e:
             store.set(key, f"failed: {type(e).__name__}: {e}")
             raise
@@ -166,7 +167,7 @@ def run_on_node_leader(ctx: DistContext, work: Callable[[], object], what: str) 
         # Rank 0 holds the store: it must not end (a test, a one-step run) before its node has read the key.
         while int(store.add(f"{key}/read", 0)) < ctx.procs_per_node - 1:
             time.sleep(NODE_LEADER_POLL_S)
-        return
+        return result
     waited = 0
     while not store.check([key]):
         time.sleep(NODE_LEADER_POLL_S)
@@ -178,6 +179,7 @@ def run_on_node_leader(ctx: DistContext, work: Callable[[], object], what: str) 
     store.add(f"{key}/read", 1)
     if outcome != "done":
         raise ParallelError(f"rank {ctx.rank}: local rank 0 could not {what} ({outcome}); see its error")
+    return None
 
 
 def announce_failure(ctx: DistContext) -> None:

@@ -1,8 +1,8 @@
 """One entry point: take the full single-device GPT and a `DistContext`, return it parallelised.
 
 Order (as torchtitan): tensor parallelism first (the layout), then the data-parallel strategy over the
-remaining mesh dimension (parallel/strategies.py).  State consolidation for checkpoints lives in
-parallel/state.py.
+remaining mesh dimension (parallel/strategies.py).  Consolidating the state for checkpoints is
+training's (training/checkpoint/gather.py).
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from parallel.comms import CommsMeter, counted_all_reduce, sent_bytes
 from parallel.data_parallel import (allreduce_gradients, apply_ddp, ddp_exposed_wait, gather_scatter_gradients,
                                     replicate_with_data_parallel)
 from parallel.distributed import DistContext
-from parallel.state import is_dtensor
+from parallel.local_state import is_dtensor
 from parallel.tensor_parallel import ShardSpec
 
 

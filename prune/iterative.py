@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from data.loader import WindowSampler, eval_batches
-from data.shards import load_split
+from data.token_files import load_split
 from training.evaluate import evaluate_loss
 from model.gpt import GPT
 from prune.config import PruneConfig, method_names, validate_against_model

@@ -41,7 +41,7 @@ import torch
 
 from data.corpus import dataset_help
 from data.loader import eval_batches
-from data.shards import load_split
+from data.token_files import load_split
 from model.int8 import HEAD_FORMATS, quantize_model
 from model.packed_linear import pack_for_inference
 from quantize.measure import (generation_speed, generation_warm_up, greedy_agreement, paired_validation,

@@ -74,7 +74,7 @@ CLAIM_TESTS = ("tests/test_claim.py", "tests/test_storage.py",
 CLI_TESTS = ("tests/test_cli.py", "tests/test_hostile_cli.py")
 # In the order a whole run takes them: the quickest to mutate first, so a run cut short has finished the most.
 MODULES = {
-    "data/shards.py": Target(TOKEN_FILE_TESTS, only=("read_tokens",)),
+    "data/token_files.py": Target(TOKEN_FILE_TESTS, only=("read_tokens",)),
     "quantize/dynamic.py": Target(("tests/test_tool_configs.py", "tests/test_quantize.py::test_bad_input_gets_a_"
                                    "clear_error", *CLI_TESTS), only=("QuantizeConfig",)),
     "prune/config.py": Target(("tests/test_tool_configs.py", "tests/test_prune.py::test_bad_input_gets_a_clear_error",

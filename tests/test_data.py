@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from data import corpus, hub_access, shards
+from data import corpus, hub_access, token_files
 from data.corpus import DatasetError, builtin_corpus, get_corpus
 from data.documents import split_articles
 from data.loader import WindowSampler, eval_batches
-from data.shards import load_split, read_tokens, write_tokens
+from data.token_files import load_split, read_tokens, write_tokens
 
 ARTICLE = " = {title} = \n \n {title} is a thing . It has @-@ parts . \n \n = = Section = = \n \n More text . \n"
 
@@ -59,12 +59,12 @@ def test_local_parquet_folder_in_hub_layout_matches_raw(tmp_path):
 def test_tokens_are_cached_by_content_not_place(tmp_path, monkeypatch):
     write_raw_folder(tmp_path / "wt", {"validation": ["Gamma"]})
     first = np.array(load_split(str(tmp_path / "wt"), "validation"))
-    real_tokenize = shards.tokenize_pass
-    monkeypatch.setattr(shards, "tokenize_pass", lambda *a: pytest.fail("re-tokenized a cached split"))
+    real_tokenize = token_files.tokenize_pass
+    monkeypatch.setattr(token_files, "tokenize_pass", lambda *a: pytest.fail("re-tokenized a cached split"))
     (tmp_path / "wt").rename(tmp_path / "moved")
     os.utime(tmp_path / "moved" / "wiki.valid.raw")  # touched: same content
     assert np.array_equal(first, load_split(str(tmp_path / "moved"), "validation"))
-    monkeypatch.setattr(shards, "tokenize_pass", real_tokenize)
+    monkeypatch.setattr(token_files, "tokenize_pass", real_tokenize)
     write_raw_folder(tmp_path / "moved", {"validation": ["Delta"]})  # new content, same size
     assert not np.array_equal(first, load_split(str(tmp_path / "moved"), "validation"))
 
@@ -213,7 +213,7 @@ PARAGRAPH = "Line {i} of a text without headings , as most corpora are .\nIt goe
 
 def gpt2_tokens(documents):
     """tiktoken's own encoding of the documents, each followed by end-of-text."""
-    encoder = shards.get_tokenizer()
+    encoder = token_files.get_tokenizer()
     return np.array([t for doc in documents for t in encoder.encode_ordinary(doc) + [50256]], dtype=np.uint16)
 
 
@@ -284,7 +284,7 @@ def test_a_corpus_without_validation_has_it_carved_from_training_text(tmp_path, 
 def test_an_interrupted_tokenizer_leaves_no_file_that_looks_whole(tmp_path, monkeypatch):
     (tmp_path / "wt").mkdir()
     (tmp_path / "wt" / "train.txt").write_text("".join(PARAGRAPH.format(i=i) for i in range(2000)))
-    monkeypatch.setattr(shards, "BATCH_CHARS", 4096)
+    monkeypatch.setattr(token_files, "BATCH_CHARS", 4096)
     calls = []
 
     def dies_on_the_fifth_task(docs):
@@ -292,15 +292,15 @@ def test_an_interrupted_tokenizer_leaves_no_file_that_looks_whole(tmp_path, monk
         if len(calls) == 5:
             raise KeyboardInterrupt
         return real_encode(docs)
-    real_encode = shards.encode_documents
-    monkeypatch.setattr(shards, "encode_documents", dies_on_the_fifth_task)
+    real_encode = token_files.encode_documents
+    monkeypatch.setattr(token_files, "encode_documents", dies_on_the_fifth_task)
     with pytest.raises(KeyboardInterrupt):
         load_split(str(tmp_path / "wt"), "train")
     folder = next((tmp_path / "cache").iterdir())
     assert not list(folder.glob("*.bin*"))  # neither a token file nor its partial
     (folder / "train.bin.partial").write_bytes(b"left by a writer that was killed")
     (folder / "validation.bin.tmp1234").write_bytes(b"left by an earlier version")
-    monkeypatch.setattr(shards, "encode_documents", real_encode)
+    monkeypatch.setattr(token_files, "encode_documents", real_encode)
     tokens = load_split(str(tmp_path / "wt"), "train")
     assert len(tokens) and sorted(p.name for p in folder.glob("*.bin*")) == ["test.bin", "train.bin", "validation.bin"]
 
@@ -334,15 +334,15 @@ def _tokenize_on_two_ranks(rank: int, port: int, dataset: str, cache: str, log: 
     from parallel.distributed import DistContext, run_on_node_leader
     os.environ.update(GPT2_DATA_CACHE=cache, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
-    real = shards.tokenize_pass
+    real = token_files.tokenize_pass
 
     def logged(*args):
         with open(log, "a") as f:
             f.write(f"rank {rank}\n")
         real(*args)
-    shards.tokenize_pass = logged
+    token_files.tokenize_pass = logged
     ctx = DistContext(ParallelDims(dp_replicate=2), rank=rank, procs_per_node=2)
-    run_on_node_leader(ctx, lambda: shards.prepare_split(dataset, "train"), "tokenize")
+    run_on_node_leader(ctx, lambda: token_files.prepare_split(dataset, "train"), "tokenize")
     assert len(load_split(dataset, "train")) > 0
     dist.destroy_process_group()
 
@@ -368,7 +368,7 @@ def test_every_run_says_each_splits_tokens_and_files_whether_tokenized_or_cached
     tokens = len(load_split(dataset, "validation"))
     line = f"data: local:{tmp_path / 'notes'} validation: {tokens:,} tokens ({{}}) from valid.txt (11 bytes)\n"
     assert capsys.readouterr().err.endswith(line.format("tokenized now"))
-    monkeypatch.setattr(shards, "TOKENIZED_HERE", set())  # as a later run, which finds the cache
+    monkeypatch.setattr(token_files, "TOKENIZED_HERE", set())  # as a later run, which finds the cache
     load_split(dataset, "validation")
     assert capsys.readouterr().err == line.format("read from the cache")
 

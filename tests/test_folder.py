@@ -240,14 +240,14 @@ def test_a_full_disk_during_a_save_is_one_error_and_keeps_the_previous_save(tmp_
 
 
 def test_training_on_a_full_disk_names_the_last_good_checkpoint(tmp_path, monkeypatch, capsys):
-    from training import checkpoint
-    real_save, saves = checkpoint.save_through_python, []
+    from training.checkpoint import checkpointer
+    real_save, saves = checkpointer.save_through_python, []
 
     def fill_the_disk_on_the_second_save(obj, path):
         saves.append(path)
         real_save(obj, "/dev/full" if len(saves) == 2 else path)
 
-    monkeypatch.setattr(checkpoint, "save_through_python", fill_the_disk_on_the_second_save)
+    monkeypatch.setattr(checkpointer, "save_through_python", fill_the_disk_on_the_second_save)
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as exit_info:
         train.main([*FAST_FLAGS, "--max-steps", "4", "--checkpoint-interval", "2", "--eval-interval", "100",

@@ -1,5 +1,5 @@
 """Hostile inputs to the corpus and token-cache surfaces (tests/hostile.py's property): a corpus folder of any
-files, a token file damaged any way, a cache that cannot be written.  Preparing data (data/shards.py, in-process,
+files, a token file damaged any way, a cache that cannot be written.  Preparing data (data/token_files.py, in-process,
 as the trainer does) either works or stops with one error line naming the problem, and the corpus is untouched.
 """
 from __future__ import annotations
@@ -19,11 +19,11 @@ import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
 
-from data import shards
+from data import token_files
 from data.corpus import DatasetError
 from data.compressed import compression_of, inner_suffix
 from data.local_files import CUTTING_VERSION, FORMATS, DataFile, content_digest, local_corpus, skipping_unreadable
-from data.shards import HEADER_BYTES, MAGIC, VERSION, load_split, read_tokens, write_tokens
+from data.token_files import HEADER_BYTES, MAGIC, VERSION, load_split, read_tokens, write_tokens
 from model.config import GPT2_VOCAB_SIZE
 from tests.hostile import attempt, check_error_line, examples, run_command, unchanged
 
@@ -56,7 +56,7 @@ def prepare(dataset: str | Path) -> None:
 
 
 def gpt2_tokens(documents) -> np.ndarray:
-    encoder = shards.get_tokenizer()
+    encoder = token_files.get_tokenizer()
     return np.array([t for doc in documents for t in encoder.encode_ordinary(doc) + [50256]], dtype=np.uint16)
 
 
@@ -236,8 +236,8 @@ def cache_at(place: str, tmp: Path, monkeypatch):
     with monkeypatch.context() as m:
         m.setenv("GPT2_DATA_CACHE", str(where))
         if place == "a full disk":  # every token file written goes to /dev/full, whose writes fail with ENOSPC
-            m.setattr(shards, "open", lambda path, mode="r", *a, **k: open(
-                "/dev/full" if str(path).endswith(shards.PARTIAL_SUFFIX) else path, mode, *a, **k), raising=False)
+            m.setattr(token_files, "open", lambda path, mode="r", *a, **k: open(
+                "/dev/full" if str(path).endswith(token_files.PARTIAL_SUFFIX) else path, mode, *a, **k), raising=False)
         yield
 
 
@@ -545,7 +545,7 @@ def test_past_ten_files_that_cannot_be_used_the_rest_are_counted(tmp_path):
 
 
 def test_a_token_file_is_read_only_when_every_part_of_it_is_whole(tmp_path):
-    """data/shards.py's read_tokens at each of its checks' edges, with the exact line each gives."""
+    """data/token_files.py's read_tokens at each of its checks' edges, with the exact line each gives."""
     path = tmp_path / "t.bin"
     header = np.zeros(256, dtype=np.int32)
     header[:3] = [MAGIC, VERSION, 3]

@@ -32,7 +32,7 @@ from tests.hostile import attempt, examples, unchanged
 EXISTING = ("out/mine-int8", "out/train")
 # Every module that loads a model for a tool, by the name it imported load_model under.
 LOADERS = ("sample", "serve.app", "prune.iterative", "quantize.dynamic", "storage.export", "bench.eval.scorecard",
-           "bench.eval.perplexity", "bench.eval.harness", "training.checkpoint")
+           "bench.eval.perplexity", "bench.eval.harness", "training.checkpoint.checkpointer")
 
 
 def typo(draw, name: str) -> str:

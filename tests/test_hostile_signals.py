@@ -27,7 +27,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import train
-import training.checkpoint
+import training.checkpoint.checkpointer
 import training.stop_signals
 import training.trainer
 from data.loader import WindowSampler
@@ -127,7 +127,7 @@ def count_training_events(monkeypatch, moments: Moments) -> None:
 
     monkeypatch.setattr(WindowSampler, "next_batch", next_batch)
     monkeypatch.setattr(training.trainer, "eval_batches", eval_batches)
-    count_save_events(monkeypatch, training.checkpoint, moments)
+    count_save_events(monkeypatch, training.checkpoint.checkpointer, moments)
 
 
 def losses(out: Path) -> dict[int, float]:

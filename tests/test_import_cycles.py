@@ -90,16 +90,16 @@ def test_cycles_finds_a_circle_and_only_that():
 
 
 def test_imports_read_every_form():
-    tree = ast.parse("import data.corpus\nfrom data import local_files\nfrom . import shards\n"
+    tree = ast.parse("import data.corpus\nfrom data import local_files\nfrom . import token_files\n"
                      "def later():\n    from model.gpt import GPT\n")
-    known = {"data", "data.corpus", "data.local_files", "data.shards", "model.gpt", "data.loader"}
-    assert imported_modules(tree, "data.loader", False, known) == {"data.corpus", "data.local_files", "data.shards",
+    known = {"data", "data.corpus", "data.local_files", "data.token_files", "model.gpt", "data.loader"}
+    assert imported_modules(tree, "data.loader", False, known) == {"data.corpus", "data.local_files", "data.token_files",
                                                                    "model.gpt"}
 
 
 def test_no_import_circle():
     graph = import_graph()
-    assert len(graph) > 100 and "data.corpus" in graph["data.shards"]  # the walk found the project
+    assert len(graph) > 100 and "data.corpus" in graph["data.token_files"]  # the walk found the project
     assert cycles(graph) == [], "modules that import each other (directly or around a circle); break the " \
                                 "circle with a module both can import"
 
@@ -131,3 +131,13 @@ def test_a_folder_import_up_is_found():
     crossings = folder_imports(graph)
     assert crossings == {("model", "data"), ("data", "model")}
     assert [pair for pair in crossings if LAYER[pair[1]] >= LAYER[pair[0]]] == [("model", "data")]
+
+
+def test_training_reaches_storage_only_through_its_checkpoint_package():
+    """A checkpoint has one home in training/ (training/checkpoint/: what is saved, when, and the resume); the rest of
+    training/ hands it the state and never touches a run folder's files, which are storage/'s."""
+    graph = import_graph()
+    elsewhere = sorted(module for module, imported in graph.items()
+                       if module.startswith("training.") and not module.startswith("training.checkpoint")
+                       and any(b.split(".")[0] == "storage" for b in imported))
+    assert elsewhere == [], "training/ modules that import storage/ outside training/checkpoint/"

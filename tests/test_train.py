@@ -69,7 +69,7 @@ def test_an_unbounded_final_validation_sweeps_the_whole_split(tmp_path, monkeypa
     (folder / "wiki.valid.raw").write_text(" \n = Beta = \n \n" + sentence * 30 + "\n")
     summary = train.train(TrainConfig(**{**FAST, "dataset": str(folder), "final_eval_batches": None}, max_steps=2,
                                       eval_interval=1000, out_dir=str(tmp_path / "run")))
-    from data.shards import load_split
+    from data.token_files import load_split
     assert summary.eval_full_split and summary.val_tokens == len(load_split(str(folder), "validation")) - 1
     assert summary.val_tokens > 2 * 4 * 64  # more than the bounded sweep of the other tests
 
@@ -319,3 +319,20 @@ def test_each_preset_trains_at_its_cited_learning_rate_unless_lr_is_given(model,
 def test_the_first_line_of_a_new_run_says_where_its_learning_rate_came_from(tmp_path, capsys):
     train.train(TrainConfig(**{**FAST, "lr": None}, max_steps=1, eval_interval=100, out_dir=str(tmp_path / "run")))
     assert capsys.readouterr().out.splitlines()[0] == "lr 1.00e-03 (tiny default, train.py's default for the CPU presets)"
+
+
+def test_a_run_resolves_its_dataset_once(tmp_path, monkeypatch):
+    """The --dataset name is resolved into a corpus once (for a hub repository, resolving downloads it) and that
+    corpus is tokenized and loaded for both splits."""
+    import data.corpus
+    import data.token_files
+    import training.trainer
+    resolved, real_get_corpus = [], data.corpus.get_corpus
+
+    def counted(name):
+        resolved.append(name)
+        return real_get_corpus(name)
+    for module in (data.corpus, data.token_files, training.trainer):
+        monkeypatch.setattr(module, "get_corpus", counted)
+    train.train(TrainConfig(**FAST, max_steps=1, eval_interval=100, out_dir=str(tmp_path / "run")))
+    assert resolved == ["builtin"]

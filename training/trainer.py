@@ -1,5 +1,5 @@
 """The training loop: it reads like a table of contents and hands off to the step (training/step.py),
-the checkpointer (training/checkpoint.py), the evaluator and the metrics log (training/metrics.py)."""
+the checkpointer (training/checkpoint/), the evaluator and the metrics log (training/metrics.py)."""
 from __future__ import annotations
 
 import math
@@ -10,15 +10,17 @@ from typing import Iterable, Iterator, NoReturn
 
 import torch
 
+from data.corpus import get_corpus
+from data.corpus_types import Corpus
 from data.loader import WindowSampler, eval_batches
-from data.shards import load_split, prepare_split
+from data.token_files import load_split, prepare_split
 from model.config import GPTConfig, preset
 from training.evaluate import evaluate_loss
 from model.gpt import GPT, CausalSelfAttention
 from training.optim import build_optimizer, lr_at, scaled_lr
 from parallel import CommsMeter, check_divisibility, parallelize
 from parallel.distributed import launched_by_torchrun, run_on_node_leader
-from parallel.state import local_state_bytes
+from parallel.local_state import local_state_bytes
 from runtime.cli import non_default_fields
 from runtime.device import is_out_of_memory, precision_policy
 from runtime.progress import ProgressBar
@@ -55,6 +57,19 @@ def build_model(cfg: TrainConfig, checkpointer: Checkpointer) -> GPT:
             module.dropout = cfg.dropout
     model.config.dropout = cfg.dropout
     return model
+
+
+def tokenized_corpus(dataset: str, ctx) -> Corpus:
+    """The corpus `dataset` names, resolved once on this rank, with its training and validation splits tokenized.
+    One rank per node resolves and tokenizes first; the node's other ranks then resolve it from the caches it
+    filled (resolving a hub repository downloads it) and find the token files written."""
+    def resolve_and_tokenize() -> Corpus:
+        corpus = get_corpus(dataset)
+        for split in ("train", "validation"):
+            prepare_split(corpus, split)
+        return corpus
+    corpus = run_on_node_leader(ctx, resolve_and_tokenize, f"tokenize {dataset}")
+    return get_corpus(dataset) if corpus is None else corpus
 
 
 def training_block(cfg: TrainConfig, model_config: GPTConfig) -> int:
@@ -117,10 +132,9 @@ class Trainer:
         self.model = model
         if self.par.note:
             self.say(f"note: {self.par.note}")
-        run_on_node_leader(ctx, lambda: [prepare_split(cfg.dataset, s) for s in ("train", "validation")],
-                           f"tokenize {cfg.dataset}")
-        self.train_tokens = load_split(cfg.dataset, "train")
-        self.val_tokens = load_split(cfg.dataset, "validation")
+        corpus = tokenized_corpus(cfg.dataset, ctx)
+        self.train_tokens = load_split(corpus, "train")
+        self.val_tokens = load_split(corpus, "validation")
         self.sampler = WindowSampler(self.train_tokens, self.block, cfg.batch_size, seed=cfg.seed,
                                      dp_rank=ctx.dp_rank, dp_size=ctx.dp_size)
         self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)

@@ -7,7 +7,7 @@ below.
 from __future__ import annotations
 
 from bench.drills import (disk_full, hostile_contents, kill_during_saves, killed_rank, poison_request,
-                          readers_during_saves, restarted_rank, slow_clients, stop_beyond_grace)
+                          readers_during_saves, restarted_rank, stop_beyond_grace, tricklers_vs_health)
 
-DRILLS = (readers_during_saves, kill_during_saves, poison_request, slow_clients, killed_rank, restarted_rank,
+DRILLS = (readers_during_saves, kill_during_saves, poison_request, tricklers_vs_health, killed_rank, restarted_rank,
           disk_full, hostile_contents, stop_beyond_grace)

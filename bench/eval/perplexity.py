@@ -23,7 +23,7 @@ import torch
 
 from data.corpus import dataset_help
 from data.loader import sliding_windows
-from data.shards import load_split
+from data.token_files import load_split
 from data.tokenizer import get_tokenizer
 from runtime.cli import check_options, entry_point, option, parse_config
 from runtime.device import choose_device

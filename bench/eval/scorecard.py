@@ -17,7 +17,7 @@ from data.corpus import Corpus, dataset_help
 from data.documents import text_blocks
 from data.loader import eval_batches
 from data.local_files import TEXT_FIX, whole_file_corpus
-from data.shards import load_split, prepare_split
+from data.token_files import load_split, prepare_split
 from training.evaluate import evaluate_loss
 from decode.generate import generate
 from model.gpt import GPT

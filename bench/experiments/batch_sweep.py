@@ -25,7 +25,7 @@ from bench.experiment import Experiment, SettingsError
 from bench.record import plt
 from bench.report_page import Page, mib, num, spread
 from data.loader import WindowSampler
-from data.shards import load_split
+from data.token_files import load_split
 from model.config import PRESETS, preset
 from model.gpt import GPT
 from runtime.cli import check_options, option

@@ -22,7 +22,7 @@ from bench.experiment import Experiment, SettingsError
 from bench.record import plt
 from bench.report_page import Page, num, spread
 from data.loader import WindowSampler
-from data.shards import load_split
+from data.token_files import load_split
 from runtime.cli import check_options, option
 from runtime.timing import Environment, Spread, environment
 

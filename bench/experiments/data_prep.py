@@ -3,7 +3,7 @@
     python -m bench.experiments data_prep --sizes-gb 1 5          # about 15 minutes on 2 CPU cores
 
 Speed: the same WikiText text (the shared validation split repeated to `--speed-mb`) tokenized three ways, each in
-a fresh process as a user's first start is (bench/workloads/tokenize_split.py), in interleaved rounds: ours (`data.shards.prepare_split`: read from
+a fresh process as a user's first start is (bench/workloads/tokenize_split.py), in interleaved rounds: ours (`data.token_files.prepare_split`: read from
 the file, cut into documents, encoded by a thread per core, written to the token file), tiktoken's own
 multi-threaded `encode_ordinary_batch` on the same documents already in memory (the encoder's limit here: no
 reading, no writing, no conversion), and a nanoGPT-style preparation (`datasets.Dataset.map(num_proc=2)` of
@@ -203,7 +203,7 @@ def train_command(folder: Path, out: Path) -> list[str]:
 
 
 def measure_first_starts(settings: Settings, text: bytes, work: Path) -> tuple[list[SplitRun], list[JobRun]]:
-    from data.shards import read_tokens
+    from data.token_files import read_tokens
     splits, jobs = [], []
     for size in settings.sizes_gb:
         folder, cache = work / f"wikitext-{size:g}gb", work / "cache"

@@ -22,7 +22,7 @@ from bench.experiment import Experiment, SettingsError
 from bench.record import plt
 from bench.report_page import Page, num
 from data.loader import WindowSampler, eval_batches
-from data.shards import load_split
+from data.token_files import load_split
 from model.config import PRESETS, preset
 from training.evaluate import evaluate_loss
 from model.gpt import GPT

@@ -1,5 +1,5 @@
 """One way of tokenizing a WikiText folder's training split, timed in a fresh process for
-bench/experiments/data_prep.py as a user's first start is: `ours` (data.shards.prepare_split: read from the file, cut
+bench/experiments/data_prep.py as a user's first start is: `ours` (data.token_files.prepare_split: read from the file, cut
 into documents, encoded by a thread per core, written to the token file), `tiktoken` (its own multi-threaded
 encode_ordinary_batch on the documents already in memory) or `map` (nanoGPT's prepare.py: datasets.map of
 encode_ordinary over the documents, then the tokens written into a np.memmap in shards).  Prints the seconds and the
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from data.local_files import local_corpus
-from data.shards import encoding_threads, prepare_split
+from data.token_files import encoding_threads, prepare_split
 from data.tokenizer import get_tokenizer
 
 

@@ -1,23 +1,16 @@
-"""The state a rank holds, across layouts: consolidated to full tensors under the single-device names
-(checkpoints are written that way, whatever trained them), sharded back for any layout on resume, and
-its size (the bytes of parameters, gradients and optimizer state this rank keeps)."""
+"""A run's state gathered across layouts: consolidated to full tensors under the single-device names when a
+checkpoint is written (whatever layout trained it), and sharded back for this run's layout when it resumes.  Every
+function here is a collective under a parallel layout: all ranks call it, in the same order."""
 from __future__ import annotations
-
-import sys
 
 import torch
 import torch.distributed as dist
 
 from parallel.errors import ParallelError
+from parallel.local_state import is_dtensor
 
+# The optimizer file's layout: the state keyed by single-device parameter name, full tensors.
 OPTIMIZER_FORMAT = "full-by-name"
-
-
-def is_dtensor(t) -> bool:
-    """Whether `t` is a DTensor, without importing torch.distributed.tensor (slow to import) into the processes that
-    never shard anything: until FSDP or torch's TP has imported it, no tensor can be one."""
-    module = sys.modules.get("torch.distributed.tensor")
-    return module is not None and isinstance(t, module.DTensor)
 
 
 def gathered_to(group, t: torch.Tensor, rows: int | None = None) -> list[torch.Tensor] | None:
@@ -124,16 +117,3 @@ def load_optimizer_state(par, optimizer: torch.optim.Optimizer, saved: dict) -> 
             index += 1
         torch_groups.append({**{k: v for k, v in saved_group.items() if k != "params"}, "params": ids})
     optimizer.load_state_dict({"state": torch_state, "param_groups": torch_groups})
-
-
-def local_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """Parameter, gradient and optimizer-state bytes this rank holds (its shards only).  A gradient has
-    its parameter's shape and placement, so it is counted from the parameter: the figure is the same
-    between steps, when the gradients have been freed."""
-    local = lambda t: t.to_local() if is_dtensor(t) else t
-    size = lambda t: local(t).numel() * local(t).element_size()
-    params = [p for p in model.parameters() if p.requires_grad]
-    return {"params": sum(size(p) for p in model.parameters()),
-            "grads": sum(size(p) for p in params),
-            "optimizer": sum(size(v) for st in optimizer.state.values() for v in st.values()
-                             if torch.is_tensor(v) and v.dim() > 0)}

@@ -1,12 +1,5 @@
-"""Training checkpoints: what a run saves and resumes from (the files are written and read by storage/).
-
-A checkpoint is an ordinary float artifact (config.json + model.safetensors, consolidated under the
-single-device names whatever the layout) plus `training_state/`: `optimizer.pt` (the optimizer state by
-parameter name, full tensors) and `state.json` (storage/training_state.py: step, data position, RNG, the
-run's TrainConfig).  That
-is enough to resume exactly under any parallel layout.  Saves are atomic (storage/artifact.py), and
-nothing non-finite is ever saved.
-"""
+"""The checkpointer: a run folder claimed for a new or resumed run, its state saved when due and restored on
+resume (the package's docstring says where and how; storage/ writes and reads the files)."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,15 +11,15 @@ import torch.distributed as dist
 from data.loader import WindowSampler
 from model.config import GPTConfig
 from parallel.errors import ParallelError
-from parallel.state import full_model_state, full_optimizer_state, load_optimizer_state
 from runtime.provenance import provenance
 from storage.artifact import WEIGHTS_FILE, artifact_writers, load_model, write_folder_atomically
 from storage.claim import claim_output_folder
 from storage.folder import DiskFull, acquire_writer_lock, release_writer_lock
 from storage.run_folder import TRAINING_TOOL, is_training_checkpoint
 from storage.training_state import OPTIMIZER_FILE, STATE_FILE, TrainingState
+from training.checkpoint.gather import full_model_state, full_optimizer_state, load_optimizer_state
+from training.checkpoint.resume import resumed_config
 from training.config import TrainConfig, TrainingError
-from training.resume import resumed_config
 
 
 def save_through_python(obj, path: Path) -> None:
