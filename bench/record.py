@@ -5,11 +5,7 @@ import json
 from pathlib import Path
 from typing import Any, TypeVar
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt
-
+from bench.plots import plt  # noqa: F401 -- for bench/experiments/first_request.py until it imports bench.plots
 from bench.typed_json import from_json, to_json
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -39,9 +35,3 @@ def read_result(results_dir: Path, name: str, kind: type[T] = dict) -> T | None:
         return None
     return from_json(kind, json.loads(path.read_text()), where=str(path))
 
-
-def save_figure(fig, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=90)
-    plt.close(fig)

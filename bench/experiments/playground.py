@@ -37,13 +37,13 @@ import httpx
 import torch
 
 from bench.browser import TOKEN_TIMELINE, browser_missing, chromium
-from bench.experiment import Experiment, ExperimentError, SettingsError
+from bench.experiment import Experiment, ExperimentError, ExperimentSettings
 from bench.eval.loadtest import PROMPTS, one_request
-from bench.record import plt
+from bench.plots import bars, finish, plt
 from bench.report_page import Page, spread
 from model.config import PRESETS, preset
 from model.gpt import GPT
-from runtime.cli import check_options, non_default_flags, option
+from runtime.cli import non_default_flags, option
 from runtime.provenance import provenance
 from runtime.timing import Environment, Spread, environment, paired_ratio
 from serve.launch import ServerProcess
@@ -56,15 +56,12 @@ STARTUP_TIMEOUT_S = 300.0
 
 
 @dataclass
-class Settings:
+class Settings(ExperimentSettings):
     model: str = option("gpt2", "model preset (random weights)", choices=tuple(PRESETS))
     rounds: int = option(10, "timed rounds, each with every client and condition once (after one untimed round)",
                          min=1)
     first_token_tokens: int = option(8, "max_new_tokens of the first-token requests", min=1)
     cost_tokens: int = option(32, "tokens of each request timed for the cost", min=1)
-
-    def __post_init__(self):
-        check_options(self, SettingsError)
 
 
 @dataclass
@@ -217,16 +214,11 @@ def plot(result: PlaygroundResult):
     left.set_ylabel("ms to the first token")
     left.set_title("first token: the page against a client")
     left.legend()
-    medians = [result.latency_ms[c].median for c in CONDITIONS]
-    errors = [[m - result.latency_ms[c].min for m, c in zip(medians, CONDITIONS)],
-              [result.latency_ms[c].max - m for m, c in zip(medians, CONDITIONS)]]
-    right.bar(range(len(CONDITIONS)), medians, yerr=errors, capsize=4)
+    bars(right, range(len(CONDITIONS)), [result.latency_ms[c] for c in CONDITIONS])
     right.set_xticks(range(len(CONDITIONS)), ["no page\never opened", "page opened\nand closed", "page\nopen"])
     right.set_ylabel(f"ms per {result.cost_tokens}-token request")
     right.set_title("the server's latency, by the page's state")
-    for ax in (left, right):
-        ax.grid(alpha=0.3, axis="y")
-    return fig
+    return finish(fig, (left, right), grid="y")
 
 
 def section(res: PlaygroundResult, page: Page) -> None:

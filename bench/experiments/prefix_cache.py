@@ -31,13 +31,13 @@ import httpx
 import torch
 
 from bench.eval.loadtest import completion_body, run_level
-from bench.experiment import Experiment, ExperimentError, SettingsError
+from bench.experiment import Experiment, ExperimentError, ExperimentSettings
 from bench.experiments.generate_speed import read_bandwidth
 from bench.experiments.serve_speed import random_fp32_artifact
-from bench.record import plt
+from bench.plots import finish, grouped_bars, plt
 from bench.report_page import Page, spread
 from model.config import PRESETS
-from runtime.cli import check_options, non_default_flags, option
+from runtime.cli import non_default_flags, option
 from runtime.timing import Environment, Spread, environment, matmul_rate, paired_ratio
 from serve.launch import running_server
 
@@ -47,7 +47,7 @@ SIDES = ("off", "on")  # --prefix-cache-mb 0 and 256
 
 
 @dataclass
-class Settings:
+class Settings(ExperimentSettings):
     model: str = option("gpt2", "model preset (random weights)", choices=tuple(PRESETS))
     rounds: int = option(2, "timed rounds (after one untimed round)", min=1)
     contexts: int = option(4, "scoring: contexts per round", min=1)
@@ -59,9 +59,6 @@ class Settings:
     questions: int = option(4, "few-shot: requests per level per round", min=1)
     clients: list[int] = option([1, 4], "few-shot: requests at once", min=1)
     new_tokens: int = option(8, "few-shot: tokens generated per request", min=1)
-
-    def __post_init__(self):
-        check_options(self, SettingsError)
 
 
 @dataclass
@@ -170,16 +167,11 @@ def plot(result: PrefixCacheResult):
     left.set_ylabel("scoring requests/s (median)")
     left.set_title("echo + logprobs, max_tokens 0")
     levels = list(result.first_token_speedup)
-    for offset, side in zip((-0.2, 0.2), result.sides):
-        right.bar([i + offset for i in range(len(levels))], [side.first_token_ms[lv].median for lv in levels],
-                  width=0.4, label=f"prefix cache {side.prefix_cache}")
-    right.set_xticks(range(len(levels)), levels)
-    right.set_ylabel("few-shot first token, ms (median)")
+    grouped_bars(right, levels, {f"prefix cache {side.prefix_cache}": [side.first_token_ms[lv] for lv in levels]
+                                 for side in result.sides})
+    right.set_ylabel("few-shot first token, ms (median, min-max)")
     right.legend(fontsize=8)
-    for ax in (left, right):
-        ax.grid(alpha=0.3, axis="y")
-    fig.suptitle(f"{result.model}: prefix caching off and on")
-    return fig
+    return finish(fig, (left, right), f"{result.model}: prefix caching off and on", grid="y")
 
 
 def section(res: PrefixCacheResult, page: Page) -> None:
