@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 
 from bench.plots import plt  # noqa: F401 -- for bench/experiments/first_request.py until it imports bench.plots
 from bench.typed_json import from_json, to_json
+from storage.folder import write_durably
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 T = TypeVar("T")
@@ -21,9 +22,7 @@ def write_result(results_dir: Path, name: str, result: Any) -> Path:
     """`result` (a dataclass or plain JSON values) as results_dir/NAME.json."""
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{name}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(to_json(result), indent=2) + "\n")
-    tmp.replace(path)  # a reader never sees half a file
+    write_durably(path, json.dumps(to_json(result), indent=2) + "\n")  # a reader never sees half a file
     print(f"wrote {path}")
     return path
 

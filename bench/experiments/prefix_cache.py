@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from bench.eval.loadtest import completion_body, run_level
+from bench.eval.loadtest import completion_body, run_level, server_metrics
 from bench.experiment import Experiment, ExperimentError, ExperimentSettings
 from bench.experiments.generate_speed import read_bandwidth
 from bench.experiments.serve_speed import random_fp32_artifact
@@ -118,13 +118,6 @@ def few_shot(url: str, settings: Settings, clients: int, generator: torch.Genera
     return times[len(times) // 2]
 
 
-def metric(url: str, name: str) -> float:
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if line.startswith(f"{name} "):
-            return float(line.split()[1])
-    raise ExperimentError(f"{name} is not in {url}/metrics")
-
-
 def measure(settings: Settings, work_dir: Path) -> PrefixCacheResult:
     artifact = random_fp32_artifact(settings.model, work_dir)
     read, matmul = read_bandwidth(), matmul_rate()
@@ -152,8 +145,8 @@ def measure(settings: Settings, work_dir: Path) -> PrefixCacheResult:
                       f"first token {', '.join(f'{level} {ms:.0f} ms' for level, ms in zip(levels, first))}",
                       flush=True)
         sides = [Side(side, Spread.of(rates[side]), {level: Spread.of(firsts[(side, level)]) for level in levels},
-                      metric(urls[side], "serve_prefix_cache_hits_total"),
-                      metric(urls[side], "serve_prefix_cache_reused_tokens_total")) for side in SIDES]
+                      *server_metrics(urls[side], "serve_prefix_cache_hits_total",
+                                      "serve_prefix_cache_reused_tokens_total")) for side in SIDES]
     command = " ".join(["python -m bench.experiments prefix_cache", *non_default_flags(settings)])
     return PrefixCacheResult(
         settings.model, {k: v for k, v in vars(settings).items()}, sides, paired_ratio(rates["on"], rates["off"]),
