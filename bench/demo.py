@@ -276,7 +276,7 @@ def tour(cfg: DemoConfig) -> None:
 
 
 def host_rates() -> dict:
-    from bench.experiments.generate_speed import read_bandwidth  # the experiment's own measure of the read rate
+    from bench.peers.host_rates import read_bandwidth
     return {"load_average_1m": os.getloadavg()[0], "read_gb_per_s": Spread.of(read_bandwidth()).median,
             "matmul_gflop_per_s": Spread.of(matmul_rate()).median}
 

@@ -27,7 +27,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -39,15 +38,13 @@ import torch
 from bench.browser import TOKEN_TIMELINE, browser_missing, chromium
 from bench.experiment import Experiment, ExperimentError, ExperimentSettings
 from bench.eval.loadtest import PROMPTS, one_request
+from bench.experiments.serve_speed import random_fp32_artifact
 from bench.plots import bars, finish, plt
 from bench.report_page import Page, spread
-from model.config import PRESETS, preset
-from model.gpt import GPT
+from model.config import PRESETS
 from runtime.cli import non_default_flags, option
-from runtime.provenance import provenance
 from runtime.timing import Environment, Spread, environment, paired_ratio
 from serve.launch import ServerProcess
-from storage.artifact import save_artifact
 
 CLIENTS = ("page", "httpx")
 CONDITIONS = ("no page ever opened", "page opened and closed", "page open")
@@ -141,13 +138,7 @@ def measure(settings: Settings, work_dir: Path) -> PlaygroundResult:
     missing = browser_missing()
     if missing:
         raise ExperimentError(f"the playground experiment drives a browser: {missing}")
-    shutil.rmtree(work_dir, ignore_errors=True)  # this experiment's own scratch from last time
-    work_dir.mkdir(parents=True)
-    torch.manual_seed(0)
-    model = GPT(preset(settings.model))
-    artifact = work_dir / "model"
-    save_artifact(artifact, model, model.config, "float", provenance("bench/experiments/playground.py"))
-    del model
+    artifact = random_fp32_artifact(settings.model, work_dir)
     fields = {"prompt": PROMPTS[0], "max_new_tokens": settings.first_token_tokens, "temperature": 0.8, "seed": 1}
     cost_body = {"prompt": PROMPTS[0], "max_new_tokens": settings.cost_tokens, "temperature": 0.8, "seed": 1,
                  "ignore_eos": True}

@@ -32,7 +32,7 @@ import torch
 
 from bench.eval.loadtest import completion_body, run_level, server_metrics
 from bench.experiment import Experiment, ExperimentError, ExperimentSettings
-from bench.experiments.generate_speed import read_bandwidth
+from bench.peers.host_rates import read_bandwidth
 from bench.experiments.serve_speed import random_fp32_artifact
 from bench.plots import finish, grouped_bars, plt
 from bench.report_page import Page, spread
