@@ -10,7 +10,6 @@ import json
 import os
 import random
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,10 +17,11 @@ from pathlib import Path
 import torch
 
 from bench.experiment import ExperimentError, ExperimentSettings, SettingsError
+from bench import train_runs
 from bench.processes import Process, start
 from model.config import GPTConfig
 from model.gpt import GPT
-from runtime.cli import non_default_flags, option
+from runtime.cli import option
 from runtime.provenance import provenance
 from storage.artifact import save_artifact
 from storage.training_state import TrainingState
@@ -33,20 +33,16 @@ DRILL_RUN = TrainConfig(model="tiny", dataset="builtin", device="cpu", batch_siz
                         eval_interval=1000, final_eval_batches=2, warmup_steps=5, lr=2e-3)
 
 
-def train_argv(**changes) -> list[str]:
-    """train.py and its flags for the drills' run with `changes` (typed: a misspelt setting fails here)."""
-    return ["train.py", *non_default_flags(dataclasses.replace(DRILL_RUN, **changes))]
-
-
 def train_command(**changes) -> list[str]:
-    return [sys.executable, *train_argv(**changes)]
+    """train.py's command line for the drills' run with `changes` (typed: a misspelt setting fails here)."""
+    return train_runs.train_command(dataclasses.replace(DRILL_RUN, **changes))
 
 
 def ddp_job(out: Path, *launcher: str, env: dict[str, str] | None = None, **changes) -> Process:
     """The drills' run as a 2-rank DDP job under torchrun (`launcher`: torchrun's own flags), a checkpoint every 5
     steps, into `out`."""
-    return start([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *launcher,
-                  *train_argv(parallel="ddp", checkpoint_interval=5, out_dir=str(out), **changes)], threads=1, env=env)
+    config = dataclasses.replace(DRILL_RUN, parallel="ddp", checkpoint_interval=5, out_dir=str(out), **changes)
+    return start(train_runs.train_command(config, 2, *launcher), threads=1, env=env)
 
 
 def kill_rank_1(job: Process, out: Path, rng: random.Random) -> int:

@@ -33,8 +33,10 @@ from bench.experiment import Experiment, ExperimentError, ExperimentSettings, Se
 from bench.processes import ROOT, STDOUT, run_command, start
 from bench.plots import bars, finish, grouped_bars, plt
 from bench.report_page import Page, num, spread
+from bench.train_runs import train_command
 from runtime.cli import option
 from runtime.timing import Environment, Spread, environment
+from training.config import TrainConfig
 
 SHARED_TEXT = ROOT.parent / "shared" / "data" / "wikitext-103-raw" / "wiki.valid.raw"
 METHODS = ("ours (prepare_split)", "tiktoken encode_ordinary_batch", "datasets.map, nanoGPT-style")
@@ -196,10 +198,10 @@ def run_measured(command: list[str], env: dict) -> tuple[float, int, str]:
     return done.seconds, peak[0], done.stdout
 
 
-def train_command(folder: Path, out: Path) -> list[str]:
-    return ["train.py", "--model", "tiny", "--dataset", str(folder), "--max-steps", "1", "--batch-size", "4",
-            "--block-size", "64", "--eval-interval", "1000", "--final-eval-batches", "1", "--no-curves",
-            "--out-dir", str(out), "--overwrite"]
+def first_start(folder: Path, out: Path, parallel: str = "none") -> TrainConfig:
+    """One step of the tiny model on `folder`'s text: train.py's first start, tokenizing included."""
+    return TrainConfig(model="tiny", dataset=str(folder), max_steps=1, batch_size=4, block_size=64, eval_interval=1000,
+                       final_eval_batches=1, curves=False, out_dir=str(out), overwrite=True, parallel=parallel)
 
 
 def measure_first_starts(settings: Settings, text: bytes, work: Path) -> tuple[list[SplitRun], list[JobRun]]:
@@ -210,7 +212,7 @@ def measure_first_starts(settings: Settings, text: bytes, work: Path) -> tuple[l
         split_bytes = write_wikitext_folder(folder, text, size * GB)
         shutil.rmtree(cache, ignore_errors=True)
         env = {"GPT2_DATA_CACHE": str(cache)}
-        seconds, peak, _ = run_measured([sys.executable, *train_command(folder, work / "run")], env)
+        seconds, peak, _ = run_measured(train_command(first_start(folder, work / "run")), env)
         tokens = sum(len(read_tokens(p)) for p in cache.rglob("train.bin"))
         splits.append(SplitRun(split_bytes, tokens, seconds, peak))
         print(f"{split_bytes / GB:.2f} GB training split: first start {seconds:.0f} s, peak RSS {peak / 2**30:.2f} GiB",
@@ -225,8 +227,7 @@ def measure_first_starts(settings: Settings, text: bytes, work: Path) -> tuple[l
 
 def measure_job(ranks: int, folder: Path, split_bytes: int, cache: Path, env: dict, work: Path) -> JobRun:
     parallel = "ddp" if ranks == 2 else "tp"
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
-               *train_command(folder, work / f"run-{ranks}"), "--parallel", parallel]
+    command = train_command(first_start(folder, work / f"run-{ranks}", parallel), ranks)
     env = {**env, "OMP_NUM_THREADS": "1"}
     shutil.rmtree(cache, ignore_errors=True)
     first_s, first_peak, output = run_measured(command, env)
