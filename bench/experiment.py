@@ -48,6 +48,12 @@ class TrainingSettings(ExperimentSettings):
     device: str = option("auto", "auto, cpu, cuda, ...")
 
 
+@dataclass
+class RandomWeightsSettings(ExperimentSettings):
+    """What the experiments that time a model with random weights (speed does not depend on training) share."""
+    model: str = option("gpt2", "model preset (random weights)", choices=tuple(PRESETS))
+
+
 class Result(Protocol):
     environment: Environment  # the report's machine line and load check read it from every result
 

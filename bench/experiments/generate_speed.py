@@ -50,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from bench.experiment import Experiment, ExperimentSettings, SettingsError
+from bench.experiment import Experiment, RandomWeightsSettings, SettingsError
 from bench.peers.colocated import colocated
 from bench.peers.decode_sides import Sides, SideSpec
 from bench.peers.host_rates import HostRates, measure_in_process, read_bandwidth
@@ -59,7 +59,7 @@ from bench.plots import finish, grouped_bars, plt
 from bench.report_page import Page, spread
 from data.corpus import builtin_documents
 from data.tokenizer import encode
-from model.config import PRESETS, preset
+from model.config import preset
 from decode.steps import DECODE_MODES, fastest_decode
 from model.gpt import GPT
 from model.int8 import HEAD_FORMATS
@@ -76,8 +76,7 @@ SLOWED = ("memory-load", "one-core", "none")
 
 
 @dataclass
-class Settings(ExperimentSettings):
-    model: str = option("gpt2", "model preset (random weights)", choices=tuple(PRESETS))
+class Settings(RandomWeightsSettings):
     prompt_tokens: int = option(32, "prompt length (English text: the built-in corpus's validation split)", min=1)
     # the decode-only rate is that of the tokens after the first
     new_tokens: int = option(128, "tokens generated per row", min=2)

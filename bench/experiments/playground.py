@@ -36,12 +36,11 @@ import httpx
 import torch
 
 from bench.browser import TOKEN_TIMELINE, browser_missing, chromium
-from bench.experiment import Experiment, ExperimentError, ExperimentSettings
+from bench.experiment import Experiment, ExperimentError, RandomWeightsSettings
 from bench.eval.loadtest import PROMPTS, one_request
 from bench.experiments.serve_speed import random_fp32_artifact
 from bench.plots import bars, finish, plt
 from bench.report_page import Page, spread
-from model.config import PRESETS
 from runtime.cli import non_default_flags, option
 from runtime.timing import Environment, Spread, environment, paired_ratio
 from serve.launch import ServerProcess
@@ -53,8 +52,7 @@ STARTUP_TIMEOUT_S = 300.0
 
 
 @dataclass
-class Settings(ExperimentSettings):
-    model: str = option("gpt2", "model preset (random weights)", choices=tuple(PRESETS))
+class Settings(RandomWeightsSettings):
     rounds: int = option(10, "timed rounds, each with every client and condition once (after one untimed round)",
                          min=1)
     first_token_tokens: int = option(8, "max_new_tokens of the first-token requests", min=1)

@@ -31,12 +31,11 @@ import httpx
 import torch
 
 from bench.eval.loadtest import completion_body, run_level, server_metrics
-from bench.experiment import Experiment, ExperimentError, ExperimentSettings
+from bench.experiment import Experiment, ExperimentError, RandomWeightsSettings
 from bench.peers.host_rates import read_bandwidth
 from bench.experiments.serve_speed import random_fp32_artifact
 from bench.plots import finish, grouped_bars, plt
 from bench.report_page import Page, spread
-from model.config import PRESETS
 from runtime.cli import non_default_flags, option
 from runtime.timing import Environment, Spread, environment, matmul_rate, paired_ratio
 from serve.launch import running_server
@@ -47,8 +46,7 @@ SIDES = ("off", "on")  # --prefix-cache-mb 0 and 256
 
 
 @dataclass
-class Settings(ExperimentSettings):
-    model: str = option("gpt2", "model preset (random weights)", choices=tuple(PRESETS))
+class Settings(RandomWeightsSettings):
     rounds: int = option(2, "timed rounds (after one untimed round)", min=1)
     contexts: int = option(4, "scoring: contexts per round", min=1)
     context_tokens: int = option(100, "scoring: tokens per context", min=1)

@@ -40,13 +40,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.experiment import Experiment, ExperimentSettings, SettingsError
+from bench.experiment import Experiment, RandomWeightsSettings, SettingsError
 from bench.eval.loadtest import (PROMPTS, LevelResult, checked, completion_body, exact_request_body, level_name,
                            run_level)
 from bench.plots import finish, grouped_bars, plt
 from bench.report_page import Page, spread
 from data.tokenizer import encode
-from model.config import PRESETS, preset
+from model.config import preset
 from decode.generate import generate
 from model.gpt import GPT
 from model.int8 import quantize_model
@@ -65,8 +65,7 @@ REQUEST_TIMEOUT_S = 600.0
 
 
 @dataclass
-class Settings(ExperimentSettings):
-    model: str = option("gpt2", "model preset (random weights)", choices=tuple(PRESETS))
+class Settings(RandomWeightsSettings):
     new_tokens: int = option(128, "tokens generated per request", min=1)
     clients: list[int] = option([12], "concurrency levels measured beside one client: that many requests sent at "
                                       "once", min=2)
