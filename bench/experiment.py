@@ -1,7 +1,8 @@
 """What a benchmark experiment is.  Each module in bench/experiments/ defines one `Experiment`: its name,
-its settings (an `ExperimentSettings` dataclass: help and bounds in each field's `option`) with a quick and a full
-instance (and a GPU one for the experiments `make bench` runs on a CUDA machine), a measurement returning a
-typed result, a plot of that result and its section of the report.
+its settings (an `ExperimentSettings` dataclass, or one of the kinds below that hold the options several share:
+help and bounds in each field's `option`) with a quick and a full instance (and a GPU one for the experiments
+`make bench` runs on a CUDA machine), a measurement returning a typed result, a plot of that result (drawn with
+bench/plots.py) and its section of the report.
 The registry (bench/experiments/__init__.py) lists them; `python -m bench.experiments`, bench/run_all.py
 and bench/report.py loop over it, and nothing else lists them.
 """
