@@ -39,6 +39,7 @@ from runtime.progress import duration
 from runtime.stopping import Stopped, leaving, signals_held
 from runtime.timing import Spread, environment, matmul_rate
 from storage.artifact import load_model
+from storage.folder import write_durably
 
 RECORDED = ROOT / "bench" / "results" / "demo_time.json"
 TIMES_FILE = ".stage_seconds.json"  # in the output folder: each stage's time when it last ran to the end here
@@ -236,12 +237,7 @@ def run_stage(stage: Stage) -> None:
                         f"fix what it said and run the demo again (the finished stages are kept)")
     if stage.output is not None:
         sys.stdout.write(stdout)
-        partial = stage.output.with_name(f".{stage.output.name}.partial")
-        try:
-            partial.write_text(stdout)
-            os.replace(partial, stage.output)
-        finally:
-            partial.unlink(missing_ok=True)
+        write_durably(stage.output, stdout)
 
 
 def tour(cfg: DemoConfig) -> None:
@@ -280,7 +276,7 @@ def tour(cfg: DemoConfig) -> None:
 
 
 def host_rates() -> dict:
-    from bench.experiments.generate_speed import read_bandwidth  # the experiment's own measure of the read rate
+    from bench.peers.host_rates import read_bandwidth
     return {"load_average_1m": os.getloadavg()[0], "read_gb_per_s": Spread.of(read_bandwidth()).median,
             "matmul_gflop_per_s": Spread.of(matmul_rate()).median}
 

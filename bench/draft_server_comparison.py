@@ -15,9 +15,8 @@ import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 
-from bench.eval.loadtest import LoadTestError, checked, exact_request_body, level_name, run_level
+from bench.eval.loadtest import checked, exact_request_body, level_name, run_level, server_metrics
 from runtime.timing import Spread, paired_ratio, time_interleaved
 from serve.launch import ServerProcess
 
@@ -56,19 +55,9 @@ def request_body(decoding: str):
     return body
 
 
-def draft_counters(url: str) -> tuple[float, float]:
-    """The draft server's proposed and accepted draft tokens so far, from its /metrics text."""
-    names = ("serve_draft_tokens_proposed_total", "serve_draft_tokens_accepted_total")
-    values = {}
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in names:
-            values[name] = float(value)
-    missing = [name for name in names if name not in values]
-    if missing:
-        raise LoadTestError(f"{url}/metrics has no {', '.join(missing)}: the server does not decode with a draft "
-                            f"(start it with --draft)")
-    return values[names[0]], values[names[1]]
+def draft_counters(url: str) -> list[float]:
+    """The draft server's proposed and accepted draft tokens so far."""
+    return server_metrics(url, "serve_draft_tokens_proposed_total", "serve_draft_tokens_accepted_total")
 
 
 def compare_servers(target: Path, draft_name: str, draft: Path, draft_tokens: int, clients: list[int],

@@ -1,7 +1,8 @@
 """What a benchmark experiment is.  Each module in bench/experiments/ defines one `Experiment`: its name,
-its settings (a dataclass: help in field metadata, checks in `__post_init__`) with a quick and a full
-instance (and a GPU one for the experiments `make bench` runs on a CUDA machine), a measurement returning a
-typed result, a plot of that result and its section of the report.
+its settings (an `ExperimentSettings` dataclass, or one of the kinds below that hold the options several share:
+help and bounds in each field's `option`) with a quick and a full instance (and a GPU one for the experiments
+`make bench` runs on a CUDA machine), a measurement returning a typed result, a plot of that result (drawn with
+bench/plots.py) and its section of the report.
 The registry (bench/experiments/__init__.py) lists them; `python -m bench.experiments`, bench/run_all.py
 and bench/report.py loop over it, and nothing else lists them.
 """
@@ -12,9 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Generic, Protocol, TypeVar
 
-from bench.record import RESULTS_DIR, read_result, save_figure, write_result
+from bench.plots import save_figure
+from bench.record import RESULTS_DIR, read_result, write_result
 from bench.report_page import Page
-from runtime.cli import non_default_flags
+from model.config import PRESETS
+from runtime.cli import check_options, non_default_flags, option
 from runtime.errors import UserError
 from runtime.timing import Environment
 
@@ -27,6 +30,29 @@ class SettingsError(UserError):
 
 class ExperimentError(UserError):
     """An experiment that cannot run as asked: a tool it starts failed, or an input is missing."""
+
+
+@dataclass
+class ExperimentSettings:
+    """The base of every experiment's settings: each field is a `runtime.cli.option`, whose bounds are checked
+    when the settings are made; a subclass with checks of its own calls `super().__post_init__()` first."""
+
+    def __post_init__(self):
+        check_options(self, SettingsError)
+
+
+@dataclass
+class TrainingSettings(ExperimentSettings):
+    """What the experiments that time training share: the model, its text and the device."""
+    model: str = option("tiny", "model preset", choices=tuple(PRESETS))
+    dataset: str = option("builtin", "training text (and validation text where it evaluates)")
+    device: str = option("auto", "auto, cpu, cuda, ...")
+
+
+@dataclass
+class RandomWeightsSettings(ExperimentSettings):
+    """What the experiments that time a model with random weights (speed does not depend on training) share."""
+    model: str = option("gpt2", "model preset (random weights)", choices=tuple(PRESETS))
 
 
 class Result(Protocol):

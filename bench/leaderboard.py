@@ -21,23 +21,10 @@ if __name__ == "__main__":  # first: a stop sent while the imports below take se
     note_stops_while_starting()
 
 import json
-import os
-from pathlib import Path
 
 from bench.eval.scorecard import LeaderboardConfig, scorecard
 from runtime.cli import entry_point, parse_config
-
-
-def write_whole(path: Path, text: str) -> None:
-    """Written beside and renamed into place: a stop never leaves half a scorecard at --out."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        partial.write_text(text)
-        os.replace(partial, path)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
+from storage.folder import write_durably
 
 
 # A stop (SIGINT or SIGTERM) ends its training runs with it (bench/processes.py) and their temporary folder.
@@ -47,8 +34,9 @@ def main(argv=None) -> dict:
     score = scorecard(args)
     text = json.dumps(score, indent=2)
     print(text)
-    if args.out:
-        write_whole(args.out, text + "\n")
+    if args.out:  # written beside and renamed into place: a stop never leaves half a scorecard at --out
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        write_durably(args.out, text + "\n")
     return score
 
 

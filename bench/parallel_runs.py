@@ -7,28 +7,21 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.experiment import SettingsError
+from bench.experiment import SettingsError, TrainingSettings
 from bench.train_runs import run_train, window_summary
-from model.config import PRESETS
 from parallel.layout import parallel_dims
-from runtime.cli import check_options, option
+from runtime.cli import option
 from runtime.timing import Spread
 from training.config import TrainConfig
 
 
 @dataclass
-class ParallelSettings:
-    model: str = option("tiny", "model preset", choices=tuple(PRESETS))
-    dataset: str = option("builtin", "training text")
+class ParallelSettings(TrainingSettings):
     block_size: int = option(128, "tokens per sequence", min=1)
     steps_per_window: int = option(4, "optimizer steps per log window", min=1)
     windows: int = option(2, "timed log windows (after one warm-up window)", min=1)
     threads: int = option(1, "OMP_NUM_THREADS per rank", min=1)
     timeout_s: float = option(600, "per torchrun job", min=1)
-    device: str = option("auto", "auto, cpu, cuda, ...")
-
-    def __post_init__(self):
-        check_options(self, SettingsError)
 
 
 @dataclass

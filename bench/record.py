@@ -5,12 +5,9 @@ import json
 from pathlib import Path
 from typing import Any, TypeVar
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt
-
+from bench.plots import plt  # noqa: F401 -- for bench/experiments/first_request.py until it imports bench.plots
 from bench.typed_json import from_json, to_json
+from storage.folder import write_durably
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 T = TypeVar("T")
@@ -25,9 +22,7 @@ def write_result(results_dir: Path, name: str, result: Any) -> Path:
     """`result` (a dataclass or plain JSON values) as results_dir/NAME.json."""
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{name}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(to_json(result), indent=2) + "\n")
-    tmp.replace(path)  # a reader never sees half a file
+    write_durably(path, json.dumps(to_json(result), indent=2) + "\n")  # a reader never sees half a file
     print(f"wrote {path}")
     return path
 
@@ -39,9 +34,3 @@ def read_result(results_dir: Path, name: str, kind: type[T] = dict) -> T | None:
         return None
     return from_json(kind, json.loads(path.read_text()), where=str(path))
 
-
-def save_figure(fig, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=90)
-    plt.close(fig)

@@ -63,11 +63,12 @@ class TrainRun:
         return self.step_records[skip:]
 
 
-def train_command(config: TrainConfig, nproc: int | None) -> list[str]:
-    """train.py's command line for `config` (its flags that differ from the defaults)."""
+def train_command(config: TrainConfig, nproc: int | None = None, *launcher: str) -> list[str]:
+    """train.py's command line for `config` (its flags that differ from the defaults): one process, or `nproc` ranks
+    under torchrun with its own flags `launcher` besides."""
     if nproc is None:
         return [sys.executable, str(TRAIN_SCRIPT), *non_default_flags(config)]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *launcher,
             str(TRAIN_SCRIPT), *non_default_flags(config)]
 
 

@@ -28,8 +28,8 @@ def option(default, help_text: str, *, min=None, max=None, above=None, below=Non
            **metadata):
     """A config field whose help (and `choices`, `positional=True`, or `bare=VALUE`: the flag alone means
     VALUE, as `--resume` means `--resume yes`) the command line shows.  `min`/`max` (inclusive) and
-    `above`/`below` (exclusive) bound its value, or each value of a list, which then holds at least one value
-    unless `may_be_empty`; `check_options` enforces them."""
+    `above`/`below` (exclusive) bound its value, or each value of a list; a list so bounded, or with `choices`,
+    holds at least one value unless `may_be_empty`.  `check_options` enforces them."""
     bounds = {name: bound for name, bound in (("min", min), ("above", above), ("max", max), ("below", below))
               if bound is not None}
     metadata = {"help": help_text, **metadata, **({"bounds": bounds} if bounds else {}),
@@ -47,15 +47,15 @@ def flag(name: str) -> str:
 def check_options(config, error: type[Exception]) -> None:
     """For `__post_init__`: raise `error` (the tool's UserError) for the first field of the dataclass instance
     `config` outside its `option` bounds, in one form for every tool: `--batch-size must be at least 1, got 0`,
-    or a bounded list left empty (`--batch-sizes needs at least one value`).  None passes: a field that may be
-    None says "not given" or "none" with it, and bounds are for numbers."""
+    or a bounded or choice list left empty (`--batch-sizes needs at least one value`).  None passes: a field that
+    may be None says "not given" or "none" with it, and bounds are for numbers."""
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
-        if "bounds" not in f.metadata or value is None:
+        if not {"bounds", "choices"} & f.metadata.keys() or value is None:
             continue
         if value == [] and not f.metadata.get("may_be_empty"):
             raise error(f"{flag(f.name)} needs at least one value")
-        problem = _outside_bounds(value, f.metadata["bounds"])
+        problem = _outside_bounds(value, f.metadata.get("bounds", {}))
         if problem:
             raise error(f"{flag(f.name)} {problem}")
 

@@ -257,7 +257,7 @@ def _replace_files(folder: Path, names: list[str], previous: list[str]) -> None:
             dst = folder / name
             dst.parent.mkdir(parents=True, exist_ok=True)
             os.replace(src, dst)
-    _write_durably(folder / CONTENTS_FILE, json.dumps(sorted(set(previous) | set(names))))
+    write_durably(folder / CONTENTS_FILE, json.dumps(sorted(set(previous) | set(names))))
     _fsync_dir(folder)
 
 
@@ -268,7 +268,7 @@ def _signals_held():
     return signals_held(HELD_SIGNALS)
 
 
-def _write_durably(path: Path, text: str) -> None:
+def write_durably(path: Path, text: str) -> None:
     """Write, fsync and rename into place, so the file is either the old one or the whole new one."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)  # a leftover may be a hard link to another folder's file: never write through it
@@ -302,7 +302,7 @@ def write_folder_atomically(folder: str | Path, writers: dict[str, Callable[[Pat
         with ExitStack() as moving:
             try:
                 _stage(staging, writers)
-                _write_durably(staging / JOURNAL, json.dumps(sorted(writers)))
+                write_durably(staging / JOURNAL, json.dumps(sorted(writers)))
                 moving.enter_context(_swap_lock(folder, fcntl.LOCK_EX))  # reads under way finish first
                 moving.enter_context(_signals_held())  # until the last rename
             except BaseException as e:  # Ctrl-C or a failing writer before anything moved: the save never happened

@@ -5,7 +5,6 @@ load.
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 from bench.drills.drill import Drill, DrillSettings, last_error_line, saved_step, train_command
@@ -14,14 +13,13 @@ from storage.artifact import load_model
 
 
 def run(s: DrillSettings, work: Path) -> Drill:
-    started = time.perf_counter()
     disk = work / "full-disk"
     disk.mkdir()
     # Room for the tiny model's checkpoint (weights and Adam moments) once, not for staging a second beside it.
     mounted = run_command(["mount", "-t", "tmpfs", "-o", "size=150m", "tmpfs", str(disk)])
     if mounted.returncode:
-        return Drill("disk full during a save", 0, 0, "-", time.perf_counter() - started,
-                     [f"not run: mounting a small tmpfs failed ({last_error_line(mounted.stderr)}); needs root"])
+        return Drill("disk full during a save", 0, 0, "-",
+                     notes=[f"not run: mounting a small tmpfs failed ({last_error_line(mounted.stderr)}); needs root"])
     failures, notes = 0, []
     try:
         for trial in range(s.disk_full_runs):
@@ -39,5 +37,4 @@ def run(s: DrillSettings, work: Path) -> Drill:
             shutil.rmtree(out, ignore_errors=True)
     finally:
         run_command(["umount", str(disk)])
-    return Drill("disk full during a save", s.disk_full_runs, failures, "-", time.perf_counter() - started,
-                 notes[:2])
+    return Drill("disk full during a save", s.disk_full_runs, failures, "-", notes=notes[:2])

@@ -1,22 +1,27 @@
 """What a fault drill is, and what the drills share.  A drill (one module each in bench/drills/) runs the real
 tools in their own processes under one suite's settings and returns a `Drill`: its trials, failures, the work lost
-and notes.  Shared: the drills' training run, reading what a run logged and saved, the small served model, and
-torchrun's worker processes.
+and notes (the faults experiment times it).  Shared: the drills' training run, alone or as a 2-rank DDP job whose
+rank 1 is killed, reading what a run logged and saved, and the small served model.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-import sys
-from dataclasses import dataclass
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from bench.experiment import SettingsError
+from bench.experiment import ExperimentError, ExperimentSettings, SettingsError
+from bench import train_runs
+from bench.processes import Process, start
 from model.config import GPTConfig
 from model.gpt import GPT
-from runtime.cli import check_options, non_default_flags, option
+from runtime.cli import option
 from runtime.provenance import provenance
 from storage.artifact import save_artifact
 from storage.training_state import TrainingState
@@ -28,17 +33,35 @@ DRILL_RUN = TrainConfig(model="tiny", dataset="builtin", device="cpu", batch_siz
                         eval_interval=1000, final_eval_batches=2, warmup_steps=5, lr=2e-3)
 
 
-def train_argv(**changes) -> list[str]:
-    """train.py and its flags for the drills' run with `changes` (typed: a misspelt setting fails here)."""
-    return ["train.py", *non_default_flags(dataclasses.replace(DRILL_RUN, **changes))]
-
-
 def train_command(**changes) -> list[str]:
-    return [sys.executable, *train_argv(**changes)]
+    """train.py's command line for the drills' run with `changes` (typed: a misspelt setting fails here)."""
+    return train_runs.train_command(dataclasses.replace(DRILL_RUN, **changes))
+
+
+def ddp_job(out: Path, *launcher: str, env: dict[str, str] | None = None, **changes) -> Process:
+    """The drills' run as a 2-rank DDP job under torchrun (`launcher`: torchrun's own flags), a checkpoint every 5
+    steps, into `out`."""
+    config = dataclasses.replace(DRILL_RUN, parallel="ddp", checkpoint_interval=5, out_dir=str(out), **changes)
+    return start(train_runs.train_command(config, 2, *launcher), threads=1, env=env)
+
+
+def kill_rank_1(job: Process, out: Path, rng: random.Random) -> int:
+    """SIGKILL to the job's rank 1 at a random moment of the checkpoint interval after its first checkpoint; the
+    last step it had logged then."""
+    while saved_step(out) < 5 and job.poll() is None:
+        time.sleep(0.05)
+    time.sleep(rng.uniform(0.2, 2.0))
+    trained = max(logged_losses(out), default=0)
+    victim = worker_pids(job.pid).get(1)
+    if victim is None:
+        job.kill_all()
+        raise ExperimentError(f"torchrun's rank 1 was not found: {job.finish().stderr[-300:]}")
+    os.kill(victim, signal.SIGKILL)
+    return trained
 
 
 @dataclass
-class DrillSettings:
+class DrillSettings(ExperimentSettings):
     reader_steps: int = option(12, "steps of the run read during saves (one save a step)", min=1)
     readers: int = option(2, "reader processes beside that run", min=1)
     kills: int = option(3, "kill -9 drills", min=1)
@@ -57,7 +80,7 @@ class DrillSettings:
     seed: int = option(0, "seed of the kill moments")
 
     def __post_init__(self):
-        check_options(self, SettingsError)
+        super().__post_init__()
         for mode in self.grace_modes:
             if mode not in ("tp", "fsdp"):
                 raise SettingsError(f"--grace-modes takes tp and fsdp, got {mode!r}")
@@ -69,8 +92,8 @@ class Drill:
     trials: int
     failures: int
     work_lost: str  # in the drill's own unit, or "-" where nothing can be lost
-    seconds: float
-    notes: list[str]
+    seconds: float = 0.0  # the whole drill's, set by the faults experiment that runs it
+    notes: list[str] = field(default_factory=list)
 
 
 def last_error_line(text: str) -> str:
@@ -82,6 +105,12 @@ def last_error_line(text: str) -> str:
 
 def steps(n: int) -> str:
     return f"{n} step{'' if n == 1 else 's'}"
+
+
+def resumed_step(stdout: str) -> int | None:
+    """The step train.py said it resumed from (its `resumed ... step N` line), or None."""
+    return next((int(line.split()[-1]) for line in stdout.splitlines()
+                 if line.startswith("resumed") and line.split()[-1].isdigit()), None)
 
 
 def logged_losses(folder: Path) -> dict[int, float]:

@@ -9,14 +9,15 @@ import signal
 import time
 from pathlib import Path
 
-from bench.drills.drill import Drill, DrillSettings, last_error_line, logged_losses, saved_step, steps, train_command
+from bench.drills.drill import (Drill, DrillSettings, last_error_line, logged_losses, resumed_step, saved_step, steps,
+                                train_command)
 from bench.experiment import ExperimentError
 from bench.processes import DEVNULL, run_command, start
 from storage.folder import STAGING_DIR
 
 
 def run(s: DrillSettings, work: Path) -> Drill:
-    started, rng = time.perf_counter(), random.Random(s.seed)
+    rng = random.Random(s.seed)
     reference = work / "kill-reference"
     done = run_command(train_command(max_steps=s.kill_steps, checkpoint_interval=1000, out_dir=str(reference)))
     if not done.ok:
@@ -38,8 +39,7 @@ def run(s: DrillSettings, work: Path) -> Drill:
         trained = max(logged_losses(out), default=0)
         resumed = run_command(train_command(max_steps=s.kill_steps, checkpoint_interval=1, out_dir=str(out),
                                             resume="yes"))
-        resumed_at = next((int(w) for line in resumed.stdout.splitlines() if line.startswith("resumed")
-                           for w in line.split()[-1:] if w.isdigit()), None)
+        resumed_at = resumed_step(resumed.stdout)
         got = logged_losses(out).get(s.kill_steps)
         if resumed.returncode or got is None or abs(got - expected) > 1e-6 * abs(expected):
             failures += 1
@@ -49,5 +49,4 @@ def run(s: DrillSettings, work: Path) -> Drill:
             lost.append(max(0, trained - resumed_at))
     notes.append(f"{inside_a_save} of {s.kills} kills landed while a save was being staged or moved")
     return Drill("kill -9 during saves, then resume", s.kills, failures,
-                 f"{steps(sum(lost))} in all (at most {max(lost, default=0)} per kill)",
-                 time.perf_counter() - started, notes)
+                 f"{steps(sum(lost))} in all (at most {max(lost, default=0)} per kill)", notes=notes)

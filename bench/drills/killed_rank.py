@@ -4,39 +4,25 @@ error.  Work lost: steps after the last checkpoint.
 """
 from __future__ import annotations
 
-import os
 import random
-import signal
-import sys
 import time
 from pathlib import Path
 
-from bench.drills.drill import (Drill, DrillSettings, last_error_line, logged_losses, saved_step, steps, train_argv,
-                                worker_pids)
+from bench.drills.drill import (Drill, DrillSettings, ddp_job, kill_rank_1, last_error_line, logged_losses, saved_step,
+                                steps)
 from bench.experiment import ExperimentError
-from bench.processes import DEVNULL, start
 
 
 def run(s: DrillSettings, work: Path) -> Drill:
     if not Path("/proc/self/task").exists():
         raise ExperimentError("the killed-rank drill finds torchrun's workers through /proc (Linux)")
-    started, rng = time.perf_counter(), random.Random(s.seed)
+    rng = random.Random(s.seed)
     failures, lost, notes = 0, [], []
     for trial in range(s.rank_kills):
         out = work / f"rank-{trial}"
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                   *train_argv(parallel="ddp", max_steps=500, checkpoint_interval=5, dist_timeout_s=s.dist_timeout_s,
-                               out_dir=str(out))]
-        job = start(command, threads=1, stdout=DEVNULL)
-        while saved_step(out) < 5 and job.poll() is None:
-            time.sleep(0.05)
-        time.sleep(rng.uniform(0.2, 2.0))  # somewhere in the next checkpoint interval (5 steps)
-        victim = worker_pids(job.pid).get(1)
-        if victim is None:
-            job.kill_all()
-            raise ExperimentError(f"torchrun's rank 1 was not found: {job.finish().stderr[-300:]}")
+        job = ddp_job(out, max_steps=500, dist_timeout_s=s.dist_timeout_s)
+        kill_rank_1(job, out, rng)
         killed_at = time.monotonic()
-        os.kill(victim, signal.SIGKILL)
         done = job.finish(timeout_s=s.dist_timeout_s + 60)
         ended_s = None if done.returncode is None else time.monotonic() - killed_at
         trained = max(logged_losses(out), default=0)
@@ -47,5 +33,4 @@ def run(s: DrillSettings, work: Path) -> Drill:
         else:
             notes.append(f"trial {trial}: ended {ended_s:.1f} s after the kill, exit {done.returncode}: "
                          f"{last_error_line(done.stderr)}")
-    return Drill("one rank of 2 killed (DDP, gloo)", s.rank_kills, failures,
-                 f"{steps(sum(lost))} in all", time.perf_counter() - started, notes)
+    return Drill("one rank of 2 killed (DDP, gloo)", s.rank_kills, failures, f"{steps(sum(lost))} in all", notes=notes)

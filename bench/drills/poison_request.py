@@ -3,7 +3,6 @@ failure is any greedy answer that differs from its answer alone, or a 500 or int
 """
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -14,7 +13,6 @@ from serve.launch import running_server
 
 
 def run(s: DrillSettings, work: Path) -> Drill:
-    started = time.perf_counter()
     failures, notes = 0, []
     greedy = [{"prompt": f"drill {i}", "max_new_tokens": 24, "temperature": 0} for i in range(s.greedy_per_batch)]
     poisons = [{"prompt": "poison", "max_new_tokens": 24, "temperature": 7.3e-39},
@@ -33,5 +31,4 @@ def run(s: DrillSettings, work: Path) -> Drill:
                 failures += 1
                 notes.append(f"trial {trial}: poison answered {replies[0].status_code} {replies[0].text[:120]}; "
                              f"greedy rows equal to alone: {together == alone}")
-    return Drill("poison request in a greedy batch", s.poison_batches, failures, "-",
-                 time.perf_counter() - started, notes)
+    return Drill("poison request in a greedy batch", s.poison_batches, failures, "-", notes=notes)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 from bench.drills.drill import Drill, DrillSettings, last_error_line, saved_step, steps, train_command
@@ -15,7 +14,6 @@ from bench.processes import INHERIT, run_command, start
 
 def run(s: DrillSettings, work: Path) -> Drill:
     out, stop = work / "readers", work / "readers.stop"
-    started = time.perf_counter()
     readers = [start([sys.executable, "-m", "bench.workloads.checkpoint_reader", str(out), str(stop)], stderr=INHERIT)
                for _ in range(s.readers)]
     training = run_command(train_command(max_steps=s.reader_steps, checkpoint_interval=1, out_dir=str(out)))
@@ -27,4 +25,4 @@ def run(s: DrillSettings, work: Path) -> Drill:
         notes.append(f"training failed: {last_error_line(training.stderr)}")
     lost = s.reader_steps - saved_step(out)
     return Drill("readers during saves", sum(r["reads"] for r in reports), len(errors) + (training.returncode != 0),
-                 steps(lost), time.perf_counter() - started, notes)
+                 steps(lost), notes=notes)

@@ -108,6 +108,16 @@ def level_name(clients: int) -> str:
     return f"{clients} client{'s' if clients > 1 else ''}"
 
 
+def server_metrics(url: str, *names: str) -> list[float]:
+    """The values of the counters `names` in a server's /metrics text, in that order."""
+    values = dict(line.rsplit(" ", 1) for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines()
+                  if line and not line.startswith("#"))
+    missing = [name for name in names if name not in values]
+    if missing:
+        raise LoadTestError(f"{url}/metrics has no {', '.join(missing)}")
+    return [float(values[name]) for name in names]
+
+
 def checked(level: LevelResult, new_tokens: int) -> LevelResult:
     """A level in which every request made exactly `new_tokens` tokens, or an error naming the first failure."""
     for outcome in level.outcomes:

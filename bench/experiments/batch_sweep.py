@@ -21,23 +21,21 @@ from pathlib import Path
 
 import torch
 
-from bench.experiment import Experiment, SettingsError
-from bench.record import plt
+from bench.experiment import Experiment, SettingsError, TrainingSettings
+from bench.plots import finish, plt
 from bench.report_page import Page, mib, num, spread
 from data.loader import WindowSampler
 from data.token_files import load_split
-from model.config import PRESETS, preset
+from model.config import preset
 from model.gpt import GPT
-from runtime.cli import check_options, option
+from runtime.cli import option
 from runtime.device import choose_device, is_out_of_memory, peak_memory_bytes, precision_policy, release_memory
 from runtime.timing import Environment, Spread, environment, time_repeats
 from training.step import TrainStep
 
 
 @dataclass
-class Settings:
-    model: str = option("tiny", "model preset", choices=tuple(PRESETS))
-    dataset: str = option("builtin", "training text")
+class Settings(TrainingSettings):
     block_size: int | None = option(None, "tokens per sequence (default: the model's "
                                           "context)", min=1)
     max_batch: int = option(256, "largest micro-batch tried (doubling from 1)", min=1)
@@ -45,10 +43,6 @@ class Settings:
     repeats: int = option(2, "timed repeats per batch size", min=1)
     memory_limit_gib: float = option(6.0, "CPU only: address-space cap above the "
                                           "starting size (0: no cap)", min=0)
-    device: str = option("auto", "auto, cpu, cuda, ...")
-
-    def __post_init__(self):
-        check_options(self, SettingsError)
 
 
 @dataclass
@@ -164,12 +158,10 @@ def plot(result: BatchSweep):
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("micro-batch size")
-        ax.grid(alpha=0.3)
         if result.limit.batch_size:
             ax.axvline(result.limit.batch_size, color="red", linestyle="--", label=result.limit.reason)
-            ax.legend()
-    fig.suptitle(f"{result.model}, block {result.block_size}")
-    return fig
+    return finish(fig, (left, right), f"{result.model}, block {result.block_size}",
+                  legend=bool(result.limit.batch_size))
 
 
 def section(res: BatchSweep, page: Page) -> None:

@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.experiment import Experiment, SettingsError
+from bench.experiment import Experiment
 from bench.parallel_runs import ParallelRow, ParallelSettings, run_parallel
-from bench.record import plt
+from bench.plots import finish, plt
 from bench.report_page import MiB, Page, mib, num, spread
 from runtime.cli import option
 from runtime.device import choose_device
@@ -44,11 +44,6 @@ class Settings(ParallelSettings):
     modes: list[str] = option(list(MODES), "--parallel modes of train.py", choices=MODES)
     world_sizes: list[int] = option([1, 2, 4], "ranks per job", min=1)
     global_batch: int = option(8, "sequences per step, over all ranks", min=1)
-
-    def __post_init__(self):
-        super().__post_init__()  # checks the bounds of these fields too
-        if not self.modes:
-            raise SettingsError("--modes needs at least one mode")
 
 
 @dataclass
@@ -121,11 +116,8 @@ def plot(result: CommStrategies):
     speed.set_xlabel("ranks")
     speed.set_ylabel("speedup over 1 rank (same global batch)")
     speed.legend(fontsize=8)
-    for ax in (bars, speed):
-        ax.grid(alpha=0.3)
-    fig.suptitle(f"{result.model}, global batch {result.global_batch} x block {result.block_size}, "
-                 f"{result.threads_per_rank} thread(s) per rank")
-    return fig
+    return finish(fig, (bars, speed), f"{result.model}, global batch {result.global_batch} x block "
+                                      f"{result.block_size}, {result.threads_per_rank} thread(s) per rank")
 
 
 def section(res: CommStrategies, page: Page) -> None:

@@ -16,11 +16,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.experiment import Experiment, ExperimentError, SettingsError
-from bench.record import plt
+from bench.experiment import Experiment, ExperimentError, ExperimentSettings
+from bench.plots import finish, grouped_bars, plt
 from bench.report_page import Page, num
 from bench.processes import ROOT, STDOUT, run_command
-from runtime.cli import check_options, option
+from runtime.cli import option
 from runtime.device import choose_device
 from runtime.timing import Environment, environment
 from storage.run_folder import default_checkpoint
@@ -31,7 +31,7 @@ METHODS = ("magnitude", "row", "wanda")
 
 
 @dataclass
-class Settings:
+class Settings(ExperimentSettings):
     checkpoint: str | None = option(None, "float artifact to compress (default: the "
                                           "train.py checkpoint under out/ trained longest)")
     prune_report: str | None = option(None, "gather this prune_report.json instead of "
@@ -50,11 +50,6 @@ class Settings:
     new_tokens: int = option(32, "both tools: tokens per timed generation", min=1)
     speed_seq_len: int = option(128, "prune/: length of the timed forward passes", min=1)
     timeout_s: float = option(900, "per tool run", min=1)
-
-    def __post_init__(self):
-        check_options(self, SettingsError)
-        if not self.methods:
-            raise SettingsError("--methods needs at least one pruning method")
 
 
 @dataclass
@@ -206,19 +201,12 @@ def plot(result: Compression):
     curves.set_xlabel("sparsity of the pruned tensors")
     curves.set_ylabel("validation loss (after fine-tuning)")
     curves.set_title("pruning")
-    curves.grid(alpha=0.3)
-    curves.legend()
     quant = result.quantization
-    labels = list(quant.tokens_per_s)
-    xs = range(len(labels))
-    bars.bar([x - 0.2 for x in xs], [quant.tokens_per_s[k].float for k in labels], width=0.4, label="float")
-    bars.bar([x + 0.2 for x in xs], [quant.tokens_per_s[k].int8 for k in labels], width=0.4, label="int8")
-    bars.set_xticks(list(xs), labels)
+    speeds = quant.tokens_per_s.values()
+    grouped_bars(bars, list(quant.tokens_per_s), {"float": [t.float for t in speeds], "int8": [t.int8 for t in speeds]})
     bars.set_ylabel("generated tokens / s")
     bars.set_title(f"int8: loss {quant.val_loss.change_pct:+.2f}%, size x{quant.size_ratio:.2f}")
-    bars.grid(alpha=0.3)
-    bars.legend()
-    return fig
+    return finish(fig, (curves, bars), legend=True)
 
 
 def section(res: Compression, page: Page) -> None:

@@ -18,26 +18,23 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from bench.experiment import Experiment, SettingsError
-from bench.record import plt
+from bench.experiment import Experiment, ExperimentSettings
+from bench.plots import finish, plt
 from bench.report_page import Page, num, spread
 from data.loader import WindowSampler
 from data.token_files import load_split
-from runtime.cli import check_options, option
+from runtime.cli import option
 from runtime.timing import Environment, Spread, environment
 
 
 @dataclass
-class Settings:
+class Settings(ExperimentSettings):
     dataset: str = option("builtin", "the corpus whose training split is loaded")
     block_size: int = option(256, "tokens per sequence", min=1)
     batch_size: int = option(8, "sequences per batch", min=1)
     batches: int = option(200, "batches timed per setting (after the first)", min=1)
     max_workers: int = option(os.cpu_count() or 1, "largest num_workers tried", min=0)
     repeats: int = option(3, "timed repeats per setting", min=1)
-
-    def __post_init__(self):
-        check_options(self, SettingsError)
 
 
 @dataclass
@@ -127,10 +124,8 @@ def plot(result: DataLoading):
     right.set_ylabel("ms to the first batch")
     for ax in (left, right):
         ax.set_xlabel("num_workers")
-        ax.grid(alpha=0.3)
     left.legend()
-    fig.suptitle(f"batch {result.batch_size} x block {result.block_size} from {result.dataset}")
-    return fig
+    return finish(fig, (left, right), f"batch {result.batch_size} x block {result.block_size} from {result.dataset}")
 
 
 def section(res: DataLoading, page: Page) -> None:

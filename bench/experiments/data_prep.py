@@ -29,12 +29,14 @@ from pathlib import Path
 
 import torch
 
-from bench.experiment import Experiment, ExperimentError, SettingsError
+from bench.experiment import Experiment, ExperimentError, ExperimentSettings, SettingsError
 from bench.processes import ROOT, STDOUT, run_command, start
-from bench.record import plt
+from bench.plots import bars, finish, grouped_bars, plt
 from bench.report_page import Page, num, spread
-from runtime.cli import check_options, option
+from bench.train_runs import train_command
+from runtime.cli import option
 from runtime.timing import Environment, Spread, environment
+from training.config import TrainConfig
 
 SHARED_TEXT = ROOT.parent / "shared" / "data" / "wikitext-103-raw" / "wiki.valid.raw"
 METHODS = ("ours (prepare_split)", "tiktoken encode_ordinary_batch", "datasets.map, nanoGPT-style")
@@ -43,7 +45,7 @@ MB = 1e6
 
 
 @dataclass
-class Settings:
+class Settings(ExperimentSettings):
     source: Path = option(SHARED_TEXT, "a WikiText raw file whose text is repeated (the shared validation split)")
     speed_mb: float = option(200.0, "megabytes of text tokenized by each method in the speed rounds", above=0)
     repeats: int = option(3, "speed rounds; the methods take turns within a round", min=1)
@@ -53,7 +55,7 @@ class Settings:
                                    "cores)", min=1)
 
     def __post_init__(self):
-        check_options(self, SettingsError)
+        super().__post_init__()
         if any(r == 1 or r < 0 for r in self.ranks):
             raise SettingsError(f"--ranks takes process counts of 2 or more (or 0 for none), got {self.ranks}")
 
@@ -196,10 +198,10 @@ def run_measured(command: list[str], env: dict) -> tuple[float, int, str]:
     return done.seconds, peak[0], done.stdout
 
 
-def train_command(folder: Path, out: Path) -> list[str]:
-    return ["train.py", "--model", "tiny", "--dataset", str(folder), "--max-steps", "1", "--batch-size", "4",
-            "--block-size", "64", "--eval-interval", "1000", "--final-eval-batches", "1", "--no-curves",
-            "--out-dir", str(out), "--overwrite"]
+def first_start(folder: Path, out: Path, parallel: str = "none") -> TrainConfig:
+    """One step of the tiny model on `folder`'s text: train.py's first start, tokenizing included."""
+    return TrainConfig(model="tiny", dataset=str(folder), max_steps=1, batch_size=4, block_size=64, eval_interval=1000,
+                       final_eval_batches=1, curves=False, out_dir=str(out), overwrite=True, parallel=parallel)
 
 
 def measure_first_starts(settings: Settings, text: bytes, work: Path) -> tuple[list[SplitRun], list[JobRun]]:
@@ -210,7 +212,7 @@ def measure_first_starts(settings: Settings, text: bytes, work: Path) -> tuple[l
         split_bytes = write_wikitext_folder(folder, text, size * GB)
         shutil.rmtree(cache, ignore_errors=True)
         env = {"GPT2_DATA_CACHE": str(cache)}
-        seconds, peak, _ = run_measured([sys.executable, *train_command(folder, work / "run")], env)
+        seconds, peak, _ = run_measured(train_command(first_start(folder, work / "run")), env)
         tokens = sum(len(read_tokens(p)) for p in cache.rglob("train.bin"))
         splits.append(SplitRun(split_bytes, tokens, seconds, peak))
         print(f"{split_bytes / GB:.2f} GB training split: first start {seconds:.0f} s, peak RSS {peak / 2**30:.2f} GiB",
@@ -225,8 +227,7 @@ def measure_first_starts(settings: Settings, text: bytes, work: Path) -> tuple[l
 
 def measure_job(ranks: int, folder: Path, split_bytes: int, cache: Path, env: dict, work: Path) -> JobRun:
     parallel = "ddp" if ranks == 2 else "tp"
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
-               *train_command(folder, work / f"run-{ranks}"), "--parallel", parallel]
+    command = train_command(first_start(folder, work / f"run-{ranks}", parallel), ranks)
     env = {**env, "OMP_NUM_THREADS": "1"}
     shutil.rmtree(cache, ignore_errors=True)
     first_s, first_peak, output = run_measured(command, env)
@@ -250,28 +251,20 @@ def measure(settings: Settings, work_dir: Path) -> DataPrep:
 
 def plot(result: DataPrep):
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
-    medians = [r.mb_per_s.median for r in result.speed]
-    errors = [[r.mb_per_s.median - r.mb_per_s.min for r in result.speed],
-              [r.mb_per_s.max - r.mb_per_s.median for r in result.speed]]
-    left.barh([r.method for r in result.speed], medians, xerr=errors, color=["tab:blue", "tab:grey", "tab:orange"])
+    bars(left, [r.method for r in result.speed], [r.mb_per_s for r in result.speed], horizontal=True,
+         color=["tab:blue", "tab:grey", "tab:orange"])
     left.set_xlabel("MB of text per second (median, min-max)")
     left.invert_yaxis()
     labels = [f"{s.split_bytes / GB:.1f} GB, 1 process" for s in result.splits]
     labels += [f"{j.split_bytes / GB:.1f} GB, {j.ranks} ranks" for j in result.jobs]
     first = [s.peak_rss_bytes / 2**30 for s in result.splits] + [j.first_start_peak_rss_bytes / 2**30
                                                                    for j in result.jobs]
-    cached = [None] * len(result.splits) + [j.cached_start_peak_rss_bytes / 2**30 for j in result.jobs]
-    ys = range(len(labels))
-    right.barh([y - 0.2 for y in ys], first, height=0.4, label="first start (tokenizing)")
-    right.barh([y + 0.2 for y in ys], [c or 0 for c in cached], height=0.4, label="tokens cached")
-    right.set_yticks(list(ys), labels)
+    cached = [0.0] * len(result.splits) + [j.cached_start_peak_rss_bytes / 2**30 for j in result.jobs]
+    grouped_bars(right, labels, {"first start (tokenizing)": first, "tokens cached": cached}, horizontal=True)
     right.invert_yaxis()
     right.set_xlabel("peak resident memory, GiB (all processes)")
     right.legend(fontsize=8)
-    for ax in (left, right):
-        ax.grid(alpha=0.3, axis="x")
-    fig.tight_layout()
-    return fig
+    return finish(fig, (left, right), grid="x")
 
 
 def section(res: DataPrep, page: Page) -> None:

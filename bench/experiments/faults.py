@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import textwrap
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -19,7 +20,7 @@ import torch
 from bench.drills import DRILLS
 from bench.drills.drill import Drill, DrillSettings
 from bench.experiment import Experiment
-from bench.record import plt
+from bench.plots import finish, plt
 from bench.report_page import Page
 from runtime.timing import Environment, environment
 
@@ -40,9 +41,11 @@ def measure(settings: DrillSettings, work_dir: Path) -> Faults:
     work_dir.mkdir(parents=True)
     drills = []
     for drill in DRILLS:
+        started = time.perf_counter()
         result = drill.run(settings, work_dir)
         if result is None:  # not asked for in these settings
             continue
+        result.seconds = time.perf_counter() - started
         print(f"{result.name:40} {result.trials:6} trials {result.failures:4} failures   work lost "
               f"{result.work_lost:>12}   {result.seconds:6.1f} s")
         drills.append(result)
@@ -56,9 +59,7 @@ def plot(result: Faults):
     ax.barh(names, [d.failures for d in result.drills], color="tab:red", label="failures")
     ax.set_xscale("symlog")
     ax.invert_yaxis()
-    ax.legend()
-    ax.set_title("fault drills")
-    return fig
+    return finish(fig, (ax,), "fault drills", grid="x", legend=True)
 
 
 def section(res: Faults, page: Page) -> None:

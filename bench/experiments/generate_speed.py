@@ -50,20 +50,20 @@ from pathlib import Path
 
 import torch
 
-from bench.experiment import Experiment, SettingsError
+from bench.experiment import Experiment, RandomWeightsSettings, SettingsError
 from bench.peers.colocated import colocated
 from bench.peers.decode_sides import Sides, SideSpec
 from bench.peers.host_rates import HostRates, measure_in_process, read_bandwidth
 from bench.processes import run_command
-from bench.record import plt
+from bench.plots import finish, grouped_bars, plt
 from bench.report_page import Page, spread
 from data.corpus import builtin_documents
 from data.tokenizer import encode
-from model.config import PRESETS, preset
+from model.config import preset
 from decode.steps import DECODE_MODES, fastest_decode
 from model.gpt import GPT
 from model.int8 import HEAD_FORMATS
-from runtime.cli import check_options, option
+from runtime.cli import option
 from runtime.device import choose_device
 from runtime.progress import ProgressBar
 from runtime.provenance import provenance
@@ -76,8 +76,7 @@ SLOWED = ("memory-load", "one-core", "none")
 
 
 @dataclass
-class Settings:
-    model: str = option("gpt2", "model preset (random weights)", choices=tuple(PRESETS))
+class Settings(RandomWeightsSettings):
     prompt_tokens: int = option(32, "prompt length (English text: the built-in corpus's validation split)", min=1)
     # the decode-only rate is that of the tokens after the first
     new_tokens: int = option(128, "tokens generated per row", min=2)
@@ -106,7 +105,7 @@ class Settings:
     device: str = option("auto", "auto, cpu, cuda, ...")
 
     def __post_init__(self):
-        check_options(self, SettingsError)
+        super().__post_init__()
         if self.baseline is not None:
             # Named to git as a commit, never as an option: a leading "-" is refused before git sees it.
             found = None if self.baseline.startswith("-") else run_command(
@@ -414,27 +413,20 @@ def plot(result: GenerateSpeed):
     fig, axes = plt.subplots(len(hosts), len(batches), figsize=(5 * len(batches), 3.8 * len(hosts)), squeeze=False)
     for row in result.results:
         ax = axes[hosts.index(row.host)][batches.index(row.batch)]
-        x = range(len(names))
-        for offset, label, rate in ((-0.2, "end to end", lambda s: s.tokens_per_s),
-                                    (0.2, "decode steps only", lambda s: s.decode_tokens_per_s)):
-            values = [rate(row.sides[n]).median if n in row.sides else 0.0 for n in names]
-            bars = ax.bar([i + offset for i in x], values, width=0.4, label=label,
-                          yerr=[[v - rate(row.sides[n]).min if n in row.sides else 0 for n, v in zip(names, values)],
-                                [rate(row.sides[n]).max - v if n in row.sides else 0 for n, v in zip(names, values)]],
-                          capsize=2)
-            ax.bar_label(bars, labels=[f"{v:.0f}" if n in row.sides else "not run" for n, v in zip(names, values)],
+        sides = [row.sides.get(n) for n in names]
+        drawn = grouped_bars(ax, names, {"end to end": [s and s.tokens_per_s for s in sides],
+                                         "decode steps only": [s and s.decode_tokens_per_s for s in sides]})
+        for bars in drawn.values():
+            ax.bar_label(bars, labels=[f"{b.get_height():.0f}" if s else "not run" for b, s in zip(bars, sides)],
                          fontsize=7)
-        ax.set_xticks(list(x), names, rotation=25, ha="right", fontsize=8)
+        ax.set_xticks(range(len(names)), names, rotation=25, ha="right", fontsize=8)
         ax.set_title(f"batch {row.batch}, {row.host}" + ("" if row.host_rates is None else
                      f" (read {row.host_rates.read_gb_per_s:.0f} GB/s, {row.host_rates.matmul_gflop_per_s:.0f} "
                      f"GFLOP/s)"), fontsize=9)
         ax.set_ylabel("new tokens / s")
-        ax.grid(alpha=0.3, axis="y")
     axes[0][0].legend(fontsize=8)
-    fig.suptitle(f"{result.model}: {result.prompt_tokens}-token prompts, {result.new_tokens} new tokens, greedy, "
-                 f"each runtime in its own process")
-    fig.tight_layout()
-    return fig
+    return finish(fig, axes.flat, f"{result.model}: {result.prompt_tokens}-token prompts, {result.new_tokens} new "
+                                  f"tokens, greedy, each runtime in its own process", grid="y")
 
 
 def section(res: GenerateSpeed, page: Page) -> None:

@@ -20,29 +20,24 @@ from pathlib import Path
 
 import torch
 
-from bench.experiment import Experiment, ExperimentError, SettingsError
-from bench.record import plt
+from bench.experiment import Experiment, ExperimentError, ExperimentSettings
+from bench.plots import finish, grouped_bars, plt
 from bench.report_page import Page, num, spread
 from bench.processes import run_command
 from model.config import PRESETS
-from runtime.cli import check_options, non_default_flags, option
+from runtime.cli import non_default_flags, option
 from runtime.timing import Environment, Spread, environment, paired_ratio
 
 PATHS = ("auto", "dynamic")
 
 @dataclass
-class Settings:
+class Settings(ExperimentSettings):
     models: list[str] = option(["tiny", "gpt2"], "model presets (random weights)", choices=tuple(PRESETS))
     new_tokens: list[int] = option([32, 200], "tokens per call", min=1)
     prompt_tokens: int = option(16, "prompt length", min=1)
     rounds: int = option(5, "fresh processes per path, model and length", min=1)
     threads: int | None = option(None, "torch threads in each process (default: torch's own); on a machine "
                                        "others load, 1 keeps a step from waiting on a descheduled thread", min=1)
-
-    def __post_init__(self):
-        check_options(self, SettingsError)
-        if not self.models:
-            raise SettingsError("--models needs at least one preset")
 
 
 @dataclass
@@ -114,18 +109,12 @@ def measure(settings: Settings, work_dir: Path) -> OneOffDecode:
 
 def plot(result: OneOffDecode):
     fig, ax = plt.subplots(figsize=(6.5, 3.5))
-    labels = [f"{c.model}\n{c.new_tokens} tokens" for c in result.comparisons]
-    for offset, path in ((-0.2, "auto"), (0.2, "dynamic")):
-        medians = [next(r.call_s.median for r in result.rows if (r.model, r.new_tokens, r.decode) ==
-                        (c.model, c.new_tokens, path)) for c in result.comparisons]
-        ax.bar([i + offset for i in range(len(labels))], [1e3 * m for m in medians], width=0.4, label=path)
-    ax.set_xticks(range(len(labels)), labels)
+    calls = {(r.model, r.new_tokens, r.decode): r.call_s for r in result.rows}
+    grouped_bars(ax, [f"{c.model}\n{c.new_tokens} tokens" for c in result.comparisons],
+                 {path: [calls[c.model, c.new_tokens, path] for c in result.comparisons] for path in PATHS}, scale=1e3)
     ax.set_yscale("log")
-    ax.set_ylabel("ms per one-off call (median)")
-    ax.legend()
-    ax.grid(alpha=0.3, axis="y")
-    ax.set_title("one generate() call per fresh process")
-    return fig
+    ax.set_ylabel("ms per one-off call (median, min-max)")
+    return finish(fig, (ax,), "one generate() call per fresh process", grid="y", legend=True)
 
 
 def section(res: OneOffDecode, page: Page) -> None:

@@ -18,15 +18,15 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.experiment import Experiment, SettingsError
-from bench.record import plt
+from bench.experiment import Experiment, TrainingSettings
+from bench.plots import finish, plt
 from bench.report_page import Page, num
 from data.loader import WindowSampler, eval_batches
 from data.token_files import load_split
-from model.config import PRESETS, preset
+from model.config import preset
 from training.evaluate import evaluate_loss
 from model.gpt import GPT
-from runtime.cli import check_options, option
+from runtime.cli import option
 from runtime.device import choose_device, precision_policy
 from runtime.timing import Environment, environment
 from training.metrics import PHASES, PhaseClock
@@ -34,9 +34,7 @@ from training.step import TrainStep
 
 
 @dataclass
-class Settings:
-    model: str = option("tiny", "model preset", choices=tuple(PRESETS))
-    dataset: str = option("builtin", "training and validation text")
+class Settings(TrainingSettings):
     batch_size: int = option(8, "sequences per step", min=1)
     block_size: int | None = option(None, "tokens per sequence (default: the model's "
                                           "context)", min=1)
@@ -44,10 +42,6 @@ class Settings:
     eval_interval: int = option(10, "steps between evaluations", min=1)
     eval_batches: int = option(4, "validation batches per evaluation", min=1)
     profile_steps: int = option(3, "steps recorded by torch.profiler", min=1)
-    device: str = option("auto", "auto, cpu, cuda, ...")
-
-    def __post_init__(self):
-        check_options(self, SettingsError)
 
 
 @dataclass
@@ -131,10 +125,8 @@ def plot(result: PhaseProfile):
     ax.invert_yaxis()
     ax.set_xlabel("seconds in the run")
     ax.margins(x=0.15)
-    ax.grid(alpha=0.3, axis="x")
-    ax.set_title(f"{result.model}: {result.steps} steps of batch {result.batch_size} x "
-                 f"{result.block_size}, eval every {result.eval_interval}")
-    return fig
+    return finish(fig, (ax,), f"{result.model}: {result.steps} steps of batch {result.batch_size} x "
+                              f"{result.block_size}, eval every {result.eval_interval}", grid="x")
 
 
 def section(res: PhaseProfile, page: Page) -> None:

@@ -27,7 +27,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,17 +36,14 @@ import httpx
 import torch
 
 from bench.browser import TOKEN_TIMELINE, browser_missing, chromium
-from bench.experiment import Experiment, ExperimentError, SettingsError
+from bench.experiment import Experiment, ExperimentError, RandomWeightsSettings
 from bench.eval.loadtest import PROMPTS, one_request
-from bench.record import plt
+from bench.experiments.serve_speed import random_fp32_artifact
+from bench.plots import bars, finish, plt
 from bench.report_page import Page, spread
-from model.config import PRESETS, preset
-from model.gpt import GPT
-from runtime.cli import check_options, non_default_flags, option
-from runtime.provenance import provenance
+from runtime.cli import non_default_flags, option
 from runtime.timing import Environment, Spread, environment, paired_ratio
 from serve.launch import ServerProcess
-from storage.artifact import save_artifact
 
 CLIENTS = ("page", "httpx")
 CONDITIONS = ("no page ever opened", "page opened and closed", "page open")
@@ -56,15 +52,11 @@ STARTUP_TIMEOUT_S = 300.0
 
 
 @dataclass
-class Settings:
-    model: str = option("gpt2", "model preset (random weights)", choices=tuple(PRESETS))
+class Settings(RandomWeightsSettings):
     rounds: int = option(10, "timed rounds, each with every client and condition once (after one untimed round)",
                          min=1)
     first_token_tokens: int = option(8, "max_new_tokens of the first-token requests", min=1)
     cost_tokens: int = option(32, "tokens of each request timed for the cost", min=1)
-
-    def __post_init__(self):
-        check_options(self, SettingsError)
 
 
 @dataclass
@@ -144,13 +136,7 @@ def measure(settings: Settings, work_dir: Path) -> PlaygroundResult:
     missing = browser_missing()
     if missing:
         raise ExperimentError(f"the playground experiment drives a browser: {missing}")
-    shutil.rmtree(work_dir, ignore_errors=True)  # this experiment's own scratch from last time
-    work_dir.mkdir(parents=True)
-    torch.manual_seed(0)
-    model = GPT(preset(settings.model))
-    artifact = work_dir / "model"
-    save_artifact(artifact, model, model.config, "float", provenance("bench/experiments/playground.py"))
-    del model
+    artifact = random_fp32_artifact(settings.model, work_dir)
     fields = {"prompt": PROMPTS[0], "max_new_tokens": settings.first_token_tokens, "temperature": 0.8, "seed": 1}
     cost_body = {"prompt": PROMPTS[0], "max_new_tokens": settings.cost_tokens, "temperature": 0.8, "seed": 1,
                  "ignore_eos": True}
@@ -217,16 +203,11 @@ def plot(result: PlaygroundResult):
     left.set_ylabel("ms to the first token")
     left.set_title("first token: the page against a client")
     left.legend()
-    medians = [result.latency_ms[c].median for c in CONDITIONS]
-    errors = [[m - result.latency_ms[c].min for m, c in zip(medians, CONDITIONS)],
-              [result.latency_ms[c].max - m for m, c in zip(medians, CONDITIONS)]]
-    right.bar(range(len(CONDITIONS)), medians, yerr=errors, capsize=4)
+    bars(right, range(len(CONDITIONS)), [result.latency_ms[c] for c in CONDITIONS])
     right.set_xticks(range(len(CONDITIONS)), ["no page\never opened", "page opened\nand closed", "page\nopen"])
     right.set_ylabel(f"ms per {result.cost_tokens}-token request")
     right.set_title("the server's latency, by the page's state")
-    for ax in (left, right):
-        ax.grid(alpha=0.3, axis="y")
-    return fig
+    return finish(fig, (left, right), grid="y")
 
 
 def section(res: PlaygroundResult, page: Page) -> None:

@@ -20,12 +20,11 @@ from pathlib import Path
 
 import torch
 
-from bench.experiment import Experiment, SettingsError
-from bench.record import plt
+from bench.experiment import Experiment, TrainingSettings
+from bench.plots import finish, plt
 from bench.report_page import Page, mib, num
 from bench.train_runs import run_train
-from model.config import PRESETS
-from runtime.cli import check_options, option
+from runtime.cli import option
 from runtime.device import choose_device, precision_policy
 from runtime.timing import Environment, environment
 from training.config import TrainConfig
@@ -34,20 +33,12 @@ PRECISIONS = ("fp32", "mixed")
 
 
 @dataclass
-class Settings:
-    model: str = option("tiny", "model preset", choices=tuple(PRESETS))
-    dataset: str = option("builtin", "training text")
+class Settings(TrainingSettings):
     batch_size: int = option(8, "sequences per step", min=1)
     block_size: int = option(256, "tokens per sequence", min=1)
     steps: int = option(20, "optimizer steps per setting", min=1)
     precisions: list[str] = option(list(PRECISIONS), "fp32 and/or mixed (autocast)", choices=PRECISIONS)
     timeout_s: float = option(300, "per setting; slower settings are cut off", min=1)
-    device: str = option("auto", "auto, cpu, cuda, ...")
-
-    def __post_init__(self):
-        check_options(self, SettingsError)
-        if not self.precisions:
-            raise SettingsError("--precisions needs at least one of fp32, mixed")
 
 
 @dataclass
@@ -159,12 +150,9 @@ def plot(result: PrecisionMemory):
     times.set_ylabel("seconds per step (median)")
     memory.bar(labels, [(r.peak_memory_bytes or 0) / 2**20 for r in rows], color="tab:orange")
     memory.set_ylabel("peak memory (MiB)")
-    for ax in (curves, times, memory):
-        ax.grid(alpha=0.3)
     for ax in (times, memory):
         ax.tick_params(axis="x", labelsize=7)
-    fig.suptitle(f"{result.model}, batch {result.batch_size} x block {result.block_size}")
-    return fig
+    return finish(fig, (curves, times, memory), f"{result.model}, batch {result.batch_size} x block {result.block_size}")
 
 
 def section(res: PrecisionMemory, page: Page) -> None:

@@ -30,14 +30,13 @@ from pathlib import Path
 import httpx
 import torch
 
-from bench.eval.loadtest import completion_body, run_level
-from bench.experiment import Experiment, ExperimentError, SettingsError
-from bench.experiments.generate_speed import read_bandwidth
+from bench.eval.loadtest import completion_body, run_level, server_metrics
+from bench.experiment import Experiment, ExperimentError, RandomWeightsSettings
+from bench.peers.host_rates import read_bandwidth
 from bench.experiments.serve_speed import random_fp32_artifact
-from bench.record import plt
+from bench.plots import finish, grouped_bars, plt
 from bench.report_page import Page, spread
-from model.config import PRESETS
-from runtime.cli import check_options, non_default_flags, option
+from runtime.cli import non_default_flags, option
 from runtime.timing import Environment, Spread, environment, matmul_rate, paired_ratio
 from serve.launch import running_server
 
@@ -47,8 +46,7 @@ SIDES = ("off", "on")  # --prefix-cache-mb 0 and 256
 
 
 @dataclass
-class Settings:
-    model: str = option("gpt2", "model preset (random weights)", choices=tuple(PRESETS))
+class Settings(RandomWeightsSettings):
     rounds: int = option(2, "timed rounds (after one untimed round)", min=1)
     contexts: int = option(4, "scoring: contexts per round", min=1)
     context_tokens: int = option(100, "scoring: tokens per context", min=1)
@@ -59,9 +57,6 @@ class Settings:
     questions: int = option(4, "few-shot: requests per level per round", min=1)
     clients: list[int] = option([1, 4], "few-shot: requests at once", min=1)
     new_tokens: int = option(8, "few-shot: tokens generated per request", min=1)
-
-    def __post_init__(self):
-        check_options(self, SettingsError)
 
 
 @dataclass
@@ -121,13 +116,6 @@ def few_shot(url: str, settings: Settings, clients: int, generator: torch.Genera
     return times[len(times) // 2]
 
 
-def metric(url: str, name: str) -> float:
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if line.startswith(f"{name} "):
-            return float(line.split()[1])
-    raise ExperimentError(f"{name} is not in {url}/metrics")
-
-
 def measure(settings: Settings, work_dir: Path) -> PrefixCacheResult:
     artifact = random_fp32_artifact(settings.model, work_dir)
     read, matmul = read_bandwidth(), matmul_rate()
@@ -155,8 +143,8 @@ def measure(settings: Settings, work_dir: Path) -> PrefixCacheResult:
                       f"first token {', '.join(f'{level} {ms:.0f} ms' for level, ms in zip(levels, first))}",
                       flush=True)
         sides = [Side(side, Spread.of(rates[side]), {level: Spread.of(firsts[(side, level)]) for level in levels},
-                      metric(urls[side], "serve_prefix_cache_hits_total"),
-                      metric(urls[side], "serve_prefix_cache_reused_tokens_total")) for side in SIDES]
+                      *server_metrics(urls[side], "serve_prefix_cache_hits_total",
+                                      "serve_prefix_cache_reused_tokens_total")) for side in SIDES]
     command = " ".join(["python -m bench.experiments prefix_cache", *non_default_flags(settings)])
     return PrefixCacheResult(
         settings.model, {k: v for k, v in vars(settings).items()}, sides, paired_ratio(rates["on"], rates["off"]),
@@ -170,16 +158,11 @@ def plot(result: PrefixCacheResult):
     left.set_ylabel("scoring requests/s (median)")
     left.set_title("echo + logprobs, max_tokens 0")
     levels = list(result.first_token_speedup)
-    for offset, side in zip((-0.2, 0.2), result.sides):
-        right.bar([i + offset for i in range(len(levels))], [side.first_token_ms[lv].median for lv in levels],
-                  width=0.4, label=f"prefix cache {side.prefix_cache}")
-    right.set_xticks(range(len(levels)), levels)
-    right.set_ylabel("few-shot first token, ms (median)")
+    grouped_bars(right, levels, {f"prefix cache {side.prefix_cache}": [side.first_token_ms[lv] for lv in levels]
+                                 for side in result.sides})
+    right.set_ylabel("few-shot first token, ms (median, min-max)")
     right.legend(fontsize=8)
-    for ax in (left, right):
-        ax.grid(alpha=0.3, axis="y")
-    fig.suptitle(f"{result.model}: prefix caching off and on")
-    return fig
+    return finish(fig, (left, right), f"{result.model}: prefix caching off and on", grid="y")
 
 
 def section(res: PrefixCacheResult, page: Page) -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from bench.experiment import Experiment, SettingsError
-from bench.record import plt
+from bench.experiment import Experiment, ExperimentSettings
+from bench.plots import finish, plt
 from bench.report_page import Page, num
 from model.config import PRESETS, preset
 from model.gpt import GPT
@@ -27,7 +27,7 @@ from prune.magnitude import magnitude_masks
 from prune.masks import block_linear_weights
 from prune.speed import SpeedSettings, forward_tokens_per_s, generation_tokens_per_s
 from prune.structured import select_units, shrink
-from runtime.cli import check_options, option
+from runtime.cli import option
 from runtime.device import choose_device
 from runtime.progress import ProgressBar
 from runtime.timing import Environment, environment
@@ -36,7 +36,7 @@ ROW_FIGURES = ("forward_full_logits", "forward_last_logits", "generation")
 
 
 @dataclass
-class Settings:
+class Settings(ExperimentSettings):
     preset: str = option("gpt2", "model preset (random weights)", choices=tuple(PRESETS))
     target: float = option(0.5, "share of each layer's heads and MLP units removed", above=0, below=1)
     batch_size: int = option(1, "rows per timed forward pass", min=1)
@@ -49,9 +49,6 @@ class Settings:
     threads: int | None = option(None, "CPU threads for torch (default: torch's choice); "
                                        "1 is steadier on a shared machine", min=1)
     seed: int = option(0, "seed of the random weights")
-
-    def __post_init__(self):
-        check_options(self, SettingsError)
 
 
 @dataclass
@@ -149,9 +146,7 @@ def plot(result: PruneSpeed):
     for ax in (rows, csr):
         ax.axhline(1, color="grey", linestyle=":")
         ax.set_ylabel("speed-up over dense")
-        ax.grid(alpha=0.3, axis="y")
-    fig.suptitle(f"{result.preset}, random weights, threads {result.environment.threads}")
-    return fig
+    return finish(fig, (rows, csr), f"{result.preset}, random weights, threads {result.environment.threads}", grid="y")
 
 
 def section(res: PruneSpeed, page: Page) -> None:

@@ -40,19 +40,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.experiment import Experiment, SettingsError
+from bench.experiment import Experiment, RandomWeightsSettings, SettingsError
 from bench.eval.loadtest import (PROMPTS, LevelResult, checked, completion_body, exact_request_body, level_name,
                            run_level)
-from bench.record import plt
+from bench.plots import finish, grouped_bars, plt
 from bench.report_page import Page, spread
 from data.tokenizer import encode
-from model.config import PRESETS, preset
+from model.config import preset
 from decode.generate import generate
 from model.gpt import GPT
 from model.int8 import quantize_model
 from model.packed_linear import pack_for_inference
 from decode.sampling import SamplingParams
-from runtime.cli import check_options, option
+from runtime.cli import option
 from runtime.device import choose_device
 from runtime.provenance import provenance
 from runtime.timing import Environment, Spread, environment, paired_ratio, time_interleaved
@@ -65,8 +65,7 @@ REQUEST_TIMEOUT_S = 600.0
 
 
 @dataclass
-class Settings:
-    model: str = option("gpt2", "model preset (random weights)", choices=tuple(PRESETS))
+class Settings(RandomWeightsSettings):
     new_tokens: int = option(128, "tokens generated per request", min=1)
     clients: list[int] = option([12], "concurrency levels measured beside one client: that many requests sent at "
                                       "once", min=2)
@@ -82,7 +81,7 @@ class Settings:
     peer_clients: list[int] = option([1, 4, 12], "concurrency levels of the llama-server comparison", min=1)
 
     def __post_init__(self):
-        check_options(self, SettingsError)
+        super().__post_init__()
         if self.llama_server is not None and not Path(self.llama_server).is_file():
             raise SettingsError(f"--llama-server {self.llama_server} is not a file; build llama.cpp's llama-server "
                                 f"(bench/peers/llama_cpp_peer.py says how) and give its path")
@@ -311,39 +310,25 @@ def against_llama_server(settings: Settings, artifact: Path, gguf: Path, work_di
 def plot(result: ServeSpeed):
     fig, axes = plt.subplots(1, 2 if result.peer else 1, figsize=(14 if result.peer else 7, 3.8), squeeze=False)
     ax = axes[0][0]
-    names = ["generate()", *[level_name(lv.clients) for lv in result.decodes[0].levels]]
-    width = 0.8 / len(result.decodes)
-    for i, d in enumerate(result.decodes):
-        spreads = [d.generate_tokens_per_s, *[lv.tokens_per_s for lv in d.levels]]
-        medians = [s.median for s in spreads]
-        ax.bar(np.arange(len(names)) + (i - (len(result.decodes) - 1) / 2) * width, medians, width,
-               yerr=[[m - s.min for m, s in zip(medians, spreads)], [s.max - m for m, s in zip(medians, spreads)]],
-               capsize=4, label=f"{d.decode} decode steps")
-    ax.set_xticks(np.arange(len(names)), names)
+    grouped_bars(ax, ["generate()", *[level_name(lv.clients) for lv in result.decodes[0].levels]],
+                 {f"{d.decode} decode steps": [d.generate_tokens_per_s, *[lv.tokens_per_s for lv in d.levels]]
+                  for d in result.decodes})
     ax.set_ylabel("new tokens / s (min-max)")
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend()
     ax.set_title(f"{result.model} {result.weights}: {result.new_tokens} new tokens per request, sampled, streamed")
     if result.peer:
         plot_peer(axes[0][1], result)
-    return fig
+    return finish(fig, axes[0], grid="y", legend=True)
 
 
 def plot_peer(ax, result: ServeSpeed) -> None:
     levels = result.peer.levels
-    x = np.arange(len(levels))
-    for offset, label, pick in ((-0.2, f"ours ({result.weights})", lambda lv: lv.ours),
-                                (0.2, result.peer.peer, lambda lv: lv.peer)):
-        spreads = [pick(lv).tokens_per_s for lv in levels]
-        medians = [s.median for s in spreads]
-        bars = ax.bar(x + offset, medians, 0.4, label=label, capsize=4,
-                      yerr=[[m - s.min for m, s in zip(medians, spreads)], [s.max - m for m, s in zip(medians, spreads)]])
-        ax.bar_label(bars, labels=[f"{m:.0f}\n{pick(lv).first_token_ms.p50:.0f} ms" for m, lv in zip(medians, levels)],
-                     fontsize=7)
-    ax.set_xticks(x, [level_name(lv.clients) for lv in levels])
+    sides = {f"ours ({result.weights})": [lv.ours for lv in levels], result.peer.peer: [lv.peer for lv in levels]}
+    drawn = grouped_bars(ax, [level_name(lv.clients) for lv in levels],
+                         {name: [side.tokens_per_s for side in measured] for name, measured in sides.items()})
+    for name, bars in drawn.items():
+        ax.bar_label(bars, labels=[f"{side.tokens_per_s.median:.0f}\n{side.first_token_ms.p50:.0f} ms"
+                                   for side in sides[name]], fontsize=7)
     ax.set_ylabel("new tokens / s (min-max); first token p50")
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
     ax.set_title(f"against llama-server: {result.peer.prompt_tokens}-token prompts, greedy, /v1/completions")
 
 

@@ -32,10 +32,10 @@ from pathlib import Path
 
 import torch
 
-from bench.experiment import Experiment, ExperimentError, SettingsError
+from bench.experiment import Experiment, ExperimentError, ExperimentSettings, SettingsError
 from bench.experiments.generate_speed import real_prompts
 from bench.processes import ROOT, STDOUT, run_command
-from bench.record import plt
+from bench.plots import finish, plt
 from bench.report_page import Page, num
 from bench.train_runs import TRAIN_SCRIPT
 from bench.draft_server_comparison import ServerComparison, compare_servers
@@ -46,7 +46,7 @@ from decode.sampling import SamplingParams
 from decode.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats
 from prune.config import PruneConfig
 from quantize.dynamic import QuantizeConfig
-from runtime.cli import check_options, non_default_flags, option
+from runtime.cli import non_default_flags, option
 from runtime.progress import ProgressBar
 from runtime.timing import Environment, Spread, environment, paired_ratio, timed_call
 from storage.artifact import load_model
@@ -58,7 +58,7 @@ TARGET = "target"
 
 
 @dataclass
-class Settings:
+class Settings(ExperimentSettings):
     dataset: str = option("builtin", "training text of the target and the smaller draft (a dataset name or folder)")
     target_preset: str = option("small-cpu", "the target's model preset", choices=tuple(PRESETS))
     draft_preset: str | None = option("tiny", "a smaller preset trained on the same text as a draft (none: only "
@@ -87,7 +87,7 @@ class Settings:
     threads: int | None = option(None, "CPU threads for torch (default: torch's choice)", min=1)
 
     def __post_init__(self):
-        check_options(self, SettingsError)
+        super().__post_init__()
         if self.prompt_tokens + self.new_tokens > self.train_block_size:
             raise SettingsError(f"--prompt-tokens + --new-tokens ({self.prompt_tokens + self.new_tokens}) exceed "
                                 f"the models' context (--train-block-size {self.train_block_size})")
@@ -301,11 +301,8 @@ def plot(result: SpeculativeSpeed):
         ax.set_ylabel("speed-up over the target alone")
         ax.set_title(f"batch {batch.batch_size}, " + ("greedy" if batch.temperature == 0 else
                                                        f"temperature {batch.temperature:g}"))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"speculative decoding: target {result.target.parameters:,} parameters, "
-                 f"{result.new_tokens} new tokens")
-    return fig
+    return finish(fig, axes[0], f"speculative decoding: target {result.target.parameters:,} parameters, "
+                                f"{result.new_tokens} new tokens", legend=True)
 
 
 def section(res: SpeculativeSpeed, page: Page) -> None:

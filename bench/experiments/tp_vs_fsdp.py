@@ -16,7 +16,7 @@ from pathlib import Path
 
 from bench.experiment import Experiment
 from bench.parallel_runs import ParallelRow, ParallelSettings, run_parallel
-from bench.record import plt
+from bench.plots import finish, plt
 from bench.report_page import Page, mib, num, spread
 from runtime.cli import option
 from runtime.device import choose_device
@@ -29,9 +29,6 @@ MODES = ("tp", "fsdp")
 class Settings(ParallelSettings):
     world_size: int = option(2, "ranks of both jobs", min=1)
     global_batches: list[int] = option([2, 4, 8, 16], "sequences per step, over all ranks", min=1)
-
-    def __post_init__(self):
-        super().__post_init__()  # checks the bounds of these fields too
 
 
 @dataclass
@@ -77,10 +74,8 @@ def plot(result: TpVsFsdp):
     for ax in (speed, memory):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("global batch (sequences)")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle(f"{result.model}, block {result.block_size}, {result.world_size} ranks")
-    return fig
+    return finish(fig, (speed, memory), f"{result.model}, block {result.block_size}, {result.world_size} ranks",
+                  legend=True)
 
 
 def section(res: TpVsFsdp, page: Page) -> None:

@@ -21,14 +21,14 @@ from pathlib import Path
 
 import torch
 
-from bench.experiment import Experiment, SettingsError
-from bench.record import plt
+from bench.experiment import Experiment, ExperimentSettings, SettingsError
+from bench.plots import bars, finish, plt
 from bench.report_page import Page, spread
 from data.loader import WindowSampler
 from data.token_files import load_split
 from model.config import PRESETS, preset
 from model.gpt import GPT
-from runtime.cli import check_options, option
+from runtime.cli import option
 from runtime.device import choose_device, precision_policy
 from runtime.timing import Environment, Spread, environment, paired_ratio, time_interleaved
 from training.step import TrainStep
@@ -55,7 +55,7 @@ class Shape:
 
 
 @dataclass
-class Settings:
+class Settings(ExperimentSettings):
     shapes: list[str] = field(default_factory=lambda: ["small-cpu:8x256", "gpt2:1x1024"], metadata={
         "help": "model preset and batch x block of each configuration timed, as PRESET:BATCHxBLOCK"})
     steps: int = option(3, "optimizer steps per timed repeat", min=1)
@@ -66,7 +66,7 @@ class Settings:
     device: str = option("auto", "auto, cpu, cuda, ...")
 
     def __post_init__(self):
-        check_options(self, SettingsError)
+        super().__post_init__()
         if not self.shapes:
             raise SettingsError("--shapes needs at least one PRESET:BATCHxBLOCK")
         for text in self.shapes:
@@ -161,15 +161,11 @@ def measure(settings: Settings, work_dir: Path) -> TrainSpeed:
 def plot(result: TrainSpeed):
     fig, axes = plt.subplots(1, len(result.shapes), figsize=(4 * len(result.shapes), 3.5), squeeze=False)
     for ax, shape in zip(axes[0], result.shapes):
-        names = list(shape.tokens_per_s)
-        medians = [shape.tokens_per_s[n].median for n in names]
-        ranges = [[m - shape.tokens_per_s[n].min for n, m in zip(names, medians)],
-                  [shape.tokens_per_s[n].max - m for n, m in zip(names, medians)]]
-        ax.bar(names, medians, yerr=ranges, capsize=6, color=["tab:blue", "tab:grey"][:len(names)])
+        bars(ax, list(shape.tokens_per_s), list(shape.tokens_per_s.values()),
+             color=["tab:blue", "tab:grey"][:len(shape.tokens_per_s)])
         ax.set_ylabel("training tokens / s (min-max)")
-        ax.grid(alpha=0.3, axis="y")
         ax.set_title(f"{shape.model}, batch {shape.batch_size} x block {shape.block_size}")
-    return fig
+    return finish(fig, axes[0], grid="y")
 
 
 def section(res: TrainSpeed, page: Page) -> None:

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 from torch.profiler import ProfilerActivity, profile
 
-from bench.experiments.generate_speed import read_bandwidth
+from bench.peers.host_rates import read_bandwidth
 from model.config import PRESETS, preset
 from decode.steps import DecodeSteps
 from model.gpt import GPT

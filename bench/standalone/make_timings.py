@@ -22,6 +22,7 @@ from bench.processes import INHERIT, ROOT, run_command
 from bench.record import RESULTS_DIR, write_result
 from runtime.cli import entry_point, option, parse_config
 from runtime.errors import UserError
+from runtime.provenance import git_commit
 from runtime.timing import Environment, environment
 
 
@@ -47,10 +48,7 @@ class MakeTimings:
 
 
 def time_targets(cfg: TimingsConfig) -> MakeTimings:
-    described = run_command(["git", "rev-parse", "--short", "HEAD"])
-    if not described.ok:
-        raise UserError(f"git cannot name this checkout's commit: {described.stderr.strip()}")
-    commit = described.stdout.strip()
+    commit = git_commit()
     timings = []
     with tempfile.TemporaryDirectory() as tmp:
         clone = Path(tmp) / "clone"
