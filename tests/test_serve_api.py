@@ -316,9 +316,9 @@ def test_an_unexpected_error_answers_500_without_its_text(checkpoint, monkeypatc
     def broken(*args, **kwargs):
         raise RuntimeError("secret internal detail")
 
-    monkeypatch.setattr(ServerState, "encode_within_context", broken)
     app = create_app(ServeConfig(checkpoint=checkpoint, device="cpu", warm_up="one-row"))
     with TestClient(app, raise_server_exceptions=False) as client:
+        monkeypatch.setattr(ServerState, "encode_within_context", broken)  # once started, as a fault in service
         response = client.post("/generate", json={"prompt": "hi", "max_new_tokens": 2})
     assert response.status_code == 500
     error = response.json()["error"]
@@ -490,8 +490,8 @@ def test_logprobs_of_a_token_holding_the_stop_string_show_only_its_part_in_the_t
     [" Paris", "."]: the token that holds the stop string's start is kept, cut to its part in the text, with the
     whole token's log-probability; the token after it is left out, as its text is."""
     generated = iter([6342, 526, 632])  # " Paris", '."', " It"
-    monkeypatch.setattr("serve.runner.sample_rows", lambda logits, params, *_: [next(generated)])
-    with make_client(checkpoint) as client:
+    with make_client(checkpoint) as client:  # patched once started: the start-up's rehearsal samples too
+        monkeypatch.setattr("serve.runner.sample_rows", lambda logits, params, *_: [next(generated)])
         body = {"model": Path(checkpoint).name, "prompt": "Hello", "max_tokens": 3, "logprobs": 1, "stop": ['"']}
         choice = client.post("/v1/completions", json=body).json()["choices"][0]
     logprobs = choice["logprobs"]
@@ -585,8 +585,8 @@ def test_the_openai_client_streams_logprobs_as_the_reply_lists_them(client, chec
 def test_streamed_logprobs_leave_out_the_tokens_a_stop_string_cuts(checkpoint, monkeypatch):
     """The tokens " Paris", '."', " It" with stop '"': the stream's entries are the reply's, [" Paris", "."]."""
     generated = iter([6342, 526, 632])
-    monkeypatch.setattr("serve.runner.sample_rows", lambda logits, params, *_: [next(generated)])
-    with make_client(checkpoint) as client:
+    with make_client(checkpoint) as client:  # patched once started: the start-up's rehearsal samples too
+        monkeypatch.setattr("serve.runner.sample_rows", lambda logits, params, *_: [next(generated)])
         body = {"model": Path(checkpoint).name, "prompt": "Hello", "max_tokens": 3, "logprobs": 1, "stop": ['"'],
                 "stream": True}
         with client.stream("POST", "/v1/completions", json=body) as response:
@@ -643,3 +643,25 @@ def test_bad_bias_and_penalties_are_422s_naming_the_field(client, checkpoint, ex
                        ("/v1/completions", {"model": Path(checkpoint).name, "prompt": "Hello", "max_tokens": 2})]:
         error = client.post(path, json={**body, **extra}).json()["error"]
         assert error["param"] == param and message in error["message"], (path, error)
+
+
+def test_start_up_rehearses_each_door_and_a_route_failing_then_is_one_warning(checkpoint, monkeypatch, caplog):
+    """The rehearsal's requests go through the app (both doors, streamed and whole), are logged under their own client
+    name and leave the metrics at zero; a route that fails during it is a warning naming it, not a failed start-up."""
+    import logging
+    import serve.rehearsal
+    caplog.set_level(logging.INFO)
+    with make_client(checkpoint) as client:
+        metrics = client.get("/metrics").text
+    assert 'serve_requests_total{path="/generate"' not in metrics and "serve_generated_tokens_total 0" in metrics
+    rehearsed = [r.getMessage() for r in caplog.records if r.getMessage().startswith(serve.rehearsal.CLIENT)]
+    assert sorted({line.split()[2] for line in rehearsed}) == ["/generate", "/tokenize", "/v1/completions"]
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("broken encoder")
+    caplog.clear()
+    monkeypatch.setattr(ServerState, "encode_within_context", broken)
+    with make_client(checkpoint) as client:
+        assert client.get("/health").status_code == 200
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(w.startswith("start-up rehearsal: POST /generate answered 500") for w in warnings), warnings
