@@ -5,7 +5,6 @@ import json
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bench.plots import plt  # noqa: F401 -- for bench/experiments/first_request.py until it imports bench.plots
 from bench.typed_json import from_json, to_json
 from storage.folder import write_durably
 

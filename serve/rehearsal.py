@@ -4,9 +4,9 @@ ready, so that the first client's request does not pay what only a first request
 The engine's warm-up (serve/warm_up.py) makes the model's steps.  What it cannot reach lies above the engine:
 the async backend Starlette imports on the first streamed or threaded response (anyio's asyncio module), the
 first validation and serialization of each route's schemas, the first SSE stream and its log-probabilities.  On a
-busy 2-core host those made a fresh server's first request 1.1 s slower than its second even with a model of
-7 M parameters (the tiny preset: 1,155 ms to the first token, then 31-77 ms); `python -m bench.experiments
-first_request` measures the first burst against the tenth.
+busy 2-core host those made a fresh server's first request many times slower than its second, whatever the model's
+size; `python -m bench.experiments first_request` measures the first burst against the tenth
+(bench/results/first_request.json).
 
 The requests go through the application as a client's would (every middleware, the routes, the engine) but not
 through a socket: their scope names the rehearsal as the client, so the log says what they were, and the metrics

@@ -316,7 +316,8 @@ class Trainer:
     def anchors_stops(self, step: int) -> bool:
         """Whether the first step this process trains is saved at once: when its micro-batch took half the stop's
         grace or more.  A stop then cannot wait for a micro-batch to end, and a consolidated save may itself outlast
-        what is left of the grace (at GPT-2 Medium on four CPU ranks it took 31-56 s on a busy 2-core host), so a
+        what is left of the grace (at GPT-2 Medium on four CPU ranks on a busy 2-core host: `python -m
+        bench.drills.stop_beyond_grace`, bench/results/stop_beyond_grace.json), so a
         stop finds this step on disk, and the save's time tells later stops whether saving fits the grace."""
         return (step == self.start_step and self.micro_batch_s is not None
                 and self.micro_batch_s >= self.grace.seconds / 2)
@@ -365,7 +366,7 @@ class Trainer:
         """Only weights that still give a finite loss are saved: a finite but exploded update (a huge
         --lr) would otherwise become "the last good checkpoint" and only fail at the next step.  One row of
         PROBE_TOKENS is enough to see a non-finite loss, and a full batch's forward would take a stop's grace at
-        GPT-2 Medium (24 s of the 30 s on a busy 2-core host: bench/by_hand.md)."""
+        GPT-2 Medium (most of torchrun's default grace on a busy 2-core host: bench/by_hand.md)."""
         with self.meter.paused():
             first_batch = eval_batches(self.val_tokens, min(self.block, PROBE_TOKENS), 1, 1)
             probe = evaluate_loss(self.eval_module, first_batch, self.device, self.precision.autocast)["val_loss"]

@@ -133,7 +133,7 @@ def checkpoint_cost_note(save_s: list[float]) -> str:
 def main(argv: list[str] | None = None) -> None:
     """`[GRACE_S [MODE ...]]`: run the drill alone and write its result, bench/results/stop_beyond_grace.json (the
     fault-drill experiment runs it among the others with `--grace-modes`)."""
-    from bench.experiments.generate_speed import read_bandwidth
+    from bench.peers.host_rates import read_bandwidth
     argv = sys.argv[1:] if argv is None else argv
     if argv and not argv[0].isdigit():
         raise ExperimentError(f"the first argument is the grace in whole seconds, got {argv[0]!r}")

@@ -25,9 +25,9 @@ import torch
 
 from bench.eval.loadtest import exact_request_body, run_level
 from bench.experiment import Experiment, ExperimentError, SettingsError
-from bench.experiments.generate_speed import read_bandwidth
+from bench.peers.host_rates import read_bandwidth
 from bench.experiments.serve_speed import random_fp32_artifact
-from bench.record import plt
+from bench.plots import plt
 from bench.report_page import Page, num, spread
 from model.config import PRESETS
 from runtime.cli import check_options, non_default_flags, option

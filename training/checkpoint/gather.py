@@ -16,7 +16,8 @@ OPTIMIZER_FORMAT = "full-by-name"
 def gathered_to(group, t: torch.Tensor, rows: int | None = None) -> list[torch.Tensor] | None:
     """Every rank's `t` in rank order on the group's first rank (None on the others): a gather, not an all-gather, so
     that only the rank that writes receives (a quarter of an all-gather's traffic on four ranks, and no full-size
-    buffers on the others: at GPT-2 Medium the all-gathers took 19 s of a 51 s save on a busy host).  Shards may be
+    buffers on the others: at GPT-2 Medium the all-gathers were over a third of a save on a busy host,
+    bench/by_hand.md).  Shards may be
     uneven (`rows`: the largest's rows; the smaller ones are padded to it and cut back after)."""
     n = dist.get_world_size(group)
     if n == 1:
