@@ -59,18 +59,27 @@ class Target:
 # surface's hostile suite, its random properties last.  A surviving mutant runs the whole selection, so whole slow
 # files (tests/test_serve_api.py's 80 app starts, tests/test_folder.py's trainings) are left out for the tests of
 # theirs that reach the module.
-def hostile(path: str, slowest: tuple[str, ...]) -> tuple[str, ...]:
-    """A hostile suite's tests by node id, its slowest ones last."""
+def hostile(path: str, slowest: tuple[str, ...] = (), omit: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """A suite's tests by node id, its slowest ones last, those of `omit` (trainings, hub look-ups) left out."""
     names = [line.split("(")[0].removeprefix("def ") for line in (ROOT / path).read_text().splitlines()
              if line.startswith("def test_")] if (ROOT / path).exists() else []
-    return (*(f"{path}::{n}" for n in names if n not in slowest), *(f"{path}::{n}" for n in slowest if n in names))
+    return (*(f"{path}::{n}" for n in names if n not in slowest and n not in omit),
+            *(f"{path}::{n}" for n in slowest if n in names))
 
 
 HOSTILE_HTTP = hostile("tests/test_hostile_http.py", ("test_drawn_requests_get_documented_replies_and_no_server_error",))
 HOSTILE_DATA = hostile("tests/test_hostile_data.py", (
     "test_train_py_stops_on_files_it_cannot_use_or_trains_without_them_when_told",))
 SCHEMA_TESTS = ("tests/test_serve_schemas.py", "tests/test_serve_api.py::test_bad_fields_are_named", *HOSTILE_HTTP)
-DATA_TESTS = ("tests/test_data_documents.py", *HOSTILE_DATA, "tests/test_data.py")
+# tests/test_data.py without its two-rank training and its hub and built-in corpus look-ups (some 45 s of its 55).
+DATA_TESTS = (*HOSTILE_DATA, *hostile("tests/test_data.py", omit=(
+    "test_two_ranks_tokenize_once", "test_builtin_corpus_is_named_for_what_it_is",
+    "test_unreachable_hub_error_names_alternatives")))
+# data/local_files.py's checks of what it is given: the reading of each format, the choice of files and the refusals;
+# not the listing of sizes, the content key or the carving of validation text.
+LOCAL_FILE_CHECKS = ("file_hash", "_table_rows", "_column_texts", "_holds_strings", "_lines", "_jsonl_rows",
+                     "corpus_files", "run_folder_refused", "unusable_because", "format_problem", "unusable_checked",
+                     "data_file", "_kind", "local_corpus")
 TOKEN_FILE_TESTS = ("tests/test_hostile_data.py::test_a_token_file_is_read_only_when_every_part_of_it_is_whole",
                     "tests/test_data.py::test_damaged_token_file_is_reported",
                     "tests/test_hostile_data.py::test_damaged_token_files_name_the_damage",
@@ -99,8 +108,8 @@ MODULES = {
                                "tests/test_serve_api.py::test_malformed_bodies_get_4xx_with_a_message",
                                "tests/test_serve_api.py::test_unknown_paths_and_methods_answer_json", *HOSTILE_HTTP)),
     "runtime/cli.py": Target((*CLI_TESTS, "tests/test_tool_configs.py")),
-    "data/documents.py": Target(DATA_TESTS),
-    "data/local_files.py": Target(DATA_TESTS),
+    "data/documents.py": Target(("tests/test_data_documents.py", *DATA_TESTS)),
+    "data/local_files.py": Target(("tests/test_local_files.py", *DATA_TESTS), only=LOCAL_FILE_CHECKS),
     "storage/folder.py": Target(("tests/test_storage.py", "tests/test_folder.py")),
 }
 
@@ -208,9 +217,11 @@ def scratch_copy(where: Path) -> Path:
 
 def test_command(copy: Path, tests: tuple[str, ...], timeout: float) -> list[str]:
     """pytest on `tests`, in a fork of the warm server (tests/warm_pytest.py), cut off at `timeout` seconds: the
-    first test (file) on its own, then the rest if it passed, so that most mutants, killed by a module's own quick
+    tests of the first file on their own, then the rest if they passed, so that most mutants, killed by a module's own quick
     tests, never wait for the collection of the slower files."""
-    stages = [*PYTEST, tests[0]] + ([THEN, *PYTEST, *tests[1:]] if len(tests) > 1 else [])
+    first = tests[0].split("::")[0]
+    quick = next((i for i, t in enumerate(tests) if t.split("::")[0] != first), len(tests))
+    stages = [*PYTEST, *tests[:quick]] + ([THEN, *PYTEST, *tests[quick:]] if quick < len(tests) else [])
     return ["env", f"PYTHONPATH={copy}", sys.executable, "-m", "tests.warm_pytest", "run", str(copy / SOCKET),
             f"{timeout:.0f}", "--", *stages]
 
