@@ -26,6 +26,10 @@ GENERATE_BOUNDS = [
     ("stream", [True, False], [1, "true"]),
     ("ignore_eos", [True, False], [0]),
     ("logprobs", [None, 0, 5], [-1, 6, 2.0]),
+    ("logit_bias", [None, {}, {"5": -100}, {"5": 100.0}, {"5": 0}, {str(i): 1 for i in range(300)}],
+     [{"5": -100.5}, {"5": 100.001}, {"5": math.nan}, {"5": "1"}, {str(i): 1 for i in range(301)}, [5]]),
+    ("presence_penalty", [-2, -2.0, 0, 2.0], [-2.001, 2.001, math.inf, "0"]),
+    ("frequency_penalty", [-2, 0, 2], [-2.5, 2.5, math.nan]),
 ]
 COMPLETION_BOUNDS = [
     ("prompt", ["a", ["a", "b"], [1, 2], [[1], [2, 3]]], ["", [], [""], [[]], [[1], []], 5, [1.5], [True]]),
@@ -39,7 +43,23 @@ COMPLETION_BOUNDS = [
     ("top_p", [1e-9, 1], [0, 1.000001]),
     ("echo", [True, False], ["yes"]),
     ("user", [None, "someone"], [5]),
+    ("logit_bias", [None, {"50256": -100}, {"1": 100}], [{"1": -101}, {"1": 101}]),
+    ("presence_penalty", [-2, 2], [-2.1, 2.1]),
+    ("frequency_penalty", [-2, 2], [-2.1, 2.1]),
+    ("suffix", [None, ""], ["x"]),
+    ("stream_options", [None, {}, {"include_usage": True}], [{"include_usage": 1}, {"other": True}]),
+    ("model", ["any name"], [None, 5]),
+    ("ignore_eos", [True, False], [1]),
 ]
+
+# The defaults the API documents: OpenAI's for /v1/completions, /generate's own.
+GENERATE_DEFAULTS = {"max_new_tokens": 64, "temperature": 1.0, "top_k": None, "top_p": None, "seed": None, "stop": [],
+                     "stream": False, "ignore_eos": False, "logprobs": None, "logit_bias": None,
+                     "presence_penalty": 0.0, "frequency_penalty": 0.0}
+COMPLETION_DEFAULTS = {"best_of": None, "echo": False, "frequency_penalty": 0.0, "logit_bias": None, "logprobs": None,
+                       "max_tokens": 16, "n": 1, "presence_penalty": 0.0, "seed": None, "stop": None, "stream": False,
+                       "stream_options": None, "suffix": None, "temperature": 1.0, "top_p": 1.0, "user": None,
+                       "ignore_eos": False}
 
 
 def accepts(model, body: dict) -> bool:
@@ -102,3 +122,12 @@ def test_scoring_and_the_options_that_depend_on_each_other():
     assert accepts(CompletionRequest, {**COMPLETION, "n": 3, "best_of": 3})
     assert not accepts(CompletionRequest, {**COMPLETION, "n": 3, "best_of": 4})
     assert not accepts(CompletionRequest, {**COMPLETION, "n": 2, "best_of": 1})
+
+
+@pytest.mark.parametrize("model, base, defaults", [(GenerateRequest, GENERATE, GENERATE_DEFAULTS),
+                                                   (CompletionRequest, COMPLETION, COMPLETION_DEFAULTS)],
+                         ids=["generate", "completions"])
+def test_a_field_left_out_takes_its_documented_default(model, base, defaults):
+    request = model.model_validate(base)
+    assert {name: getattr(request, name) for name in defaults} == defaults
+    assert set(model.model_fields) == set(base) | set(defaults)  # every field's default is written above
