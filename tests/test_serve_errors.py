@@ -89,7 +89,8 @@ def test_errors_are_grouped_by_field_not_by_alternative_or_body():
     assert informative([constraint, two]) == [constraint, two]
 
 
-@pytest.mark.parametrize("loc, where", [(("body", 17), "at character 17"), (("body",), "at character ?")])
+@pytest.mark.parametrize("loc, where", [(("body", 17), "at character 17"), (("body",), "at character ?"),
+                                        ((), "at character ?")])
 def test_a_body_that_is_not_json_is_a_400_naming_the_character(loc, where):
     errors = [{"type": "json_invalid", "loc": loc, "msg": "JSON decode error", "ctx": {"error": "Expecting value"}}]
     assert describe_validation_error(errors, GenerateRequest) == (
