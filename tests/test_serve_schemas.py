@@ -131,3 +131,13 @@ def test_a_field_left_out_takes_its_documented_default(model, base, defaults):
     request = model.model_validate(base)
     assert {name: getattr(request, name) for name in defaults} == defaults
     assert set(model.model_fields) == set(base) | set(defaults)  # every field's default is written above
+
+
+def test_best_of_below_one_is_refused_by_its_own_bound_not_as_differing_from_n():
+    with pytest.raises(ValidationError) as refused:
+        CompletionRequest.model_validate({**COMPLETION, "best_of": 0, "n": 0})
+    assert sorted((e["loc"], e["type"]) for e in refused.value.errors()) == [
+        (("best_of",), "greater_than_equal"), (("n",), "greater_than_equal")]
+    with pytest.raises(ValidationError) as refused:
+        CompletionRequest.model_validate({**COMPLETION, "best_of": 0})
+    assert [(e["loc"], e["type"]) for e in refused.value.errors()] == [(("best_of",), "greater_than_equal")]
