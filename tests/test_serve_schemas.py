@@ -8,7 +8,7 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from serve.schemas import CompletionRequest, GenerateRequest
+from serve.schemas import CompletionRequest, DetokenizeRequest, GenerateRequest, TokenizeRequest
 
 MAX_SEED = 2**63 - 1  # torch's generator takes a signed 64-bit seed
 GENERATE = {"prompt": "Hello"}
@@ -141,3 +141,23 @@ def test_best_of_below_one_is_refused_by_its_own_bound_not_as_differing_from_n()
     with pytest.raises(ValidationError) as refused:
         CompletionRequest.model_validate({**COMPLETION, "best_of": 0})
     assert [(e["loc"], e["type"]) for e in refused.value.errors()] == [(("best_of",), "greater_than_equal")]
+
+
+@pytest.mark.parametrize("model, base", [(GenerateRequest, GENERATE), (CompletionRequest, COMPLETION)],
+                         ids=["generate", "completions"])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_a_float_field_refuses_nan_and_infinity_as_not_finite_not_as_out_of_range(model, base, value):
+    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+        with pytest.raises(ValidationError) as refused:
+            model.model_validate({**base, name: value})
+        assert [e["type"] for e in refused.value.errors()] == ["finite_number"], name
+    with pytest.raises(ValidationError) as refused:
+        model.model_validate({**base, "logit_bias": {"5": value}})
+    assert [e["type"] for e in refused.value.errors()] == ["finite_number"]
+
+
+def test_detokenize_takes_up_to_16384_ids():
+    assert len(DetokenizeRequest.model_validate({"tokens": [0] * 16384}).tokens) == 16384
+    with pytest.raises(ValidationError):
+        DetokenizeRequest.model_validate({"tokens": [0] * 16385})
+    assert TokenizeRequest.model_validate({"prompt": ""}).add_special_tokens is True
