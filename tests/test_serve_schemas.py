@@ -8,7 +8,7 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from serve.schemas import CompletionRequest, DetokenizeRequest, GenerateRequest, TokenizeRequest
+from serve.schemas import CompletionRequest, DetokenizeRequest, GenerateRequest, StreamOptions, TokenizeRequest
 
 MAX_SEED = 2**63 - 1  # torch's generator takes a signed 64-bit seed
 GENERATE = {"prompt": "Hello"}
@@ -99,7 +99,8 @@ def test_stop_is_a_list_whether_one_string_or_several():
 
 
 @pytest.mark.parametrize("prompt, prompts, single", [
-    ("a", ["a"], True), (["a", "b"], ["a", "b"], False), ([1, 2], [[1, 2]], True), ([[1], [2, 3]], [[1], [2, 3]], False)])
+    ("a", ["a"], True), (["a", "b"], ["a", "b"], False), ([1, 2], [[1, 2]], True), ([[1], [2, 3]], [[1], [2, 3]], False),
+    ([7], [[7]], True), (["a"], ["a"], False), ([[7]], [[7]], False)])
 def test_each_prompt_form_gives_its_prompts(prompt, prompts, single):
     request = CompletionRequest.model_validate({**COMPLETION, "prompt": prompt})
     assert request.prompts == prompts and request.single_prompt is single
@@ -161,3 +162,8 @@ def test_detokenize_takes_up_to_16384_ids():
     with pytest.raises(ValidationError):
         DetokenizeRequest.model_validate({"tokens": [0] * 16385})
     assert TokenizeRequest.model_validate({"prompt": ""}).add_special_tokens is True
+
+
+def test_stream_options_default_to_no_usage_chunk():
+    assert StreamOptions.model_validate({}).include_usage is False
+    assert StreamOptions.model_validate({"include_usage": True}).include_usage is True
