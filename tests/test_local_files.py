@@ -124,14 +124,25 @@ def test_a_text_column_that_holds_no_strings_is_named_with_its_type(tmp_path, co
 
 def test_a_parquet_file_without_a_text_column_or_not_parquet_at_all_is_named(tmp_path):
     path = parquet(tmp_path / "train.parquet", body=pa.array(["a"]))
-    assert refusal(lambda: documents(path)).startswith(
-        f'{path} is not a readable parquet file with a "text" column (')
+    assert refusal(lambda: documents(path)) == (
+        f'{path} is not a readable parquet file with a "text" column (\'Column text does not exist in schema\'); '
+        f"replace it with the hub's file")
     fake = tmp_path / "other" / "train.parquet"
     fake.parent.mkdir()
-    fake.write_text("not parquet at all\n")
-    message = refusal(lambda: documents(fake))
-    assert message.startswith(f'{fake} is not a readable parquet file with a "text" column (')
-    assert message.endswith("); replace it with the hub's file") and "\n" not in message
+    fake.write_text("short\n")
+    assert refusal(lambda: documents(fake)) == (
+        f'{fake} is not a readable parquet file with a "text" column (Parquet file size is 6 bytes, smaller than the '
+        f"minimum file footer (8 bytes)); replace it with the hub's file")
+
+
+def test_a_parquet_file_gone_between_listing_and_reading_is_one_line(tmp_path):
+    path = parquet(tmp_path / "train.parquet", text=pa.array(["a"]))
+    text_pass = local_corpus(path).text_pass("train")  # listed, sized and hashed
+    path.unlink()
+    with pytest.raises(DatasetError) as refused:
+        list(text_pass.read(lambda n: None))
+    assert str(refused.value).startswith(f'{path} is not a readable parquet file with a "text" column ([Errno 2] '
+                                         f"Failed to open local file ")
 
 
 def test_parquet_progress_adds_up_to_the_files_bytes(tmp_path):
@@ -139,6 +150,10 @@ def test_parquet_progress_adds_up_to_the_files_bytes(tmp_path):
     took = []
     docs = [doc for _, doc in local_corpus(path).text_pass("train").read(took.append)]
     assert len(docs) == 10_000 and sum(took) == path.stat().st_size and len(took) == 3  # 4,096 rows a read
+    one = parquet(tmp_path / "one.parquet", text=pa.array(["a single document"]))
+    took = []
+    assert [doc for _, doc in local_corpus(one).text_pass("train").read(took.append)] == ["a single document"]
+    assert took == [one.stat().st_size]
 
 
 # --- what a folder's files are taken as -------------------------------------------------------------------------
