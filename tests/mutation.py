@@ -84,7 +84,7 @@ TOKEN_FILE_TESTS = ("tests/test_hostile_data.py::test_a_token_file_is_read_only_
                     "tests/test_data.py::test_damaged_token_file_is_reported",
                     "tests/test_hostile_data.py::test_damaged_token_files_name_the_damage",
                     "tests/test_hostile_data.py::test_any_damaged_token_file_is_one_error_line")
-CLAIM_TESTS = ("tests/test_claim.py", "tests/test_storage.py",
+CLAIM_TESTS = ("tests/test_claim.py", "tests/test_claim_edges.py", "tests/test_storage.py",
                "tests/test_hostile_data.py::test_an_out_dir_inside_the_dataset_is_refused_before_anything_is_written",
                "tests/test_train.py::test_a_refused_start_leaves_no_new_out_dir",
                "tests/test_hostile_artifacts.py::test_an_output_folder_that_is_the_source_under_any_name_is_refused",
