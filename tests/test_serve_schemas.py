@@ -8,7 +8,8 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from serve.schemas import CompletionRequest, DetokenizeRequest, GenerateRequest, StreamOptions, TokenizeRequest
+from serve.schemas import (TOKEN_EVENT_DATA, CompletionRequest, DetokenizeRequest, GenerateRequest, StreamOptions,
+                           TokenAlternative, TokenizeRequest)
 
 MAX_SEED = 2**63 - 1  # torch's generator takes a signed 64-bit seed
 GENERATE = {"prompt": "Hello"}
@@ -167,3 +168,18 @@ def test_detokenize_takes_up_to_16384_ids():
 def test_stream_options_default_to_no_usage_chunk():
     assert StreamOptions.model_validate({}).include_usage is False
     assert StreamOptions.model_validate({"include_usage": True}).include_usage is True
+
+
+def test_a_token_event_holds_the_documented_fields_and_no_others():
+    """The schema a client checks /generate's token events against: a server that added a field, or dropped one,
+    would be caught by it."""
+    import jsonschema_rs
+    document = {**TOKEN_EVENT_DATA, "components": {"schemas": {"TokenAlternative": TokenAlternative.model_json_schema()}}}
+    valid = jsonschema_rs.validator_for(document).is_valid
+    alternative = {"token": 5, "text": "b", "logprob": -2.0}
+    for event in ({"token": 1, "text": "a"}, {"token": None, "text": ""},
+                  {"token": 1, "text": "a", "logprob": -1.0, "top_logprobs": [alternative]}):
+        assert valid(event), event
+    for event in ({"token": 1, "text": "a", "extra": 1}, {"text": "a"}, {"token": 1}, {"token": "1", "text": "a"},
+                  {"token": 1, "text": "a", "top_logprobs": [{"token": 5}]}):
+        assert not valid(event), event
