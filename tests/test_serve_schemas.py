@@ -122,6 +122,7 @@ def test_scoring_and_the_options_that_depend_on_each_other():
     assert accepts(CompletionRequest, {**COMPLETION, "logprobs": 2})
     assert accepts(CompletionRequest, {**COMPLETION, "stream": True, "logprobs": 0})  # streamed logprobs (issue 51)
     assert accepts(CompletionRequest, {**COMPLETION, "n": 3, "best_of": 3})
+    assert accepts(CompletionRequest, {**COMPLETION, "n": 1000, "best_of": 1000})  # equal, as numbers
     assert not accepts(CompletionRequest, {**COMPLETION, "n": 3, "best_of": 4})
     assert not accepts(CompletionRequest, {**COMPLETION, "n": 2, "best_of": 1})
 
