@@ -4,6 +4,7 @@ from the module's rules, so that a changed condition, bound or message is seen i
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import socket
@@ -314,3 +315,18 @@ def test_a_split_that_is_not_there_is_named_with_what_would_give_it(tmp_path):
         f"{tmp_path} has no test split: expected wiki.test.raw, test-*.parquet or another file whose name says "
         f"'test', or a training split to carve it from")
     assert documents(tmp_path, "validation") == ["held out\n"] and documents(tmp_path, "train") == ["training\n"]
+
+
+def test_a_damaged_page_is_named_by_the_rows_read_before_it_and_the_readers_reason(tmp_path):
+    """Row 7,000's text is not UTF-8: the rows are read 4,096 at a time, so the batch from row 4,096 fails."""
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"text": pa.array([f"line {i} of text" for i in range(10_000)])}), buffer,
+                   row_group_size=5000, compression="none")
+    data = buffer.getvalue()
+    at = data.index(b"line 7000 ")
+    (tmp_path / "c").mkdir()
+    path = tmp_path / "c" / "train.parquet"
+    path.write_bytes(data[:at] + b"\xff\xfe" + data[at + 2:])
+    assert refusal(lambda: folder_documents(path)) == (
+        f"{path} is damaged after row 4,096 ('utf-8' codec can't decode byte 0xff in position 0: invalid start byte); "
+        f"replace it with the hub's file")
