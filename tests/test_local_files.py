@@ -330,3 +330,13 @@ def test_a_damaged_page_is_named_by_the_rows_read_before_it_and_the_readers_reas
     assert refusal(lambda: folder_documents(path)) == (
         f"{path} is damaged after row 4,096 ('utf-8' codec can't decode byte 0xff in position 0: invalid start byte); "
         f"replace it with the hub's file")
+
+
+def test_a_folder_of_test_text_alone_has_no_split_to_train_on_or_carve_validation_from(tmp_path):
+    (tmp_path / "test.txt").write_text("test text\n")
+    for split in ("train", "validation"):
+        hint = ", or a training split to carve it from" if split == "validation" else ""
+        assert refusal(lambda: documents(tmp_path, split)) == (
+            f"{tmp_path} has no {split} split: expected wiki.{split[:5] if split == 'train' else 'valid'}.raw, "
+            f"{split}-*.parquet or another file whose name says {split!r}{hint}")
+    assert documents(tmp_path, "test") == ["test text\n"]
