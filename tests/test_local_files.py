@@ -266,7 +266,8 @@ def unusable_of(tmp_path, count: int) -> dict:
 
 @pytest.mark.parametrize("count, named, more", [(1, 1, ""), (2, 2, ""), (LISTED_UNUSABLE, 10, ""),
                                                 (LISTED_UNUSABLE + 1, 10, "; and 1 more"),
-                                                (LISTED_UNUSABLE + 5, 10, "; and 5 more")])
+                                                (LISTED_UNUSABLE + 5, 10, "; and 5 more"),
+                                                (LISTED_UNUSABLE + 15, 10, "; and 15 more")])
 def test_the_refusal_names_the_first_ten_files_and_counts_the_rest(tmp_path, count, named, more):
     listed = "; ".join(f"f{i:02d}.csv is .csv, not a format read here" for i in range(named))
     files, them = ("1 file", "it") if count == 1 else (f"{count} files", "them")
