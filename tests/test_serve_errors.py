@@ -169,6 +169,8 @@ def test_each_http_failure_gets_its_message_type_and_headers(app_client):
     busy = app_client.get("/fail/503")
     assert error(busy, 503) == {"message": "detail 503", "type": "overloaded_error", "param": None, "code": None}
     assert busy.headers["retry-after"] == "3"
+    assert error(app_client.get("/fail/399"), 399)["message"] == "detail 399"  # any other status: its detail
+    assert error(app_client.get("/fail/401"), 401)["message"] == "detail 401"
     conflict = app_client.get("/fail/998")
     assert error(conflict, 409) == {"message": "taken", "type": "invalid_request_error", "param": "name",
                                     "code": "conflict"}
