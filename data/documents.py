@@ -80,12 +80,11 @@ def _locate_bad_byte(path: Path, fix: str, compression: str | None = None) -> Da
     where = " of its decompressed text" if compression else ""
     with open_stream(path, compression) as (f, _):
         while data := f.read(1 << 20):
+            held = len(decoder.getstate()[0])  # the start of a character the previous block cut
             try:
                 decoder.decode(data)
             except UnicodeDecodeError as e:
-                # e.start counts from the bytes the decoder still held from the previous block.
-                held = len(decoder.getstate()[0]) if e.start < 0 else 0
-                bad = offset + e.start - held
+                bad = offset - held + e.start  # e.start counts from those held bytes, which come first
                 line, byte = _line_and_byte(path, compression, bad)
                 return DatasetError(f"{path} is not UTF-8: byte 0x{byte:02x} at offset {bad}{where} (line {line}); "
                                     f"{fix}")

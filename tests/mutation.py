@@ -38,6 +38,7 @@ from bench.typed_json import to_json
 from runtime.cli import check_options, entry_point, option, parse_config
 from runtime.errors import UserError
 from runtime.timing import environment
+from tests.warm_pytest import THEN
 
 EQUIVALENTS_FILE = ROOT / "tests" / "mutation_equivalents.json"
 KILLED_EARLIER = "killed in an earlier run"
@@ -55,16 +56,35 @@ class Target:
 
 
 # Each module's tests: those that exercise it, fastest first (a killed mutant stops at the first failure), then its
-# surface's hostile suite.  Whole slow files (tests/test_folder.py's trainings) come last or not at all.
-SCHEMA_TESTS = ("tests/test_serve_schemas.py", "tests/test_serve_api.py::test_bad_fields_are_named",
-                "tests/test_hostile_http.py")
-SERVE_TESTS = ("tests/test_serve_api.py", "tests/test_hostile_http.py")
-DATA_TESTS = ("tests/test_hostile_data.py", "tests/test_data.py")
+# surface's hostile suite, its random properties last.  A surviving mutant runs the whole selection, so whole slow
+# files (tests/test_serve_api.py's 80 app starts, tests/test_folder.py's trainings) are left out for the tests of
+# theirs that reach the module.
+def hostile(path: str, slowest: tuple[str, ...] = (), omit: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """A suite's tests by node id, its slowest ones last, those of `omit` (trainings, hub look-ups) left out."""
+    names = [line.split("(")[0].removeprefix("def ") for line in (ROOT / path).read_text().splitlines()
+             if line.startswith("def test_")] if (ROOT / path).exists() else []
+    return (*(f"{path}::{n}" for n in names if n not in slowest and n not in omit),
+            *(f"{path}::{n}" for n in slowest if n in names))
+
+
+HOSTILE_HTTP = hostile("tests/test_hostile_http.py", ("test_drawn_requests_get_documented_replies_and_no_server_error",))
+HOSTILE_DATA = hostile("tests/test_hostile_data.py", (
+    "test_train_py_stops_on_files_it_cannot_use_or_trains_without_them_when_told",))
+SCHEMA_TESTS = ("tests/test_serve_schemas.py", "tests/test_serve_api.py::test_bad_fields_are_named", *HOSTILE_HTTP)
+# tests/test_data.py without its two-rank training and its hub and built-in corpus look-ups (some 45 s of its 55).
+DATA_TESTS = (*HOSTILE_DATA, *hostile("tests/test_data.py", omit=(
+    "test_two_ranks_tokenize_once", "test_builtin_corpus_is_named_for_what_it_is",
+    "test_unreachable_hub_error_names_alternatives")))
+# data/local_files.py's checks of what it is given: the reading of each format, the choice of files and the refusals;
+# not the listing of sizes, the content key or the carving of validation text.
+LOCAL_FILE_CHECKS = ("file_hash", "_table_rows", "_column_texts", "_holds_strings", "_lines", "_jsonl_rows",
+                     "corpus_files", "run_folder_refused", "unusable_because", "format_problem", "unusable_checked",
+                     "data_file", "_kind", "local_corpus")
 TOKEN_FILE_TESTS = ("tests/test_hostile_data.py::test_a_token_file_is_read_only_when_every_part_of_it_is_whole",
                     "tests/test_data.py::test_damaged_token_file_is_reported",
                     "tests/test_hostile_data.py::test_damaged_token_files_name_the_damage",
                     "tests/test_hostile_data.py::test_any_damaged_token_file_is_one_error_line")
-CLAIM_TESTS = ("tests/test_claim.py", "tests/test_storage.py",
+CLAIM_TESTS = ("tests/test_claim.py", "tests/test_claim_edges.py", "tests/test_storage.py",
                "tests/test_hostile_data.py::test_an_out_dir_inside_the_dataset_is_refused_before_anything_is_written",
                "tests/test_train.py::test_a_refused_start_leaves_no_new_out_dir",
                "tests/test_hostile_artifacts.py::test_an_output_folder_that_is_the_source_under_any_name_is_refused",
@@ -81,13 +101,19 @@ MODULES = {
                                *CLI_TESTS)),
     "storage/claim.py": Target(CLAIM_TESTS),
     "serve/schemas.py": Target(SCHEMA_TESTS),
-    "serve/prompts.py": Target(("tests/test_serve_api.py::test_token_id_prompts_work_as_the_text_they_encode",
-                                *SERVE_TESTS)),
-    "serve/errors.py": Target(("tests/test_serve_api.py::test_bad_fields_are_named", *SERVE_TESTS)),
-    "runtime/cli.py": Target((*CLI_TESTS, "tests/test_tool_configs.py")),
-    "data/documents.py": Target(DATA_TESTS),
-    "data/local_files.py": Target(DATA_TESTS),
-    "storage/folder.py": Target(("tests/test_storage.py", "tests/test_folder.py")),
+    "serve/prompts.py": Target(("tests/test_serve_prompts.py",
+                                "tests/test_serve_api.py::test_token_id_prompts_work_as_the_text_they_encode",
+                                "tests/test_serve_api.py::test_openai_request_checks", *HOSTILE_HTTP)),
+    "serve/errors.py": Target(("tests/test_serve_errors.py", "tests/test_serve_api.py::test_bad_fields_are_named",
+                               "tests/test_serve_api.py::test_malformed_bodies_get_4xx_with_a_message",
+                               "tests/test_serve_api.py::test_unknown_paths_and_methods_answer_json", *HOSTILE_HTTP)),
+    "runtime/cli.py": Target(("tests/test_cli_edges.py", *CLI_TESTS, "tests/test_config_file.py",
+                              "tests/test_tool_configs.py")),
+    "data/documents.py": Target(("tests/test_data_documents.py", *DATA_TESTS)),
+    "data/local_files.py": Target(("tests/test_local_files.py", *DATA_TESTS), only=LOCAL_FILE_CHECKS),
+    "storage/folder.py": Target(("tests/test_storage.py", "tests/test_claim.py", *hostile("tests/test_folder.py", omit=(
+        "test_training_that_saves_every_step_is_undisturbed_by_a_reader_in_a_tight_loop",
+        "test_training_on_a_full_disk_names_the_last_good_checkpoint")))),
 }
 
 
@@ -193,9 +219,14 @@ def scratch_copy(where: Path) -> Path:
 
 
 def test_command(copy: Path, tests: tuple[str, ...], timeout: float) -> list[str]:
-    """pytest on `tests`, in a fork of the warm server (tests/warm_pytest.py), cut off at `timeout` seconds."""
+    """pytest on `tests`, in a fork of the warm server (tests/warm_pytest.py), cut off at `timeout` seconds: the
+    tests of the first file on their own, then the rest if they passed, so that most mutants, killed by a module's own quick
+    tests, never wait for the collection of the slower files."""
+    first = tests[0].split("::")[0]
+    quick = next((i for i, t in enumerate(tests) if t.split("::")[0] != first), len(tests))
+    stages = [*PYTEST, *tests[:quick]] + ([THEN, *PYTEST, *tests[quick:]] if quick < len(tests) else [])
     return ["env", f"PYTHONPATH={copy}", sys.executable, "-m", "tests.warm_pytest", "run", str(copy / SOCKET),
-            f"{timeout:.0f}", "--", *PYTEST, *tests]
+            f"{timeout:.0f}", "--", *stages]
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ would then be taken for the other.
 
     python -m tests.warm_pytest serve SOCKET            # prints "ready" once the libraries are in
     python -m tests.warm_pytest run SOCKET TIMEOUT -- ARGS...   # pytest ARGS in a fork; exits with its status
+    python -m tests.warm_pytest run SOCKET TIMEOUT -- ARGS... --then ARGS...   # the second only if the first passed
 """
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ LIBRARIES = ("numpy", "torch", "pytest", "hypothesis", "pydantic", "fastapi", "s
              "schemathesis", "uvicorn")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMED_OUT = 124  # the exit status `timeout` gives, for a run cut off at its limit
+# Between the stages of a run's pytest arguments: a stage runs only when the one before it passed, so a mutant the
+# first (fast) tests kill never costs the collection of the slower files.
+THEN = "--then"
 
 
 def preload() -> None:
@@ -91,12 +95,21 @@ def serve(path: str) -> None:
 
 
 def client(path: str, timeout: float, args: list[str]) -> int:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-        connection.connect(path)
-        with connection.makefile("rw") as stream:
-            stream.write(json.dumps({"args": args, "timeout": timeout}) + "\n")
-            stream.flush()
-            status = int(stream.readline())
+    """pytest `args` in the server's fork; args holding THEN run in stages, each only when the one before passed,
+    within `timeout` in all."""
+    deadline = time.monotonic() + timeout
+    stages = [[]]
+    for arg in args:
+        stages.append([]) if arg == THEN else stages[-1].append(arg)
+    for stage in stages:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.connect(path)
+            with connection.makefile("rw") as stream:
+                stream.write(json.dumps({"args": stage, "timeout": max(1.0, deadline - time.monotonic())}) + "\n")
+                stream.flush()
+                status = int(stream.readline())
+        if status != 0:
+            break
     if status == TIMED_OUT:
         print(f"timed out after {timeout:g} s")  # Cosmic Ray keeps this output: the mutant is counted as timed out
     return status
