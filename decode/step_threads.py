@@ -6,8 +6,11 @@ training job, a notebook, another service), the operating system deschedules one
 then, and every product waits for it: measured on 2 cores with one kept busy by a Python loop, 2 threads decoded
 slower than 1 (`python -m bench.experiments generate_speed`, its busy-core rows).  Which count is faster depends on
 the load at the time, which changes while a server runs, so it is measured rather than guessed: the steps run
-with the count whose recent steps were fastest, and now and then one step tries another count.  The tries grow
-rarer while they keep confirming the choice, so a quiet machine spends almost every step on all its threads.
+with the count whose recent steps were fastest, and now and then one step tries another count.  The first try comes
+early (a busy machine's steps on all threads can take ten times a one-thread step, so a call that waited long for its
+first try would spend most of its time there); the tries then grow rarer while they keep confirming the choice, and
+rarer still the more a try costs, so that tries take a small share of the steps' time: a quiet machine spends almost
+every step on all its threads, a busy one almost none.
 
 Steps are compared only with steps of the same model and shape (rows and new tokens per row), as each costs its
 own; what a model's steps learnt is kept for the process's life (`for_model`), so that each generate() call does
@@ -20,6 +23,7 @@ while before they sleep, so beside a busy program they took a core's share from 
 """
 from __future__ import annotations
 
+import math
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -27,8 +31,9 @@ from dataclasses import dataclass, field
 import torch
 
 EMA_WEIGHT = 0.3  # of the newest step in a count's running mean of step times
-FIRST_TRY_AFTER = 8  # steps on the first choice before another count is tried
+FIRST_TRY_AFTER = 2  # steps on the first choice before another count is tried (the first is not timed)
 LONGEST_GAP = 256  # steps at most between tries, reached by doubling while the tries confirm the choice
+TRIES_SHARE = 0.05  # of the chosen count's step time, what confirming tries may cost on average
 
 
 def thread_counts(most: int) -> list[int]:
@@ -91,8 +96,10 @@ class StepThreads:
                 state.next_try = state.steps  # that step told nothing yet: the same count again
             else:
                 state.turn += 1
-                # A try that confirms the choice makes the next one rarer; one that changes it, sooner.
-                state.gap = min(LONGEST_GAP, 2 * state.gap) if state.best(self.most) == best else FIRST_TRY_AFTER
+                # A try that confirms the choice makes the next one rarer, the more so the more it cost; one that
+                # changes it, sooner.
+                state.gap = (min(LONGEST_GAP, max(2 * state.gap, _gap_for(state.mean_s[count], state.mean_s[best])))
+                             if state.best(self.most) == best else FIRST_TRY_AFTER)
                 state.next_try = state.steps + state.gap
         _use(state.best(self.most))
         return out
@@ -100,6 +107,12 @@ class StepThreads:
     def release(self) -> None:
         """Give the caller its thread count back (the count these steps were made with)."""
         _use(self.most)
+
+
+def _gap_for(tried_s: float, chosen_s: float) -> int:
+    """Steps between tries for a try that costs `tried_s` - `chosen_s` more than a step to stay TRIES_SHARE of the
+    steps' time."""
+    return math.ceil(max(0.0, tried_s / chosen_s - 1) / TRIES_SHARE) if chosen_s > 0 else LONGEST_GAP
 
 
 def _use(count: int) -> None:

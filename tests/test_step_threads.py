@@ -59,6 +59,17 @@ def test_a_quiet_machine_keeps_all_threads_and_a_busy_one_moves_to_fewer_and_bac
     assert used[-50:].count(2) >= 48  # back on all threads once a try finds them faster again
 
 
+def test_a_call_on_a_busy_machine_spends_few_steps_on_the_slow_count(monkeypatch):
+    # A busy machine's all-thread steps cost ten one-thread ones: the first try comes within a few steps, and the
+    # tries that confirm the choice after it grow rare enough to cost a small share of the call.
+    clock, chooser = FakeClock(monkeypatch), StepThreads(most=2)
+    busy = {2: 0.5, 1: 0.05}
+    used = clock.steps(chooser, busy, 128)
+    assert used[:4] == [2, 2, 1, 1]  # two steps on all threads (the first untimed), then the try, timed at its second
+    assert used.count(2) <= 3
+    assert clock.now <= 1.25 * 128 * busy[1]
+
+
 def test_each_shape_is_judged_on_its_own_steps(monkeypatch):
     clock, chooser = FakeClock(monkeypatch), StepThreads(most=2)
     clock.steps(chooser, {2: 0.01, 1: 0.02}, 200, shape=(12, 1))
