@@ -215,6 +215,11 @@ def scratch_copy(where: Path) -> Path:
     if assets.exists():
         (where / "data" / "assets").symlink_to(assets.resolve())
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(where)], capture_output=True)  # once, not per test
+    # A repository of its own, its one commit the copied tree: tests that ask git about the checkout (a --baseline
+    # of HEAD) see one, as they do in the working tree.
+    git = ["git", "-c", "user.name=mutation", "-c", "user.email=mutation@localhost", "-c", "commit.gpgsign=false"]
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "--no-verify", "-m", "the tree mutated"]):
+        subprocess.run([*git, *command], cwd=where, capture_output=True, check=True)
     return where
 
 
