@@ -31,6 +31,10 @@ class Slots:
         max_rows, width, device = caches[0].lengths.numel(), caches[0].max_len, caches[0].lengths.device
         self.tokens = torch.zeros(max_rows, width, dtype=torch.long, device=device)
         self.lengths = torch.zeros(max_rows, dtype=torch.long, device=device)  # tokens each row holds
+        self.row_numbers = torch.arange(max_rows, device=device)
+        # Each row count's views of the caches, made once: they share the caches' storage, which is written in
+        # place, so only their lengths need reading again at each step, not a slice per layer's keys and values.
+        self.row_views: dict[int, list[KVCache]] = {}
         self.rows = 0
 
     @property
@@ -41,7 +45,13 @@ class Slots:
         """Rows 0..rows-1 of each cache, and their tokens and lengths: the active rows by default, then free rows
         that pad a traced step's batch (see `clear_free_rows`).  The caches' writes land here."""
         rows = self.rows if rows is None else rows
-        return [cache.first_rows(rows) for cache in self.caches], self.tokens[:rows], self.lengths[:rows]
+        views = self.row_views.get(rows)
+        if views is None:
+            views = self.row_views[rows] = [cache.first_rows(rows) for cache in self.caches]
+        else:
+            for view in views:
+                view.reread_lengths()
+        return views, self.tokens[:rows], self.lengths[:rows]
 
     def clear_free_rows(self) -> None:
         """Free rows hold nothing: a step that padded its batch with them advanced their caches."""
@@ -59,6 +69,13 @@ class Slots:
         self.tokens[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
         self.lengths[row] = len(tokens)
         self.rows += 1
+
+    def extend_each(self, tokens: list[int]) -> None:
+        """Rows 0..len(tokens)-1 each gained one token, row i `tokens[i]`: one write for the batch."""
+        rows = len(tokens)
+        self.tokens[self.row_numbers[:rows], self.lengths[:rows]] = torch.tensor(tokens, dtype=torch.long,
+                                                                                  device=self.tokens.device)
+        self.lengths[:rows] += 1
 
     def extend(self, row: int, tokens: list[int]) -> None:
         """Row `row` gained `tokens`."""
