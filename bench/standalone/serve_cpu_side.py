@@ -14,10 +14,15 @@ main thread, so that the event loop is the main thread, and for each level strea
 requests per client from `clients` clients at once (a process of their own, the `clients` mode): the CPU the event
 loop's thread and the engine's thread spent over the level, read from /proc/self/task/TID/schedstat (nanoseconds on
 a core), over the tokens served.  One untimed one-client level comes first.
+
+Every thread's CPU inside the model's passes (DecodeSteps.logits, the prompt's and each step's: what both sides
+run alike, and where torch's intra-op work lands on the calling thread) is counted apart too, so that the engine's
+bookkeeping, and generate()'s, can be read directly: the thread's CPU outside its passes.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import subprocess
@@ -33,6 +38,7 @@ import uvicorn
 from bench.eval.loadtest import checked, completion_body, run_level
 from decode.generate import generate
 from decode.sampling import SamplingParams
+from decode.steps import DecodeSteps
 from model.packed_linear import pack_for_inference
 from serve.app import create_app
 from serve.config import ServeConfig
@@ -52,22 +58,46 @@ def thread_cpu_s(tid: int) -> float:
     return int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0]) / 1e9
 
 
-def generate_cpu_per_token_ms(artifact: Path, batch: int, new_tokens: int, decode: str) -> float:
-    """The calling thread's CPU per token of generate() at `batch` rows, after one untimed call (its trace)."""
+class PassClock:
+    """Each thread's CPU inside DecodeSteps.logits, once `install`ed (a wrapper around it)."""
+
+    def __init__(self):
+        self.seconds: dict[int, float] = collections.defaultdict(float)
+
+    def install(self) -> None:
+        passes = DecodeSteps.logits
+
+        def timed(steps, *args, **kwargs):
+            start = time.thread_time()
+            try:
+                return passes(steps, *args, **kwargs)
+            finally:
+                self.seconds[threading.get_native_id()] += time.thread_time() - start
+
+        DecodeSteps.logits = timed
+
+
+PASSES = PassClock()
+
+
+def generate_cpu_per_token_ms(artifact: Path, batch: int, new_tokens: int, decode: str) -> tuple[float, float]:
+    """The calling thread's CPU per token of generate() at `batch` rows, after one untimed call (its trace): in
+    all, and inside the model's passes."""
     model, _ = load_model(artifact, torch.device("cpu"))
     pack_for_inference(model)
     idx = torch.tensor([prompt_ids()] * batch)
     params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, stop_at_eot=False)
 
-    def timed() -> float:
+    def timed() -> tuple[float, float]:
         with torch.inference_mode():
             generate(model, idx, params, decode=decode)
-            start = time.thread_time()
+            start, in_passes = time.thread_time(), PASSES.seconds[threading.get_native_id()]
             generate(model, idx, params, decode=decode)
-            return time.thread_time() - start
+            return time.thread_time() - start, PASSES.seconds[threading.get_native_id()] - in_passes
 
     with ThreadPoolExecutor(max_workers=1) as pool:  # a thread, and its OpenMP pool, that end with the call
-        return 1000 * pool.submit(timed).result() / (batch * new_tokens)
+        seconds, in_passes = pool.submit(timed).result()
+    return 1000 * seconds / (batch * new_tokens), 1000 * in_passes / (batch * new_tokens)
 
 
 def stream_clients(url: str, model: str, clients: int, requests: int, new_tokens: int) -> None:
@@ -79,7 +109,8 @@ def stream_clients(url: str, model: str, clients: int, requests: int, new_tokens
 
 
 def serve_levels(artifact: Path, settings: dict) -> list[dict]:
-    """Per level: the event loop's and the engine thread's CPU per token served, in ms."""
+    """Per level: the event loop's and the engine thread's CPU per token served, and the engine's inside the
+    model's passes, in ms."""
     config = ServeConfig(checkpoint=str(artifact), host=LOOPBACK, port=free_port(), decode=settings["decode"],
                          max_batch_size=max(settings["clients"]))
     app = create_app(config)
@@ -96,14 +127,15 @@ def serve_levels(artifact: Path, settings: dict) -> list[dict]:
                 time.sleep(0.05)
             engine_tid = app.state.server.engine.thread.native_id
             for clients in [1, *settings["clients"]]:  # the first, untimed
-                before = thread_cpu_s(loop_tid), thread_cpu_s(engine_tid)
+                before = thread_cpu_s(loop_tid), thread_cpu_s(engine_tid), PASSES.seconds[engine_tid]
                 subprocess.run([sys.executable, __file__, "clients", url, model, str(clients),
                                 str(settings["requests"]), str(settings["new_tokens"])], check=True)
-                after = thread_cpu_s(loop_tid), thread_cpu_s(engine_tid)
+                after = thread_cpu_s(loop_tid), thread_cpu_s(engine_tid), PASSES.seconds[engine_tid]
                 tokens = clients * settings["requests"] * settings["new_tokens"]
                 levels.append({"clients": clients, "tokens": tokens,
                                "event_loop_ms": 1000 * (after[0] - before[0]) / tokens,
-                               "engine_ms": 1000 * (after[1] - before[1]) / tokens})
+                               "engine_ms": 1000 * (after[1] - before[1]) / tokens,
+                               "engine_passes_ms": 1000 * (after[2] - before[2]) / tokens})
         except BaseException as e:  # raised again in the main thread, once the server has stopped
             failed.append(e)
         finally:
@@ -120,9 +152,12 @@ def serve_levels(artifact: Path, settings: dict) -> list[dict]:
 
 def measure(settings: dict) -> dict:
     artifact = Path(settings["artifact"])
+    PASSES.install()
     generate_ms = {str(batch): generate_cpu_per_token_ms(artifact, batch, settings["new_tokens"], settings["decode"])
                    for batch in settings["clients"]}
-    return {"generate_ms": generate_ms, "levels": serve_levels(artifact, settings),
+    return {"generate_ms": {batch: ms for batch, (ms, _) in generate_ms.items()},
+            "generate_passes_ms": {batch: ms for batch, (_, ms) in generate_ms.items()},
+            "levels": serve_levels(artifact, settings),
             "load_average_1m": os.getloadavg()[0]}
 
 

@@ -8,7 +8,10 @@ PYTHONPATH): generate() alone at each --clients batch size, then the server in t
 thread, streaming /v1/completions to 1 client and to each --clients level from a process of their own.  The event
 loop's and the engine thread's CPU (their own time on a core) are divided by the tokens served.  The engine's
 includes its share of each step's products (torch runs the calling thread as one of its intra-op workers), so
-generate()'s calling thread at the same batch size is measured too: the engine's CPU beyond it is its bookkeeping.
+generate()'s calling thread at the same batch size is measured too, and the CPU each thread spends inside the
+model's passes (DecodeSteps.logits) is counted apart: the engine's CPU outside its passes is its bookkeeping, read
+directly (the engine's CPU beyond generate()'s is the same less generate()'s own, but carries the difference
+between the server's batches, whose rows join and leave, and generate()'s full ones).
 The host's memory read and matmul rates are measured before the rounds, and the 1-minute load average after each
 side, since a busy host inflates every figure.  Results: bench/results/serve_cpu_split/serve_cpu_split.json.
 """
@@ -56,8 +59,10 @@ class LevelCpu:
     clients: int
     event_loop_ms: Spread  # the event loop thread's CPU per token served, over rounds
     engine_ms: Spread  # the engine thread's
+    engine_bookkeeping_ms: Spread  # the engine thread's outside the model's passes
     generate_ms: Spread  # generate()'s calling thread at batch = clients
-    engine_beyond_generate_ms: Spread  # engine less generate(), per round: the engine's bookkeeping
+    generate_bookkeeping_ms: Spread  # generate()'s calling thread outside the model's passes
+    engine_beyond_generate_ms: Spread  # engine less generate(), per round
 
 
 @dataclass
@@ -94,9 +99,11 @@ def side_result(code: str, runs: list[dict], clients: list[int]) -> SideCpu:
     for i, level in enumerate(clients):
         loop = [run["levels"][i]["event_loop_ms"] for run in runs]
         engine = [run["levels"][i]["engine_ms"] for run in runs]
+        engine_outside = [run["levels"][i]["engine_ms"] - run["levels"][i]["engine_passes_ms"] for run in runs]
         alone = [run["generate_ms"][str(level)] for run in runs]
-        levels.append(LevelCpu(level, Spread.of(loop), Spread.of(engine), Spread.of(alone),
-                               Spread.of([e - g for e, g in zip(engine, alone)])))
+        alone_outside = [run["generate_ms"][str(level)] - run["generate_passes_ms"][str(level)] for run in runs]
+        levels.append(LevelCpu(level, Spread.of(loop), Spread.of(engine), Spread.of(engine_outside), Spread.of(alone),
+                               Spread.of(alone_outside), Spread.of([e - g for e, g in zip(engine, alone)])))
     return SideCpu(code, levels, [run["load_average_1m"] for run in runs])
 
 
@@ -120,11 +127,14 @@ def main(argv=None) -> None:
         for round_ in range(cfg.rounds):
             for code, root in sides.items():
                 runs[code].append(run_side(root, settings))
-                for clients, level in zip(cfg.clients, runs[code][-1]["levels"]):
-                    print(f"round {round_ + 1}, {code}, {clients} client(s): event loop {level['event_loop_ms']:.2f} "
-                          f"ms/token, engine {level['engine_ms']:.2f} ms/token, generate() "
-                          f"{runs[code][-1]['generate_ms'][str(clients)]:.2f} ms/token, load "
-                          f"{runs[code][-1]['load_average_1m']:.1f}", flush=True)
+                run = runs[code][-1]
+                for clients, level in zip(cfg.clients, run["levels"]):
+                    print(f"round {round_ + 1}, {code}, {clients} client(s), CPU ms/token: event loop "
+                          f"{level['event_loop_ms']:.3f}, engine {level['engine_ms']:.2f} (outside passes "
+                          f"{level['engine_ms'] - level['engine_passes_ms']:.3f}), generate() "
+                          f"{run['generate_ms'][str(clients)]:.2f} (outside passes "
+                          f"{run['generate_ms'][str(clients)] - run['generate_passes_ms'][str(clients)]:.3f}); "
+                          f"load {run['load_average_1m']:.1f}", flush=True)
     result = ServeCpuSplit(" ".join(["python -m bench.standalone.serve_cpu_split", *(argv or sys.argv[1:])]),
                            cfg.model, cfg.new_tokens, cfg.requests, cfg.decode,
                            [side_result(code, runs[code], cfg.clients) for code in sides], rates,
