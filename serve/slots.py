@@ -33,8 +33,11 @@ class Slots:
         self.lengths = torch.zeros(max_rows, dtype=torch.long, device=device)  # tokens each row holds
         self.row_numbers = torch.arange(max_rows, device=device)
         # Each row count's views of the caches, made once: they share the caches' storage, which is written in
-        # place, so only their lengths need reading again at each step, not a slice per layer's keys and values.
+        # place, so a view made before needs only its `length` and `aligned` read again, not a slice per layer's keys
+        # and values.  Not even that while the batch keeps its rows: a step advances the caches through the views
+        # it was handed, which keep count (`fresh`: the row count whose views are so up to date, if any).
         self.row_views: dict[int, list[KVCache]] = {}
+        self.fresh: int | None = None
         self.rows = 0
 
     @property
@@ -48,15 +51,17 @@ class Slots:
         views = self.row_views.get(rows)
         if views is None:
             views = self.row_views[rows] = [cache.first_rows(rows) for cache in self.caches]
-        else:
+        elif rows != self.fresh:
             for view in views:
                 view.reread_lengths()
+        self.fresh = rows
         return views, self.tokens[:rows], self.lengths[:rows]
 
     def clear_free_rows(self) -> None:
         """Free rows hold nothing: a step that padded its batch with them advanced their caches."""
         for cache in self.caches:
             cache.clear_rows(self.rows)
+        self.fresh = None
 
     def add(self, prefills: list[KVCache], tokens: list[int]) -> None:
         """A sequence whose prompt each model prefilled in a one-row cache, holding `tokens` (the prompt and the
@@ -66,6 +71,7 @@ class Slots:
         row = self.rows
         for cache, prefill in zip(self.caches, prefills):
             cache.put_row(row, prefill)
+        self.fresh = None
         self.tokens[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
         self.lengths[row] = len(tokens)
         self.rows += 1
@@ -93,5 +99,6 @@ class Slots:
             self.lengths[row] = self.lengths[last]
         for cache in self.caches:
             cache.clear_rows(last)
+        self.fresh = None
         self.lengths[last] = 0
         self.rows = last
