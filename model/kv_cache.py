@@ -72,7 +72,7 @@ class KVCache:
         """Over existing tensors (a view of another cache's rows, say); `allocate` makes new ones."""
         self.k, self.v, self.lengths = k, v, lengths
         self.max_len = k[0].size(2)
-        self._lengths_changed()
+        self.reread_lengths()
 
     @classmethod
     def allocate(cls, config: GPTConfig, batch_size: int, max_len: int, device,
@@ -83,7 +83,7 @@ class KVCache:
                    [torch.zeros(shape(i), device=device, dtype=dtype) for i in range(config.n_layer)],
                    torch.zeros(batch_size, dtype=torch.long, device=device))
 
-    def _lengths_changed(self) -> None:
+    def reread_lengths(self) -> None:
         """Read `length` and `aligned` back from the rows' lengths, after they changed other than by `advance`."""
         self.length = int(self.lengths.max()) if self.lengths.numel() else 0
         self.aligned = self.lengths.numel() == 0 or bool(self.lengths.min() == self.length)
@@ -131,7 +131,7 @@ class KVCache:
     def truncate(self, lengths: torch.Tensor) -> None:
         """Keep the first `lengths[i]` tokens of row i (at most the ones it holds)."""
         torch.minimum(self.lengths, lengths.to(self.lengths.device), out=self.lengths)  # in place: see first_rows
-        self._lengths_changed()
+        self.reread_lengths()
 
     def first_rows(self, rows: int) -> KVCache:
         """Rows 0..rows-1 as a cache of their own that shares this one's storage (a server's running batch
@@ -149,19 +149,19 @@ class KVCache:
             self.k[layer][row, :, :end] = source.k[layer][source_row, :, :end]
             self.v[layer][row, :, :end] = source.v[layer][source_row, :, :end]
         self.lengths[row] = end  # in place: a captured step reads this tensor
-        self._lengths_changed()
+        self.reread_lengths()
 
     def clear_rows(self, first: int) -> None:
         """Rows `first` and after hold nothing (their keys and values are left, unread)."""
         self.lengths[first:] = 0
-        self._lengths_changed()
+        self.reread_lengths()
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Keep only `rows` (indices, in that order); the others leave the batch."""
         self.k = [k.index_select(0, rows) for k in self.k]
         self.v = [v.index_select(0, rows) for v in self.v]
         self.lengths = self.lengths.index_select(0, rows)
-        self._lengths_changed()
+        self.reread_lengths()
 
 
 class StaticKVCache(KVCache):

@@ -9,7 +9,9 @@ depend on its neighbours in the batch.
 The engine's loop joins two parts, as vLLM splits them: the scheduler (serve/scheduler.py) decides what runs next
 (the queue, admission, timeouts, cancellation), and the runner (serve/runner.py) runs it (prefill, steps,
 sampling, the events).  The engine knows nothing about HTTP or asyncio: a request carries an `on_event` callback
-that the engine calls, from its thread, with the events of serve/events.py.
+that the engine calls, from its thread, with the events of serve/events.py, and after each prefill and each step
+the engine flushes its `delivery` (serve/delivery.py), where the HTTP side's callbacks leave their events, so that
+an event loop is woken once per pass rather than once per event.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import torch
 
 from decode.speculative import DEFAULT_DRAFT_TOKENS
 from runtime.errors import UserError
+from serve.delivery import Delivery
 from serve.warm_up import warm_up
 from serve.events import REQUEST_FAILED, ErrorEvent, GenerationRequest
 from serve.metrics import ServerMetrics
@@ -63,6 +66,7 @@ class Engine:
                                    running=lambda: len(self.runner.active))
         self.config = model.config
         self.decode = self.runner.steps.mode
+        self.delivery = Delivery()  # flushed on the engine's thread after each prefill and each step
         self.thread: threading.Thread | None = None
 
     # ---- called from other threads ----
@@ -136,6 +140,7 @@ class Engine:
                     except Exception:  # one bad request must not take the server down
                         log.exception("prefill failed")
                         request.on_event(ErrorEvent("internal", REQUEST_FAILED))
+                    self.delivery.flush()  # its first token goes now, not after the other prefills and the step
                 try:
                     self.scheduler.expire_running(self.runner.active)
                     self.runner.end_where(lambda s: s.done or s.request.cancelled)
@@ -145,4 +150,5 @@ class Engine:
                     log.exception("generation step failed; failing the %d requests in the batch", self.batch_size)
                     self.runner.fail_all("generation failed for every request in the batch; the server log has "
                                          "the details")
+                self.delivery.flush()
                 self.metrics.batch_size.set(self.batch_size)

@@ -105,6 +105,14 @@ def token_logprobs(entry: TokenLogprob, reader: TokenReader) -> TokenLogprobs:
     return TokenLogprobs(token=entry.token, text=label, logprob=entry.logprob, top_logprobs=top)
 
 
+def token_logprobs_fields(entry: TokenLogprob, reader: TokenReader) -> dict:
+    """A streamed /generate token event's `logprob` and `top_logprobs`, as `token_logprobs` gives them, in plain
+    values: a stream builds no pydantic models per token."""
+    top = [{"token": token, "text": reader.label(token), "logprob": logprob} for token, logprob in entry.top]
+    reader.read(entry.token)
+    return {"logprob": entry.logprob, "top_logprobs": top}
+
+
 class TokenReader:
     """Decodes tokens in order from a character offset, holding back the bytes of an unfinished character."""
 

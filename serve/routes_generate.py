@@ -16,7 +16,7 @@ from decode.request_sampling import SAMPLING_FIELDS
 from serve.events import DoneEvent, TokenEvent
 from serve.errors import APIError, error_body
 from serve.event_stream import EventStream
-from serve.logprobs import TokenReader, token_logprobs
+from serve.logprobs import TokenReader, token_logprobs, token_logprobs_fields
 from serve.schemas import (GENERATE_EVENT, GenerateRequest, GenerateResponse, LatencyBody, SpeculativeBody,
                            error_responses, streamed_responses)
 from serve.state import require_api_key, server_state
@@ -75,8 +75,7 @@ def render(event, reader: TokenReader) -> str:
     if isinstance(event, TokenEvent):
         data = {"token": event.token, "text": event.text}
         if event.logprob is not None:
-            entry = token_logprobs(event.logprob, reader)
-            data |= {"logprob": entry.logprob, "top_logprobs": [a.model_dump() for a in entry.top_logprobs]}
+            data |= token_logprobs_fields(event.logprob, reader)
         return sse("token", data)
     if isinstance(event, DoneEvent):
         tail = sse("token", {"token": None, "text": event.tail}) if event.tail else ""

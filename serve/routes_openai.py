@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, Request
 
 from decode.request_sampling import SAMPLING_FIELDS
 from decode.row_state import OPENAI_FINISH_REASONS
+from serve.completion_chunks import CompletionChunks
 from serve.events import DoneEvent, ErrorEvent, TokenEvent
 from serve.errors import APIError, error_body
 from serve.event_stream import EventStream
@@ -110,18 +111,14 @@ async def stream(submission: Submission, completion_id: str, created: int, model
     """Server-sent chunks: each choice's echoed prompt first (as OpenAI streams it), then its text as it comes.
     With `logprobs`, each chunk carries the entries of the tokens its text completes (serve/logprobs.py's
     StreamedLogprobs), and an echoed prompt waits for its own entries, which the row's prefill computes."""
-    def chunk(choices: list[CompletionChoice], usage_body: CompletionUsage | None = None) -> str:
-        body = Completion(id=completion_id, choices=choices, created=created, model=model_id, usage=usage_body)
-        return f"data: {json.dumps(body.model_dump(exclude_none=True) | {'choices': [c.model_dump() for c in choices]})}\n\n"
-
+    chunks = CompletionChunks(completion_id, created, model_id)
     echoes = [text if echo else "" for text in prompt_texts]
     results: dict[int, DoneEvent] = {}
     scored = [StreamedLogprobs(text) for text in prompt_texts] if logprobs else None
     echo_waits = set(range(len(echoes))) if echo and logprobs else set()
     try:
         if echo and not logprobs:
-            yield "".join(chunk([CompletionChoice(text=text, index=i, finish_reason=None)])
-                          for i, text in enumerate(echoes))
+            yield "".join(chunks.choice(text, i) for i, text in enumerate(echoes))
         async for batch in submission.event_batches():
             out = []
             for index, event in batch:
@@ -129,25 +126,24 @@ async def stream(submission: Submission, completion_id: str, created: int, model
                     echo_waits.discard(index)
                     entries = event.prompt_logprobs if isinstance(event, TokenEvent) else \
                         event.logprobs[:event.prompt_tokens]
-                    out.append(chunk([CompletionChoice(text=echoes[index], index=index, finish_reason=None,
-                                                       logprobs=prompt_logprobs(entries))]))
+                    out.append(chunks.choice(echoes[index], index, logprobs=prompt_logprobs(entries)))
                 if isinstance(event, TokenEvent):
                     entries = scored[index].token(event.logprob, event.text) if scored is not None else None
                     if event.text or (entries is not None and entries.tokens):
-                        out.append(chunk([CompletionChoice(text=event.text, index=index, logprobs=entries,
-                                                           finish_reason=None)]))
+                        out.append(chunks.choice(event.text, index, logprobs=entries))
                 elif isinstance(event, DoneEvent):
                     results[index] = event
                     entries = scored[index].done(event, echo) if scored is not None else None
-                    out.append(chunk([CompletionChoice(text=event.tail, index=index, logprobs=entries,
-                                                       finish_reason=OPENAI_FINISH_REASONS[event.finish_reason])]))
+                    out.append(chunks.choice(event.tail, index, OPENAI_FINISH_REASONS[event.finish_reason], entries))
                 elif isinstance(event, ErrorEvent):
                     yield "".join(out) + error_event(error_for(event))
                     return
             if out:
                 yield "".join(out)
         if include_usage:
-            yield chunk([], usage([results[i] for i in sorted(results)], n))
+            last = Completion(id=completion_id, choices=[], created=created, model=model_id,
+                              usage=usage([results[i] for i in sorted(results)], n))
+            yield f"data: {json.dumps(last.model_dump(exclude_none=True))}\n\n"
         yield "data: [DONE]\n\n"
     finally:
         submission.cancel()

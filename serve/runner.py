@@ -112,7 +112,8 @@ class Runner:
             cache.aligned = False
         last = tokens.gather(1, (lengths - 1).clamp(min=0)[:, None])  # each row's last token (a free row's: any)
         logits = self.steps.logits(cache, last, 1)[:active]
-        self.slots.clear_free_rows()
+        if rows > active:
+            self.slots.clear_free_rows()
         self.metrics.decode_batch.observe(active)
         tokens = self._sample(logits[:, -1], self.active)
         for row, (seq, token) in enumerate(zip(self.active, tokens)):
@@ -120,12 +121,13 @@ class Runner:
                 self.fail(seq)
                 continue
             try:
-                self._accept(seq, token, logits[row, -1])
+                # A row's logits are sliced out only when it keeps log-probabilities: nothing else reads them.
+                self._accept(seq, token, logits[row, -1] if seq.row.logprobs is not None else None)
             except Exception:  # a failure in one request's tokens ends that request alone
                 log.exception("request failed while handling its token %d", token)
                 self.fail(seq)
-            if not seq.done:
-                self.slots.extend(row, [token])
+        # Every row's token in one write; a row that ended (or failed) gains one too, unread: it is freed below.
+        self.slots.extend_each([0 if token is None else token for token in tokens])
         self.end_where(lambda s: s.done)
 
     def _speculative_step(self) -> None:
@@ -175,14 +177,16 @@ class Runner:
         succeed get the token they would have got in the batch.
         """
         generators = [seq.generator for seq in seqs]
-        states = [g.get_state() for g in generators]
+        # A greedy row draws nothing: only the rows that draw need their generator's state kept.
+        states = [None if seq.params.greedy else seq.generator.get_state() for seq in seqs]
         try:
             return sample_rows(logits, [seq.params for seq in seqs], generators, [seq.row.tokens for seq in seqs])
         except Exception:  # find the rows that fail, so that only they end
             log.exception("sampling a batch of %d failed; sampling its rows one at a time", len(seqs))
         tokens: list[int | None] = []
         for row, (seq, state) in enumerate(zip(seqs, states)):
-            seq.generator.set_state(state)
+            if state is not None:
+                seq.generator.set_state(state)
             try:
                 tokens.append(sample_rows(logits[row:row + 1], [seq.params], [seq.generator], [seq.row.tokens])[0])
             except Exception:  # this request alone ends
@@ -190,8 +194,9 @@ class Runner:
                 tokens.append(None)
         return tokens
 
-    def _accept(self, seq: Sequence, token: int, logits: torch.Tensor) -> None:
-        """`logits` (vocab,): the distribution `token` was drawn from."""
+    def _accept(self, seq: Sequence, token: int, logits: torch.Tensor | None) -> None:
+        """`logits` (vocab,): the distribution `token` was drawn from (None when the row keeps no
+        log-probabilities)."""
         now = time.perf_counter()
         self.metrics.tokens.inc()
         event = seq.accept(token, logits, now)

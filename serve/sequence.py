@@ -29,8 +29,9 @@ class Sequence:
     def done(self) -> bool:
         return self.row.finished or self.failed
 
-    def accept(self, token: int, logits: torch.Tensor, now: float) -> TokenEvent | None:
-        """The row takes `token`, drawn from `logits` (vocab,); the event for the client, if the token has one."""
+    def accept(self, token: int, logits: torch.Tensor | None, now: float) -> TokenEvent | None:
+        """The row takes `token`, drawn from `logits` (vocab,), which only a row keeping log-probabilities needs; the
+        event for the client, if the token has one."""
         first = self.row.generated == 0
         if self.first_token_at is None:
             self.first_token_at = now

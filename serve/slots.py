@@ -31,6 +31,13 @@ class Slots:
         max_rows, width, device = caches[0].lengths.numel(), caches[0].max_len, caches[0].lengths.device
         self.tokens = torch.zeros(max_rows, width, dtype=torch.long, device=device)
         self.lengths = torch.zeros(max_rows, dtype=torch.long, device=device)  # tokens each row holds
+        self.row_numbers = torch.arange(max_rows, device=device)
+        # Each row count's views of the caches, made once: they share the caches' storage, which is written in
+        # place, so a view made before needs only its `length` and `aligned` read again, not a slice per layer's keys
+        # and values.  Not even that while the batch keeps its rows: a step advances the caches through the views
+        # it was handed, which keep count (`fresh`: the row count whose views are so up to date, if any).
+        self.row_views: dict[int, list[KVCache]] = {}
+        self.fresh: int | None = None
         self.rows = 0
 
     @property
@@ -41,12 +48,20 @@ class Slots:
         """Rows 0..rows-1 of each cache, and their tokens and lengths: the active rows by default, then free rows
         that pad a traced step's batch (see `clear_free_rows`).  The caches' writes land here."""
         rows = self.rows if rows is None else rows
-        return [cache.first_rows(rows) for cache in self.caches], self.tokens[:rows], self.lengths[:rows]
+        views = self.row_views.get(rows)
+        if views is None:
+            views = self.row_views[rows] = [cache.first_rows(rows) for cache in self.caches]
+        elif rows != self.fresh:
+            for view in views:
+                view.reread_lengths()
+        self.fresh = rows
+        return views, self.tokens[:rows], self.lengths[:rows]
 
     def clear_free_rows(self) -> None:
         """Free rows hold nothing: a step that padded its batch with them advanced their caches."""
         for cache in self.caches:
             cache.clear_rows(self.rows)
+        self.fresh = None
 
     def add(self, prefills: list[KVCache], tokens: list[int]) -> None:
         """A sequence whose prompt each model prefilled in a one-row cache, holding `tokens` (the prompt and the
@@ -56,9 +71,17 @@ class Slots:
         row = self.rows
         for cache, prefill in zip(self.caches, prefills):
             cache.put_row(row, prefill)
+        self.fresh = None
         self.tokens[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
         self.lengths[row] = len(tokens)
         self.rows += 1
+
+    def extend_each(self, tokens: list[int]) -> None:
+        """Rows 0..len(tokens)-1 each gained one token, row i `tokens[i]`: one write for the batch."""
+        rows = len(tokens)
+        self.tokens[self.row_numbers[:rows], self.lengths[:rows]] = torch.tensor(tokens, dtype=torch.long,
+                                                                                  device=self.tokens.device)
+        self.lengths[:rows] += 1
 
     def extend(self, row: int, tokens: list[int]) -> None:
         """Row `row` gained `tokens`."""
@@ -76,5 +99,6 @@ class Slots:
             self.lengths[row] = self.lengths[last]
         for cache in self.caches:
             cache.clear_rows(last)
+        self.fresh = None
         self.lengths[last] = 0
         self.rows = last

@@ -33,10 +33,8 @@ class Submission:
         self.submitted = False
 
     def _deliver(self, index: int, event: Event) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, event))
-        except RuntimeError:  # the event loop has closed: nobody is waiting any more
-            self.requests[index].cancel()
+        # Queued on the loop when the engine's pass ends (serve/delivery.py); a closed loop cancels the request.
+        self.engine.delivery.send(self.loop, self.queue.put_nowait, (index, event), self.requests[index].cancel)
 
     def submit(self) -> None:
         """Queue every generation, or none: a full queue answers 503 with Retry-After."""

@@ -392,3 +392,34 @@ def test_a_warm_up_that_fails_fails_the_start(short_context_model, monkeypatch):
     with pytest.raises(RuntimeError, match="cannot trace this model"):
         engine.start(warm_up_all_rows=True)
     assert not engine.thread.is_alive()
+
+
+def test_a_batch_whose_sampling_fails_gives_each_row_its_own_token_again(monkeypatch):
+    """Rows sampled again one at a time after a failed batch draw from their generators as they stood before it:
+    the rows that draw get the tokens the batch would have given them, and greedy rows (whose generator states are
+    not kept: they draw nothing) their argmax."""
+    from serve import runner as runner_module
+    from serve.runner import Runner
+    from serve.sequence import Sequence
+
+    torch.manual_seed(0)
+    model = GPT(small_config(vocab_size=1000)).eval()
+    runner = Runner(model, torch.device("cpu"), 4, ServerMetrics(), "dynamic", None, 1)
+    settings = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.9, seed=1),
+                SamplingParams(temperature=0.0), SamplingParams(temperature=1.2, top_k=40, seed=2)]
+    logits = torch.randn(4, 1000)
+
+    def sequences():
+        return [Sequence(GenerationRequest([1], params, lambda event: None), torch.device("cpu"), 0.0, False)
+                for params in settings]
+
+    expected = runner._sample(logits, sequences())
+
+    def fails_for_a_batch(logits, params, generators, generated):
+        tokens = sample_rows(logits, params, generators, generated)  # the generators move on, as in a late failure
+        if len(params) > 1:
+            raise FloatingPointError("the batch fails")
+        return tokens
+
+    monkeypatch.setattr(runner_module, "sample_rows", fails_for_a_batch)
+    assert runner._sample(logits, sequences()) == expected
