@@ -396,3 +396,31 @@ def test_busy_cores_keep_running_through_the_block_and_end_with_it():
         time.sleep(0.2)
         assert len(processes) == 2 and all(p.poll() is None for p in processes)
     assert all(p.poll() is not None for p in processes)
+
+
+def test_prefix_cache_reports_llama_server_beside_its_own_sides(tmp_path):
+    """With --llama-server, the few-shot first token gains a row, a bar group and a speed-up per level; scoring stays
+    ours only (the committed result, given a llama-server part)."""
+    from bench.experiments import prefix_cache
+    from bench.plots import plt
+    from bench.report_page import Page
+    from bench.typed_json import from_json, to_json
+    from runtime.timing import Spread
+    result = prefix_cache.EXPERIMENT.read(RESULTS_DIR)
+    assert result.llama_server is None  # a result from before the option reads back
+    levels = list(result.first_token_speedup)
+    result.llama_server = prefix_cache.PeerFewShot("llama-server 1 (commit abc), F32", "its defaults",
+                                                   {lv: Spread(900.0, 800.0, 1000.0, 2) for lv in levels},
+                                                   {lv: 3.0 for lv in levels})
+    assert from_json(prefix_cache.PrefixCacheResult, json.loads(json.dumps(to_json(result)))) == result
+    page = Page(tmp_path / "REPORT.md")
+    prefix_cache.EXPERIMENT.section(result, page)
+    text = "".join(page.parts)
+    assert "| llama-server 1 (commit abc), F32 | n/a | " + " | ".join(["900 (800-1,000)"] * len(levels)) + \
+        " | n/a | n/a |" in text
+    assert "ours with the cache over llama-server, first token (medians of per-round ratios): " + \
+        ", ".join(f"{lv} 3.00x" for lv in levels) in text
+    figure = prefix_cache.EXPERIMENT.plot(result)
+    legend = [t.get_text() for t in figure.axes[1].get_legend().get_texts()]
+    plt.close(figure)
+    assert legend == ["prefix cache off", "prefix cache on", "llama-server, its defaults"]

@@ -5,8 +5,11 @@ is named in its line."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.machinery
 import json
+import sys
 import tempfile
+import types
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,7 @@ import sample
 import train
 from bench.experiment import SettingsError
 from bench import demo
-from bench.experiments import generate_speed, serve_speed
+from bench.experiments import generate_speed, prefix_cache, serve_speed
 from bench.eval.scorecard import LeaderboardConfig
 from bench.eval.perplexity import PerplexityConfig
 from prune.config import PruneConfig
@@ -34,7 +37,8 @@ TOOLS = {"train.py": train.TrainConfig, "sample.py": sample.SampleConfig, "pytho
          "bench/leaderboard.py": LeaderboardConfig, "prune/iterative.py": PruneConfig,
          "python -m bench.demo": demo.DemoConfig,
          # the settings of the experiments that start peers and busy processes
-         "generate_speed": generate_speed.Settings, "serve_speed": serve_speed.Settings}
+         "generate_speed": generate_speed.Settings, "serve_speed": serve_speed.Settings,
+         "prefix_cache": prefix_cache.Settings}
 VALUES = ("0", "-1", "1", "90", "1e309", "nan", "inf", "0.5", "", "--", "-", "=", "yes", "auto", "builtin", "none")
 
 
@@ -131,3 +135,23 @@ def test_a_baseline_that_is_not_a_commit_is_one_error_line(baseline):
     assert str(error.value).startswith(f"--baseline {baseline!r} is not a commit of this repository")
     assert "\n" not in str(error.value)
     assert parse_config(generate_speed.Settings, "A tool.", ["--baseline", "HEAD"], prog="generate_speed").baseline
+
+
+@pytest.mark.parametrize("prog", ["serve_speed", "prefix_cache"])
+def test_a_llama_server_that_cannot_run_is_one_error_line_before_any_measuring(prog, tmp_path, monkeypatch):
+    binary = tmp_path / "llama-server"
+
+    def refusal() -> str:
+        with pytest.raises(SettingsError) as error:
+            parse_config(TOOLS[prog], "A tool.", ["--llama-server", str(binary)], prog=prog)
+        assert "\n" not in str(error.value)
+        return str(error.value)
+
+    assert refusal().startswith(f"--llama-server {binary} is not a file; build llama.cpp's llama-server")
+    binary.write_text("")
+    monkeypatch.setitem(sys.modules, "gguf", None)  # not installed, as in the project's .venv
+    assert refusal().startswith("--llama-server needs the gguf package")
+    gguf = types.ModuleType("gguf")
+    gguf.__spec__ = importlib.machinery.ModuleSpec("gguf", None)
+    monkeypatch.setitem(sys.modules, "gguf", gguf)  # installed, as in .peers/venv
+    assert parse_config(TOOLS[prog], "A tool.", ["--llama-server", str(binary)], prog=prog).llama_server == str(binary)

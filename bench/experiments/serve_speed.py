@@ -43,6 +43,7 @@ import torch
 from bench.experiment import Experiment, RandomWeightsSettings, SettingsError
 from bench.eval.loadtest import (PROMPTS, LevelResult, checked, completion_body, exact_request_body, level_name,
                            run_level)
+from bench.peers.llama_cpp_peer import check_llama_server
 from bench.plots import finish, grouped_bars, plt
 from bench.report_page import Page, spread
 from data.tokenizer import encode
@@ -82,9 +83,7 @@ class Settings(RandomWeightsSettings):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.llama_server is not None and not Path(self.llama_server).is_file():
-            raise SettingsError(f"--llama-server {self.llama_server} is not a file; build llama.cpp's llama-server "
-                                f"(bench/peers/llama_cpp_peer.py says how) and give its path")
+        check_llama_server(self.llama_server, SettingsError)
         if len(set(self.decode)) != len(self.decode):
             raise SettingsError(f"--decode names a mode twice: {' '.join(self.decode)}")
 

@@ -13,6 +13,7 @@ names, each linear weight as (out, in) rows, the output head tied to the token e
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -208,6 +209,21 @@ SERVER_SETUP = ("llama.cpp's llama-server built from the llama.cpp that llama-cp
                 "-DLLAMA_BUILD_SERVER=ON, target llama-server), --parallel = the level's clients (a slot each, "
                 "continuous batching on, its default), --ctx-size = slots x (prompt + new tokens), --threads and "
                 "--threads-batch = ours, other settings its defaults; streaming /v1/completions")
+
+
+def check_llama_server(path: str | None, error: type[Exception]) -> None:
+    """For the settings of an experiment with a --llama-server option: raise `error` (its UserError) unless `path`
+    is None or a file, and the gguf package that writes the model for it is importable -- the project's .venv has
+    none; bench/peers/setup.sh's .peers/venv has it -- so that neither is found missing after minutes of
+    measuring."""
+    if path is None:
+        return
+    if not Path(path).is_file():
+        raise error(f"--llama-server {path} is not a file; build llama.cpp's llama-server (bench/peers/setup.sh "
+                    f"does) and give its path")
+    if importlib.util.find_spec("gguf") is None:
+        raise error("--llama-server needs the gguf package to write the model as GGUF; run with "
+                    ".peers/venv/bin/python (bench/peers/setup.sh makes it)")
 
 
 def llama_server_command(binary: Path, gguf: Path, slots: int, context: int, threads: int) -> list[str]:
