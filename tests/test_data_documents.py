@@ -92,6 +92,12 @@ def test_the_cutter_gives_back_whole_lines_only_and_keeps_the_rest():
     assert list(cutter.feed(" = \nb\n")) == ["a\n"] and cutter.pending == " = A = \nb\n"
 
 
+def test_text_of_exactly_the_bound_is_one_document_though_a_blank_line_would_give_a_cut():
+    for text in ("word\n" * 12 + "\n" + "word\n" * 7, "word\n" * 12 + "\n" + "word\n" * 6 + "word "):
+        assert list(cut_documents([text], max_chars=len(text))) == [text]
+        assert list(cut_documents([text], max_chars=len(text) - 1))[0] == "word\n" * 12 + "\n"  # the cut it had
+
+
 TEXT = st.lists(st.sampled_from(["word", " ", "  ", "\n", "\n\n", " = Head = ", "\t", "é", "x" * 13, " = = "]),
                 max_size=40).map("".join)
 
