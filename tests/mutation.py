@@ -7,7 +7,8 @@ mutant the tests still pass on "survived", which names a check no test holds.
     python -m tests.mutation --modules runtime/cli.py  # some of them
     python -m tests.mutation --changed                 # those changed against main (the habit before a stop)
 
-Each module is mutated in a scratch copy of the working tree (Cosmic Ray edits the file it mutates), and its tests
+Each module is mutated in scratch copies of the working tree, one per worker (Cosmic Ray edits the file it
+mutates; --workers mutants are tested at once, through Cosmic Ray's http distributor), and its tests
 -- its surface's hostile suite and its own, listed in MODULES, fastest first -- run with `-x`, so a killed mutant
 costs only the tests up to the first failure.  Counted per module: mutants, killed, timed out (also detected: a
 mutant that hangs a guard), survived, and those left out with the reason (outside the checks asked for, or a type
@@ -22,13 +23,16 @@ from __future__ import annotations
 import ast
 import contextlib
 import json
+import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -151,6 +155,8 @@ class MutationConfig:
                                                   "revive a killed mutant, so the after figures cost a fraction")
     timeout_factor: float = option(4.0, "a mutant's tests time out at this many times their unmutated duration "
                                         "(plus 30 s)", above=1)
+    workers: int = option(len(os.sched_getaffinity(0)), "mutants tested at once, each in a copy of the tree of its "
+                          "own (default: this host's cores, as a mutant's tests run mostly on one core)", min=1)
     results_dir: Path = option(RESULTS_DIR, "where mutation.json goes")
 
     def __post_init__(self):
@@ -224,15 +230,39 @@ def scratch_copy(where: Path) -> Path:
     return where
 
 
-def test_command(copy: Path, tests: tuple[str, ...], timeout: float) -> list[str]:
+def test_command(tests: tuple[str, ...], timeout: float) -> list[str]:
     """pytest on `tests`, in a fork of the warm server (tests/warm_pytest.py), cut off at `timeout` seconds: the
     tests of the first file on their own, then the rest if they passed, so that most mutants, killed by a module's own quick
-    tests, never wait for the collection of the slower files."""
+    tests, never wait for the collection of the slower files.  Paths are relative: it runs in the copy at hand (each
+    worker's own, with its own server)."""
     first = tests[0].split("::")[0]
     quick = next((i for i, t in enumerate(tests) if t.split("::")[0] != first), len(tests))
     stages = [*PYTEST, *tests[:quick]] + ([THEN, *PYTEST, *tests[quick:]] if quick < len(tests) else [])
-    return ["env", f"PYTHONPATH={copy}", sys.executable, "-m", "tests.warm_pytest", "run", str(copy / SOCKET),
-            f"{timeout:.0f}", "--", *stages]
+    return ["env", "PYTHONPATH=.", sys.executable, "-m", "tests.warm_pytest", "run", SOCKET, f"{timeout:.0f}", "--",
+            *stages]
+
+
+@contextlib.contextmanager
+def http_worker(copy: Path) -> Iterator[str]:
+    """A Cosmic Ray worker mutating and testing in `copy`, for the length of the block; yields its URL."""
+    with socket.socket() as probe:  # a free port, as the system hands one out
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    worker = subprocess.Popen([sys.executable, "-m", "cosmic_ray.cli", "http-worker", "--port", str(port)], cwd=copy,
+                              env={**os.environ, "PYTHONPATH": str(copy)}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            if worker.poll() is not None or time.monotonic() > deadline:
+                raise UserError(f"a Cosmic Ray http-worker did not start on port {port} (exit {worker.poll()})")
+            time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        worker.kill()
+        worker.wait()
 
 
 @contextlib.contextmanager
@@ -294,7 +324,7 @@ def cosmic_ray(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def baseline(copy: Path, tests: tuple[str, ...]) -> float:
     started = time.perf_counter()
-    run = subprocess.run(test_command(copy, tests, BASELINE_LIMIT_S), cwd=copy, capture_output=True, text=True)
+    run = subprocess.run(test_command(tests, BASELINE_LIMIT_S), cwd=copy, capture_output=True, text=True)
     if run.returncode != 0:
         raise UserError(f"the tests {' '.join(tests)} fail on the unmutated code (pytest exit {run.returncode}; "
                         f"run them alone to see why); fix them first")
@@ -315,7 +345,9 @@ def earlier_survivors(cfg: MutationConfig, module: str) -> set[tuple[int, str, s
     return {(m["line"], m["operator"], m["code"]) for m in ran["survivors"] + ran["equivalent"]}
 
 
-def mutate_module(module: str, target: Target, copy: Path, work: Path, cfg: MutationConfig) -> ModuleResult:
+def mutate_module(module: str, target: Target, copy: Path, work: Path, cfg: MutationConfig,
+                  workers: list[str]) -> ModuleResult:
+    """`workers`: the http-workers' URLs, each on a copy of its own; none: the mutants run one at a time in `copy`."""
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
     started = time.perf_counter()
@@ -327,9 +359,11 @@ def mutate_module(module: str, target: Target, copy: Path, work: Path, cfg: Muta
     print(f"{module}: its tests take {took:.0f} s unmutated", flush=True)
     config, db = work / f"{module.replace('/', '_')}.toml", work / f"{module.replace('/', '_')}.sqlite"
     limit = took * cfg.timeout_factor + 30  # the server ends a run here; Cosmic Ray's own limit is a backstop
-    command = " ".join(test_command(copy, target.tests, limit))
+    command = " ".join(test_command(target.tests, limit))
+    distributor = (f'name = "http"\n[cosmic-ray.distributor.http]\nworker-urls = {json.dumps(workers)}\n' if workers
+                   else 'name = "local"\n')
     config.write_text(f'[cosmic-ray]\nmodule-path = "{module}"\ntimeout = {limit + 60:.0f}\n'
-                      f'excluded-modules = []\ntest-command = "{command}"\n[cosmic-ray.distributor]\nname = "local"\n')
+                      f'excluded-modules = []\ntest-command = "{command}"\n[cosmic-ray.distributor]\n{distributor}')
     db.unlink(missing_ok=True)
     cosmic_ray("init", str(config), str(db), cwd=copy)
     source = (copy / module).read_text().splitlines()
@@ -439,10 +473,18 @@ def main(argv=None) -> None:
         if cfg.planted:
             planted = [run_planted(p, copy) for p in PLANTED if not cfg.changed or p.module in modules]
             save(cfg, results, planted)
-        with warm_server(copy):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(warm_server(copy))
+            workers = []
+            if cfg.workers > 1:  # each worker mutates its own copy, the first the one the baselines run in
+                for i in range(cfg.workers):
+                    tree = copy if i == 0 else scratch_copy(Path(tmp) / f"tree{i}")
+                    if i:
+                        stack.enter_context(warm_server(tree))
+                    workers.append(stack.enter_context(http_worker(tree)))
             for module in modules:
                 try:
-                    results[module] = mutate_module(module, MODULES[module], copy, work, cfg)
+                    results[module] = mutate_module(module, MODULES[module], copy, work, cfg, workers)
                 except UserError as e:  # the module's tests fail unmutated: the other modules still run
                     print(f"{module}: not mutated: {e}", flush=True)
                     continue
