@@ -7,7 +7,7 @@ then, and every product waits for it: measured on 2 cores with one kept busy by 
 slower than 1 (`python -m bench.experiments generate_speed`, its busy-core rows).  Which count is faster depends on
 the load at the time, which changes while a server runs, so it is measured rather than guessed: the steps run
 with the count whose recent steps were fastest, and now and then one step tries another count.  The first try comes
-early (a busy machine's steps on all threads can take ten times a one-thread step, so a call that waited long for its
+early (a busy machine's steps on all threads can take many times a one-thread step, so a call that waited long for its
 first try would spend most of its time there); the tries then grow rarer while they keep confirming the choice, and
 rarer still the more a try costs, so that tries take a small share of the steps' time: a quiet machine spends almost
 every step on all its threads, a busy one almost none.
