@@ -41,6 +41,7 @@ def test_the_document_bound_keeps_some_4000_documents_in_a_small_corpus(total, b
     ("a\n\nbbbbbbbb cc", 4, 12),  # only within [lo, hi)
     ("a\n\nbbbbbbbbbbb", 4, 14),
     ("\nbbbb\ncc", 1, 6),
+    ("          \naaaaa\nbbbbb", 5, 17),  # blank text before the range is no blank line within it
 ])
 def test_a_cut_falls_at_the_best_boundary_within_its_range(text, lo, cut):
     assert _cut_point(text, lo, len(text)) == cut
@@ -158,6 +159,18 @@ def test_a_byte_that_is_not_utf8_is_named_by_offset_and_line_across_block_edges(
         packed.write_bytes(gzip.compress(path.read_bytes()))
         assert not_utf8(packed, "gzip") == (f"{packed} is not UTF-8: byte 0x{bad[0]:02x} at offset {offset} of its "
                                             f"decompressed text (line {line}); {FIX}")
+
+
+def test_a_file_that_cannot_be_opened_is_one_error_naming_it(tmp_path, monkeypatch):
+    path = tmp_path / "locked.txt"
+    path.write_text("text\n")
+
+    def refused(*args):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr("data.documents.open_stream", refused)
+    with pytest.raises(DatasetError) as error:
+        list(text_blocks(path, FIX))
+    assert str(error.value) == f"{path} cannot be read (Permission denied); check its permissions"
 
 
 def test_text_that_ends_inside_a_character_says_so(tmp_path):
