@@ -131,6 +131,10 @@ def test_blocks_are_at_most_the_block_size_and_progress_adds_up_to_the_files_byt
         assert [len(b) for b in blocks] == [BLOCK_CHARS, 14]
         assert "".join(blocks) == text.replace("\r\n", "\n")  # newlines as text mode reads them
         assert sum(took) == path.stat().st_size and all(n >= 0 for n in took)
+    three = tmp_path / "three.txt"  # three blocks: each reports its own bytes, not a mix of running positions
+    three.write_bytes(("é" * (2 * BLOCK_CHARS + 3)).encode())
+    took = []
+    assert len(list(text_blocks(three, FIX, took.append))) == 3 and sum(took) == three.stat().st_size
 
 
 def test_something_that_is_not_a_file_is_named(tmp_path):
@@ -151,13 +155,15 @@ def test_a_byte_that_is_not_utf8_is_named_by_offset_and_line_across_block_edges(
     head = bytearray(b"a" * before)
     head[99::100] = b"\n" * len(head[99::100])
     line = head.count(b"\n") + 1
-    for bad, offset in [(b"\xff", before), (b"\xc3(", before), (b"\xe2\x82(", before)]:
-        path = tmp_path / "bad.txt"
+    # (bytes after the head, where in them the bad byte is): the last, a whole character held at a read's edge
+    # before it
+    for bad, at in [(b"\xff", 0), (b"\xc3(", 0), (b"\xe2\x82(", 0), (b"\xc3\xa9x\xff", 3)]:
+        path, offset = tmp_path / "bad.txt", before + at
         path.write_bytes(bytes(head) + bad + b"tail\n")
-        assert not_utf8(path) == (f"{path} is not UTF-8: byte 0x{bad[0]:02x} at offset {offset} (line {line}); {FIX}")
+        assert not_utf8(path) == (f"{path} is not UTF-8: byte 0x{bad[at]:02x} at offset {offset} (line {line}); {FIX}")
         packed = tmp_path / "bad.txt.gz"
         packed.write_bytes(gzip.compress(path.read_bytes()))
-        assert not_utf8(packed, "gzip") == (f"{packed} is not UTF-8: byte 0x{bad[0]:02x} at offset {offset} of its "
+        assert not_utf8(packed, "gzip") == (f"{packed} is not UTF-8: byte 0x{bad[at]:02x} at offset {offset} of its "
                                             f"decompressed text (line {line}); {FIX}")
 
 
