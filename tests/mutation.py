@@ -116,7 +116,8 @@ MODULES = {
     # its own tests and the hostile suite, as issue 54 asks: tests/test_data.py's reach into it is those two's already
     "data/documents.py": Target(("tests/test_data_documents.py", *HOSTILE_DATA)),
     "data/local_files.py": Target(("tests/test_local_files.py", *DATA_TESTS), only=LOCAL_FILE_CHECKS),
-    "storage/folder.py": Target(("tests/test_storage.py", "tests/test_claim.py", *hostile("tests/test_folder.py", omit=(
+    "storage/folder.py": Target(("tests/test_folder_files.py", "tests/test_storage.py", "tests/test_claim.py",
+                                  *hostile("tests/test_folder.py", omit=(
         "test_training_that_saves_every_step_is_undisturbed_by_a_reader_in_a_tight_loop",
         "test_training_on_a_full_disk_names_the_last_good_checkpoint")))),
 }
