@@ -13,7 +13,8 @@ load test's requests do: temperature 0.8, top-k 200, a seed).  For each --decode
 `/generate` requests, the first with the same prompt, settings and seed, all with `ignore_eos` so that each
 makes exactly --new-tokens tokens, from a client on loopback: one client alone, then each --clients level
 sending that many requests at once (the prompts differ in length, as real clients' do); `generate()` is
-timed with the same mode's steps (`sample.py --decode`).  Everything is timed in interleaved rounds, so
+timed with the same mode's steps (`sample.py --decode`), and after its warm-up call waits, as the server's
+warm-up does, for the background pass that moves the weights onto huge pages (its CPU slows the steps beside it).  Everything is timed in interleaved rounds, so
 load on the machine hits every mode and level alike; ratios are medians of per-round ratios, including the
 first mode's speed over each other mode's.  Throughput is new tokens over the round's wall time (for the
 clients, from the first request sent to the last stream closed); latency and time to first token are the
@@ -54,11 +55,13 @@ from model.int8 import quantize_model
 from model.packed_linear import pack_for_inference
 from decode.sampling import SamplingParams
 from runtime.cli import option
+from runtime import huge_pages
 from runtime.device import choose_device
 from runtime.provenance import provenance
 from runtime.timing import Environment, Spread, environment, paired_ratio, time_interleaved
 from decode.steps import DECODE_MODES
 from serve.launch import ServerProcess, running, running_server
+from serve.warm_up import HUGE_PAGES_SETTLE_S
 from storage.artifact import int8_artifact_writers, load_model, save_artifact
 from storage.folder import write_folder_atomically
 
@@ -220,7 +223,14 @@ def measure(settings: Settings, work_dir: Path) -> ServeSpeed:
         return call
 
     def generating(mode: str):
-        return lambda: generate(model, idx, params, decode=mode)
+        calls = []
+
+        def call():
+            generate(model, idx, params, decode=mode)
+            if not calls:  # the warm-up: as the server's warm-up does, wait for the background pass that moves the
+                huge_pages.settled(HUGE_PAGES_SETTLE_S)  # weights onto huge pages, which takes CPU from the steps
+            calls.append(mode)
+        return call
 
     with contextlib.ExitStack() as servers:
         calls = {}
