@@ -3,7 +3,8 @@
 Weights are int8 per output channel, symmetric (zero point 0, scale = max|w| / 127), so the artifact
 holds only `<layer>.weight` (int8), `<layer>.weight_scale` (float32) and the float bias.  On CPU the
 matmul runs in PyTorch's quantized engine (fbgemm / x86, or qnnpack on ARM): activations are
-quantized per tensor on the fly and the product is accumulated in int32.  That engine has no GPU
+quantized per tensor on the fly and the product is accumulated in int32, with activations of 8 bits where this
+CPU's kernel sums them exactly and of 7 where it could overflow (`full_range_activations`).  That engine has no GPU
 kernels, so on any other device the same module runs weight-only: int8 weights are dequantized per
 matmul (memory saved, float arithmetic), with a warning saying so.
 
@@ -12,6 +13,7 @@ default), fp16 (a half-precision copy used only for the head matmul, derived at 
 """
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
@@ -80,8 +82,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type == "cpu" and x.dtype == torch.float32:
-            # reduce_range keeps activations to 7 bits so fbgemm's int16 pair sums cannot saturate.
-            return torch.ops.quantized.linear_dynamic(x, self._packed, reduce_range=True)
+            return dynamic_product(x, self._packed, reduce_range=not full_range_activations())
         warnings.warn(f"PyTorch's int8 dynamic-quantization kernels take float32 CPU input only; for "
                       f"{x.dtype} input on {x.device} this int8 model runs weight-only (int8 weights "
                       f"dequantized for each matmul): it saves memory but is not the CPU speed-up", stacklevel=2)
@@ -94,6 +95,37 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def dynamic_product(x: torch.Tensor, packed, reduce_range: bool) -> torch.Tensor:
+    return torch.ops.quantized.linear_dynamic(x, packed, reduce_range=reduce_range)
+
+
+# What an overflow costs in the probe below: each saturated pair of products loses about 2 (32,003 of 64,770 in
+# units of the two scales, 2/255 and 1/127); without one, 8-bit rounding of 64 activations moves it by 0.25 at most.
+OVERFLOW_ERROR = 1.0
+
+
+@functools.cache
+def full_range_activations() -> bool:
+    """Whether this CPU's int8 product is exact with 8-bit activations.  fbgemm on AVX2 without VNNI adds pairs of
+    u8 x s8 products in int16, which 8-bit activations can overflow (hence PyTorch's 7-bit `reduce_range`); with VNNI
+    it accumulates in int32.  Measured once, on a product made to overflow an int16 pair sum: activations at the top
+    of their range (255) against weights of 127.  Eight bits halve the activations' rounding step, which matters
+    most where the rows' logits are close."""
+    weight = torch.ones(8, 64)
+    probe = Int8Linear.from_float(_linear_with(weight))
+    x = torch.ones(1, 64)
+    x[0, 0] = -1.0  # a range of [-1, 1]: the zero point mid-range, 1 quantized to 255
+    error = (dynamic_product(x, probe._packed, reduce_range=False) - x @ weight.t()).abs().max()
+    return bool(error < OVERFLOW_ERROR)
+
+
+def _linear_with(weight: torch.Tensor) -> nn.Linear:
+    linear = nn.Linear(weight.size(1), weight.size(0), bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+    return linear
 
 
 class Int8Embedding(nn.Module):
