@@ -66,16 +66,8 @@ class Int8Linear(nn.Module):
     def _pack(self) -> None:
         # The quantized engine wants its own weight layout; it is a derived copy, never saved.
         # Packing needs CPU tensors; a module loaded straight onto another device never uses it.
-        weight = self.weight.cpu()
-        with warnings.catch_warnings():
-            # torch 2.13 marks quantized tensors deprecated (pytorch#184982); they are still the only
-            # way into the engine that measured fastest here (measured in quantize/dynamic.py), and
-            # torch is pinned, so the notice would only repeat once per layer at every load.
-            warnings.filterwarnings("ignore", message="torch.quantize_per_tensor, torch.quantize_per_channel")
-            qweight = torch._make_per_channel_quantized_tensor(
-                weight, self.weight_scale.cpu().double(), torch.zeros(weight.size(0), dtype=torch.int64), 0)
-        bias = None if self.bias is None else self.bias.cpu()
-        self._packed = torch.ops.quantized.linear_prepack(qweight, bias)
+        self._packed = _prepack(self.weight, self.weight_scale, self.bias)
+        full_range_activations()  # decided here, once, so that no forward (nor a trace of one) runs the probe
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self.weight.to(dtype) * self.weight_scale.to(dtype)[:, None]
@@ -97,6 +89,18 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+def _prepack(weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
+    weight = weight.cpu()
+    with warnings.catch_warnings():
+        # torch 2.13 marks quantized tensors deprecated (pytorch#184982); they are still the only
+        # way into the engine that measured fastest here (measured in quantize/dynamic.py), and
+        # torch is pinned, so the notice would only repeat once per layer at every load.
+        warnings.filterwarnings("ignore", message="torch.quantize_per_tensor, torch.quantize_per_channel")
+        qweight = torch._make_per_channel_quantized_tensor(
+            weight, scale.cpu().double(), torch.zeros(weight.size(0), dtype=torch.int64), 0)
+    return torch.ops.quantized.linear_prepack(qweight, None if bias is None else bias.cpu())
+
+
 def dynamic_product(x: torch.Tensor, packed, reduce_range: bool) -> torch.Tensor:
     return torch.ops.quantized.linear_dynamic(x, packed, reduce_range=reduce_range)
 
@@ -114,18 +118,10 @@ def full_range_activations() -> bool:
     of their range (255) against weights of 127.  Eight bits halve the activations' rounding step, which matters
     most where the rows' logits are close."""
     weight = torch.ones(8, 64)
-    probe = Int8Linear.from_float(_linear_with(weight))
     x = torch.ones(1, 64)
     x[0, 0] = -1.0  # a range of [-1, 1]: the zero point mid-range, 1 quantized to 255
-    error = (dynamic_product(x, probe._packed, reduce_range=False) - x @ weight.t()).abs().max()
-    return bool(error < OVERFLOW_ERROR)
-
-
-def _linear_with(weight: torch.Tensor) -> nn.Linear:
-    linear = nn.Linear(weight.size(1), weight.size(0), bias=False)
-    with torch.no_grad():
-        linear.weight.copy_(weight)
-    return linear
+    product = dynamic_product(x, _prepack(*quantize_per_channel(weight), None), reduce_range=False)
+    return bool((product - x @ weight.t()).abs().max() < OVERFLOW_ERROR)
 
 
 class Int8Embedding(nn.Module):

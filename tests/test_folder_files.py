@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from storage.folder import (CONTENTS_FILE, STAGING_DIR, WRITER_LOCK, DiskFull, FolderBusy, FolderError,
-                            UntrustedName, acquire_writer_lock, holds_writer_lock, previous_contents, reading, release_writer_lock,
-                            remove_files, write_folder_atomically)
+                            UntrustedName, acquire_writer_lock, holds_writer_lock, previous_contents, reading,
+                            release_writer_lock, remove_files, write_folder_atomically)
 
 
 def text_writer(text: str):

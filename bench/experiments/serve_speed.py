@@ -14,8 +14,8 @@ load test's requests do: temperature 0.8, top-k 200, a seed).  For each --decode
 makes exactly --new-tokens tokens, from a client on loopback: one client alone, then each --clients level
 sending that many requests at once (the prompts differ in length, as real clients' do); `generate()` is
 timed with the same mode's steps (`sample.py --decode`), and after its warm-up call waits, as the server's
-warm-up does, for the background pass that moves the weights onto huge pages (its CPU slows the steps beside it).  Everything is timed in interleaved rounds, so
-load on the machine hits every mode and level alike; ratios are medians of per-round ratios, including the
+warm-up does, for the background pass that moves the weights onto huge pages (its CPU slows the steps beside
+it).  Everything is timed in interleaved rounds, so load on the machine hits every mode and level alike; ratios are medians of per-round ratios, including the
 first mode's speed over each other mode's.  Throughput is new tokens over the round's wall time (for the
 clients, from the first request sent to the last stream closed); latency and time to first token are the
 client's own, over every request of every round.
@@ -223,13 +223,14 @@ def measure(settings: Settings, work_dir: Path) -> ServeSpeed:
         return call
 
     def generating(mode: str):
-        calls = []
+        warmed = False
 
         def call():
+            nonlocal warmed
             generate(model, idx, params, decode=mode)
-            if not calls:  # the warm-up: as the server's warm-up does, wait for the background pass that moves the
+            if not warmed:  # the warm-up: as the server's warm-up does, wait for the background pass that moves the
                 huge_pages.settled(HUGE_PAGES_SETTLE_S)  # weights onto huge pages, which takes CPU from the steps
-            calls.append(mode)
+                warmed = True
         return call
 
     with contextlib.ExitStack() as servers:
