@@ -47,20 +47,21 @@ KEPT_TRACES = 8
 
 class _CacheViews(CacheWrites):
     """One traced step's cache: the views of a cache's columns handed to the graph, into which the step writes its
-    tokens' keys and values at the columns the attention inputs name, or else at their last W columns (a slice
-    from the end is recorded as such, not as a number: one trace serves every length).  The count of filled
-    positions (and the overflow check) stays with the caller's KVCache, outside the graph."""
+    tokens' keys and values at the columns the attention inputs name, or else at their last W columns.  W is the
+    trace's own token count, a plain number: the graph records the write as "the last W columns" (a negative start,
+    counted from each call's end, so one trace serves every length) without reading any size as it runs.  The
+    count of filled positions (and the overflow check) stays with the caller's KVCache, outside the graph."""
 
-    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor]):
-        self.k, self.v = k, v
+    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], width: int):
+        self.k, self.v, self.width = k, v, width
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, attention: AttentionInputs):
         if attention.columns is not None:
             write_columns(self.k[layer], attention.columns, k)
             write_columns(self.v[layer], attention.columns, v)
         else:
-            self.k[layer][:, :, -k.size(2):] = k
-            self.v[layer][:, :, -v.size(2):] = v
+            self.k[layer].narrow(2, -self.width, self.width).copy_(k)
+            self.v[layer].narrow(2, -self.width, self.width).copy_(v)
         return self.k[layer], self.v[layer]
 
     def advance(self, T: int) -> None:
@@ -71,9 +72,9 @@ class _DecodeStep(torch.nn.Module):
     """(tokens (B, W), positions (B, W), [mask (B or 1, 1, W, keys)], [columns (B, W)], every layer's keys, then
     values) -> logits (B, W, vocab)."""
 
-    def __init__(self, model: GPT, masked: bool, placed: bool):
+    def __init__(self, model: GPT, masked: bool, placed: bool, width: int):
         super().__init__()
-        self.masked, self.placed = masked, placed
+        self.masked, self.placed, self.width = masked, placed, width
         # The model is held outside the module tree, its tensors registered on this module itself: the tracer
         # makes a TorchScript module for every submodule it is given, which was most of a trace's time, and a
         # flat module whose state holds the very tensors the model reads traces the same graph.
@@ -100,7 +101,7 @@ class _DecodeStep(torch.nn.Module):
         mask, tensors = (tensors[0], tensors[1:]) if self.masked else (None, tensors)
         columns, keys_values = (tensors[0], tensors[1:]) if self.placed else (None, tensors)
         layers = len(keys_values) // 2
-        cache = _CacheViews(list(keys_values[:layers]), list(keys_values[layers:]))
+        cache = _CacheViews(list(keys_values[:layers]), list(keys_values[layers:]), self.width)
         return self.model(tokens, cache=cache, attention=AttentionInputs(positions, mask, columns))[0]
 
 
@@ -133,7 +134,7 @@ def _trace(model: GPT, tokens: torch.Tensor, masked: bool, placed: bool,
         # model does
         with packed_while(model):
             inputs = (tokens, torch.zeros_like(tokens), *mask, *columns, *sample)
-            module = _DecodeStep(model, masked, placed)
+            module = _DecodeStep(model, masked, placed, width)
             with choosing_kernels():  # one eager run first: each product's kernel is timed and chosen
                 module(*inputs)
             module.register_forms()

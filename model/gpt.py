@@ -47,9 +47,11 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
 
     def forward(self, x, attention: AttentionInputs, layer: int = 0, cache: CacheWrites | None = None):
-        B, T, _ = x.shape
+        T = x.size(1)
         q, k, v = self.c_attn(x).split(self.n_head * self.head_dim, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        # Shapes from the module's own numbers, not read from x: a traced step (decode/trace.py) then runs no
+        # size lookups per layer.
+        q, k, v = (t.unflatten(2, (self.n_head, self.head_dim)).transpose(1, 2) for t in (q, k, v))
         if cache is not None:
             k, v = cache.update(layer, k, v, attention)
         dropout_p = self.dropout if self.training else 0.0
@@ -60,7 +62,7 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=bool(T > 1))
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
+        y = y.transpose(1, 2).flatten(2)
         return self.resid_dropout(self.c_proj(y))
 
 

@@ -134,8 +134,10 @@ def product(kernel: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         if torch.jit.is_tracing():
             return _traceable_product()(x, packed, bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-    out_features, in_features = weight.shape
-    rows = int(math.prod(x.shape[:-1]))
+    # Plain numbers, read once: a trace (one row count each) then runs no size lookups for this product.
+    out_features, in_features = (int(size) for size in weight.shape)
+    leading = [int(size) for size in x.shape[:-1]]
+    rows = math.prod(leading)
     # (in, rows) as the transpose of the rows: MKL reads these strides as matrix-vector products it splits well; a
     # (1, in, 1) reshape of one row gave the same values far more slowly.
     x2 = x.reshape(rows, in_features)
@@ -155,7 +157,7 @@ def product(kernel: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         out = out.transpose(0, 1).reshape(rows, out_features)
     else:
         raise ValueError(f"unknown kernel {kernel!r}; the kernels are {KERNELS}")
-    return out.reshape(*x.shape[:-1], out_features)
+    return out.reshape(*leading, out_features)
 
 
 class PackedLinear(nn.Module):

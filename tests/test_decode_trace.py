@@ -44,6 +44,19 @@ def test_traced_steps_give_the_eager_tokens_and_one_trace_serves_every_length(sm
     assert len(_TRACES[small_model][1]) == 2
 
 
+@pytest.mark.parametrize("weights", ["fp32", "int8"])
+def test_a_traced_step_reads_no_sizes_as_it_runs(small_model, weights):
+    # Each size read in the graph is a node the interpreter runs at every step (and a scalar tensor for each); the
+    # trace's shapes are its own constants, and the cache is written at its last columns counted from the end.
+    if weights == "int8":
+        quantize_model(small_model, head="int8")
+    pack_for_inference(small_model)
+    generate(small_model, prompt(), GREEDY, decode="traced")
+    traced, = _TRACES[small_model][1].values()
+    kinds = {node.kind() for node in traced.inlined_graph.nodes()}
+    assert not kinds & {"aten::size", "prim::NumToTensor", "aten::Int", "aten::neg"}, sorted(kinds)
+
+
 def test_the_default_decode_on_the_cpu_traces_packed_products_and_leaves_the_model_as_it_was(small_model,
                                                                                              monkeypatch):
     # a trace guessed free until timed: these calls trace once an eager step is timed
