@@ -15,8 +15,8 @@ makes exactly --new-tokens tokens, from a client on loopback: one client alone, 
 sending that many requests at once (the prompts differ in length, as real clients' do); `generate()` is
 timed with the same mode's steps (`sample.py --decode`), and after its warm-up call waits, as the server's
 warm-up does, for the background pass that moves the weights onto huge pages (its CPU slows the steps beside
-it).  Everything is timed in interleaved rounds, so load on the machine hits every mode and level alike; ratios are medians of per-round ratios, including the
-first mode's speed over each other mode's.  Throughput is new tokens over the round's wall time (for the
+it).  Everything is timed in interleaved rounds, so load on the machine hits every mode and level alike;
+ratios are medians of per-round ratios, including the first mode's speed over each other mode's.  Throughput is new tokens over the round's wall time (for the
 clients, from the first request sent to the last stream closed); latency and time to first token are the
 client's own, over every request of every round.
 
