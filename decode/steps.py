@@ -63,11 +63,12 @@ class DecodeSteps:
         # An explicit `traced` traces every step; auto traces when the tokens a call has left will repay the trace,
         # as this process's timings on this host say (decode/trace_payback.py).
         self.trace_when_repaid = decode == "auto"
-        self.traced = TracedSteps(model, max(KEPT_TRACES, 4 * max_rows)) if self.mode == "traced" else None
-        self.captured = CapturedSteps(model) if self.mode == "cuda-graph" else None
         # On the CPU, each step after the prompt runs with the thread count its recent timings favour, which stays
-        # set between steps until `release_threads`.
+        # set between steps until `release_threads`; traces are made with all the threads (decode/trace.py).
         self.threads = for_model(model) if device.type == "cpu" else None
+        self.traced = (TracedSteps(model, max(KEPT_TRACES, 4 * max_rows), self.threads and self.threads.most)
+                       if self.mode == "traced" else None)
+        self.captured = CapturedSteps(model) if self.mode == "cuda-graph" else None
 
     @property
     def compiled(self) -> bool:

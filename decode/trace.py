@@ -15,7 +15,11 @@ W > 1 or the rows differ). Nothing in the graph depends on the number of keys, s
 and attention costs what the eager step's does (a graph over a fixed-size cache would attend every slot). It does
 depend on the number of rows and tokens (nn.Linear's row count is read in Python), so a trace is kept per row
 count and token count, with or without a mask and columns, dtype and device, and per weights: weights changed in
-place since (a loaded state dict, an optimizer step) are traced anew. tests/test_decode_trace.py checks the tokens
+place since (a loaded state dict, an optimizer step) are traced anew.  It depends on the thread count too (each
+float product's kernel, and how many blocks it cuts the weight into, is chosen for the count at the time), so
+DecodeSteps has every trace made with the process's full count: a step that decode/step_threads.py runs with fewer
+threads, as a try or beside a busy program, runs the same graph.  A trace made during a one-thread try and then
+run on every thread for the process's life ran a 2-core host's fp32 steps at half speed. tests/test_decode_trace.py checks the tokens
 against the eager steps.
 
 Why TorchScript's tracer although torch 2.13 marks it deprecated: torch.compile (Inductor on the CPU) ran the
@@ -24,6 +28,7 @@ packed int8 weights (TorchScript objects) at all; torch is pinned.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import warnings
@@ -146,6 +151,19 @@ def _trace(model: GPT, tokens: torch.Tensor, masked: bool, placed: bool,
     return step
 
 
+@contextlib.contextmanager
+def _thread_count(count: int | None):
+    """Within the block, `count` threads (None: as set); the count as it was after it."""
+    before = torch.get_num_threads()
+    if count is not None and count != before:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
 def _key(tokens: torch.Tensor, mask: torch.Tensor | None, columns: torch.Tensor | None, dtype: torch.dtype) -> tuple:
     """What a trace is kept by: all it depends on beside the weights."""
     return *tokens.shape, mask is not None, columns is not None, dtype, tokens.device
@@ -157,8 +175,10 @@ class TracedSteps:
     instances while its weights stay the same. Weights changed after an instance is made are not seen by it:
     checking walks every parameter, which is done once, not at every step."""
 
-    def __init__(self, model: GPT, kept: int = KEPT_TRACES):
-        self.kept = kept
+    def __init__(self, model: GPT, kept: int = KEPT_TRACES, threads: int | None = None):
+        """`threads`: the thread count every trace is made with, whatever count is set when it is made (None: that
+        one)."""
+        self.kept, self.threads = kept, threads
         self.setup_s = 0.0  # seconds this instance spent making traces (each with its first runs)
         weights = _weights_version(model)
         kept_weights, traces = _TRACES.get(model, (None, {}))
@@ -185,7 +205,8 @@ class TracedSteps:
             while len(self.traces) >= self.kept:
                 del self.traces[next(iter(self.traces))]  # the oldest
             started = time.perf_counter()
-            step = self.traces[key] = _trace(self.model, tokens, mask is not None, columns is not None, keys)
+            with _thread_count(self.threads):
+                step = self.traces[key] = _trace(self.model, tokens, mask is not None, columns is not None, keys)
             seconds = time.perf_counter() - started
             self.setup_s += seconds
             log.info("traced the decode step for %d row(s) of %d token(s)%s%s in %.2fs", *tokens.shape,

@@ -103,6 +103,34 @@ def test_at_most_the_kept_traces_are_kept_the_oldest_going_first(small_model):
     assert [key[0] for key in steps.traces] == [2, 3]
 
 
+def test_a_trace_made_while_a_step_runs_on_one_thread_is_made_for_every_thread(small_model, monkeypatch):
+    # decode/step_threads.py runs a step on fewer threads now and then (a try, or beside a busy program); a trace made
+    # on such a step kept that count's kernels and weight blocks for every step after it, on every thread
+    monkeypatch.setattr(packed_linear, "CHOICES", KernelChoices())
+    pack_for_inference(small_model)
+    before = torch.get_num_threads()
+    cache = KVCache.allocate(small_model.config, 1, 8, "cpu")
+    try:
+        torch.set_num_threads(1)
+        with torch.inference_mode():
+            small_model(prompt(batch=1), cache=cache)
+            TracedSteps(small_model, threads=2).step(cache, torch.zeros(1, 1, dtype=torch.long))
+        assert torch.get_num_threads() == 1  # the step's own count, as it was
+    finally:
+        torch.set_num_threads(before)
+    chosen = packed_linear.CHOICES.chosen
+    assert chosen and {threads for *_, threads in chosen} == {2}
+
+
+def test_the_steps_trace_with_the_thread_count_they_were_made_with(small_model):
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert DecodeSteps(small_model, torch.device("cpu"), "traced").traced.threads == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_an_int8_model_traces_to_the_same_tokens_as_its_eager_steps(small_model):
     quantize_model(small_model, head="int8")
     pack_for_inference(small_model)
