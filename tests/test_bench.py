@@ -249,6 +249,8 @@ def test_speed_comparisons_time_each_side_in_the_same_run(results):
             assert level.tokens_per_s.n == 1 and level.latency_ms.p50 <= level.latency_ms.p95 <= level.latency_ms.p99
             assert 0 < level.first_token_ms.p50 <= level.latency_ms.p50
     assert served.decodes[0].first_over_this is None
+    # the first mode's server started twice: one client of each in every round, the floor under its ratios
+    assert served.decodes[0].one_client_over_twin > 0 and served.decodes[1].one_client_over_twin is None
     assert set(served.decodes[1].first_over_this) == {"generate()", "1 client", "2 clients"}
     pruned = results["prune_speed"]
     assert pruned.parameters["row_pruned"] < pruned.parameters["dense"]

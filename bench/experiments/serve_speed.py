@@ -16,9 +16,11 @@ sending that many requests at once (the prompts differ in length, as real client
 timed with the same mode's steps (`sample.py --decode`), and after its warm-up call waits, as the server's
 warm-up does, for the background pass that moves the weights onto huge pages (its CPU slows the steps beside
 it).  Everything is timed in interleaved rounds, so load on the machine hits every mode and level alike;
-ratios are medians of per-round ratios, including the first mode's speed over each other mode's.  Throughput is new tokens over the round's wall time (for the
-clients, from the first request sent to the last stream closed); latency and time to first token are the
-client's own, over every request of every round.
+ratios are medians of per-round ratios, including the first mode's speed over each other mode's.  Throughput is new
+tokens over the round's wall time (for the clients, from the first request sent to the last stream closed);
+latency and time to first token are the client's own, over every request of every round.  The first mode's server
+is started twice, and one client of the copy is timed in every round too: how far two processes of the same server
+read apart is the noise floor under one client's ratio to `generate()` (runtime/timing.py's `noise_floor`).
 
     python -m bench.experiments serve_speed --llama-server PATH/llama-server [--weights int8]
 
@@ -58,7 +60,8 @@ from runtime.cli import option
 from runtime import huge_pages
 from runtime.device import choose_device
 from runtime.provenance import provenance
-from runtime.timing import Environment, Spread, environment, paired_ratio, time_interleaved
+from runtime.timing import (Environment, Spread, environment, noise_floor, paired_ratio, ratio_beside_floor,
+                            time_interleaved)
 from decode.steps import DECODE_MODES
 from serve.launch import ServerProcess, running, running_server
 from serve.warm_up import HUGE_PAGES_SETTLE_S
@@ -66,6 +69,8 @@ from storage.artifact import int8_artifact_writers, load_model, save_artifact
 from storage.folder import write_folder_atomically
 
 REQUEST_TIMEOUT_S = 600.0
+# The key of the first mode's second server, whose one client in every round measures the noise floor.
+TWIN = "twin"
 
 
 @dataclass
@@ -117,6 +122,9 @@ class DecodeSpeed:
     generate_tokens_per_s: Spread
     levels: list[Level]  # one client first
     one_client_over_generate: float  # median of per-round ratios
+    # One client of this server over one of a second copy started alike, median of per-round ratios: the noise
+    # floor under one_client_over_generate (the first mode's only; None for the others).
+    one_client_over_twin: float | None
     # The first mode's speed over this one's, by "generate()" and level ("1 client", "12 clients"); None for
     # the first mode.
     first_over_this: dict[str, float] | None
@@ -210,16 +218,19 @@ def measure(settings: Settings, work_dir: Path) -> ServeSpeed:
     params = SamplingParams(max_new_tokens=settings.new_tokens, temperature=first["temperature"],
                             top_k=first["top_k"], seed=first["seed"], stop_at_eot=False)
     counts = [1, *settings.clients]
-    levels: dict[tuple[str, int], list[LevelResult]] = {(mode, n): [] for mode in settings.decode for n in counts}
+    levels: dict[tuple[str, int | str], list[LevelResult]] = {(mode, n): [] for mode in settings.decode
+                                                               for n in counts}
+    first = settings.decode[0]
+    levels[first, TWIN] = []
     server_args = ["--device", str(device), "--max-batch-size", str(max(16, *settings.clients)),
                    "--max-connections", str(max(128, 2 * max(settings.clients))),
                    "--request-timeout-s", str(REQUEST_TIMEOUT_S)]
 
-    def clients(url: str, mode: str, n: int):
+    def clients(url: str, key: tuple[str, int | str], n: int):
         def call():
-            levels[mode, n].append(checked(asyncio.run(run_level(url, n, n, settings.new_tokens, REQUEST_TIMEOUT_S,
-                                                                 REQUEST_TIMEOUT_S, body=exact_request_body)),
-                                           settings.new_tokens))
+            levels[key].append(checked(asyncio.run(run_level(url, n, n, settings.new_tokens, REQUEST_TIMEOUT_S,
+                                                             REQUEST_TIMEOUT_S, body=exact_request_body)),
+                                       settings.new_tokens))
         return call
 
     def generating(mode: str):
@@ -239,7 +250,10 @@ def measure(settings: Settings, work_dir: Path) -> ServeSpeed:
             server = servers.enter_context(running_server(artifact, work_dir / f"server_{mode}.log",
                                                           [*server_args, "--decode", mode]))
             calls[mode, "generate"] = generating(mode)
-            calls.update({(mode, n): clients(server.url, mode, n) for n in counts})
+            calls.update({(mode, n): clients(server.url, (mode, n), n) for n in counts})
+        twin = servers.enter_context(running_server(artifact, work_dir / f"server_{first}_twin.log",
+                                                    [*server_args, "--decode", first]))
+        calls[first, TWIN] = clients(twin.url, (first, TWIN), 1)
         seconds = time_interleaved(calls, settings.repeats, warmup=1, device=device, progress="serve_speed rounds")
     # The clients' own clock: from the first request sent to the last stream closed; the first round warmed up.
     wall = {key: [run.wall_s for run in runs[1:]] for key, runs in levels.items()}
@@ -249,16 +263,18 @@ def measure(settings: Settings, work_dir: Path) -> ServeSpeed:
                                         None if n == 1 else paired_ratio(wall[mode, 1], [s / n for s in wall[mode, n]]))
                          for n in counts]
         first_over_this = None
-        if mode != settings.decode[0]:
-            base = settings.decode[0]
-            first_over_this = {"generate()": paired_ratio(seconds[mode, "generate"], seconds[base, "generate"]),
-                               **{level_name(n): paired_ratio(wall[mode, n], wall[base, n]) for n in counts}}
+        if mode != first:
+            first_over_this = {"generate()": paired_ratio(seconds[mode, "generate"], seconds[first, "generate"]),
+                               **{level_name(n): paired_ratio(wall[mode, n], wall[first, n]) for n in counts}}
         decodes.append(DecodeSpeed(mode, Spread.of([settings.new_tokens / s for s in seconds[mode, "generate"]]),
                                    result_levels, paired_ratio(seconds[mode, "generate"], wall[mode, 1]),
+                                   paired_ratio(wall[first, TWIN], wall[first, 1]) if mode == first else None,
                                    first_over_this))
     for d in decodes:
         print(f"{d.decode}: generate() {d.generate_tokens_per_s.median:.1f} new tokens/s; one streaming client "
-              f"{d.levels[0].tokens_per_s.median:.1f} ({d.one_client_over_generate:.2f}x generate())"
+              f"{d.levels[0].tokens_per_s.median:.1f} ({d.one_client_over_generate:.2f}x generate()"
+              + ("" if d.one_client_over_twin is None else f"; {d.one_client_over_twin:.2f}x its twin server")
+              + ")"
               + "".join(f"; {lv.clients} clients {lv.tokens_per_s.median:.1f} ({lv.over_one_client:.2f}x one)"
                         for lv in d.levels[1:])
               + ("" if d.first_over_this is None else "; " + settings.decode[0] + " over " + d.decode + ": "
@@ -361,9 +377,12 @@ def section(res: ServeSpeed, page: Page) -> None:
     page.table(["", "new tokens/s (min-max)", "ratio", "latency p50 / p95 / p99 ms",
                 "first token p50 / p95 / p99 ms"], rows)
     first = res.decodes[0]
-    page.add(f"**One streaming client gets {first.one_client_over_generate:.2f}x of `generate()`'s speed** with "
-             f"{first.decode} steps: the server's per-token cost (HTTP, event stream, the engine's batching "
-             f"bookkeeping) over the bare decoding loop.\n")
+    floor = noise_floor(first.one_client_over_twin)
+    page.add(f"**One streaming client against `generate()`, {first.decode} steps: "
+             f"{ratio_beside_floor(first.one_client_over_generate, floor)}**, where the gap is the server's "
+             f"per-token cost (HTTP, event stream, the engine's batching bookkeeping) over the bare decoding loop. "
+             f"The floor: one client of this server against one of a second copy started alike, timed in the same "
+             f"rounds, read {first.one_client_over_twin:.2f}x.\n")
     for d in res.decodes[1:]:
         page.add(f"{first.decode} steps over {d.decode} steps, paired in the same rounds: "
                  + ", ".join(f"{k} {v:.2f}x" for k, v in d.first_over_this.items()) + ".\n")
