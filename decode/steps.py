@@ -69,6 +69,7 @@ class DecodeSteps:
         self.traced = (TracedSteps(model, max(KEPT_TRACES, 4 * max_rows), self.threads and self.threads.most)
                        if self.mode == "traced" else None)
         self.captured = CapturedSteps(model) if self.mode == "cuda-graph" else None
+        self._eager_before: dict[tuple, int] = {}  # per step shape, for auto's trace decision
 
     @property
     def compiled(self) -> bool:
@@ -123,18 +124,21 @@ class DecodeSteps:
         """Auto's step after the prompt: traced when the trace is kept and faster, or will be repaid by the tokens
         left; eager otherwise.  Either way timed, for the next decisions."""
         payback = trace_payback.PAYBACK
-        shape = self.traced.key_for(cache, inputs)
-        kept = shape in self.traced.traces
-        traced = payback.traces(self.model, shape, tokens_left, kept)
+        key = self.traced.key_for(cache, inputs)
+        kept = key in self.traced.traces
+        shape = (*key, self.traced.threads)  # a step's timings depend on the threads its trace is made for
+        # the eager steps the process ran at this shape before these steps (a call's) were made
+        earlier = self._eager_before.setdefault(shape, payback.timings(self.model, shape).eager_seen)
+        traced = payback.traces(self.model, shape, tokens_left, kept, earlier)
         start = payback.clock()
         logits = self.traced.step(cache, inputs)[:, -positions:] if traced else self._eager(cache, inputs, positions)
         seconds = payback.clock() - start
-        if not traced:
-            payback.note_eager(self.model, shape, seconds)
-        elif kept:
-            payback.note_traced(self.model, shape, seconds)
-        else:
+        if traced and not kept:
             payback.note_trace(self.model, shape, seconds)
+        elif self.traced.threads in (None, torch.get_num_threads()):
+            # (a step on fewer threads, decode/step_threads.py's try, times that count, not the steps judged: on one
+            # host its eager step took several of the others', and the trace it made look cheap was not repaid)
+            (payback.note_traced if traced else payback.note_eager)(self.model, shape, seconds)
         return logits
 
     def prepare(self, cache: KVCache, width: int) -> None:

@@ -12,6 +12,11 @@ from hypothesis import HealthCheck, settings
 # fair share.
 torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))))
 
+# What traces cost and saved is kept between processes in a file (decode/kept_ratios.py); in the suite each test's
+# decisions come from its own process alone, as no test may depend on another having run (the tests of the file
+# name one of their own).  Set before decode/trace_payback.py makes its table; subprocesses inherit it.
+os.environ["GPT2_TRACE_TIMINGS"] = "off"
+
 # Hostile-input properties (tests/hostile.py): `ci` is fixed-seed and bounded for `make test`; `fuzz` is `make
 # fuzz`'s long random run.  No example database: a clean clone and CI must draw the same examples.
 _QUIET = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large]

@@ -3,15 +3,21 @@ trace, as the process's own timings say; a fake clock makes every eager step, tr
 so the repay point is known to the token."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
+import decode.step_threads
 import decode.trace
 import decode.trace_payback
 from decode.generate import CallTiming, generate
 from decode.sampling import SamplingParams
 from decode.trace import _TRACES, TracedSteps
+from decode.kept_ratios import KeptRatios
 from decode.trace_payback import PRIOR_TRACE_STEPS, PRIOR_TRACED_SHARE, TracePayback
+from model.kv_cache import KVCache
 from model.packed_linear import pack_for_inference
 
 EAGER_S, TRACE_S, TRACED_S = 0.010, 0.200, 0.005
@@ -90,6 +96,49 @@ def test_a_call_traces_just_above_the_repay_point_and_not_just_below(timed, new_
     assert (timing.setup_s > 0) == traced and timing.setup_before_first_token_s == 0
 
 
+def test_short_calls_that_never_repay_a_trace_alone_trace_once_their_eager_steps_lost_what_it_costs(timed):
+    # Guessed, a step saves (1 - PRIOR_TRACED_SHARE) x EAGER_S and the trace costs PRIOR_TRACE_STEPS eager steps: 50
+    # steps repay it.  20-token calls run 19 steps each; at the third step of the third call 17 are left and 38 ran
+    # in the two calls before (55 in all), at the second call's third step 17 and 19 (36).
+    for calls, traces in ((2, 0), (1, 1)):
+        for _ in range(calls):
+            call(timed, 20)
+        assert traces_of(timed) == traces
+
+
+def test_a_step_on_fewer_threads_is_not_counted_as_the_steps_it_judges(timed, monkeypatch):
+    # decode/step_threads.py runs a step on one thread now and then: here the second, 100 times slower.  Counted, it
+    # would make the eager steps look that slow, and a trace's measured cost (kept for later processes as a share of
+    # them) look small.
+    clock, steps_run = decode.trace_payback.PAYBACK.clock, []
+
+    def second_on_one_thread(self, shape, step):
+        steps_run.append(shape)
+        torch.set_num_threads(1 if len(steps_run) == 2 else self.most)
+        try:
+            return step()
+        finally:
+            torch.set_num_threads(self.most)
+
+    monkeypatch.setattr(decode.step_threads.StepThreads, "run", second_on_one_thread)
+    timed.register_forward_hook(lambda *_: setattr(clock, "now", clock.now + 99 * EAGER_S * (torch.get_num_threads() < 2)))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        call(timed, 20)
+        shape = (*decode.trace.TracedSteps(timed).key_for(*_one_step(timed)), 2)
+    finally:
+        torch.set_num_threads(before)
+    assert decode.trace_payback.PAYBACK.timings(timed, shape).eager_s == pytest.approx(EAGER_S)
+
+
+def _one_step(model, batch=2):
+    """A cache after a prompt of `batch` rows, and one token per row: the step whose timings call() notes."""
+    cache = KVCache.allocate(model.config, batch, 8, "cpu")
+    cache.advance(5)
+    return cache, torch.zeros(batch, 1, dtype=torch.long)
+
+
 def test_the_first_trace_measured_sets_the_repay_point_of_the_next_shapes_and_a_kept_trace_is_free(timed):
     call(timed, int(REPAID_AFTER) + 4)  # traces batch 2: its trace (with its first step) and traced steps timed
     # Batch 3 and 4: the trace costs what batch 2's did (TRACE_S + TRACED_S), a traced step half an eager one as
@@ -101,7 +150,8 @@ def test_the_first_trace_measured_sets_the_repay_point_of_the_next_shapes_and_a_
     timing = call(timed, 12)  # short, at batch 2 again: its kept trace runs, at no cost
     assert timing.setup_s == 0 and traces_of(timed) == 2
     payback = decode.trace_payback.PAYBACK
-    assert payback.timings(timed, next(iter(_TRACES[timed][1]))).traced_s == pytest.approx(TRACED_S)
+    shape = (*next(iter(_TRACES[timed][1])), torch.get_num_threads())  # the trace's key and the threads it is for
+    assert payback.timings(timed, shape).traced_s == pytest.approx(TRACED_S)
 
 
 def test_a_kept_trace_slower_than_the_eager_steps_is_left_unused_and_the_first_eager_step_is_not_counted():
@@ -116,3 +166,33 @@ def test_a_kept_trace_slower_than_the_eager_steps_is_left_unused_and_the_first_e
     payback.note_traced(model, shape, 2.0)
     assert not payback.traces(model, shape, 1000, kept=True)
     assert not payback.traces(model, shape, 10**9, kept=False)  # no gain: never repaid
+
+
+# A trace kept from an earlier process: with the fake clock the call that makes a trace takes TRACE_S and a traced
+# step, a traced step half an eager one.  Kept, they repay a trace when (TRACE_S + TRACED_S) / (EAGER_S / 2) = 41 tokens
+# are left at the third step; the guess (PRIOR_) asks for 50.
+KEPT_TRACE_STEPS, KEPT_TRACED_SHARE = (TRACE_S + TRACED_S) / EAGER_S, TRACED_S / EAGER_S
+BETWEEN = 3 + 45  # a call with 45 tokens left after its third step: repaid as kept, not as guessed
+
+
+def fresh_process(timed_model, path: Path | None):
+    """A new table, as a new process starts with, reading `path` (None: keeping nothing); no trace kept."""
+    _TRACES.pop(timed_model, None)
+    clock = decode.trace_payback.PAYBACK.clock
+    decode.trace_payback.PAYBACK = TracePayback(clock=clock, kept=KeptRatios(path) if path else None)
+
+
+def test_a_process_keeps_what_its_trace_cost_and_the_next_decides_from_it(timed, tmp_path):
+    path = tmp_path / "timings.json"
+    fresh_process(timed, path)
+    call(timed, int(REPAID_AFTER) + 4)  # traced at its third step, as guessed: repaid; its steps settle
+    [(kind, ratios)] = json.loads(path.read_text()).items()
+    assert ratios == pytest.approx([KEPT_TRACE_STEPS, KEPT_TRACED_SHARE])
+    assert "torch" in kind and "PackedLinear" in kind  # what the step ran on, and through
+
+    fresh_process(timed, None)  # guessing: 45 tokens left do not repay a trace
+    call(timed, BETWEEN)
+    assert traces_of(timed) == 0
+    fresh_process(timed, path)  # this host's figures: they do
+    call(timed, BETWEEN)
+    assert traces_of(timed) == 1
