@@ -62,6 +62,9 @@ class StepThreads:
         self.most = most or torch.get_num_threads()
         self.counts = thread_counts(self.most)
         self.shapes: dict[tuple[int, int], _Shape] = {}
+        # Whether the step running now is a try of another count: its time says nothing of the steps that will
+        # follow (decode/trace_payback.py leaves it out).
+        self.trying = False
 
     def run(self, shape: tuple[int, int], step):
         """`step()` with the count chosen for `shape`, timed to inform the next choices; the count the next steps
@@ -76,6 +79,7 @@ class StepThreads:
             others = [c for c in self.counts if c != best]
             count = others[state.turn % len(others)]
         _use(count)
+        self.trying = trying
         try:
             start = time.perf_counter()
             out = step()
@@ -83,6 +87,8 @@ class StepThreads:
         except BaseException:
             self.release()
             raise
+        finally:
+            self.trying = False
         seen = state.seen.get(count, 0)
         state.seen[count] = seen + 1
         if seen:  # a count's first step of a shape may carry one-time work (a trace, first allocations)

@@ -135,8 +135,8 @@ class DecodeSteps:
         seconds = payback.clock() - start
         if traced and not kept:
             payback.note_trace(self.model, shape, seconds)
-        elif self.traced.threads in (None, torch.get_num_threads()):
-            # (a step on fewer threads, decode/step_threads.py's try, times that count, not the steps judged: on one
+        elif self.threads is None or not self.threads.trying:
+            # (a try of another thread count, decode/step_threads.py, times that count, not the steps judged: on one
             # host its eager step took several of the others', and the trace it made look cheap was not repaid)
             (payback.note_traced if traced else payback.note_eager)(self.model, shape, seconds)
         return logits

@@ -7,9 +7,9 @@ when the tokens it has left will repay the trace:
 
     trace now  <=>  (tokens left + eager steps run in earlier calls) x (eager step - traced step) > the trace's cost
 
-Every figure comes from this host: the eager step from the steps just run on all the threads the trace is made for
-(the first of a shape is left out: it carries one-time work, first allocations and kernel choices; a step that
-decode/step_threads.py runs on fewer threads, as a try, is not counted), the trace's cost from the last trace made of the
+Every figure comes from this host: the eager step from the steps just run (the first of a shape is left out: it
+carries one-time work, first allocations and kernel choices; so is a step on which decode/step_threads.py tries
+another thread count), the trace's cost from the last trace made of the
 model (the first of a model also packs its weights, so later ones cost less: the guess errs towards eager steps),
 the traced step from the traced steps run.  Before the process has traced a shape, the traced step and the trace's
 cost are taken as shares of this host's eager step: those an earlier process measured for the same step kind

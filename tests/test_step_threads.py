@@ -70,6 +70,19 @@ def test_a_call_on_a_busy_machine_spends_few_steps_on_the_slow_count(monkeypatch
     assert clock.now <= 1.25 * 128 * busy[1]
 
 
+def test_a_step_says_whether_it_is_a_try_while_it_runs(monkeypatch):
+    clock, chooser = FakeClock(monkeypatch), StepThreads(most=2)
+    seen = []
+
+    def step():
+        seen.append((torch.get_num_threads(), chooser.trying))
+        clock.now += 1.0
+    for _ in range(4):
+        chooser.run((1, 1), step)
+    assert seen == [(2, False), (2, False), (1, True), (1, True)]  # a count's first step tells nothing: tried again
+    assert not chooser.trying
+
+
 def test_each_shape_is_judged_on_its_own_steps(monkeypatch):
     clock, chooser = FakeClock(monkeypatch), StepThreads(most=2)
     clock.steps(chooser, {2: 0.01, 1: 0.02}, 200, shape=(12, 1))
