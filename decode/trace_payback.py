@@ -105,7 +105,9 @@ class TracePayback:
         trace_steps, traced_share = kept or self._ratios
         traced = t.traced_s if t.traced_s is not None else t.eager_s * traced_share
         cost = t.trace_s
-        if cost is None:  # as an earlier process measured it, else the model's latest trace of another shape, else a guess
+        # The trace's cost: as an earlier process measured it, else the model's latest trace of another shape, else
+        # a guess.
+        if cost is None:
             costs = [s.trace_s for s in self._models[model].values() if s.trace_s is not None]
             cost = costs[-1] if costs and kept is None else t.eager_s * trace_steps
         return t.eager_s, traced, cost

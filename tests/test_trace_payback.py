@@ -126,7 +126,11 @@ def test_a_try_of_fewer_threads_is_not_counted_as_the_steps_it_judges(timed, mon
             torch.set_num_threads(self.most)
 
     monkeypatch.setattr(decode.step_threads.StepThreads, "run", second_on_one_thread)
-    timed.register_forward_hook(lambda *_: setattr(clock, "now", clock.now + 99 * EAGER_S * (torch.get_num_threads() < 2)))
+    def slower_on_one_thread(*_):
+        if torch.get_num_threads() < 2:
+            clock.now += 99 * EAGER_S
+
+    timed.register_forward_hook(slower_on_one_thread)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
