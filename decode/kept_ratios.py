@@ -11,55 +11,26 @@ the next process reads them before it decides.
     $GPT2_TRACE_TIMINGS   the file (default .cache/trace_timings.json in the project); `off` keeps nothing
 
 A step kind is everything its timings depend on: the CPU, torch, the thread count, the model's sizes and layer
-types, and the step's shape.  The file is a cache: an entry that is not two positive finite numbers is left out and
-said so, a file that cannot be read or parsed is ignored with one warning, and it is replaced whole (a reader sees
-the old file or the new one).
+types, and the step's shape.  The file is a cache (runtime/kept_file.py): an entry that is not two positive finite
+numbers is left out and said so, a file that cannot be read or parsed is ignored with one warning, and it is
+replaced whole (a reader sees the old file or the new one).
 """
 from __future__ import annotations
 
-import json
-import logging
 import math
-import os
-import tempfile
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from runtime.kept_file import CACHE_FOLDER, KeptFile, kept_path
 
 TIMINGS_ENV = "GPT2_TRACE_TIMINGS"
-DEFAULT_TIMINGS = Path(__file__).resolve().parent.parent / ".cache" / "trace_timings.json"
-OFF = "off"
+DEFAULT_TIMINGS = CACHE_FOLDER / "trace_timings.json"
 
 Ratios = tuple[float, float]  # (the trace's cost, a traced step), each in eager steps
 
 
 def timings_path() -> Path | None:
     """The file $GPT2_TRACE_TIMINGS names (None for `off`), else the project's default."""
-    value = os.environ.get(TIMINGS_ENV, "")
-    if value == OFF:
-        return None
-    return Path(value).expanduser() if value else DEFAULT_TIMINGS
-
-
-def read_ratios(path: Path, warn: bool = True) -> dict[str, Ratios]:
-    """The entries of `path` that are two positive finite numbers; none when it is missing or unreadable.  What is
-    ignored or left out is said in one warning, unless `warn` is False (a reread before a write: said already)."""
-    say = log.warning if warn else log.debug
-    try:
-        raw = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
-        say("ignoring the trace timings in %s (%s): delete the file, or set %s=off", path, e, TIMINGS_ENV)
-        return {}
-    if not isinstance(raw, dict):
-        say("ignoring the trace timings in %s: not a JSON object; delete the file, or set %s=off", path, TIMINGS_ENV)
-        return {}
-    kept = {kind: (float(value[0]), float(value[1])) for kind, value in raw.items() if _valid(value)}
-    if len(kept) < len(raw):
-        say("left out %d of the %d trace timings in %s that are not two positive numbers", len(raw) - len(kept),
-            len(raw), path)
-    return kept
+    return kept_path(TIMINGS_ENV, DEFAULT_TIMINGS)
 
 
 def _valid(value) -> bool:
@@ -68,48 +39,34 @@ def _valid(value) -> bool:
                     for v in value))
 
 
+def _file(path: Path | None) -> KeptFile:
+    return KeptFile(path, "trace timings", _valid, "two positive numbers", TIMINGS_ENV)
+
+
+def read_ratios(path: Path, warn: bool = True) -> dict[str, Ratios]:
+    """The entries of `path` that are two positive finite numbers (KeptFile.read)."""
+    return {kind: (float(value[0]), float(value[1])) for kind, value in _file(path).read(warn).items()}
+
+
 class KeptRatios:
     """The ratios per step kind in the timings file, read once on first use; `put` writes one back."""
 
     def __init__(self, path: Path | None):
-        self.path = path
-        self._kept: dict[str, Ratios] | None = None
+        self.file = _file(path)
 
     @classmethod
     def from_environment(cls) -> KeptRatios:
         return cls(timings_path())
 
+    @property
+    def path(self) -> Path | None:
+        """The file, or None when nothing is kept (`off`, or a place that could not be written)."""
+        return self.file.path
+
     def get(self, kind: str) -> Ratios | None:
-        return self._read().get(kind)
+        value = self.file.get(kind)
+        return None if value is None else (float(value[0]), float(value[1]))
 
     def put(self, kind: str, ratios: Ratios) -> None:
         """Keep `ratios` for `kind`, beside what the file holds now (another process may have added kinds)."""
-        if self.path is None:
-            return
-        kept = self._kept = {**read_ratios(self.path, warn=False), kind: ratios}
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            _replace(self.path, json.dumps({k: list(v) for k, v in kept.items()}, indent=1) + "\n")
-        except OSError as e:  # a read-only project: later processes guess again
-            log.warning("could not keep the trace timings in %s (%s); set %s to a writable file, or to off",
-                        self.path, e, TIMINGS_ENV)
-            self.path = None
-
-    def _read(self) -> dict[str, Ratios]:
-        if self._kept is None:
-            self._kept = {} if self.path is None else read_ratios(self.path)
-        return self._kept
-
-
-def _replace(path: Path, text: str) -> None:
-    """Write a temporary file of this process's own beside `path`, then rename it over `path`."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        self.file.put(kind, list(ratios))

@@ -48,6 +48,14 @@ _TRACES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # Traces kept per model at the least (decode/steps.py keeps more for more rows): one per row count, width and
 # placement a caller meets.
 KEPT_TRACES = 8
+# The traced steps a set of weights runs in a process before its weights are moved onto huge pages
+# (runtime/huge_pages.py).  The pass makes every later step faster, but while it runs it slows the steps beside it,
+# and a one-off call of a few hundred tokens ends before it is repaid (bench/by_hand.md, "huge pages for a one-off
+# call"); a process that has run this many steps is one that keeps decoding.  The server starts the pass at once
+# (serve/warm_up.py).
+HUGE_PAGES_AFTER_STEPS = 512
+# model -> [its weights' versions, the traced steps run with them in this process]
+_STEPS_RUN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class _CacheViews(CacheWrites):
@@ -180,7 +188,7 @@ class TracedSteps:
         one)."""
         self.kept, self.threads = kept, threads
         self.setup_s = 0.0  # seconds this instance spent making traces (each with its first runs)
-        weights = _weights_version(model)
+        weights = self.weights = _weights_version(model)
         kept_weights, traces = _TRACES.get(model, (None, {}))
         if kept_weights != weights:  # traced for weights since changed: each holds their packed copies
             traces = {}
@@ -201,7 +209,6 @@ class TracedSteps:
         key = _key(tokens, mask, columns, keys[0].dtype)
         step = self.traces.get(key)
         if step is None:
-            first = not self.traces
             while len(self.traces) >= self.kept:
                 del self.traces[next(iter(self.traces))]  # the oldest
             started = time.perf_counter()
@@ -212,12 +219,20 @@ class TracedSteps:
             log.info("traced the decode step for %d row(s) of %d token(s)%s%s in %.2fs", *tokens.shape,
                      " with a mask" if mask is not None else "",
                      " at each row's own columns" if columns is not None else "", seconds)
-            if first:
-                # The weights' packed copies exist from the first trace on, and later traces share them: one pass
-                # per set of weights, so that none runs (and contends for the process's memory map) under load.
-                log.info("%s", collapse_in_background())
+        self._count_step()
         return step(tokens, positions, *([] if mask is None else [mask]), *([] if columns is None else [columns]),
                     *keys, *values)
+
+    def _count_step(self) -> None:
+        """Start the huge-page pass once these weights have run HUGE_PAGES_AFTER_STEPS traced steps: one pass per
+        set of weights (their packed copies exist from the first trace on, and later traces share them), so that
+        none runs (and contends for the process's memory map) under load."""
+        run = _STEPS_RUN.get(self.model)
+        if run is None or run[0] != self.weights:
+            run = _STEPS_RUN[self.model] = [self.weights, 0]
+        run[1] += 1
+        if run[1] == HUGE_PAGES_AFTER_STEPS:
+            log.info("%s", collapse_in_background())
 
     def key_for(self, cache: KVCache, tokens: torch.Tensor) -> tuple:
         """What the step of `tokens` over `cache` is traced (and timed, decode/trace_payback.py) by."""

@@ -1,5 +1,5 @@
 """Which of several equivalent kernels runs at a shape, chosen by timing them on this host at the shape's first
-measured use, and kept for the process's life.
+measured use, and kept: for the process's life, and in a file for the processes after it.
 
 model/packed_linear.py asks it which matrix product a float32 linear layer runs for (rows, in, out): the fastest
 one depends on the host's read rate, its cores and its caches, which no fixed rule tuned on one machine gets right
@@ -7,39 +7,83 @@ everywhere (issue 50: on one slow 2-core host ONNX Runtime's skinny products kep
 oneDNN's fell behind; `python -m bench.experiments generate_speed`, bench/results/generate_speed.json).  Each candidate is timed in turns with the others (the order reversed every other round, after one untimed
 warm-up round: a first call builds kernels and allocates), and the fastest round of each counts: on a shared host
 another program's bursts only ever slow a round down.
+
+Timing the candidates is most of what a fresh process's first trace of a decode step costs (bench/by_hand.md,
+"kernel choices kept between processes"), and that cost decides whether a one-off call traces at all
+(decode/trace_payback.py), so each choice is also kept in a file (runtime/kept_file.py), keyed by the CPU, torch
+and the shape (rows, in, out, bias, threads), and a later process on this host takes it from there untimed:
+
+    $GPT2_KERNEL_CHOICES   the file (default .cache/kernel_choices.json in the project); `off` keeps nothing
+
+A kept name that is not one of the shape's candidates (a file from another version, or edited) is timed again
+and replaced; delete the file to time every shape afresh (after moving the project to another host of the same
+CPU model, say).
 """
 from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Callable
+
+import torch
+
+from runtime.kept_file import CACHE_FOLDER, KeptFile, kept_path
+from runtime.timing import cpu_model
 
 log = logging.getLogger(__name__)
 
 ROUNDS = 3  # timed rounds per candidate, after the warm-up one
+CHOICES_ENV = "GPT2_KERNEL_CHOICES"
+DEFAULT_CHOICES = CACHE_FOLDER / "kernel_choices.json"
+
+
+def kept_choices(path: Path | None) -> KeptFile:
+    """The kernel choices file at `path` (None: nothing kept); an entry is a kernel's name."""
+    return KeptFile(path, "kernel choices", lambda value: isinstance(value, str), "kernel names", CHOICES_ENV)
+
+
+def kept_choices_from_environment() -> KeptFile:
+    """The file $GPT2_KERNEL_CHOICES names (nothing kept for `off`), else the project's default."""
+    return kept_choices(kept_path(CHOICES_ENV, DEFAULT_CHOICES))
+
+
+def host_key(shape: tuple) -> str:
+    """Everything a kernel's timings depend on besides the shape: the CPU and torch."""
+    return f"{cpu_model()} | torch {torch.__version__} | {shape!r}"
 
 
 class KernelChoices:
-    """The kernel chosen per shape (`choose`), and each measured shape's timings (`timings`): the fastest round
-    of each candidate, in seconds.  `clock`: seconds, as time.perf_counter (a test passes a fake one)."""
+    """The kernel chosen per shape (`choose`), and each shape's timings when this process measured it (`timings`):
+    the fastest round of each candidate, in seconds.  `clock`: seconds, as time.perf_counter (a test passes a fake
+    one); `kept`: the file of earlier processes' choices, read and added to (None: this process alone)."""
 
-    def __init__(self, clock=time.perf_counter, rounds: int = ROUNDS):
-        self.clock, self.rounds = clock, rounds
+    def __init__(self, clock=time.perf_counter, rounds: int = ROUNDS, kept: KeptFile | None = None):
+        self.clock, self.rounds, self.kept = clock, rounds, kept
         self.chosen: dict[tuple, str] = {}
         self.timings: dict[tuple, dict[str, float]] = {}
 
     def choose(self, shape: tuple, candidates: Callable[[], dict[str, Callable[[], object]]]) -> str:
-        """The kernel for `shape`: the one chosen already, or the fastest of `candidates()` (name -> a call that
-        runs that kernel once at this shape), timed now."""
+        """The kernel for `shape`: the one chosen already, by this process or (kept) an earlier one, or the fastest
+        of `candidates()` (name -> a call that runs that kernel once at this shape), timed now and kept."""
         chosen = self.chosen.get(shape)
         if chosen is None:
             runs = candidates()
             if not runs:
                 raise ValueError(f"no kernel candidates for shape {shape}")
+            kept = None if self.kept is None else self.kept.get(host_key(shape))
+            if kept in runs:
+                chosen = self.chosen[shape] = kept
+                log.info("kernel for %s: %s (kept in %s)", shape, chosen, self.kept.path)
+                return chosen
+            if kept is not None:
+                log.info("the kept kernel %r is not a candidate for %s; timing them again", kept, shape)
             best = self.timings[shape] = self._time(runs)
             chosen = self.chosen[shape] = min(best, key=best.get)
             log.info("kernel for %s: %s (%s)", shape, chosen,
                      ", ".join(f"{name} {seconds * 1e3:.3f} ms" for name, seconds in best.items()))
+            if self.kept is not None:
+                self.kept.put(host_key(shape), chosen)
         return chosen
 
     def _time(self, runs: dict[str, Callable[[], object]]) -> dict[str, float]:

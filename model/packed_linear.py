@@ -7,8 +7,8 @@ EPYC, MKL's one-row product ran on one of the two cores, oneDNN's product over a
 GPT-2 124M's matrices faster, and a batched product over the weight cut into one block of rows per thread faster
 still at one row; on a slower host ONNX Runtime's products (MLAS: the columns split across threads) kept up with
 more rows where oneDNN's did not.  So the kernel of each shape (rows, in, out, threads) is chosen by timing the
-candidates (`KERNELS`) on this host, once per process (model/kernel_choice.py), when a decode step is traced
-(decode/trace.py); shapes not timed run the default rule (`default_kernel`).  How the products compare per host:
+candidates (`KERNELS`) on this host when a decode step is traced (decode/trace.py), once per host: the choice is
+kept for later processes (model/kernel_choice.py); shapes not timed run the default rule (`default_kernel`).  How the products compare per host:
 bench/standalone/decode_profile.py, and the whole step against ONNX Runtime and llama.cpp:
 bench/experiments/generate_speed.py.  The copies a kernel reads (oneDNN's packed weight, a transposed one) are
 derived and never saved: the module keeps the original parameter, so a tied head stays tied and checkpoints,
@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
-from model.kernel_choice import KernelChoices
+from model.kernel_choice import KernelChoices, kept_choices_from_environment
 
 
 # What pack_for_inference says it did, after the count of layers.
@@ -54,8 +54,8 @@ MEASURED_BYTES = 48 * 2**20
 _FORMS = WeakIdKeyDictionary()
 # (in, out, bias or not) -> {weight: bias} of every PackedLinear made: the weights a shape's timing reads in turn.
 _BY_SHAPE: dict[tuple[int, int, bool], WeakIdKeyDictionary] = {}
-# The kernel per (rows, in, out, bias or not, threads), for the process's life.
-CHOICES = KernelChoices()
+# The kernel per (rows, in, out, bias or not, threads), for the process's life and kept for the next ones.
+CHOICES = KernelChoices(kept=kept_choices_from_environment())
 _choosing = threading.local()
 
 

@@ -9,12 +9,14 @@ weights are in place, this asks for them: every large anonymous mapping of the p
 (the weights, their packed copies, the KV cache) is advised (MADV_HUGEPAGE) and collapsed (MADV_COLLAPSE, Linux 6.1
 and later; before that the kernel's khugepaged collapses advised memory at its own pace).
 
-Collapsing copies the memory into new pages, which costs more than a one-off call would earn back; so it runs on a
-thread of its own at the lowest priority, and takes the CPU only when the process's own work and every other program
-leave it idle. What it saves a step: `python -m bench.experiments generate_speed`, whose sides are kept-loaded
-processes, as a server's is. Tokens are unchanged: only the pages under the same bytes change. decode/trace.py
-starts it once per set of weights, at their first traced step, as the packed copies every step reads exist from
-then on. A pass contends with the process's other threads for its memory map, so none is started under load.
+Collapsing copies the memory into new pages, so it runs on a thread of its own at the lowest priority; even so it
+slows the steps beside it (their threads wait for the core it holds, and both read memory), and a one-off call of a
+few hundred tokens ends before the faster steps repay that (bench/by_hand.md, "huge pages for a one-off call").
+So decode/trace.py starts it once a set of weights has run HUGE_PAGES_AFTER_STEPS traced steps in the process, as
+the packed copies every step reads exist from the first trace on, and the server's warm-up starts it at once. What
+it saves a step: `python -m bench.experiments generate_speed`, whose sides are kept-loaded processes, as a server's
+is. Tokens are unchanged: only the pages under the same bytes change. A pass contends with the process's other
+threads for its memory map, so none is started under load.
 """
 from __future__ import annotations
 

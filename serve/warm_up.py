@@ -56,6 +56,8 @@ def warm_up(runner: Runner, all_rows: bool = True) -> None:
     for steps in runner.all_steps:  # the build thread's count back, as the steps may have changed it
         steps.release_threads()
     _warm_prompt_and_sampling(runner)
+    if runner.device.type == "cpu":  # a server keeps decoding: its weights go onto huge pages now, not after a while
+        log.info("%s", huge_pages.collapse_in_background())
     settled = huge_pages.settled(HUGE_PAGES_SETTLE_S)
     log.info("warmed up in %.1fs: %s", time.perf_counter() - started,
              "weights settled" if settled else f"huge-page pass still running after {HUGE_PAGES_SETTLE_S:g}s")

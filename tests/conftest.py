@@ -16,6 +16,8 @@ torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get(
 # decisions come from its own process alone, as no test may depend on another having run (the tests of the file
 # name one of their own).  Set before decode/trace_payback.py makes its table; subprocesses inherit it.
 os.environ["GPT2_TRACE_TIMINGS"] = "off"
+# The kernel chosen per product shape is kept so too (model/kernel_choice.py): each test's choices are its own.
+os.environ["GPT2_KERNEL_CHOICES"] = "off"
 
 # Hostile-input properties (tests/hostile.py): `ci` is fixed-seed and bounded for `make test`; `fuzz` is `make
 # fuzz`'s long random run.  No example database: a clean clone and CI must draw the same examples.

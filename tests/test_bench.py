@@ -92,10 +92,10 @@ def results(tmp_path_factory):
         "--no-onnx",
         "--no-llama-cpp", "--no-transformers")
     # (the peers and the traced steps have tests of their own)
-    # auto (the server's default) beside dynamic: a 3-token call never repays a trace, so this process starts no
-    # huge-page pass, whose wait (after the warm-up call) would scan this test process's whole memory
+    # auto (the server's default) beside dynamic; no huge-page pass in this process, whose wait (after the warm-up
+    # call) would go through this test process's whole memory
     run("serve_speed", "--model", "tiny", "--new-tokens", "3", "--clients", "2", "--repeats", "1", "--device", "cpu",
-        "--decode", "auto", "dynamic")
+        "--decode", "auto", "dynamic", "--no-huge-pages")
     run("prune_speed", "--preset", "tiny", "--seq-len", "8", "--generation-tokens", "2", "--repeats", "1",
         "--csr-sparsities", "0.9", "--device", "cpu")
     return out

@@ -153,16 +153,24 @@ def test_weights_changed_in_place_are_traced_anew(small_model):
     assert _TRACES[small_model][0] != old_weights and len(_TRACES[small_model][1]) == 1
 
 
-def test_weights_are_moved_onto_huge_pages_once_per_set_not_at_every_trace(small_model, monkeypatch):
+def test_weights_are_moved_onto_huge_pages_once_per_set_after_enough_traced_steps(small_model, monkeypatch):
     passes = []
     monkeypatch.setattr(decode.trace, "collapse_in_background", lambda: passes.append(1) or "asked")
+    steps = GREEDY.max_new_tokens - 1  # traced steps per call: the prompt's pass makes the first token
+    monkeypatch.setattr(decode.trace, "HUGE_PAGES_AFTER_STEPS", 2 * steps + 1)
     pack_for_inference(small_model)
-    for rows in (1, 2, 3):  # later traces share the first one's packed copies: nothing new to move
+    for rows in (1, 2):  # a one-off call ends before the pass would repay it: none yet
+        generate(small_model, prompt(batch=rows), GREEDY, decode="traced")
+    assert passes == []
+    for rows in (3, 1):  # steps of every row count add up; later traces share the packed copies: one pass
         generate(small_model, prompt(batch=rows), GREEDY, decode="traced")
     assert len(passes) == 1
     with torch.no_grad():
-        small_model.lm_head.weight.mul_(2)  # new weights, packed anew at their first trace
+        small_model.lm_head.weight.mul_(2)  # new weights, packed anew at their first trace: counted afresh
     generate(small_model, prompt(), GREEDY, decode="traced")
+    assert len(passes) == 1
+    for _ in range(2):
+        generate(small_model, prompt(), GREEDY, decode="traced")
     assert len(passes) == 2
 
 

@@ -14,7 +14,9 @@ from pathlib import Path
 
 from hypothesis import given, strategies as st
 
-from decode.kept_ratios import OFF, TIMINGS_ENV, DEFAULT_TIMINGS, KeptRatios, read_ratios, timings_path
+from model.kernel_choice import KernelChoices, host_key, kept_choices
+from decode.kept_ratios import TIMINGS_ENV, DEFAULT_TIMINGS, KeptRatios, read_ratios, timings_path
+from runtime.kept_file import OFF
 from decode.trace_payback import KEEP_AFTER_TRACED_STEPS, TracePayback
 from tests.hostile import examples, record, unchanged
 
@@ -59,7 +61,7 @@ def test_an_unwritable_place_warns_once_and_keeps_nothing(tmp_path, caplog):
     blocker = tmp_path / "a file"
     blocker.write_text("")
     kept = KeptRatios(blocker / "timings.json")  # its folder cannot be made: a file is in the way
-    with caplog.at_level(logging.WARNING, logger="decode.kept_ratios"):
+    with caplog.at_level(logging.WARNING, logger="runtime.kept_file"):
         kept.put("one", (10.0, 0.5))
         kept.put("two", (10.0, 0.5))
     [warning] = caplog.messages
@@ -133,3 +135,37 @@ class _Model:
 
     def modules(self):
         return iter(())
+
+
+# The kernel choices file (model/kernel_choice.py) is read by the same reader: any bytes give its string entries.
+
+CHOICES_SURFACE = "kernel choices file"
+
+
+@examples(60)
+@given(contents=CONTENTS)
+def test_any_kernel_choices_file_gives_its_names_alone_and_a_choice_is_made_whatever_it_holds(contents):
+    with timings_file(contents) as (folder, path):
+        with unchanged(CHOICES_SURFACE, folder):
+            kept = kept_choices(path).read()
+        try:
+            parsed = json.loads(contents)
+        except ValueError:
+            parsed = None
+        assert kept == ({k: v for k, v in parsed.items() if isinstance(v, str)} if isinstance(parsed, dict) else {})
+        record(CHOICES_SURFACE, "read" if kept else "ignored")
+        runs = {"a": lambda: None, "b": lambda: None}
+        assert KernelChoices(kept=kept_choices(path)).choose((1, 2, 3), lambda: runs) in runs  # a shape not kept
+        assert sorted(os.listdir(folder)) == ["timings.json"]
+
+
+@examples(40)
+@given(value=st.one_of(VALUES, st.text(max_size=8), st.sampled_from(["a", "b"])))
+def test_whatever_a_shape_s_kept_entry_holds_its_kernel_is_a_candidate_timed_unless_kept(value):
+    shape, runs = (1, 2, 3), {"a": lambda: None, "b": lambda: None}
+    with timings_file(json.dumps({host_key(shape): value}).encode()) as (folder, path):
+        choices = KernelChoices(kept=kept_choices(path))
+        chosen = choices.choose(shape, lambda: runs)
+        assert chosen in runs
+        assert (chosen == value) == (value in ("a", "b")) and (shape in choices.timings) == (value not in ("a", "b"))
+        assert kept_choices(path).read() == {host_key(shape): chosen}

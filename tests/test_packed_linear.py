@@ -12,7 +12,7 @@ from decode.generate import generate
 from model.gpt import GPT
 from model.int8 import Int8Linear, quantize_model
 from model import packed_linear
-from model.kernel_choice import KernelChoices
+from model.kernel_choice import KernelChoices, host_key, kept_choices
 from model.packed_linear import (KERNELS, PACKED, PackedLinear, choosing_kernels, default_kernel, pack_for_inference,
                                  product, weight_form)
 from decode.sampling import SamplingParams
@@ -71,6 +71,33 @@ def test_the_chooser_keeps_the_fastest_candidate_per_shape_and_times_each_shape_
     assert choices.choose((4, 8, 8), candidates) == "a" and len(calls) == 8  # another shape: timed on its own
     with pytest.raises(ValueError, match="no kernel candidates"):
         choices.choose((12, 8, 8), dict)
+
+
+def test_a_choice_is_kept_for_the_next_process_which_takes_it_untimed(tmp_path):
+    path = tmp_path / "choices.json"
+    clock = FakeClock()
+    costs = {"a": 2.0, "b": 1.0}
+
+    def candidates():
+        return {name: (lambda name=name: setattr(clock, "now", clock.now + costs[name])) for name in costs}
+
+    assert KernelChoices(clock=clock, kept=kept_choices(path)).choose((1, 8, 8), candidates) == "b"
+    assert kept_choices(path).read() == {host_key((1, 8, 8)): "b"}
+    later = KernelChoices(clock=lambda: pytest.fail("a kept choice is not timed again"), kept=kept_choices(path))
+    assert later.choose((1, 8, 8), candidates) == "b"
+    assert later.timings == {}  # taken from the file, not measured here
+    costs = {"a": 1.0, "c": 2.0}  # b is no longer a candidate (another version's kernels): timed again, replaced
+    again = KernelChoices(clock=clock, kept=kept_choices(path))
+    assert again.choose((1, 8, 8), candidates) == "a" and set(again.timings[(1, 8, 8)]) == {"a", "c"}
+    assert kept_choices(path).read() == {host_key((1, 8, 8)): "a"}
+    assert KernelChoices(clock=clock, kept=kept_choices(None)).choose((1, 8, 8), candidates) == "a"  # off
+    assert [p.name for p in tmp_path.iterdir()] == ["choices.json"]
+
+
+def test_the_key_holds_the_cpu_torch_and_the_whole_shape():
+    key = host_key((1, 768, 2304, True, 2))
+    assert torch.__version__ in key and key.endswith("(1, 768, 2304, True, 2)")
+    assert host_key((1, 768, 2304, True, 1)) != key
 
 
 @needs_onednn

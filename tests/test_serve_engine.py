@@ -9,6 +9,7 @@ import torch
 
 from decode.generate import generate
 from model.gpt import GPT
+from runtime import huge_pages
 from decode.sampling import SamplingParams, sample_rows
 from decode.steps import DECODE_MODES
 from decode.text import TextAssembler
@@ -364,7 +365,10 @@ def test_after_warm_up_no_batch_waits_for_a_trace(short_context_model, monkeypat
     torch.manual_seed(1)
     model = GPT(small_config(block_size=16, vocab_size=2048)).eval()  # traces are kept per model: a fresh one
     engine = Engine(model, torch.device("cpu"), max_batch_size=6, max_queue=8, request_timeout_s=60)
+    passes = []  # a server keeps decoding: its weights go onto huge pages at start-up, not after many steps
+    monkeypatch.setattr(huge_pages, "collapse_in_background", lambda: passes.append(1) or "asked")
     engine.warm_up()
+    assert passes == [1]
     traced = engine.runner.steps.traced
     made = set(traced.traces)
     assert sorted(key[0] for key in made) == [1, 2, 3, 4, 6]  # 5 rows run padded to 6

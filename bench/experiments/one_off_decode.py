@@ -9,6 +9,12 @@ layers as sample.py does, and times one greedy call (end-of-text does not stop i
 The two paths run in turns within every round, in an order reversed every other round, so that a machine whose
 load drifts weighs on both alike; each figure is the median over the rounds, and the 1-minute load average is
 recorded before every round.  The tokens of the two paths are compared (greedy: they must be the same).
+
+What a process measures of its trace is kept for the next one (decode/kept_ratios.py: the trace's cost and gain;
+model/kernel_choice.py: the kernel per product shape), so the calls of one run get files of their own, empty at the
+start: the first round is a host on which nothing was kept yet, the later rounds one on which sample.py has run
+before.  `--no-kernel-choices` keeps only the trace timings (each process times its kernels itself, as before the
+kernel choices were kept).
 """
 from __future__ import annotations
 
@@ -24,8 +30,11 @@ from bench.experiment import Experiment, ExperimentError, ExperimentSettings
 from bench.plots import finish, grouped_bars, plt
 from bench.report_page import Page, num, spread
 from bench.processes import run_command
+from decode.kept_ratios import TIMINGS_ENV
+from model.kernel_choice import CHOICES_ENV
 from model.config import PRESETS
 from runtime.cli import non_default_flags, option
+from runtime.kept_file import OFF
 from runtime.timing import Environment, Spread, environment, paired_ratio
 
 PATHS = ("auto", "dynamic")
@@ -36,6 +45,8 @@ class Settings(ExperimentSettings):
     new_tokens: list[int] = option([32, 200], "tokens per call", min=1)
     prompt_tokens: int = option(16, "prompt length", min=1)
     rounds: int = option(5, "fresh processes per path, model and length", min=1)
+    kernel_choices: bool = option(True, "keep the kernel chosen per product shape between the calls' processes "
+                                        "(GPT2_KERNEL_CHOICES); --no-kernel-choices: each process times its own")
     threads: int | None = option(None, "torch threads in each process (default: torch's own); on a machine "
                                        "others load, 1 keeps a step from waiting on a descheduled thread", min=1)
 
@@ -73,9 +84,9 @@ class OneOffDecode:
     environment: Environment
 
 
-def one_call(model: str, decode: str, new_tokens: int, settings: Settings) -> dict:
+def one_call(model: str, decode: str, new_tokens: int, settings: Settings, kept: dict[str, str]) -> dict:
     done = run_command([sys.executable, "-m", "bench.workloads.generate_once", model, decode, str(new_tokens),
-                        str(settings.prompt_tokens), str(settings.threads or 0)])
+                        str(settings.prompt_tokens), str(settings.threads or 0)], env=kept)
     if not done.ok:
         raise ExperimentError(f"the {decode} call on {model} failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -85,11 +96,16 @@ def measure(settings: Settings, work_dir: Path) -> OneOffDecode:
     cases = [(model, n) for model in settings.models for n in settings.new_tokens]
     calls: dict[tuple, list[dict]] = {(*case, path): [] for case in cases for path in PATHS}
     loads = []
+    work_dir.mkdir(parents=True, exist_ok=True)
+    kept = {TIMINGS_ENV: str(work_dir / "trace_timings.json"),
+            CHOICES_ENV: str(work_dir / "kernel_choices.json") if settings.kernel_choices else OFF}
+    for name in ("trace_timings.json", "kernel_choices.json"):
+        (work_dir / name).unlink(missing_ok=True)  # this experiment's own files from its last run
     for round_ in range(settings.rounds):
         loads.append(os.getloadavg()[0])
         for case in cases:
             for path in PATHS if round_ % 2 == 0 else reversed(PATHS):
-                call = one_call(case[0], path, case[1], settings)
+                call = one_call(case[0], path, case[1], settings, kept)
                 calls[(*case, path)].append(call)
                 print(f"round {round_ + 1}/{settings.rounds}: {case[0]} {case[1]} tokens {path:8} "
                       f"{call['call_s'] * 1e3:8.1f} ms", flush=True)

@@ -13,9 +13,8 @@ load test's requests do: temperature 0.8, top-k 200, a seed).  For each --decode
 `/generate` requests, the first with the same prompt, settings and seed, all with `ignore_eos` so that each
 makes exactly --new-tokens tokens, from a client on loopback: one client alone, then each --clients level
 sending that many requests at once (the prompts differ in length, as real clients' do); `generate()` is
-timed with the same mode's steps (`sample.py --decode`), and after its warm-up call waits, as the server's
-warm-up does, for the background pass that moves the weights onto huge pages (its CPU slows the steps beside
-it).  Everything is timed in interleaved rounds, so load on the machine hits every mode and level alike;
+timed with the same mode's steps (`sample.py --decode`), and after its warm-up call moves the weights onto huge
+pages and waits for that background pass, as the server's warm-up does (its CPU slows the steps beside it).  Everything is timed in interleaved rounds, so load on the machine hits every mode and level alike;
 ratios are medians of per-round ratios, including the first mode's speed over each other mode's.  Throughput is new
 tokens over the round's wall time (for the clients, from the first request sent to the last stream closed);
 latency and time to first token are the client's own, over every request of every round.  The first mode's server
@@ -88,6 +87,9 @@ class Settings(RandomWeightsSettings):
     llama_server: str | None = option(None, "llama.cpp's llama-server binary: compare the server with it on the "
                                             "same weights as GGUF (F32, or Q8_0 with --weights int8)")
     peer_clients: list[int] = option([1, 4, 12], "concurrency levels of the llama-server comparison", min=1)
+    huge_pages: bool = option(True, "after generate()'s warm-up call, move this process's weights onto huge pages "
+                                    "as the server's warm-up does; --no-huge-pages leaves them (a process holding "
+                                    "much else, whose whole memory the pass would go through)")
 
     def __post_init__(self):
         super().__post_init__()
@@ -239,9 +241,10 @@ def measure(settings: Settings, work_dir: Path) -> ServeSpeed:
         def call():
             nonlocal warmed
             generate(model, idx, params, decode=mode)
-            if not warmed:  # the warm-up: as the server's warm-up does, wait for the background pass that moves the
-                huge_pages.settled(HUGE_PAGES_SETTLE_S)  # weights onto huge pages, which takes CPU from the steps
-                warmed = True
+            if not warmed and settings.huge_pages:  # the warm-up: as the server's warm-up does, move the weights
+                huge_pages.collapse_in_background()  # onto huge pages and wait for the pass, which takes CPU from
+                huge_pages.settled(HUGE_PAGES_SETTLE_S)  # the steps beside it
+            warmed = True
         return call
 
     with contextlib.ExitStack() as servers:
