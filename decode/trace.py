@@ -39,7 +39,7 @@ import torch
 from model.gpt import GPT
 from model.kv_cache import AttentionInputs, CacheWrites, KVCache, write_columns
 from model.packed_linear import PackedLinear, choosing_kernels, packed_while
-from runtime.huge_pages import collapse_in_background
+from runtime import huge_pages
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,8 @@ KEPT_TRACES = 8
 # call"); a process that has run this many steps is one that keeps decoding.  The server starts the pass at once
 # (serve/warm_up.py).
 HUGE_PAGES_AFTER_STEPS = 512
-# model -> [its weights' versions, the traced steps run with them in this process]
+# model -> [its weights' versions, the traced steps run with them in this process, the huge-page passes asked for
+# before the first of those steps]
 _STEPS_RUN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -224,15 +225,16 @@ class TracedSteps:
                     *keys, *values)
 
     def _count_step(self) -> None:
-        """Start the huge-page pass once these weights have run HUGE_PAGES_AFTER_STEPS traced steps: one pass per
-        set of weights (their packed copies exist from the first trace on, and later traces share them), so that
-        none runs (and contends for the process's memory map) under load."""
+        """Start the huge-page pass once these weights have run HUGE_PAGES_AFTER_STEPS traced steps, unless one was
+        asked for since their first (a server's warm-up asks at once): one pass per set of weights (their packed
+        copies exist from the first trace on, and later traces share them), so that none runs (and contends for
+        the process's memory map) under load."""
         run = _STEPS_RUN.get(self.model)
         if run is None or run[0] != self.weights:
-            run = _STEPS_RUN[self.model] = [self.weights, 0]
+            run = _STEPS_RUN[self.model] = [self.weights, 0, huge_pages.passes_asked()]
         run[1] += 1
-        if run[1] == HUGE_PAGES_AFTER_STEPS:
-            log.info("%s", collapse_in_background())
+        if run[1] == HUGE_PAGES_AFTER_STEPS and huge_pages.passes_asked() == run[2]:
+            log.info("%s", huge_pages.collapse_in_background())
 
     def key_for(self, cache: KVCache, tokens: torch.Tensor) -> tuple:
         """What the step of `tokens` over `cache` is traced (and timed, decode/trace_payback.py) by."""

@@ -41,6 +41,7 @@ _thread: threading.Thread | None = None
 _again = threading.Event()
 _idle = threading.Event()  # set while no pass is due or running
 _idle.set()
+_asked = 0  # the passes asked for so far in this process (collapse_in_background's calls)
 
 
 def thp_setting() -> str | None:
@@ -131,7 +132,8 @@ os.register_at_fork(after_in_child=_forget_thread)
 def collapse_in_background() -> str:
     """Start (or, with new weights in place since, restart) moving the process's resident weights onto huge pages
     in a lowest-priority thread; returns one line saying what is done."""
-    global _thread
+    global _thread, _asked
+    _asked += 1
     if not sys.platform.startswith("linux"):
         return "weights stay on the system's pages (huge pages are asked of Linux only)"
     setting = thp_setting()
@@ -147,6 +149,12 @@ def collapse_in_background() -> str:
         else:
             _again.set()
     return "moving the weights onto huge pages in the background (transparent huge pages: madvise)"
+
+
+def passes_asked() -> int:
+    """How many times this process has asked for a pass (collapse_in_background): a caller that asks only when no one
+    else has since a point compares two counts."""
+    return _asked
 
 
 def settled(timeout: float) -> bool:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import decode.trace
+from runtime import huge_pages
 import decode.trace_payback
 from decode.steps import DecodeSteps, fastest_decode
 from decode.trace import _TRACES, TracedSteps
@@ -155,7 +156,8 @@ def test_weights_changed_in_place_are_traced_anew(small_model):
 
 def test_weights_are_moved_onto_huge_pages_once_per_set_after_enough_traced_steps(small_model, monkeypatch):
     passes = []
-    monkeypatch.setattr(decode.trace, "collapse_in_background", lambda: passes.append(1) or "asked")
+    monkeypatch.setattr(huge_pages, "collapse_in_background", lambda: passes.append(1) or "asked")
+    monkeypatch.setattr(huge_pages, "passes_asked", lambda: len(passes))
     steps = GREEDY.max_new_tokens - 1  # traced steps per call: the prompt's pass makes the first token
     monkeypatch.setattr(decode.trace, "HUGE_PAGES_AFTER_STEPS", 2 * steps + 1)
     pack_for_inference(small_model)
@@ -172,6 +174,13 @@ def test_weights_are_moved_onto_huge_pages_once_per_set_after_enough_traced_step
     for _ in range(2):
         generate(small_model, prompt(), GREEDY, decode="traced")
     assert len(passes) == 2
+    with torch.no_grad():
+        small_model.lm_head.weight.mul_(2)
+    generate(small_model, prompt(), GREEDY, decode="traced")
+    huge_pages.collapse_in_background()  # asked for since these weights' first traced step (a server's warm-up)
+    for _ in range(2):
+        generate(small_model, prompt(), GREEDY, decode="traced")
+    assert len(passes) == 3  # that one alone: the steps do not ask again
 
 
 def test_a_replaced_weight_is_traced_anew(small_model):
