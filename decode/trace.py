@@ -55,7 +55,7 @@ KEPT_TRACES = 8
 # (serve/warm_up.py).
 HUGE_PAGES_AFTER_STEPS = 512
 # model -> [its weights' versions, the traced steps run with them in this process, the huge-page passes asked for
-# before the first of those steps]
+# before a caller first made its steps traceable (a TracedSteps) for them]
 _STEPS_RUN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -195,6 +195,9 @@ class TracedSteps:
             traces = {}
         _TRACES[model] = weights, traces
         self.model, self.traces = model, traces
+        run = _STEPS_RUN.get(model)
+        if run is None or run[0] != weights:
+            _STEPS_RUN[model] = [weights, 0, huge_pages.passes_asked()]
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
                  keys: list[torch.Tensor], values: list[torch.Tensor],
@@ -226,12 +229,13 @@ class TracedSteps:
 
     def _count_step(self) -> None:
         """Start the huge-page pass once these weights have run HUGE_PAGES_AFTER_STEPS traced steps, unless one was
-        asked for since their first (a server's warm-up asks at once): one pass per set of weights (their packed
-        copies exist from the first trace on, and later traces share them), so that none runs (and contends for
-        the process's memory map) under load."""
+        asked for since their steps were first made traceable (a server's warm-up, a benchmark's, asks at once,
+        whether or not `auto` traced yet): one pass per set of weights (their packed copies exist from the first
+        trace on, and later traces share them), so that none runs (and contends for the process's memory map)
+        under load."""
         run = _STEPS_RUN.get(self.model)
-        if run is None or run[0] != self.weights:
-            run = _STEPS_RUN[self.model] = [self.weights, 0, huge_pages.passes_asked()]
+        if run is None or run[0] != self.weights:  # weights changed since this instance was made: not theirs
+            return
         run[1] += 1
         if run[1] == HUGE_PAGES_AFTER_STEPS and huge_pages.passes_asked() == run[2]:
             log.info("%s", huge_pages.collapse_in_background())

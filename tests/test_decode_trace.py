@@ -181,6 +181,13 @@ def test_weights_are_moved_onto_huge_pages_once_per_set_after_enough_traced_step
     for _ in range(2):
         generate(small_model, prompt(), GREEDY, decode="traced")
     assert len(passes) == 3  # that one alone: the steps do not ask again
+    with torch.no_grad():
+        small_model.lm_head.weight.mul_(2)
+    TracedSteps(small_model)  # a call under auto that has not traced yet, then a benchmark's warm-up asks
+    huge_pages.collapse_in_background()
+    for _ in range(3):
+        generate(small_model, prompt(), GREEDY, decode="traced")
+    assert len(passes) == 4
 
 
 def test_a_replaced_weight_is_traced_anew(small_model):
