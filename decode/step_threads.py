@@ -78,7 +78,7 @@ class StepThreads:
         if trying:
             others = [c for c in self.counts if c != best]
             count = others[state.turn % len(others)]
-        _use(count)
+        use_threads(count)
         self.trying = trying
         try:
             start = time.perf_counter()
@@ -107,12 +107,12 @@ class StepThreads:
                 state.gap = (min(LONGEST_GAP, max(2 * state.gap, _gap_for(state.mean_s[count], state.mean_s[best])))
                              if state.best(self.most) == best else FIRST_TRY_AFTER)
                 state.next_try = state.steps + state.gap
-        _use(state.best(self.most))
+        use_threads(state.best(self.most))
         return out
 
     def release(self) -> None:
         """Give the caller its thread count back (the count these steps were made with)."""
-        _use(self.most)
+        use_threads(self.most)
 
 
 def _gap_for(tried_s: float, chosen_s: float) -> int:
@@ -121,7 +121,8 @@ def _gap_for(tried_s: float, chosen_s: float) -> int:
     return math.ceil(max(0.0, tried_s / chosen_s - 1) / TRIES_SHARE) if chosen_s > 0 else LONGEST_GAP
 
 
-def _use(count: int) -> None:
+def use_threads(count: int) -> None:
+    """Set torch's thread count to `count` (a call only when it differs: setting it is not free)."""
     if torch.get_num_threads() != count:
         torch.set_num_threads(count)
 

@@ -36,6 +36,7 @@ import weakref
 
 import torch
 
+from decode.step_threads import use_threads
 from model.gpt import GPT
 from model.kv_cache import AttentionInputs, CacheWrites, KVCache, write_columns
 from model.packed_linear import PackedLinear, choosing_kernels, packed_while
@@ -164,13 +165,12 @@ def _trace(model: GPT, tokens: torch.Tensor, masked: bool, placed: bool,
 def _thread_count(count: int | None):
     """Within the block, `count` threads (None: as set); the count as it was after it."""
     before = torch.get_num_threads()
-    if count is not None and count != before:
-        torch.set_num_threads(count)
+    if count is not None:
+        use_threads(count)
     try:
         yield
     finally:
-        if torch.get_num_threads() != before:
-            torch.set_num_threads(before)
+        use_threads(before)
 
 
 def _key(tokens: torch.Tensor, mask: torch.Tensor | None, columns: torch.Tensor | None, dtype: torch.dtype) -> tuple:

@@ -8,8 +8,8 @@ GPT-2 124M's matrices faster, and a batched product over the weight cut into one
 still at one row; on a slower host ONNX Runtime's products (MLAS: the columns split across threads) kept up with
 more rows where oneDNN's did not.  So the kernel of each shape (rows, in, out, threads) is chosen by timing the
 candidates (`KERNELS`) on this host when a decode step is traced (decode/trace.py), once per host: the choice is
-kept for later processes (model/kernel_choice.py); shapes not timed run the default rule (`default_kernel`).  How the products compare per host:
-bench/standalone/decode_profile.py, and the whole step against ONNX Runtime and llama.cpp:
+kept for later processes (model/kernel_choice.py); shapes not timed run the default rule (`default_kernel`).
+How the products compare per host: bench/standalone/decode_profile.py, and the whole step against ONNX Runtime and llama.cpp:
 bench/experiments/generate_speed.py.  The copies a kernel reads (oneDNN's packed weight, a transposed one) are
 derived and never saved: the module keeps the original parameter, so a tied head stays tied and checkpoints,
 exports and state dicts are unchanged.

@@ -14,7 +14,8 @@ load test's requests do: temperature 0.8, top-k 200, a seed).  For each --decode
 makes exactly --new-tokens tokens, from a client on loopback: one client alone, then each --clients level
 sending that many requests at once (the prompts differ in length, as real clients' do); `generate()` is
 timed with the same mode's steps (`sample.py --decode`), and after its warm-up call moves the weights onto huge
-pages and waits for that background pass, as the server's warm-up does (its CPU slows the steps beside it).  Everything is timed in interleaved rounds, so load on the machine hits every mode and level alike;
+pages and waits for that background pass, as the server's warm-up does (its CPU slows the steps beside it).
+Everything is timed in interleaved rounds, so load on the machine hits every mode and level alike;
 ratios are medians of per-round ratios, including the first mode's speed over each other mode's.  Throughput is new
 tokens over the round's wall time (for the clients, from the first request sent to the last stream closed);
 latency and time to first token are the client's own, over every request of every round.  The first mode's server
@@ -241,9 +242,9 @@ def measure(settings: Settings, work_dir: Path) -> ServeSpeed:
         def call():
             nonlocal warmed
             generate(model, idx, params, decode=mode)
-            if not warmed and settings.huge_pages:  # the warm-up: as the server's warm-up does, move the weights
-                huge_pages.collapse_in_background()  # onto huge pages and wait for the pass, which takes CPU from
-                huge_pages.settled(HUGE_PAGES_SETTLE_S)  # the steps beside it
+            if not warmed and settings.huge_pages and device.type == "cpu":  # the warm-up: as the server's warm-up
+                huge_pages.collapse_in_background()  # does, move the weights onto huge pages and wait for the pass,
+                huge_pages.settled(HUGE_PAGES_SETTLE_S)  # which takes CPU from the steps beside it
             warmed = True
         return call
 

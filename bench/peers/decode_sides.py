@@ -72,15 +72,16 @@ def _ours(spec: SideSpec) -> tuple[Callable[[torch.Tensor, int], torch.Tensor], 
     model, _ = load_model(spec.files[0], spec.device)
     if spec.int8_head is not None:
         quantize_model(model, head=spec.int8_head)
+    model_device = torch.device(spec.device)
     kernels = pack_for_inference(model)  # as sample.py loads a model: float32 linears packed for oneDNN on the CPU
     calls = []
 
     def run(prompt: torch.Tensor, new: int) -> torch.Tensor:
         tokens = generate(model, prompt.to(spec.device), SamplingParams(
             max_new_tokens=new, temperature=0, stop_at_eot=False), decode=spec.decode)
-        if not calls:  # the warm-up: the weights go onto huge pages before any timed call, as in a server or in a
-            huge_pages.collapse_in_background()  # process that has decoded a while (decode/trace.py)
-            huge_pages.settled(timeout=120)
+        if not calls and model_device.type == "cpu":  # the warm-up: the weights go onto huge pages before any
+            huge_pages.collapse_in_background()  # timed call, as in a server's CPU process or in one that has
+            huge_pages.settled(timeout=120)  # decoded a while (decode/trace.py)
         calls.append(new)
         return tokens
     return run, {"kernels": kernels, "step_bytes": step_bytes(model)}
