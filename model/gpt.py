@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from model.config import GPTConfig
-from model.head_loss import head_cross_entropy, padded_cross_entropy
+from model.head_loss import fuses_on, head_cross_entropy, padded_cross_entropy
 from model.kv_cache import AttentionInputs, CacheWrites, ContextOverflow, KVCache
 
 
@@ -136,8 +136,9 @@ class GPT(nn.Module):
         only, which is all that sampling needs.  `attention`: see `hidden_states`.
         """
         x = self.hidden_states(idx, cache, last_only, attention)
-        if targets is not None and self.training and torch.is_grad_enabled() and type(self.lm_head) is Linear:
-            # Training: the head and the loss fused (model/head_loss.py); no logits are kept or returned.
+        if targets is not None and self.training and torch.is_grad_enabled() and type(self.lm_head) is Linear \
+                and fuses_on(x.device):
+            # Training on the CPU: the head and the loss fused (model/head_loss.py); no logits kept or returned.
             return None, head_cross_entropy(x, self.lm_head.weight, targets, self.config.vocab_size)
         padded = self.lm_head(x)
         vocab = self.config.vocab_size

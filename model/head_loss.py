@@ -7,12 +7,22 @@ a chunk of rows at a time, into the gradient of the loss with respect to them (s
 that one tensor is all backward needs, so the peak is one logits-sized tensor and backward skips the
 softmax entirely.  The padded vocabulary columns are -inf: no probability, no gradient, the same loss as
 over the real vocabulary.
+
+Training fuses only on the CPU (`fuses_on`).  On a GPU the chunk loop is a few kernel launches per chunk, and it reads
+row counts back to the host (a synchronisation each), which also breaks a `torch.compile` graph there;
+the plain head and `F.cross_entropy` are a few large kernels that `torch.compile` fuses, as nanoGPT runs them.  The
+GPU profile's train_speed (bench/experiments/train_speed.py) times train.py's step against nanoGPT's.
 """
 from __future__ import annotations
 
 import torch
 
 ROWS_PER_CHUNK = 256  # bounds the float32 temporaries of a chunk to a few tens of MB
+
+
+def fuses_on(device: torch.device) -> bool:
+    """Whether training on `device` takes the fused head and loss (see the module's docstring)."""
+    return device.type == "cpu"
 
 
 def _loss_sum(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, to_gradient: bool) -> torch.Tensor:

@@ -164,6 +164,16 @@ def test_fused_head_loss_equals_the_plain_head_and_cross_entropy():
         assert model.eval()(idx, targets)[1].item() == pytest.approx(expected.item(), rel=1e-6)
 
 
+def test_training_off_the_cpu_takes_the_plain_head_and_loss():
+    """The fused head + loss is the CPU's: on another device (meta here, standing in for CUDA) training returns the
+    logits of the plain head with `F.cross_entropy`'s loss, which torch.compile fuses there."""
+    with torch.device("meta"):
+        model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=32)).train()
+        idx = torch.zeros(2, 8, dtype=torch.long)
+    logits, loss = model(idx, idx)
+    assert logits is not None and logits.shape == (2, 8, 50257) and loss.shape == ()
+
+
 def test_model_package_has_no_import_cycle():
     """model/ imports top-down only (no module reaches itself through others) and nothing downstream of it
     (storage/ included: the artifact layer builds models, never the reverse)."""
