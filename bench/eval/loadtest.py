@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 import httpx
 import numpy as np
 
+from bench.eval.stream_client import Answer, AnswerError, post_streaming
 from runtime.cli import check_options, entry_point, option, parse_config
 from runtime.errors import UserError
 from runtime.progress import ProgressBar
@@ -127,86 +128,97 @@ def checked(level: LevelResult, new_tokens: int) -> LevelResult:
     return level
 
 
-async def one_request(client: httpx.AsyncClient, url: str, body: dict, timeout_s: float,
-                      route: str = "/generate") -> Outcome:
-    """One streaming request to `route`: this server's /generate, or an OpenAI-style /v1/completions."""
+async def one_request(url: str, body: dict, timeout_s: float, route: str = "/generate") -> Outcome:
+    """One streaming request to `route`: this server's /generate, or an OpenAI-style /v1/completions.  Its events
+    are read once the answer has ended, each timed by the read that brought it (bench/eval/stream_client.py)."""
     start = time.perf_counter()
     try:
         async with asyncio.timeout(timeout_s):
-            async with client.stream("POST", f"{url}{route}", json=body) as response:
-                if response.status_code != 200:
-                    await response.aread()
-                    return Outcome(response.status_code, time.perf_counter() - start, error=response.text[:200])
-                outcome = Outcome(200)
-                if route == "/v1/completions":
-                    await read_completion_stream(response, outcome, start)
-                    return outcome
-                event = None
-                async for line in response.aiter_lines():
-                    if line.startswith("event: "):
-                        event = line.removeprefix("event: ")
-                    elif line.startswith("data: "):
-                        data = json.loads(line.removeprefix("data: "))
-                        if event == "token" and data["token"] is not None and outcome.ttft_s is None:
-                            outcome.ttft_s = time.perf_counter() - start
-                        elif event == "done":
-                            outcome.tokens = data["tokens"]
-                        elif event == "error":
-                            outcome.error = data["error"]["message"]
-                outcome.latency_s = time.perf_counter() - start
-                if event != "done" and outcome.error is None:
-                    outcome.error = "the stream ended without a done event"
-                return outcome
-    except (httpx.HTTPError, TimeoutError) as e:
+            answer = await post_streaming(url, route, body)
+    except (OSError, AnswerError, TimeoutError) as e:
         return Outcome(0, time.perf_counter() - start, error=f"{type(e).__name__}: {e}")
+    return outcome_of(answer, route, start)
 
 
-async def read_completion_stream(response: httpx.Response, outcome: Outcome, start: float) -> None:
+def outcome_of(answer: Answer, route: str, start: float) -> Outcome:
+    """What `answer`, to a request to `route` sent at `start`, says: an error's text, or the stream's first token
+    time, token count and end.  A stream whose events this load test cannot read is an error, not a crash."""
+    if answer.status != 200:
+        return Outcome(answer.status, answer.ended_at - start, error=answer.text()[:200])
+    outcome = Outcome(200)
+    try:
+        (read_completion_stream if route == "/v1/completions" else read_generate_stream)(answer, outcome, start)
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:  # json.loads, or an event's shape
+        outcome.error = f"an event of the stream is not one the load test reads ({type(e).__name__}: {e})"[:200]
+        outcome.latency_s = answer.ended_at - start
+    return outcome
+
+
+def read_generate_stream(answer: Answer, outcome: Outcome, start: float) -> None:
+    """This server's /generate event stream into `outcome`: the first token's time, the token count of its `done`
+    event, the time of its end."""
+    event = None
+    for at, line in answer.lines():
+        if line.startswith("event: "):
+            event = line.removeprefix("event: ")
+        elif line.startswith("data: "):
+            data = json.loads(line.removeprefix("data: "))
+            if event == "token" and data["token"] is not None and outcome.ttft_s is None:
+                outcome.ttft_s = at - start
+            elif event == "done":
+                outcome.tokens = data["tokens"]
+            elif event == "error":
+                outcome.error = data["error"]["message"]
+    outcome.latency_s = answer.ended_at - start
+    if event != "done" and outcome.error is None:
+        outcome.error = "the stream ended without a done event"
+
+
+def read_completion_stream(answer: Answer, outcome: Outcome, start: float) -> None:
     """An OpenAI completion stream's events into `outcome`: the first text's time, the token count of its usage
     event, the time of its `[DONE]`."""
     done = False
-    async for line in response.aiter_lines():
+    for at, line in answer.lines():
         if not line.startswith("data: "):
             continue
         data = line.removeprefix("data: ")
         if data == "[DONE]":
             done = True
+            outcome.latency_s = at - start
             break
         event = json.loads(data)
         if "error" in event:
             outcome.error = str(event["error"])[:200]
         if event.get("choices") and event["choices"][0].get("text") and outcome.ttft_s is None:
-            outcome.ttft_s = time.perf_counter() - start
+            outcome.ttft_s = at - start
         if event.get("usage"):
             outcome.tokens = event["usage"]["completion_tokens"]
-    outcome.latency_s = time.perf_counter() - start
-    if not done and outcome.error is None:
-        outcome.error = "the stream ended without [DONE]"
+    if not done:
+        outcome.latency_s = answer.ended_at - start
+        if outcome.error is None:
+            outcome.error = "the stream ended without [DONE]"
 
 
 async def run_level(url: str, concurrency: int, requests: int, max_new_tokens: int, time_limit_s: float,
                     request_timeout_s: float, body: Callable[[int, int], dict] = request_body,
                     route: str = "/generate") -> LevelResult:
     """`body(i, max_new_tokens)` is request i's JSON body (default: this load test's sampled requests), sent to
-    `route` (one_request)."""
+    `route` (one_request), each on a connection of its own."""
     gate = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     result = LevelResult(concurrency, requests, wall_s=0.0)
     progress = ProgressBar(total=requests, desc=f"concurrency {concurrency}", file=sys.stderr, leave=False)
 
-    async def worker(i: int, client: httpx.AsyncClient) -> None:
+    async def worker(i: int) -> None:
         async with gate:
             if time.perf_counter() - start > time_limit_s:
                 result.not_started += 1
             else:
-                result.outcomes.append(await one_request(client, url, body(i, max_new_tokens), request_timeout_s,
-                                                         route))
+                result.outcomes.append(await one_request(url, body(i, max_new_tokens), request_timeout_s, route))
             progress.update()
 
-    async with httpx.AsyncClient(limits=limits, timeout=request_timeout_s) as client:
-        start = time.perf_counter()  # after making the client (~20 ms: its TLS context), which serves no request
-        await asyncio.gather(*(worker(i, client) for i in range(requests)))
-        result.wall_s = time.perf_counter() - start
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(i) for i in range(requests)))
+    result.wall_s = time.perf_counter() - start
     progress.close()
     return result
 

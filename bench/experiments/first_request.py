@@ -26,7 +26,7 @@ import torch
 from bench.eval.loadtest import exact_request_body, run_level
 from bench.experiment import Experiment, ExperimentError, SettingsError
 from bench.peers.host_rates import read_bandwidth
-from bench.experiments.serve_speed import random_fp32_artifact
+from bench.experiments.serve_speed import random_artifact
 from bench.plots import plt
 from bench.report_page import Page, num, spread
 from model.config import PRESETS
@@ -105,7 +105,7 @@ def one_server(artifact: Path, log: Path, warm_up: str, clients: int, settings: 
 
 
 def measure(settings: Settings, work_dir: Path) -> FirstRequest:
-    artifact = random_fp32_artifact(settings.model, work_dir)
+    artifact = random_artifact(settings.model, work_dir)
     read, matmul = read_bandwidth(), matmul_rate()
     runs: dict[tuple[str, int], list[tuple[float, list[Burst]]]] = {}
     loads = []

@@ -8,9 +8,9 @@ chromium (bench/browser.py) opens the page on one of them, never on the other.  
 
 - opens the page in a fresh browser context (no cache): the weight is the bytes of every file it loads (GET / and
   its scripts and stylesheet, as served), once it has read the server's limits and polled /metrics;
-- first token: the page generates (the form's fields as below; it asks for a stream and `logprobs`) and an httpx
-  client sends the page's own request body (bench/eval/loadtest.py's one_request), in turns, the order reversed every
-  other round.  The page's time runs from its form's submit event to the first shaded token in its document
+- first token: the page generates (the form's fields as below; it asks for a stream and `logprobs`) and the load
+  test's client (bench/eval/loadtest.py's one_request) sends the page's own request body, in turns, the order
+  reversed every other round.  The page's time runs from its form's submit event to the first shaded token in its document
   (performance.now(), bench/browser.py's TOKEN_TIMELINE); the client's from sending the request to reading the
   first token event;
 - cost: one non-streaming /generate request (`ignore_eos`: --cost-tokens tokens) timed by an httpx client with
@@ -38,14 +38,14 @@ import torch
 from bench.browser import TOKEN_TIMELINE, browser_missing, chromium
 from bench.experiment import Experiment, ExperimentError, RandomWeightsSettings
 from bench.eval.loadtest import PROMPTS, one_request
-from bench.experiments.serve_speed import random_fp32_artifact
+from bench.experiments.serve_speed import random_artifact
 from bench.plots import bars, finish, plt
 from bench.report_page import Page, spread
 from runtime.cli import non_default_flags, option
 from runtime.timing import Environment, Spread, environment, paired_ratio
 from serve.launch import ServerProcess
 
-CLIENTS = ("page", "httpx")
+CLIENTS = ("page", "client")
 CONDITIONS = ("no page ever opened", "page opened and closed", "page open")
 REQUEST_TIMEOUT_S = 120.0
 STARTUP_TIMEOUT_S = 300.0
@@ -121,12 +121,9 @@ class Playground:
 
 
 def client_first_token_ms(url: str, body: dict) -> float:
-    async def once():
-        async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
-            return await one_request(client, url, body, REQUEST_TIMEOUT_S)
     # On a thread of its own: Playwright's synchronous API keeps an event loop running on this one.
     with ThreadPoolExecutor(max_workers=1) as thread:
-        outcome = thread.submit(asyncio.run, once()).result()
+        outcome = thread.submit(asyncio.run, one_request(url, body, REQUEST_TIMEOUT_S)).result()
     if outcome.error or outcome.ttft_s is None:
         raise ExperimentError(f"the client's streamed request failed: {outcome.status} {outcome.error}")
     return 1000 * outcome.ttft_s
@@ -136,7 +133,7 @@ def measure(settings: Settings, work_dir: Path) -> PlaygroundResult:
     missing = browser_missing()
     if missing:
         raise ExperimentError(f"the playground experiment drives a browser: {missing}")
-    artifact = random_fp32_artifact(settings.model, work_dir)
+    artifact = random_artifact(settings.model, work_dir)
     fields = {"prompt": PROMPTS[0], "max_new_tokens": settings.first_token_tokens, "temperature": 0.8, "seed": 1}
     cost_body = {"prompt": PROMPTS[0], "max_new_tokens": settings.cost_tokens, "temperature": 0.8, "seed": 1,
                  "ignore_eos": True}
@@ -175,7 +172,7 @@ def measure(settings: Settings, work_dir: Path) -> PlaygroundResult:
             for condition in closed if round_ % 2 == 0 else reversed(closed):
                 ms[condition] = cost_ms(closed[condition])
             print(f"round {round_}/{settings.rounds}{' (untimed)' if round_ == 0 else ''}: first token: page "
-                  f"{first['page']:.1f} ms, httpx {first['httpx']:.1f} ms; {settings.cost_tokens} tokens: "
+                  f"{first['page']:.1f} ms, client {first['client']:.1f} ms; {settings.cost_tokens} tokens: "
                   + ", ".join(f"{condition} {ms[condition]:.0f} ms" for condition in CONDITIONS), flush=True)
             if round_ > 0:
                 for who in CLIENTS:
@@ -186,7 +183,7 @@ def measure(settings: Settings, work_dir: Path) -> PlaygroundResult:
     return PlaygroundResult(
         settings.model, files, sum(f.bytes for f in files) / 1000, settings.rounds, request,
         {who: Spread.of(first_token[who]) for who in CLIENTS}, first_token,
-        Spread.of([p - c for p, c in zip(first_token["page"], first_token["httpx"])]), settings.cost_tokens,
+        Spread.of([p - c for p, c in zip(first_token["page"], first_token["client"])]), settings.cost_tokens,
         {condition: Spread.of(latency[condition]) for condition in CONDITIONS},
         {condition: paired_ratio(latency[condition], base) for condition in CONDITIONS[1:]}, Spread.of(loads),
         " ".join(["python -m bench.experiments playground", *non_default_flags(settings)]),
@@ -196,8 +193,8 @@ def measure(settings: Settings, work_dir: Path) -> PlaygroundResult:
 def plot(result: PlaygroundResult):
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
     rounds = range(1, result.rounds + 1)
-    for who in CLIENTS:
-        left.plot(rounds, result.first_token_rounds_ms[who], marker="o", label=who)
+    for who, ms in result.first_token_rounds_ms.items():  # as the result names them (httpx, before the load test's own)
+        left.plot(rounds, ms, marker="o", label=who)
     left.set_xlabel("round")
     left.set_xticks(list(rounds))
     left.set_ylabel("ms to the first token")
@@ -216,7 +213,7 @@ def section(res: PlaygroundResult, page: Page) -> None:
     page.add(f"Weight: {res.page_kb:.1f} KB in {len(res.files)} files, as served: "
              + ", ".join(f"`{f.path}` {f.bytes / 1000:.1f} KB" for f in res.files) + ".\n")
     page.table(["first token", "ms, median (min-max)"],
-               [[who, spread(res.first_token_ms[who])] for who in CLIENTS]
+               [[who, spread(ms)] for who, ms in res.first_token_ms.items()]
                + [["page minus client, per round", spread(res.page_minus_client_ms)]])
     page.table(["condition", f"ms per {res.cost_tokens}-token request, median (min-max)", "over no page (paired)"],
                [[c, spread(res.latency_ms[c], 0), "1" if c == CONDITIONS[0] else f"{res.over_no_page[c]:.3f}x"]

@@ -47,7 +47,7 @@ from bench.experiment import Experiment, ExperimentError, RandomWeightsSettings,
 from bench.peers.host_rates import read_bandwidth
 from bench.peers.llama_cpp_peer import (SERVER_SETUP, check_llama_server, llama_server_command, llama_server_version,
                                         write_gguf)
-from bench.experiments.serve_speed import random_fp32_artifact
+from bench.experiments.serve_speed import random_artifact
 from bench.plots import finish, grouped_bars, plt
 from bench.report_page import Page, spread
 from runtime.cli import non_default_flags, option
@@ -166,7 +166,7 @@ def llama_servers(settings: Settings, artifact: Path, work_dir: Path, servers: c
 
 
 def measure(settings: Settings, work_dir: Path) -> PrefixCacheResult:
-    artifact = random_fp32_artifact(settings.model, work_dir)
+    artifact = random_artifact(settings.model, work_dir)
     read, matmul = read_bandwidth(), matmul_rate()
     levels = [level_name(c) for c in settings.clients]
     sides = [*SIDES, PEER] if settings.llama_server else list(SIDES)

@@ -181,15 +181,15 @@ def save_served_artifact(folder: Path, model: GPT, weights: str) -> None:
         write_folder_atomically(folder, int8_artifact_writers(model, produced_by, quantize_model(model, head="int8")))
 
 
-
-def random_fp32_artifact(model_name: str, work_dir: Path) -> Path:
-    """The preset `model_name` with weights drawn from seed 0, saved once as a float artifact in `work_dir` (kept
-    for later runs of the experiment), for the experiments that time a server rather than a trained model."""
+def random_artifact(model_name: str, work_dir: Path, weights: str = "fp32") -> Path:
+    """The preset `model_name` with weights drawn from seed 0, saved once as an artifact of `weights` (fp32 or
+    int8, `save_served_artifact`) in `work_dir` (kept for later runs of the experiment), for the experiments that
+    time a server rather than a trained model."""
     work_dir.mkdir(parents=True, exist_ok=True)
-    artifact = work_dir / f"{model_name}_fp32"
+    artifact = work_dir / f"{model_name}_{weights}"
     if not artifact.exists():
         torch.manual_seed(0)
-        save_served_artifact(artifact, GPT(preset(model_name)).eval(), "fp32")
+        save_served_artifact(artifact, GPT(preset(model_name)).eval(), weights)
     return artifact
 
 

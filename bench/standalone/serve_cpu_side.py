@@ -13,7 +13,8 @@ off the main thread): the calling thread's CPU per token at each batch size, a t
 main thread, so that the event loop is the main thread, and for each level streams `requests` /v1/completions
 requests per client from `clients` clients at once (a process of their own, the `clients` mode): the CPU the event
 loop's thread and the engine's thread spent over the level, read from /proc/self/task/TID/schedstat (nanoseconds on
-a core), over the tokens served.  One untimed one-client level comes first.
+a core), over the tokens served, and the CPU the clients' process spent streaming them.  One untimed one-client
+level comes first.
 
 Every thread's CPU inside the model's passes (DecodeSteps.logits, the prompt's and each step's: what both sides
 run alike, and where torch's intra-op work lands on the calling thread) is counted apart too, so that the engine's
@@ -100,12 +101,16 @@ def generate_cpu_per_token_ms(artifact: Path, batch: int, new_tokens: int, decod
     return 1000 * seconds / (batch * new_tokens), 1000 * in_passes / (batch * new_tokens)
 
 
-def stream_clients(url: str, model: str, clients: int, requests: int, new_tokens: int) -> None:
-    """`clients` streaming clients at once, `requests` each, every request exactly `new_tokens` tokens."""
+def stream_clients(url: str, model: str, clients: int, requests: int, new_tokens: int) -> float:
+    """`clients` streaming clients at once, `requests` each, every request exactly `new_tokens` tokens: the CPU
+    seconds this process spent on them (the load test's client, on the same cores as the server)."""
+    start = time.process_time()
     level = asyncio.run(run_level(url, clients, clients * requests, new_tokens, REQUEST_TIMEOUT_S, REQUEST_TIMEOUT_S,
                                   body=lambda i, n: completion_body(model, prompt_ids(), n),
                                   route="/v1/completions"))
+    seconds = time.process_time() - start
     checked(level, new_tokens)
+    return seconds
 
 
 def serve_levels(artifact: Path, settings: dict) -> list[dict]:
@@ -128,11 +133,13 @@ def serve_levels(artifact: Path, settings: dict) -> list[dict]:
             engine_tid = app.state.server.engine.thread.native_id
             for clients in [1, *settings["clients"]]:  # the first, untimed
                 before = thread_cpu_s(loop_tid), thread_cpu_s(engine_tid), PASSES.seconds[engine_tid]
-                subprocess.run([sys.executable, __file__, "clients", url, model, str(clients),
-                                str(settings["requests"]), str(settings["new_tokens"])], check=True)
+                streamed = subprocess.run([sys.executable, __file__, "clients", url, model, str(clients),
+                                           str(settings["requests"]), str(settings["new_tokens"])], check=True,
+                                          stdout=subprocess.PIPE, text=True)
                 after = thread_cpu_s(loop_tid), thread_cpu_s(engine_tid), PASSES.seconds[engine_tid]
                 tokens = clients * settings["requests"] * settings["new_tokens"]
                 levels.append({"clients": clients, "tokens": tokens,
+                               "client_ms": 1000 * float(streamed.stdout.split()[-1]) / tokens,
                                "event_loop_ms": 1000 * (after[0] - before[0]) / tokens,
                                "engine_ms": 1000 * (after[1] - before[1]) / tokens,
                                "engine_passes_ms": 1000 * (after[2] - before[2]) / tokens})
@@ -166,6 +173,6 @@ if __name__ == "__main__":
         print(json.dumps(measure(json.loads(sys.argv[2]))), flush=True)
     elif sys.argv[1] == "clients":
         url, model, clients, requests, new_tokens = sys.argv[2:]
-        stream_clients(url, model, int(clients), int(requests), int(new_tokens))
+        print(stream_clients(url, model, int(clients), int(requests), int(new_tokens)), flush=True)
     else:
         raise SystemExit(f"unknown mode {sys.argv[1]!r}: measure or clients")

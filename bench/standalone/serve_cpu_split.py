@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from bench.experiments.generate_speed import checkout
-from bench.experiments.serve_speed import random_fp32_artifact
+from bench.experiments.serve_speed import random_artifact
 from bench.peers.host_rates import HostRates, measure_in_process
 from bench.processes import ROOT, run_command
 from bench.record import RESULTS_DIR, write_result
@@ -43,6 +43,8 @@ SIDE_TIMEOUT_S = 1800.0
 @dataclass
 class ServeCpuSplitConfig:
     model: str = option("gpt2", "the preset served, with random weights (seed 0)")
+    weights: str = option("fp32", "the artifact served: fp32, or int8 as `quantize/dynamic.py --head int8`",
+                          choices=("fp32", "int8"))
     new_tokens: int = option(64, "tokens per request (exactly: ignore_eos)", min=1)
     clients: list[int] = option([1, 4], "clients streaming at once, one level each; generate() alone runs at each "
                                         "as its batch size", min=1)
@@ -57,7 +59,8 @@ class ServeCpuSplitConfig:
 @dataclass
 class LevelCpu:
     clients: int
-    event_loop_ms: Spread  # the event loop thread's CPU per token served, over rounds
+    client_ms: Spread  # the clients' process's CPU per token streamed (the load test's client), over rounds
+    event_loop_ms: Spread  # the event loop thread's CPU per token served
     engine_ms: Spread  # the engine thread's
     engine_bookkeeping_ms: Spread  # the engine thread's outside the model's passes
     generate_ms: Spread  # generate()'s calling thread at batch = clients
@@ -76,6 +79,7 @@ class SideCpu:
 class ServeCpuSplit:
     command: str
     model: str
+    weights: str
     new_tokens: int
     requests_per_client: int
     decode: str
@@ -97,12 +101,13 @@ def run_side(root: Path, settings: dict) -> dict:
 def side_result(code: str, runs: list[dict], clients: list[int]) -> SideCpu:
     levels = []
     for i, level in enumerate(clients):
+        client = [run["levels"][i]["client_ms"] for run in runs]
         loop = [run["levels"][i]["event_loop_ms"] for run in runs]
         engine = [run["levels"][i]["engine_ms"] for run in runs]
         engine_outside = [run["levels"][i]["engine_ms"] - run["levels"][i]["engine_passes_ms"] for run in runs]
         alone = [run["generate_ms"][str(level)] for run in runs]
         alone_outside = [run["generate_ms"][str(level)] - run["generate_passes_ms"][str(level)] for run in runs]
-        levels.append(LevelCpu(level, Spread.of(loop), Spread.of(engine), Spread.of(engine_outside), Spread.of(alone),
+        levels.append(LevelCpu(level, Spread.of(client), Spread.of(loop), Spread.of(engine), Spread.of(engine_outside), Spread.of(alone),
                                Spread.of(alone_outside), Spread.of([e - g for e, g in zip(engine, alone)])))
     return SideCpu(code, levels, [run["load_average_1m"] for run in runs])
 
@@ -117,7 +122,7 @@ def main(argv=None) -> None:
           f"load {os.getloadavg()[0]:.1f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="serve_cpu_split-") as tmp:
         work = Path(tmp)
-        artifact = random_fp32_artifact(cfg.model, work)
+        artifact = random_artifact(cfg.model, work, cfg.weights)
         sides = {"this checkout": ROOT}
         if cfg.baseline is not None:
             sides[cfg.baseline] = checkout(cfg.baseline, work / "baseline")
@@ -129,14 +134,14 @@ def main(argv=None) -> None:
                 runs[code].append(run_side(root, settings))
                 run = runs[code][-1]
                 for clients, level in zip(cfg.clients, run["levels"]):
-                    print(f"round {round_ + 1}, {code}, {clients} client(s), CPU ms/token: event loop "
+                    print(f"round {round_ + 1}, {code}, {clients} client(s), CPU ms/token: clients {level['client_ms']:.3f}, event loop "
                           f"{level['event_loop_ms']:.3f}, engine {level['engine_ms']:.2f} (outside passes "
                           f"{level['engine_ms'] - level['engine_passes_ms']:.3f}), generate() "
                           f"{run['generate_ms'][str(clients)]:.2f} (outside passes "
                           f"{run['generate_ms'][str(clients)] - run['generate_passes_ms'][str(clients)]:.3f}); "
                           f"load {run['load_average_1m']:.1f}", flush=True)
     result = ServeCpuSplit(" ".join(["python -m bench.standalone.serve_cpu_split", *(argv or sys.argv[1:])]),
-                           cfg.model, cfg.new_tokens, cfg.requests, cfg.decode,
+                           cfg.model, cfg.weights, cfg.new_tokens, cfg.requests, cfg.decode,
                            [side_result(code, runs[code], cfg.clients) for code in sides], rates,
                            environment(torch.device("cpu")))
     write_result(cfg.results_dir, "serve_cpu_split", result)
