@@ -33,6 +33,7 @@ import logging
 import time
 import warnings
 import weakref
+from dataclasses import dataclass, field
 
 import torch
 
@@ -44,8 +45,6 @@ from runtime import huge_pages
 
 log = logging.getLogger(__name__)
 
-# model -> (its weights' versions, {(rows, masked, dtype, device): traced step})
-_TRACES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # Traces kept per model at the least (decode/steps.py keeps more for more rows): one per row count, width and
 # placement a caller meets.
 KEPT_TRACES = 8
@@ -55,9 +54,19 @@ KEPT_TRACES = 8
 # call"); a process that has run this many steps is one that keeps decoding.  The server starts the pass at once
 # (serve/warm_up.py).
 HUGE_PAGES_AFTER_STEPS = 512
-# model -> [its weights' versions, the traced steps run with them in this process, the huge-page passes asked for
-# before a caller first made its steps traceable (a TracedSteps) for them]
-_STEPS_RUN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class _WeightsRecord:
+    """What this process keeps for a model's weights as they are: their traced steps, and how many ran."""
+    weights: tuple  # the weights' versions (_weights_version)
+    traces: dict = field(default_factory=dict)  # _key -> traced step
+    steps_run: int = 0  # traced steps run with these weights
+    passes_asked: int = 0  # huge-page passes asked for before a caller first made these weights' steps traceable
+
+
+# model -> its record, replaced by a fresh one when its weights change (the old traces hold the old packed copies)
+_RECORDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class _CacheViews(CacheWrites):
@@ -189,15 +198,11 @@ class TracedSteps:
         one)."""
         self.kept, self.threads = kept, threads
         self.setup_s = 0.0  # seconds this instance spent making traces (each with its first runs)
-        weights = self.weights = _weights_version(model)
-        kept_weights, traces = _TRACES.get(model, (None, {}))
-        if kept_weights != weights:  # traced for weights since changed: each holds their packed copies
-            traces = {}
-        _TRACES[model] = weights, traces
-        self.model, self.traces = model, traces
-        run = _STEPS_RUN.get(model)
-        if run is None or run[0] != weights:
-            _STEPS_RUN[model] = [weights, 0, huge_pages.passes_asked()]
+        weights = _weights_version(model)
+        record = _RECORDS.get(model)
+        if record is None or record.weights != weights:
+            record = _RECORDS[model] = _WeightsRecord(weights, passes_asked=huge_pages.passes_asked())
+        self.model, self.record, self.traces = model, record, record.traces
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
                  keys: list[torch.Tensor], values: list[torch.Tensor],
@@ -233,11 +238,11 @@ class TracedSteps:
         whether or not `auto` traced yet): one pass per set of weights (their packed copies exist from the first
         trace on, and later traces share them), so that none runs (and contends for the process's memory map)
         under load."""
-        run = _STEPS_RUN.get(self.model)
-        if run is None or run[0] != self.weights:  # weights changed since this instance was made: not theirs
+        record = self.record
+        if _RECORDS.get(self.model) is not record:  # weights changed since this instance was made: not theirs
             return
-        run[1] += 1
-        if run[1] == HUGE_PAGES_AFTER_STEPS and huge_pages.passes_asked() == run[2]:
+        record.steps_run += 1
+        if record.steps_run == HUGE_PAGES_AFTER_STEPS and huge_pages.passes_asked() == record.passes_asked:
             log.info("%s", huge_pages.collapse_in_background())
 
     def key_for(self, cache: KVCache, tokens: torch.Tensor) -> tuple:

@@ -11,7 +11,7 @@ import decode.trace
 from runtime import huge_pages
 import decode.trace_payback
 from decode.steps import DecodeSteps, fastest_decode
-from decode.trace import _TRACES, TracedSteps
+from decode.trace import _RECORDS, TracedSteps
 from decode.trace_payback import TracePayback
 from decode.generate import generate
 from model.kv_cache import ContextOverflow, KVCache
@@ -36,13 +36,13 @@ def test_traced_steps_give_the_eager_tokens_and_one_trace_serves_every_length(sm
     for params in (GREEDY, SAMPLED):
         assert torch.equal(generate(small_model, prompt(), params, decode="traced"),
                            generate(small_model, prompt(), params, decode="dynamic"))
-    traced, = _TRACES[small_model][1].values()
+    traced, = _RECORDS[small_model].traces.values()
     longer = SamplingParams(max_new_tokens=40, temperature=0, stop_at_eot=False)
     assert torch.equal(generate(small_model, prompt(length=9), longer, decode="traced"),
                        generate(small_model, prompt(length=9), longer, decode="dynamic"))
-    assert list(_TRACES[small_model][1].values()) == [traced]
+    assert list(_RECORDS[small_model].traces.values()) == [traced]
     generate(small_model, prompt(batch=3), GREEDY, decode="traced")
-    assert len(_TRACES[small_model][1]) == 2
+    assert len(_RECORDS[small_model].traces) == 2
 
 
 @pytest.mark.parametrize("weights", ["fp32", "int8"])
@@ -53,7 +53,7 @@ def test_a_traced_step_reads_no_sizes_as_it_runs(small_model, weights):
         quantize_model(small_model, head="int8")
     pack_for_inference(small_model)
     generate(small_model, prompt(), GREEDY, decode="traced")
-    traced, = _TRACES[small_model][1].values()
+    traced, = _RECORDS[small_model].traces.values()
     kinds = {node.kind() for node in traced.inlined_graph.nodes()}
     assert not kinds & {"aten::size", "prim::NumToTensor", "aten::Int", "aten::neg"}, sorted(kinds)
 
@@ -65,12 +65,12 @@ def test_the_default_decode_on_the_cpu_traces_packed_products_and_leaves_the_mod
     eager = copy.deepcopy(small_model)
     for params in (GREEDY, SAMPLED):
         assert torch.equal(generate(small_model, prompt(), params), generate(eager, prompt(), params, decode="dynamic"))
-    traced, = _TRACES[small_model][1].values()
+    traced, = _RECORDS[small_model].traces.values()
     # its products run through the kernels timed fastest on this host (which one is the host's: the test of the
     # kernel choice below pins each with a fake clock)
     graph = str(traced.inlined_graph)
     assert any(op in graph for op in ("mkldnn::_linear_pointwise", "aten::addmm", "aten::linear", "aten::baddbmm"))
-    assert eager not in _TRACES
+    assert eager not in _RECORDS
     assert not any(isinstance(m, PackedLinear) for m in small_model.modules())  # nn.Linear, as the caller made it
     assert fastest_decode(small_model, torch.device("cpu")) == "traced"
     assert fastest_decode(small_model, torch.device("cuda")) == "cuda-graph"
@@ -148,10 +148,10 @@ def test_weights_changed_in_place_are_traced_anew(small_model):
     for t in other.values():
         t.normal_(0, 0.05)
     small_model.load_state_dict(other)
-    old_weights, _ = _TRACES[small_model]
+    old_weights = _RECORDS[small_model].weights
     assert torch.equal(generate(small_model, prompt(), GREEDY, decode="traced"),
                        generate(small_model, prompt(), GREEDY, decode="dynamic"))
-    assert _TRACES[small_model][0] != old_weights and len(_TRACES[small_model][1]) == 1
+    assert _RECORDS[small_model].weights != old_weights and len(_RECORDS[small_model].traces) == 1
 
 
 def test_weights_are_moved_onto_huge_pages_once_per_set_after_enough_traced_steps(small_model, monkeypatch):
@@ -226,7 +226,7 @@ def test_a_trace_multiplies_through_the_kernel_timed_fastest_for_its_shapes(smal
     for params in (GREEDY, SAMPLED):
         assert torch.equal(generate(small_model, prompt(), params, decode="traced"),
                            generate(small_model, prompt(), params, decode="dynamic"))
-    traced, = _TRACES[small_model][1].values()
+    traced, = _RECORDS[small_model].traces.values()
     graph = str(traced.inlined_graph)
     assert op in graph and all(kernel == fastest for kernel in packed_linear.CHOICES.chosen.values())
     others = {"aten::addmm", "mkldnn::_linear_pointwise", "aten::linear", "aten::baddbmm"} - {op}

@@ -14,7 +14,7 @@ import decode.trace
 import decode.trace_payback
 from decode.generate import CallTiming, generate
 from decode.sampling import SamplingParams
-from decode.trace import _TRACES, TracedSteps
+from decode.trace import _RECORDS, TracedSteps
 from decode.kept_ratios import KeptRatios
 from decode.trace_payback import PRIOR_TRACE_STEPS, PRIOR_TRACED_SHARE, TracePayback
 from model.kv_cache import KVCache
@@ -76,7 +76,7 @@ def greedy(new_tokens):
 
 
 def traces_of(model) -> int:
-    return len(_TRACES.get(model, (None, {}))[1])
+    return len(_RECORDS[model].traces) if model in _RECORDS else 0
 
 
 def call(model, new_tokens, batch=2) -> CallTiming:
@@ -159,7 +159,7 @@ def test_the_first_trace_measured_sets_the_repay_point_of_the_next_shapes_and_a_
     timing = call(timed, 12)  # short, at batch 2 again: its kept trace runs, at no cost
     assert timing.setup_s == 0 and traces_of(timed) == 2
     payback = decode.trace_payback.PAYBACK
-    shape = (*next(iter(_TRACES[timed][1])), torch.get_num_threads())  # the trace's key and the threads it is for
+    shape = (*next(iter(_RECORDS[timed].traces)), torch.get_num_threads())  # the trace's key and the threads it is for
     assert payback.timings(timed, shape).traced_s == pytest.approx(TRACED_S)
 
 
@@ -186,7 +186,7 @@ BETWEEN = 3 + 45  # a call with 45 tokens left after its third step: repaid as k
 
 def fresh_process(timed_model, path: Path | None):
     """A new table, as a new process starts with, reading `path` (None: keeping nothing); no trace kept."""
-    _TRACES.pop(timed_model, None)
+    _RECORDS.pop(timed_model, None)
     clock = decode.trace_payback.PAYBACK.clock
     decode.trace_payback.PAYBACK = TracePayback(clock=clock, kept=KeptRatios(path) if path else None)
 
