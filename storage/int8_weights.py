@@ -9,7 +9,7 @@ from model.config import GPTConfig
 from model.gpt import GPT
 from model.int8 import (EMBEDDING_NAME, HEAD_FORMATS, HEAD_NAME, Fp16WeightLinear, Int8Linear, replace_module,
                         tie_int8_head)
-from storage.weights import ArtifactError, load_weights
+from storage.weights import ArtifactError, empty_model, load_weights
 
 
 def int8_state_for_saving(model: GPT) -> dict[str, torch.Tensor]:
@@ -38,8 +38,7 @@ def build_int8_model(config: GPTConfig, state: dict[str, torch.Tensor], quantiza
         raise ArtifactError("config.json of this int8 artifact has no 'quantization' section listing the "
                             "quantized layers; re-create it with `python quantize/dynamic.py`")
     state = dict(state)
-    with torch.device("meta"):
-        model = GPT(config)
+    model = empty_model(config)
     for name in quantization["layers"]:
         if not isinstance(name, str):
             raise ArtifactError(f"config.json lists {name!r} as a quantized layer; expected layer names")

@@ -123,3 +123,23 @@ def test_storage_sits_between_the_model_and_the_tools():
                 [a.name for a in node.names] if isinstance(node, ast.Import) else []
             packages |= {m.split(".")[0] for m in modules}
     assert not packages & {"parallel", "training", "train", "serve", "prune", "quantize", "bench", "sample", "data"}
+
+
+def test_loading_an_artifact_runs_no_initialiser_and_leaves_torch_dynamo_unimported(small_model, tmp_path):
+    """A fresh interpreter (what a server or sample.py starts as) loads a float and an int8 artifact: the weights
+    are the file's, and torch._dynamo, which an initialiser run on the meta device imports, is never imported."""
+    import subprocess
+    import sys
+    save_artifact(tmp_path / "float", small_model, small_model.config, "float", provenance("tests"))
+    expected = float(small_model.transformer.wte.weight.double().sum())
+    write_folder_atomically(tmp_path / "int8", int8_artifact_writers(small_model, provenance("tests"),
+                                                                     quantize_model(small_model, head="int8")))
+    script = ("import sys, torch\nfrom storage.artifact import load_model\n"
+              f"model, _ = load_model({str(tmp_path / 'float')!r}, torch.device('cpu'))\n"
+              f"load_model({str(tmp_path / 'int8')!r}, torch.device('cpu'))\n"
+              "print(float(model.transformer.wte.weight.double().sum()), "
+              "any(name.startswith('torch._dynamo') for name in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                            cwd=Path(__file__).resolve().parent.parent)
+    weights_sum, dynamo_imported = loaded.stdout.split()
+    assert float(weights_sum) == expected and dynamo_imported == "False"
