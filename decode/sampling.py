@@ -130,6 +130,12 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: 
     penalties count (needed when a row has penalties)."""
     tokens = [0] * logits.size(0)
     for (temperature, top_k, top_p), rows in settings_groups(params).items():
+        if temperature == 0 and not any(params[row].adjusts_logits for row in rows):
+            best = plain_argmax(logits if len(rows) == logits.size(0) else logits[rows])
+            if best is not None:
+                for row, token in zip(rows, best):
+                    tokens[row] = token
+                continue
         # NaN logits (a broken model) get no probability; +inf ones become the largest float, so that they
         # share the row's mass rather than make it NaN; a row with nothing above -inf decodes token 0.
         group = torch.nan_to_num(logits[rows].float(), nan=float("-inf"), posinf=torch.finfo(torch.float32).max,
@@ -155,6 +161,16 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: 
         for row, token in zip(rows, choices.tolist()):
             tokens[row] = token
     return tokens
+
+
+def plain_argmax(logits: torch.Tensor) -> list[int] | None:
+    """Each row's best token (the first of equals) when every row's best logit is finite, read from the logits as
+    they are: the greedy tokens of a batch without NaN or infinite logits, with no copy of the logits made to clean
+    them (a copy of every row's vocabulary, at each step); None when a row's best is not finite (a NaN, which the
+    maximum propagates, or an infinity), for `sample_rows`' cleaning path to decide."""
+    values, best = logits.max(-1)
+    best = torch.where(torch.isfinite(values), best, -1).tolist()  # one read-back
+    return None if -1 in best else best
 
 
 def adjust_logits(logits: torch.Tensor, params: list[SamplingParams],

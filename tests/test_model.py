@@ -1,5 +1,7 @@
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from model.config import GPTConfig, preset
 from decode.generate import generate
@@ -209,6 +211,24 @@ def test_sampler_never_leaves_the_vocabulary(fill, settings):
     params = SamplingParams(**settings)
     tokens = sample_rows(logits, [params] * 3, row_generators(0, 3, "cpu"))
     assert all(0 <= t < 50257 for t in tokens)
+
+
+SPECIAL_LOGITS = [0.0, 1.0, -1.0, 2.5, float("nan"), float("inf"), float("-inf"), torch.finfo(torch.float32).max]
+
+
+@given(st.lists(st.sampled_from(SPECIAL_LOGITS), min_size=4 * 6, max_size=4 * 6),
+       st.lists(st.booleans(), min_size=4, max_size=4))
+@settings(max_examples=200, deadline=None)
+def test_greedy_tokens_are_the_argmax_of_the_cleaned_logits_whatever_they_hold(values, greedy):
+    """Greedy rows read the logits as they are when every row's best is finite, and clean them (NaN to -inf,
+    +inf to the largest float) otherwise: either way, the first best of the cleaned logits, in a batch alone or
+    beside sampled rows."""
+    from decode.sampling import row_generators, sample_rows
+    logits = torch.tensor(values).view(4, 6)
+    params = [SamplingParams(temperature=0.0 if g else 1.0) for g in greedy]
+    tokens = sample_rows(logits, params, row_generators(0, 4, "cpu"))
+    cleaned = torch.nan_to_num(logits, nan=float("-inf"), posinf=torch.finfo(torch.float32).max)
+    assert [t for t, g in zip(tokens, greedy) if g] == [int(cleaned[row].argmax()) for row in range(4) if greedy[row]]
 
 
 @pytest.mark.parametrize("settings, message", [(dict(temperature=float("nan")), "temperature must be a finite"),
