@@ -109,6 +109,28 @@ def test_a_request_to_a_server_that_streams_is_timed_and_one_that_is_gone_is_an_
     assert gone.status == 0 and gone.error.startswith("ConnectionRefusedError")
 
 
+def test_an_answer_complete_on_a_connection_the_server_keeps_open_ends_the_request_at_once():
+    """A server that ignores `Connection: close`: the request ends with its answer's last chunk, not at a timeout."""
+    async def serve_then_request():
+        answered = asyncio.Event()
+
+        async def answer(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(GENERATE_STREAM)
+            await writer.drain()
+            await answered.wait()  # the connection stays open until the client has its outcome
+            writer.close()
+
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        async with server:
+            outcome = await one_request(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", {}, timeout_s=5)
+            answered.set()
+            return outcome
+
+    outcome = asyncio.run(serve_then_request())
+    assert (outcome.status, outcome.tokens, outcome.error) == (200, 2, None) and outcome.latency_s < 5
+
+
 def test_an_address_that_is_not_plain_http_is_refused_in_one_line():
     with pytest.raises(AnswerError, match="is not an http:// address"):
         asyncio.run(post_streaming("https://127.0.0.1:1", "/generate", {}))
