@@ -3,8 +3,8 @@
 The load test runs on loopback (bench/eval/loadtest.py), on the same cores as the server it measures, so the CPU
 its client spends on each streamed event is taken from the server's steps and charged to the server.  A client
 that parses as it reads (httpx: an h11 event per chunk, then a split into lines and a JSON document per event)
-spends more per token than the server's own event loop does (`python -m bench.experiments serve_speed` and
-bench/REPORT.md's "The load test's client" measure both).  This one only notes when each read ended while the
+spends more per token than the server's own event loop does (`python -m bench.standalone.serve_cpu_split` counts
+both; bench/by_hand.md, "the load test's client").  This one only notes when each read ended while the
 answer streams; once the connection closes, h11 parses the whole answer and each piece of the body keeps the time
 of the read that brought it, so a first token is timed as it arrived.
 """

@@ -10,9 +10,9 @@ chromium (bench/browser.py) opens the page on one of them, never on the other.  
   its scripts and stylesheet, as served), once it has read the server's limits and polled /metrics;
 - first token: the page generates (the form's fields as below; it asks for a stream and `logprobs`) and the load
   test's client (bench/eval/loadtest.py's one_request) sends the page's own request body, in turns, the order
-  reversed every other round.  The page's time runs from its form's submit event to the first shaded token in its document
-  (performance.now(), bench/browser.py's TOKEN_TIMELINE); the client's from sending the request to reading the
-  first token event;
+  reversed every other round.  The page's time runs from its form's submit event to the first shaded token in its
+  document (performance.now(), bench/browser.py's TOKEN_TIMELINE); the client's from sending the request to reading
+  the first token event;
 - cost: one non-streaming /generate request (`ignore_eos`: --cost-tokens tokens) timed by an httpx client with
   the page open and idle (its live panel polling /metrics), then, the page closed, right after on the same server
   and on the server no page was ever opened on, those two in turns.

@@ -107,8 +107,9 @@ def side_result(code: str, runs: list[dict], clients: list[int]) -> SideCpu:
         engine_outside = [run["levels"][i]["engine_ms"] - run["levels"][i]["engine_passes_ms"] for run in runs]
         alone = [run["generate_ms"][str(level)] for run in runs]
         alone_outside = [run["generate_ms"][str(level)] - run["generate_passes_ms"][str(level)] for run in runs]
-        levels.append(LevelCpu(level, Spread.of(client), Spread.of(loop), Spread.of(engine), Spread.of(engine_outside), Spread.of(alone),
-                               Spread.of(alone_outside), Spread.of([e - g for e, g in zip(engine, alone)])))
+        levels.append(LevelCpu(level, Spread.of(client), Spread.of(loop), Spread.of(engine), Spread.of(engine_outside),
+                               Spread.of(alone), Spread.of(alone_outside),
+                               Spread.of([e - g for e, g in zip(engine, alone)])))
     return SideCpu(code, levels, [run["load_average_1m"] for run in runs])
 
 
@@ -134,8 +135,9 @@ def main(argv=None) -> None:
                 runs[code].append(run_side(root, settings))
                 run = runs[code][-1]
                 for clients, level in zip(cfg.clients, run["levels"]):
-                    print(f"round {round_ + 1}, {code}, {clients} client(s), CPU ms/token: clients {level['client_ms']:.3f}, event loop "
-                          f"{level['event_loop_ms']:.3f}, engine {level['engine_ms']:.2f} (outside passes "
+                    print(f"round {round_ + 1}, {code}, {clients} client(s), CPU ms/token: clients "
+                          f"{level['client_ms']:.3f}, event loop {level['event_loop_ms']:.3f}, engine "
+                          f"{level['engine_ms']:.2f} (outside passes "
                           f"{level['engine_ms'] - level['engine_passes_ms']:.3f}), generate() "
                           f"{run['generate_ms'][str(clients)]:.2f} (outside passes "
                           f"{run['generate_ms'][str(clients)] - run['generate_passes_ms'][str(clients)]:.3f}); "
