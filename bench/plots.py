@@ -21,6 +21,8 @@ def bars(ax, at, values: list, scale: float = 1.0, horizontal: bool = False, **b
         bar = {"capsize": 3, **bar, "xerr" if horizontal else "yerr": [
             [m - v.min * scale if v else 0 for m, v in zip(values, spreads)],
             [v.max * scale - m if v else 0 for m, v in zip(values, spreads)]]}
+    else:
+        values = [0.0 if v is None else v for v in values]
     return (ax.barh if horizontal else ax.bar)(at, values, **bar)
 
 

@@ -119,7 +119,9 @@ class Settings(RandomWeightsSettings):
 class SideSpeed:
     """One side (a runtime and format) at one batch size."""
     tokens_per_s: Spread  # new tokens / s, the prompt's prefill included (end to end)
-    decode_tokens_per_s: Spread  # the tokens after the first / the time after the first: decode steps alone
+    # the tokens after the first / the time after the first: decode steps alone; None when a round's one-token call
+    # took as long as its whole call (the decode steps are within the timing's noise: see `decode_seconds`)
+    decode_tokens_per_s: Spread | None
     first_token_s: Spread  # the prompt's prefill and the first new token
     identical_tokens: bool  # its tokens are our fp32 side's
     token_agreement: float  # the share of its new tokens equal to our fp32 side's
@@ -131,7 +133,7 @@ class Comparison:
     side: str
     against: str
     end_to_end: float
-    decode_only: float
+    decode_only: float | None  # None when either side's decode time is not measured (SideSpeed)
 
 
 @dataclass
@@ -309,20 +311,40 @@ def time_row(sides: Sides, names: list[str], condition: Condition, rates: HostRa
     batch = prompt.size(0)
     tokens, first, whole, loads = time_rounds(sides, names, prompt, settings.new_tokens, settings.repeats)
     new, later = batch * settings.new_tokens, batch * (settings.new_tokens - 1)
-    decode_s = {name: [w - f for w, f in zip(whole[name], first[name])] for name in names}
+    decode_s = {name: decode_seconds(whole[name], first[name]) for name in names}
     reference = tokens["ours fp32"]
     speeds = {name: SideSpeed(Spread.of([new / t for t in whole[name]]),
-                              Spread.of([later / t for t in decode_s[name]]), Spread.of(first[name]),
-                              bool(torch.equal(tokens[name], reference)),
+                              None if decode_s[name] is None else Spread.of([later / t for t in decode_s[name]]),
+                              Spread.of(first[name]), bool(torch.equal(tokens[name], reference)),
                               agreement(reference, tokens[name], settings.prompt_tokens)) for name in names}
     comparisons = [Comparison(side, against, paired_ratio(whole[against], whole[side]),
-                              paired_ratio(decode_s[against], decode_s[side]))
+                              None if decode_s[side] is None or decode_s[against] is None
+                              else paired_ratio(decode_s[against], decode_s[side]))
                    for side, against in compared(settings) if side in speeds and against in speeds]
     row = GenerationRow(batch, condition.busy_cores, condition.name, rates, speeds, comparisons, loads)
     print(f"batch {batch:>2}, {condition.name}{host_note(rates)}, new tokens/s end to end (decode only): " + ", ".join(
-        f"{name} {s.tokens_per_s.median:.1f} ({s.decode_tokens_per_s.median:.1f})"
+        f"{name} {s.tokens_per_s.median:.1f} ({rate(s.decode_tokens_per_s)})"
         for name, s in speeds.items()) + f"; load average {min(loads):.2f}-{max(loads):.2f}", flush=True)
+    if any(s.decode_tokens_per_s is None for s in speeds.values()):
+        print(f"batch {batch:>2}, {condition.name}: {NOT_MEASURED}", flush=True)
     return row
+
+
+# Why a side's decode-only figure is missing (SideSpeed), said once per row where it is.
+NOT_MEASURED = ("decode only n/a: in a round, the one-token call took as long as the whole call, so the decode "
+                "steps' time is within the timing's noise; ask for more --new-tokens to time them")
+
+
+def decode_seconds(whole: list[float], first: list[float]) -> list[float] | None:
+    """Each round's time after the first token: its whole call's less its one-token call's (two calls, timed
+    apart).  None when a round's difference is not positive: its decode steps took less than the two calls'
+    noise, and a rate from it would be negative or unbounded."""
+    after = [w - f for w, f in zip(whole, first, strict=True)]
+    return after if min(after) > 0 else None
+
+
+def rate(spread: Spread | None) -> str:
+    return "n/a" if spread is None else f"{spread.median:.1f}"
 
 
 def host_note(rates: HostRates | None) -> str:
@@ -340,7 +362,8 @@ def batch1_bandwidth(rows: list[GenerationRow], sides: Sides, read: Spread) -> B
     sizes = {name: step["ours fp32"] for name in ("ours fp32", "ONNX Runtime fp32", "llama.cpp F32") if name in one.sides}
     if "ours int8" in step:
         sizes["ours int8"] = step["ours int8"]
-    gb = {name: one.sides[name].decode_tokens_per_s.median * size / 1e9 for name, size in sizes.items()}
+    gb = {name: one.sides[name].decode_tokens_per_s.median * size / 1e9 for name, size in sizes.items()
+          if one.sides[name].decode_tokens_per_s is not None}
     print(f"read bandwidth {read.median:.1f} GB/s ({read.min:.1f}-{read.max:.1f}); at batch 1, decode steps: "
           + ", ".join(f"{name} {v:.1f} GB/s ({v / read.median:.0%})" for name, v in gb.items()), flush=True)
     return Bandwidth(read, step["ours fp32"], step.get("ours int8"), gb, {name: v / read.median for name, v in gb.items()})
@@ -414,11 +437,12 @@ def plot(result: GenerateSpeed):
     for row in result.results:
         ax = axes[hosts.index(row.host)][batches.index(row.batch)]
         sides = [row.sides.get(n) for n in names]
-        drawn = grouped_bars(ax, names, {"end to end": [s and s.tokens_per_s for s in sides],
-                                         "decode steps only": [s and s.decode_tokens_per_s for s in sides]})
-        for bars in drawn.values():
-            ax.bar_label(bars, labels=[f"{b.get_height():.0f}" if s else "not run" for b, s in zip(bars, sides)],
-                         fontsize=7)
+        groups = {"end to end": [s and s.tokens_per_s for s in sides],
+                  "decode steps only": [s and s.decode_tokens_per_s for s in sides]}
+        drawn = grouped_bars(ax, names, groups)
+        for bars, values in zip(drawn.values(), groups.values()):
+            ax.bar_label(bars, labels=[f"{b.get_height():.0f}" if value else "not run" if s is None else "n/a"
+                                       for b, s, value in zip(bars, sides, values)], fontsize=7)
         ax.set_xticks(range(len(names)), names, rotation=25, ha="right", fontsize=8)
         ax.set_title(f"batch {row.batch}, {row.host}" + ("" if row.host_rates is None else
                      f" (read {row.host_rates.read_gb_per_s:.0f} GB/s, {row.host_rates.matmul_gflop_per_s:.0f} "
@@ -451,7 +475,10 @@ def section(res: GenerateSpeed, page: Page) -> None:
                     for name, s in row.sides.items()])
         if row.comparisons:
             page.table(["ours", "against", "speed-up end to end", "decode only"],
-                       [[c.side, c.against, f"{c.end_to_end:.2f}x", f"{c.decode_only:.2f}x"] for c in row.comparisons])
+                       [[c.side, c.against, f"{c.end_to_end:.2f}x",
+                         "n/a" if c.decode_only is None else f"{c.decode_only:.2f}x"] for c in row.comparisons])
+        if any(s.decode_tokens_per_s is None for s in row.sides.values()):
+            page.add(f"{NOT_MEASURED}.\n")
     if res.bandwidth:
         b = res.bandwidth
         page.add(f"Batch 1 decode steps against the machine's read bandwidth, {spread(b.read_gb_per_s)} GB/s (sums "
