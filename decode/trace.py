@@ -202,7 +202,12 @@ class TracedSteps:
         record = _RECORDS.get(model)
         if record is None or record.weights != weights:
             record = _RECORDS[model] = _WeightsRecord(weights, passes_asked=huge_pages.passes_asked())
-        self.model, self.record, self.traces = model, record, record.traces
+        self.model, self.record = model, record
+
+    @property
+    def traces(self) -> dict:
+        """The traced steps kept for the model's weights (shared with every instance made for the same weights)."""
+        return self.record.traces
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
                  keys: list[torch.Tensor], values: list[torch.Tensor],
