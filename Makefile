@@ -10,13 +10,18 @@ TOKENIZER := data/assets/gpt2.tiktoken
 setup: $(STAMP) $(TOKENIZER)
 
 
-# pip byte-compiles what it installs one file at a time; compileall does it on every core, which takes a fresh
-# .venv about half as long.  (Compiled files are needed up front: with PYTHONDONTWRITEBYTECODE set, as on these
-# machines, every test process would otherwise compile torch's sources again.)
+# Every command here lets Python keep the bytecode of what it imports (.venv's packages and ours): with
+# PYTHONDONTWRITEBYTECODE set, as on these machines, each process the tests and the demo start (servers, torchrun
+# ranks, train.py runs: some hundreds) would compile torch's sources again.  Each module is compiled once, by the
+# first process that imports it (CPython writes the file whole, under a temporary name, so two that race both
+# write the same bytes), and only what is imported: compiling the fresh .venv whole, ahead, compiled several times
+# what the tests and the demo ever import (bench/by_hand.md, "make setup without compiling ahead").  pip's own
+# compiling (one file at a time, everything) is off.
+unexport PYTHONDONTWRITEBYTECODE
+
 $(STAMP): requirements.txt requirements-test.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --no-compile "setuptools>=68" -r requirements.txt -r requirements-test.txt
-	$(PY) -m compileall -q -j 0 -x "/tests?/" $(VENV)/lib > /dev/null || true  # some files are for newer Pythons
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
@@ -33,17 +38,13 @@ smoke: setup
 	$(PY) -m bench.demo --sizes smoke
 
 # The linter first (pyproject.toml's rules; well under a second), then the docs site (mkdocs.yml; --strict, so a
-# broken link, anchor or include fails; a few seconds; the banner about MkDocs 2 is silenced), then the project's own
-# modules compiled once:
-# with PYTHONDONTWRITEBYTECODE set, every process the tests start (servers, torchrun ranks, train.py runs, some
-# hundreds) would otherwise compile them again.  Then one pytest-xdist worker per core, each test file on one worker
-# (module fixtures train once), the files in tests/conftest.py's longest-first order.  A plain `pytest` runs
-# serially and needs no xdist (the GPU image lacks it).
-SOURCES := model decode data parallel prune quantize serve storage training runtime bench tests train.py sample.py
+# broken link, anchor or include fails; a few seconds; the banner about MkDocs 2 is silenced).  Then one
+# pytest-xdist worker per core, each test file on one worker (module fixtures train once), the files in
+# tests/conftest.py's longest-first order.  A plain `pytest` runs serially and needs no xdist (the GPU image lacks
+# it).
 test: setup
 	$(VENV)/bin/ruff check .
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
-	$(PY) -m compileall -q -j 0 $(SOURCES) > /dev/null
 	$(PY) -m pytest -n auto --dist loadfile --no-loadscope-reorder
 
 # The suite in one seeded random order (pytest-randomly shuffles the files and the tests in each; pyproject.toml keeps
@@ -52,11 +53,9 @@ test: setup
 SEED ?= 1
 SEEDS ?= 1 2 3
 test-random: setup
-	$(PY) -m compileall -q -j 0 $(SOURCES) > /dev/null
 	$(PY) -m pytest -n auto --dist loadfile --no-loadscope-reorder -p randomly -p no:cacheprovider --randomly-seed $(SEED)
 
 test-orders: setup
-	$(PY) -m compileall -q -j 0 $(SOURCES) > /dev/null
 	$(PY) -m tests.random_orders --seeds $(SEEDS)
 
 # Mutation testing of the modules that guard input and files (tests/mutation.py, Cosmic Ray): each module's checks
