@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from runtime.errors import UserError
@@ -163,11 +164,24 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: 
     return tokens
 
 
+# Logits whose greedy tokens plain_argmax reads through numpy on the CPU; the rest keep torch's reduction (numpy has no
+# bfloat16, and half-precision logits come from GPU runs).
+NUMPY_ARGMAX_DTYPES = (torch.float32, torch.float64)
+
+
 def plain_argmax(logits: torch.Tensor) -> list[int] | None:
     """Each row's best token (the first of equals) when every row's best logit is finite, read from the logits as
     they are: the greedy tokens of a batch without NaN or infinite logits, with no copy of the logits made to clean
     them (a copy of every row's vocabulary, at each step); None when a row's best is not finite (a NaN, which the
     maximum propagates, or an infinity), for `sample_rows`' cleaning path to decide."""
+    if logits.device.type == "cpu" and logits.dtype in NUMPY_ARGMAX_DTYPES:
+        # numpy's argmax runs on the CPU's vector units; torch's reductions that keep an index (max over a
+        # dimension, argmax, topk) do not, and took several times as long over a vocabulary's logits
+        # (bench/by_hand.md, "greedy tokens by numpy's argmax").  Same answer: the first best of each row, and a NaN
+        # anywhere in a row is its best, as the maximum propagates it.
+        scores = logits.detach().numpy()  # the tensor's own memory, no copy
+        best = scores.argmax(-1)
+        return best.tolist() if np.isfinite(scores[np.arange(best.size), best]).all() else None
     values, best = logits.max(-1)
     best = torch.where(torch.isfinite(values), best, -1).tolist()  # one read-back
     return None if -1 in best else best

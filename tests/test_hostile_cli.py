@@ -21,6 +21,7 @@ import train
 from bench.experiment import SettingsError
 from bench import demo
 from bench.experiments import generate_speed, prefix_cache, serve_speed
+from bench.standalone.greedy_argmax import GreedyArgmaxConfig
 from bench.eval.scorecard import LeaderboardConfig
 from bench.eval.perplexity import PerplexityConfig
 from prune.config import PruneConfig
@@ -38,7 +39,7 @@ TOOLS = {"train.py": train.TrainConfig, "sample.py": sample.SampleConfig, "pytho
          "python -m bench.demo": demo.DemoConfig,
          # the settings of the experiments that start peers and busy processes
          "generate_speed": generate_speed.Settings, "serve_speed": serve_speed.Settings,
-         "prefix_cache": prefix_cache.Settings}
+         "prefix_cache": prefix_cache.Settings, "bench.standalone.greedy_argmax": GreedyArgmaxConfig}
 VALUES = ("0", "-1", "1", "90", "1e309", "nan", "inf", "0.5", "", "--", "-", "=", "yes", "auto", "builtin", "none")
 
 
@@ -155,3 +156,14 @@ def test_a_llama_server_that_cannot_run_is_one_error_line_before_any_measuring(p
     gguf.__spec__ = importlib.machinery.ModuleSpec("gguf", None)
     monkeypatch.setitem(sys.modules, "gguf", gguf)  # installed, as in .peers/venv
     assert parse_config(TOOLS[prog], "A tool.", ["--llama-server", str(binary)], prog=prog).llama_server == str(binary)
+
+
+@pytest.mark.parametrize("argv, line", [(["--rows", "0"], "error: --rows must be at least 1, got 0"),
+                                        (["--rows", "--calls", "1"], "error: argument --rows: expected at least one argument"),
+                                        (["--calls", "-1"], "error: --calls must be at least 1, got -1")])
+def test_greedy_argmax_refuses_settings_that_time_nothing_and_writes_nothing(argv, line, tmp_path, capsys):
+    from bench.standalone import greedy_argmax
+    with pytest.raises(SystemExit) as stopped:
+        greedy_argmax.main([*argv, "--results-dir", str(tmp_path)])
+    said = (str(stopped.value.code) if isinstance(stopped.value.code, str) else "") + capsys.readouterr().err
+    assert len(said.strip().splitlines()) == 1 and said.startswith(line) and list(tmp_path.iterdir()) == []

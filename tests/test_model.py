@@ -216,19 +216,25 @@ def test_sampler_never_leaves_the_vocabulary(fill, settings):
 SPECIAL_LOGITS = [0.0, 1.0, -1.0, 2.5, float("nan"), float("inf"), float("-inf"), torch.finfo(torch.float32).max]
 
 
-@given(st.lists(st.sampled_from(SPECIAL_LOGITS), min_size=4 * 6, max_size=4 * 6),
-       st.lists(st.booleans(), min_size=4, max_size=4))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@given(values=st.lists(st.sampled_from(SPECIAL_LOGITS), min_size=4 * 6, max_size=4 * 6),
+       greedy=st.lists(st.booleans(), min_size=4, max_size=4))
 @settings(max_examples=200, deadline=None)
-def test_greedy_tokens_are_the_argmax_of_the_cleaned_logits_whatever_they_hold(values, greedy):
+def test_greedy_tokens_are_the_argmax_of_the_cleaned_logits_whatever_they_hold(values, greedy, dtype):
     """Greedy rows read the logits as they are when every row's best is finite, and clean them (NaN to -inf,
     +inf to the largest float) otherwise: either way, the first best of the cleaned logits, in a batch alone or
-    beside sampled rows."""
+    beside sampled rows, whichever reduction reads them (numpy's for float32 and float64 on the CPU, torch's for
+    the rest), and from a strided view of a pass's logits as from a tensor of its own."""
     from decode.sampling import row_generators, sample_rows
-    logits = torch.tensor(values).view(4, 6)
+    logits = torch.tensor(values).view(4, 6).to(dtype)
     params = [SamplingParams(temperature=0.0 if g else 1.0) for g in greedy]
-    tokens = sample_rows(logits, params, row_generators(0, 4, "cpu"))
-    cleaned = torch.nan_to_num(logits, nan=float("-inf"), posinf=torch.finfo(torch.float32).max)
-    assert [t for t, g in zip(tokens, greedy) if g] == [int(cleaned[row].argmax()) for row in range(4) if greedy[row]]
+    cleaned = torch.nan_to_num(logits.float(), nan=float("-inf"), posinf=torch.finfo(torch.float32).max)
+    expected = [int(cleaned[row].argmax()) for row in range(4) if greedy[row]]
+    last_positions = torch.zeros(4, 3, 6, dtype=dtype)
+    last_positions[:, -1] = logits  # logits[:, -1] of a (rows, positions, vocab) pass: a view with strides
+    for handed in (logits, last_positions[:, -1]):
+        tokens = sample_rows(handed, params, row_generators(0, 4, "cpu"))
+        assert [t for t, g in zip(tokens, greedy) if g] == expected
 
 
 @pytest.mark.parametrize("settings, message", [(dict(temperature=float("nan")), "temperature must be a finite"),
