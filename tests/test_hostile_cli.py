@@ -21,7 +21,10 @@ import train
 from bench.experiment import SettingsError
 from bench import demo
 from bench.experiments import generate_speed, prefix_cache, serve_speed
+from bench.standalone import huge_pages_one_off
 from bench.standalone.greedy_argmax import GreedyArgmaxConfig
+from bench.standalone.serve_cpu_split import ServeCpuSplitConfig
+from bench.standalone.stop_time import StopTimeConfig
 from bench.eval.scorecard import LeaderboardConfig
 from bench.eval.perplexity import PerplexityConfig
 from prune.config import PruneConfig
@@ -39,7 +42,11 @@ TOOLS = {"train.py": train.TrainConfig, "sample.py": sample.SampleConfig, "pytho
          "python -m bench.demo": demo.DemoConfig,
          # the settings of the experiments that start peers and busy processes
          "generate_speed": generate_speed.Settings, "serve_speed": serve_speed.Settings,
-         "prefix_cache": prefix_cache.Settings, "bench.standalone.greedy_argmax": GreedyArgmaxConfig}
+         "prefix_cache": prefix_cache.Settings,
+         # the measurements run by hand (bench/standalone/)
+         "bench.standalone.greedy_argmax": GreedyArgmaxConfig, "bench.standalone.serve_cpu_split": ServeCpuSplitConfig,
+         "bench.standalone.huge_pages_one_off": huge_pages_one_off.Config,
+         "bench.standalone.stop_time": StopTimeConfig}
 VALUES = ("0", "-1", "1", "90", "1e309", "nan", "inf", "0.5", "", "--", "-", "=", "yes", "auto", "builtin", "none")
 
 

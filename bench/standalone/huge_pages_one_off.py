@@ -25,7 +25,7 @@ from pathlib import Path
 from bench.peers.host_rates import HostRates, measure_in_process
 from bench.processes import run_command
 from bench.record import RESULTS_DIR, write_result
-from runtime.cli import entry_point, option, parse_config
+from runtime.cli import check_options, entry_point, option, parse_config
 from runtime.errors import UserError
 from runtime.timing import Spread, paired_ratio
 
@@ -39,6 +39,9 @@ class Config:
     new_tokens: list[int] = option([256, 512], "tokens per call", min=2)
     rounds: int = option(8, "fresh processes per side and length", min=1)
     results_dir: Path = option(RESULTS_DIR, "where huge_pages_one_off.json goes")
+
+    def __post_init__(self):
+        check_options(self, UserError)
 
 
 @dataclass

@@ -32,7 +32,7 @@ from bench.peers.host_rates import HostRates, measure_in_process
 from bench.processes import ROOT, run_command
 from bench.record import RESULTS_DIR, write_result
 from data.tokenizer import ranks_file
-from runtime.cli import entry_point, option, parse_config
+from runtime.cli import check_options, entry_point, option, parse_config
 from runtime.errors import UserError
 from runtime.timing import Environment, Spread, environment
 
@@ -54,6 +54,9 @@ class ServeCpuSplitConfig:
                                                                                                     "dynamic"))
     baseline: str | None = option(None, "a git revision whose code is measured too, in the same rounds")
     results_dir: Path = option(RESULTS_DIR / "serve_cpu_split", "where serve_cpu_split.json goes")
+
+    def __post_init__(self):
+        check_options(self, UserError)
 
 
 @dataclass

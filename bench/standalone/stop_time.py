@@ -20,7 +20,7 @@ import torch
 
 from bench.processes import STDOUT, start
 from bench.record import RESULTS_DIR, write_result
-from runtime.cli import entry_point, option, parse_config
+from runtime.cli import check_options, entry_point, option, parse_config
 from runtime.errors import UserError
 from runtime.timing import Environment, Spread, environment
 from storage.training_state import TrainingState
@@ -31,9 +31,12 @@ COMMAND = ["train.py", "--model", "gpt2", "--dataset", "builtin", "--batch-size"
 
 @dataclass
 class StopTimeConfig:
-    repeats: int = option(3, "runs stopped")
-    into_step_s: float = option(10.0, "seconds into step 2 at which SIGTERM is sent")
+    repeats: int = option(3, "runs stopped", min=1)
+    into_step_s: float = option(10.0, "seconds into step 2 at which SIGTERM is sent", min=0)
     results_dir: Path = option(RESULTS_DIR, "where stop_time.json goes")
+
+    def __post_init__(self):
+        check_options(self, UserError)
 
 
 @dataclass
