@@ -182,6 +182,12 @@ def plain_argmax(logits: torch.Tensor) -> list[int] | None:
         scores = logits.detach().numpy()  # the tensor's own memory, no copy
         best = scores.argmax(-1)
         return best.tolist() if np.isfinite(scores[np.arange(best.size), best]).all() else None
+    return torch_argmax(logits)
+
+
+def torch_argmax(logits: torch.Tensor) -> list[int] | None:
+    """`plain_argmax` by torch's own reduction (`max` over the vocabulary, values and indices), on any device and
+    dtype: the path it keeps for the logits numpy does not read."""
     values, best = logits.max(-1)
     best = torch.where(torch.isfinite(values), best, -1).tolist()  # one read-back
     return None if -1 in best else best

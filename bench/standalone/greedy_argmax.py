@@ -4,15 +4,13 @@
 
 Every greedy decoding step (generate(), the server, the scorecard) picks each row's best token from its logits.
 `plain_argmax` reads float32 logits on the CPU through numpy's argmax; the other path is the one it keeps for other
-devices and dtypes, torch's `max` over the vocabulary (values and indices) and a finiteness check.  Both run on the
-same (rows, vocab) logits, a view of the last position of a (rows, 1, vocab) pass's output as a step hands them, in
-interleaved rounds of many calls each, with this process's threads; both must pick the same tokens.  The host's
-memory read and matmul rates are measured first (bench/peers/host_rates.py).
+devices and dtypes, `torch_argmax`: torch's `max` over the vocabulary (values and indices) and a finiteness check.
+Both run on the same (rows, vocab) logits, a view of the last position of a (rows, 1, vocab) pass's output as a
+step hands them, in interleaved rounds of many calls each, with this process's threads; both must pick the same
+tokens.  The host's memory read and matmul rates are measured first (bench/peers/host_rates.py).
 """
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,11 +18,11 @@ import torch
 
 from bench.peers.host_rates import HostRates, measure
 from bench.record import RESULTS_DIR, write_result
-from decode.sampling import plain_argmax
+from decode.sampling import plain_argmax, torch_argmax
 from model.config import GPTConfig
 from runtime.cli import check_options, entry_point, option, parse_config
 from runtime.errors import UserError
-from runtime.timing import Environment, Spread, environment
+from runtime.timing import Environment, Spread, environment, paired_ratio, time_interleaved
 
 
 @dataclass
@@ -56,33 +54,23 @@ class GreedyArgmax:
     environment: Environment
 
 
-def torch_max(logits: torch.Tensor) -> list[int] | None:
-    """The path plain_argmax keeps for logits numpy does not read (a GPU's, half precision)."""
-    values, best = logits.max(-1)
-    best = torch.where(torch.isfinite(values), best, -1).tolist()
-    return None if -1 in best else best
-
-
-def per_call_us(choose, logits: torch.Tensor, calls: int) -> float:
-    started = time.perf_counter()
-    for _ in range(calls):
-        choose(logits)
-    return (time.perf_counter() - started) / calls * 1e6
-
-
 def time_rows(rows: int, cfg: GreedyArgmaxConfig) -> RowsTiming:
     logits = torch.randn(rows, 1, cfg.vocab, generator=torch.Generator().manual_seed(rows))[:, -1]
-    if plain_argmax(logits) != torch_max(logits):
+    if plain_argmax(logits) != torch_argmax(logits):
         raise UserError(f"plain_argmax and torch's max chose different tokens for {rows} row(s); fix decode/sampling.py")
-    paths = {"plain_argmax": plain_argmax, "torch_max": torch_max}
-    for choose in paths.values():  # warm: first calls allocate and start threads
-        per_call_us(choose, logits, 20)
-    times: dict[str, list[float]] = {name: [] for name in paths}
-    for round_ in range(cfg.rounds):
-        for name in (list(paths) if round_ % 2 == 0 else list(reversed(paths))):
-            times[name].append(per_call_us(paths[name], logits, cfg.calls))
-    speedup = statistics.median(t / p for t, p in zip(times["torch_max"], times["plain_argmax"]))
-    timing = RowsTiming(rows, Spread.of(times["plain_argmax"]), Spread.of(times["torch_max"]), speedup)
+
+    def calls_of(choose):
+        def calls():
+            for _ in range(cfg.calls):
+                choose(logits)
+        return calls
+
+    # one untimed round first: first calls allocate and start threads
+    seconds = time_interleaved({"plain_argmax": calls_of(plain_argmax), "torch_max": calls_of(torch_argmax)},
+                               cfg.rounds, warmup=1, alternate=True)
+    us = {name: [s / cfg.calls * 1e6 for s in times] for name, times in seconds.items()}
+    speedup = paired_ratio(us["torch_max"], us["plain_argmax"])
+    timing = RowsTiming(rows, Spread.of(us["plain_argmax"]), Spread.of(us["torch_max"]), speedup)
     print(f"{rows:>3} row(s): plain_argmax {timing.plain_argmax_us.median:,.1f} us, torch's max "
           f"{timing.torch_max_us.median:,.1f} us per call; {speedup:.2f}x (median of {cfg.rounds} paired rounds)",
           flush=True)
