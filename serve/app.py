@@ -66,7 +66,8 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
             log.info("draft: %s model from %s, %d tokens per step; %s", draft_meta.kind, config.draft,
                      config.draft_tokens, pack_for_inference(draft))
         engine = Engine(model, device, config.max_batch_size, config.max_queue, config.request_timeout_s, metrics,
-                        config.decode, draft, config.draft_tokens, config.prefix_cache_mb << 20)
+                        config.decode, draft, config.draft_tokens, config.prefix_cache_mb << 20,
+                        config.stream_interval_ms / 1000)
         return engine, meta
 
     engine, meta = off_the_main_thread(build)

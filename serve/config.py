@@ -66,6 +66,10 @@ class ServeConfig:
                                      "holds ~3,400 tokens of GPT-2 124M); 0, the default, turns it off: measured, it "
                                      "cut few-shot first tokens but slowed echo scoring (bench/results/prefix_cache)",
                                   min=0)
+    stream_interval_ms: float = option(20.0, "the least time between two hand-overs of streamed tokens to the event "
+                                             "loop, whose wake-up and writes take the cores the steps need: tokens "
+                                             "made sooner wait for a later step's; first tokens, ends and errors go "
+                                             "at once; 0 hands over each step's tokens as it ends", min=0, max=1000)
     max_queue: int = option(64, "requests that may wait for a batch slot before new ones get 503", min=0)
     request_timeout_s: float = option(120.0, "time limit per request, from arrival to the last token, queueing "
                                              "included", above=0)

@@ -11,7 +11,8 @@ The engine's loop joins two parts, as vLLM splits them: the scheduler (serve/sch
 sampling, the events).  The engine knows nothing about HTTP or asyncio: a request carries an `on_event` callback
 that the engine calls, from its thread, with the events of serve/events.py, and after each prefill and each step
 the engine flushes its `delivery` (serve/delivery.py), where the HTTP side's callbacks leave their events, so that
-an event loop is woken once per pass rather than once per event.
+an event loop is woken at most once per pass, and for tokens at most once per stream interval, rather than once
+per event.
 """
 from __future__ import annotations
 
@@ -58,7 +59,9 @@ class Engine:
     def __init__(self, model: torch.nn.Module, device: torch.device, max_batch_size: int, max_queue: int,
                  request_timeout_s: float, metrics: ServerMetrics | None = None, decode: str = "auto",
                  draft: torch.nn.Module | None = None, draft_tokens: int = DEFAULT_DRAFT_TOKENS,
-                 prefix_cache_bytes: int = 0):
+                 prefix_cache_bytes: int = 0, stream_interval_s: float = 0.0):
+        """`stream_interval_s`: the least time between two hand-overs of tokens to one event loop
+        (serve/delivery.py); 0 hands over each step's as it ends."""
         self.metrics = metrics or ServerMetrics()
         self.runner = Runner(model, device, max_batch_size, self.metrics, decode, draft, draft_tokens,
                              prefix_cache_bytes)
@@ -66,7 +69,7 @@ class Engine:
                                    running=lambda: len(self.runner.active))
         self.config = model.config
         self.decode = self.runner.steps.mode
-        self.delivery = Delivery()  # flushed on the engine's thread after each prefill and each step
+        self.delivery = Delivery(stream_interval_s)  # flushed on the engine's thread after each prefill and step
         self.thread: threading.Thread | None = None
 
     # ---- called from other threads ----
@@ -134,13 +137,16 @@ class Engine:
     def _run(self) -> None:
         with torch.inference_mode():
             while (joining := self.scheduler.next_joining()) is not None:
+                if joining:  # a prefill is long: no token held for the stream interval waits through it
+                    self.delivery.flush(force=True)
                 for request in joining:
                     try:
                         self.runner.join(request)
                     except Exception:  # one bad request must not take the server down
                         log.exception("prefill failed")
                         request.on_event(ErrorEvent("internal", REQUEST_FAILED))
-                    self.delivery.flush()  # its first token goes now, not after the other prefills and the step
+                    # Its first token goes now, not after the other prefills and the step, nor held for the interval.
+                    self.delivery.flush(force=True)
                 try:
                     self.scheduler.expire_running(self.runner.active)
                     self.runner.end_where(lambda s: s.done or s.request.cancelled)
@@ -150,5 +156,5 @@ class Engine:
                     log.exception("generation step failed; failing the %d requests in the batch", self.batch_size)
                     self.runner.fail_all("generation failed for every request in the batch; the server log has "
                                          "the details")
-                self.delivery.flush()
+                self.delivery.flush()  # a request's end goes now; its tokens at most once per stream interval
                 self.metrics.batch_size.set(self.batch_size)

@@ -15,7 +15,7 @@ from fastapi import Request
 
 from decode.sampling import SamplingParams
 from serve.engine import Engine, RequestRejected
-from serve.events import DoneEvent, ErrorEvent, Event, GenerationRequest
+from serve.events import DoneEvent, ErrorEvent, Event, GenerationRequest, TokenEvent
 from serve.scheduler import EngineStopped, QueueFull
 from serve.errors import APIError, shutdown_error
 
@@ -33,8 +33,10 @@ class Submission:
         self.submitted = False
 
     def _deliver(self, index: int, event: Event) -> None:
-        # Queued on the loop when the engine's pass ends (serve/delivery.py); a closed loop cancels the request.
-        self.engine.delivery.send(self.loop, self.queue.put_nowait, (index, event), self.requests[index].cancel)
+        # Queued on the loop when the engine's pass ends, or a later one within the stream interval
+        # (serve/delivery.py); an end or an error goes at once.  A closed loop cancels the request.
+        self.engine.delivery.send(self.loop, self.queue.put_nowait, (index, event), self.requests[index].cancel,
+                                  urgent=not isinstance(event, TokenEvent))
 
     def submit(self) -> None:
         """Queue every generation, or none: a full queue answers 503 with Retry-After."""

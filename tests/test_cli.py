@@ -77,6 +77,9 @@ def test_the_help_shows_the_bounds():
     (lambda: TrainConfig(lr=float("inf")), TrainingError, "--lr must be a finite number, got inf"),
     (lambda: ServeConfig(max_batch_size=0), ServeConfigError, "--max-batch-size must be at least 1, got 0"),
     (lambda: ServeConfig(threads=0), ServeConfigError, "--threads must be at least 1, got 0"),
+    (lambda: ServeConfig(stream_interval_ms=-0.5), ServeConfigError, "--stream-interval-ms must be at least 0, got -0.5"),
+    (lambda: ServeConfig(stream_interval_ms=1000.5), ServeConfigError,
+     "--stream-interval-ms must be at most 1000, got 1000.5"),
     (lambda: QuantizeConfig(threads=-1), QuantizeError, "--threads must be at least 1, got -1"),
     (lambda: PruneConfig(target=1.0), PruneError, "--target must be below 1, got 1.0"),
 ])
@@ -88,7 +91,8 @@ def test_the_tools_refuse_an_out_of_range_flag_in_the_one_form(make, error, mess
 
 def test_the_tools_accept_a_value_at_the_bound():
     TrainConfig(batch_size=1, warmup_steps=0, dropout=0.0, min_lr_ratio=1.0)
-    ServeConfig(max_batch_size=1, max_queue=0, threads=1, port=0)
+    ServeConfig(max_batch_size=1, max_queue=0, threads=1, port=0, stream_interval_ms=0)
+    ServeConfig(stream_interval_ms=1000)
     QuantizeConfig(threads=1, repeats=1)
     PruneConfig(target=0.5, threads=1, finetune_steps=0)
 
