@@ -53,7 +53,7 @@ async def generate(body: GenerateRequest, request: Request):
     state.check_top_k(body.top_k)
     params = state.sampling(body.model_dump(include=set(SAMPLING_FIELDS)))
     submission = Submission(state.engine, [(prompt_ids, params, body.stop_strings)], state.config.retry_after_s,
-                            body.logprobs)
+                            body.logprobs, streamed=body.stream)
     submission.submit()
     if not body.stream:
         [done] = await submission.results(request)

@@ -47,7 +47,7 @@ async def create_completion(body: CompletionRequest, request: Request):
     check_count(body, state)
     prompts = completion_prompts(body, state)
     jobs = completion_jobs(body, prompts, state)
-    submission = Submission(state.engine, jobs, state.config.retry_after_s, body.logprobs, body.echo)
+    submission = Submission(state.engine, jobs, state.config.retry_after_s, body.logprobs, body.echo, body.stream)
     submission.submit()
     completion_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     prompt_texts = [prompt.text for prompt in prompts for _ in range(body.n)]  # choice order

@@ -22,8 +22,11 @@ from serve.errors import APIError, shutdown_error
 
 class Submission:
     def __init__(self, engine: Engine, jobs: list[tuple[list[int], SamplingParams, list[str]]], retry_after_s: int,
-                 logprobs: int | None = None, echo: bool = False):
+                 logprobs: int | None = None, echo: bool = False, streamed: bool = True):
+        """`streamed`: read through `event_batches`, token by token; a submission that is not waits for the ends
+        alone (`results`), and its tokens never wake the event loop."""
         self.engine = engine
+        self.streamed = streamed
         self.retry_after_s = retry_after_s
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
@@ -33,6 +36,8 @@ class Submission:
         self.submitted = False
 
     def _deliver(self, index: int, event: Event) -> None:
+        if not self.streamed and isinstance(event, TokenEvent):
+            return
         # Queued on the loop when the engine's pass ends, or a later one within the stream interval
         # (serve/delivery.py); an end or an error goes at once.  A closed loop cancels the request.
         self.engine.delivery.send(self.loop, self.queue.put_nowait, (index, event), self.requests[index].cancel,

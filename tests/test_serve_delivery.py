@@ -137,11 +137,13 @@ class RecordingLoop:
         self.loop.call_soon_threadsafe(fn, calls)
 
 
-@pytest.mark.parametrize("interval_s", [0.0, 1.0])
-def test_a_stream_is_held_between_its_first_token_and_its_end_within_the_interval(interval_s):
+@pytest.mark.parametrize("streamed, interval_s, sizes", [(True, 0.0, [1, 1, 1, 1, 1, 2]), (True, 1.0, [1, 6]),
+                                                         (False, 0.0, [1])])
+def test_a_stream_is_held_between_its_first_token_and_its_end_within_the_interval(streamed, interval_s, sizes):
     """Through the engine and a request's submission: the first token goes as its prefill ends, and with an
     interval no step's tokens go before the end (the clock stands still), which takes everything held.  Two
-    requests in turn from one event loop: the second's first token is not held for the first's hand-overs."""
+    requests in turn from one event loop: the second's first token is not held for the first's hand-overs.  A
+    request that is not streamed is handed its end alone."""
     torch.manual_seed(0)
     model = GPT(small_config(block_size=32, vocab_size=512)).eval()
     engine = Engine(model, torch.device("cpu"), max_batch_size=2, max_queue=2, request_timeout_s=60,
@@ -150,7 +152,7 @@ def test_a_stream_is_held_between_its_first_token_and_its_end_within_the_interva
     params = SamplingParams(max_new_tokens=6, temperature=0.0, stop_at_eot=False)
 
     async def stream(recording: RecordingLoop) -> list[str]:
-        submission = Submission(engine, [([1, 2, 3], params, [])], retry_after_s=1)
+        submission = Submission(engine, [([1, 2, 3], params, [])], retry_after_s=1, streamed=streamed)
         submission.loop = recording
         submission.submit()
         return [type(event).__name__ async for batch in submission.event_batches() for _, event in batch]
@@ -164,9 +166,8 @@ def test_a_stream_is_held_between_its_first_token_and_its_end_within_the_interva
         kinds, recording = asyncio.run(two_in_turn())
     finally:
         engine.stop()
-    assert kinds == [["TokenEvent"] * 6 + ["DoneEvent"]] * 2
-    sizes = [len(hand_over) for hand_over in recording.hand_overs]
-    assert sizes == ([1, 6] if interval_s else [1, 1, 1, 1, 1, 2]) * 2
+    assert kinds == [["TokenEvent"] * 6 * streamed + ["DoneEvent"]] * 2
+    assert [len(hand_over) for hand_over in recording.hand_overs] == sizes * 2
 
 
 def test_tokens_held_for_a_stream_go_before_another_request_is_prefilled():
