@@ -25,6 +25,7 @@ from bench.standalone import huge_pages_one_off
 from bench.standalone.greedy_argmax import GreedyArgmaxConfig
 from bench.standalone.serve_cpu_split import ServeCpuSplitConfig
 from bench.standalone.stop_time import StopTimeConfig
+from bench.standalone.stream_interval import StreamIntervalConfig
 from bench.eval.scorecard import LeaderboardConfig
 from bench.eval.perplexity import PerplexityConfig
 from prune.config import PruneConfig
@@ -46,7 +47,7 @@ TOOLS = {"train.py": train.TrainConfig, "sample.py": sample.SampleConfig, "pytho
          # the measurements run by hand (bench/standalone/)
          "bench.standalone.greedy_argmax": GreedyArgmaxConfig, "bench.standalone.serve_cpu_split": ServeCpuSplitConfig,
          "bench.standalone.huge_pages_one_off": huge_pages_one_off.Config,
-         "bench.standalone.stop_time": StopTimeConfig}
+         "bench.standalone.stop_time": StopTimeConfig, "bench.standalone.stream_interval": StreamIntervalConfig}
 VALUES = ("0", "-1", "1", "90", "1e309", "nan", "inf", "0.5", "", "--", "-", "=", "yes", "auto", "builtin", "none")
 
 
@@ -172,5 +173,17 @@ def test_greedy_argmax_refuses_settings_that_time_nothing_and_writes_nothing(arg
     from bench.standalone import greedy_argmax
     with pytest.raises(SystemExit) as stopped:
         greedy_argmax.main([*argv, "--results-dir", str(tmp_path)])
+    said = (str(stopped.value.code) if isinstance(stopped.value.code, str) else "") + capsys.readouterr().err
+    assert len(said.strip().splitlines()) == 1 and said.startswith(line) and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--intervals-ms", "20", "20"], "error: --intervals-ms names an interval twice: 20.0 20.0"),
+    (["--intervals-ms", "1000.5"], "error: --intervals-ms must be at most 1000, got 1000.5"),
+    (["--requests", "0"], "error: --requests must be at least 1, got 0")])
+def test_stream_interval_refuses_settings_before_starting_a_server(argv, line, tmp_path, capsys):
+    from bench.standalone import stream_interval
+    with pytest.raises(SystemExit) as stopped:
+        stream_interval.main([*argv, "--results-dir", str(tmp_path)])
     said = (str(stopped.value.code) if isinstance(stopped.value.code, str) else "") + capsys.readouterr().err
     assert len(said.strip().splitlines()) == 1 and said.startswith(line) and list(tmp_path.iterdir()) == []
