@@ -11,8 +11,8 @@ as much per wake-up whatever it carries.  With `interval_s` above zero a loop is
 interval: a step's tokens wait for a later step's hand-over until the interval since the last one has passed, as
 vLLM's `--stream-interval` holds them for a count of tokens.  What a client waits on is never held: an event
 sent `urgent` (a request's end or error) goes with the pass that made it, with everything held before it, and
-the engine forces the hand-over before a prefill (nothing waits through it) and after one (a first token).  The engine only
-calls `flush`; what a destination is (an asyncio loop) is this module's business.
+the engine forces the hand-over before a prefill (nothing waits through it) and after one (a first token).  The
+engine only calls `flush`; what a destination is (an asyncio loop) is this module's business.
 """
 from __future__ import annotations
 

@@ -69,7 +69,7 @@ class Engine:
                                    running=lambda: len(self.runner.active))
         self.config = model.config
         self.decode = self.runner.steps.mode
-        self.delivery = Delivery(stream_interval_s)  # flushed on the engine's thread after each prefill and step
+        self.delivery = Delivery(stream_interval_s)  # flushed on the engine's thread around prefills, after steps
         self.thread: threading.Thread | None = None
 
     # ---- called from other threads ----

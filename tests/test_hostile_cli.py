@@ -166,24 +166,19 @@ def test_a_llama_server_that_cannot_run_is_one_error_line_before_any_measuring(p
     assert parse_config(TOOLS[prog], "A tool.", ["--llama-server", str(binary)], prog=prog).llama_server == str(binary)
 
 
-@pytest.mark.parametrize("argv, line", [(["--rows", "0"], "error: --rows must be at least 1, got 0"),
-                                        (["--rows", "--calls", "1"], "error: argument --rows: expected at least one argument"),
-                                        (["--calls", "-1"], "error: --calls must be at least 1, got -1")])
-def test_greedy_argmax_refuses_settings_that_time_nothing_and_writes_nothing(argv, line, tmp_path, capsys):
-    from bench.standalone import greedy_argmax
+@pytest.mark.parametrize("tool, argv, line", [
+    ("greedy_argmax", ["--rows", "0"], "error: --rows must be at least 1, got 0"),
+    ("greedy_argmax", ["--rows", "--calls", "1"], "error: argument --rows: expected at least one argument"),
+    ("greedy_argmax", ["--calls", "-1"], "error: --calls must be at least 1, got -1"),
+    ("stream_interval", ["--intervals-ms", "20", "20"], "error: --intervals-ms names an interval twice: 20.0 20.0"),
+    ("stream_interval", ["--intervals-ms", "1000.5"], "error: --intervals-ms must be at most 1000, got 1000.5"),
+    ("stream_interval", ["--requests", "0"], "error: --requests must be at least 1, got 0")])
+def test_a_standalone_measurement_refuses_settings_before_measuring_and_writes_nothing(tool, argv, line, tmp_path,
+                                                                                       capsys):
+    """Settings that time nothing (greedy_argmax) or that no server can take (stream_interval): one error line
+    before a host rate is measured or a server started, and no results file."""
+    main = importlib.import_module(f"bench.standalone.{tool}").main
     with pytest.raises(SystemExit) as stopped:
-        greedy_argmax.main([*argv, "--results-dir", str(tmp_path)])
-    said = (str(stopped.value.code) if isinstance(stopped.value.code, str) else "") + capsys.readouterr().err
-    assert len(said.strip().splitlines()) == 1 and said.startswith(line) and list(tmp_path.iterdir()) == []
-
-
-@pytest.mark.parametrize("argv, line", [
-    (["--intervals-ms", "20", "20"], "error: --intervals-ms names an interval twice: 20.0 20.0"),
-    (["--intervals-ms", "1000.5"], "error: --intervals-ms must be at most 1000, got 1000.5"),
-    (["--requests", "0"], "error: --requests must be at least 1, got 0")])
-def test_stream_interval_refuses_settings_before_starting_a_server(argv, line, tmp_path, capsys):
-    from bench.standalone import stream_interval
-    with pytest.raises(SystemExit) as stopped:
-        stream_interval.main([*argv, "--results-dir", str(tmp_path)])
+        main([*argv, "--results-dir", str(tmp_path)])
     said = (str(stopped.value.code) if isinstance(stopped.value.code, str) else "") + capsys.readouterr().err
     assert len(said.strip().splitlines()) == 1 and said.startswith(line) and list(tmp_path.iterdir()) == []
