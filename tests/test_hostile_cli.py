@@ -172,7 +172,9 @@ def test_a_llama_server_that_cannot_run_is_one_error_line_before_any_measuring(p
     ("greedy_argmax", ["--calls", "-1"], "error: --calls must be at least 1, got -1"),
     ("stream_interval", ["--intervals-ms", "20", "20"], "error: --intervals-ms names an interval twice: 20.0 20.0"),
     ("stream_interval", ["--intervals-ms", "1000.5"], "error: --intervals-ms must be at most 1000, got 1000.5"),
-    ("stream_interval", ["--requests", "0"], "error: --requests must be at least 1, got 0")])
+    ("stream_interval", ["--requests", "0"], "error: --requests must be at least 1, got 0"),
+    ("stream_interval", ["--device", "nonsense"], "error: --device 'nonsense' is not a device"),
+    ("stream_interval", ["--device", "meta"], "error: --weights int8 runs PyTorch's int8 kernels, which are CPU-only")])
 def test_a_standalone_measurement_refuses_settings_before_measuring_and_writes_nothing(tool, argv, line, tmp_path,
                                                                                        capsys):
     """Settings that time nothing (greedy_argmax) or that no server can take (stream_interval): one error line

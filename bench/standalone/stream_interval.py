@@ -19,7 +19,6 @@ import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 
 from bench.eval.loadtest import checked, completion_body, run_level
 from bench.experiment import WORK_ROOT
@@ -28,6 +27,7 @@ from bench.peers.host_rates import HostRates, measure
 from bench.record import RESULTS_DIR, write_result
 from model.config import PRESETS
 from runtime.cli import check_options, entry_point, option, parse_config
+from runtime.device import choose_device
 from runtime.errors import UserError
 from runtime.timing import Environment, Spread, environment, paired_ratio, time_interleaved
 from serve.launch import running_server
@@ -49,6 +49,7 @@ class StreamIntervalConfig:
     requests: int = option(2, "requests each client sends in turn, per level and round", min=1)
     new_tokens: int = option(128, "tokens per request (exactly: ignore_eos)", min=1)
     rounds: int = option(15, "timed rounds, after one untimed warm-up round", min=1)
+    device: str = option("auto", "auto, cpu, cuda, ...: the servers' device (int8 is CPU-only)")
     results_dir: Path = option(RESULTS_DIR / "stream_interval", "where stream_interval.json goes")
 
     def __post_init__(self):
@@ -78,6 +79,10 @@ class StreamInterval:
 
 
 def run(cfg: StreamIntervalConfig) -> StreamInterval:
+    device = choose_device(cfg.device)
+    if cfg.weights == "int8" and device.type != "cpu":
+        raise UserError(f"--weights int8 runs PyTorch's int8 kernels, which are CPU-only; the device is {device}: "
+                        f"use --weights fp32 or --device cpu")
     rates = measure()
     print(f"host: read {rates.read_gb_per_s:.1f} GB/s, matmul {rates.matmul_gflop_per_s:.0f} GFLOP/s with "
           f"{rates.threads} thread(s)", flush=True)
@@ -91,7 +96,7 @@ def run(cfg: StreamIntervalConfig) -> StreamInterval:
             interval = first if server == TWIN else server
             urls[server] = stack.enter_context(running_server(
                 artifact, artifact.parent / f"server_{server}.log",
-                ["--device", "cpu", "--stream-interval-ms", str(interval), "--request-timeout-s",
+                ["--device", str(device), "--stream-interval-ms", str(interval), "--request-timeout-s",
                  str(REQUEST_TIMEOUT_S), "--max-batch-size", str(max(16, *cfg.clients))])).url
 
         def streaming(url: str, clients: int):
@@ -114,7 +119,7 @@ def run(cfg: StreamIntervalConfig) -> StreamInterval:
             print(f"{n} client(s), {name}: {level.tokens_per_s.median:.1f} new tokens/s, {level.over_first:.3f}x "
                   f"the first ({first:g} ms), median of {cfg.rounds} paired rounds", flush=True)
     return StreamInterval(cfg.model, cfg.weights, cfg.new_tokens, cfg.requests, levels, rates,
-                          environment(torch.device("cpu")))
+                          environment(device))
 
 
 @entry_point
