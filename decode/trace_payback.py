@@ -15,8 +15,11 @@ the traced step from the traced steps run.  Before the process has traced a shap
 cost are taken as shares of this host's eager step: those an earlier process measured for the same step kind
 (decode/kept_ratios.py, which each process adds to once a shape's traced steps have settled), else another shape's
 in this process, else the PRIOR_ ratios below; the first trace replaces them.  A trace kept from an earlier call
-costs nothing more, and runs while its steps are the faster ones.  The table lives as long as the process (and
-each model).
+costs nothing more, and runs while its steps are the faster ones.  Once a shape has a trace, the way not taken runs
+again now and then, so its time is not the one it had when it last ran: eager steps timed before the weights went
+onto huge pages, or while the host was busy, would otherwise keep a trace that has become the slower way for good.
+It runs again after as many steps as make its loss (the gap between the two means) RETIME_SHARE of their time, and
+never sooner than RETIME_AFTER_STEPS.  The table lives as long as the process (and each model).
 """
 from __future__ import annotations
 
@@ -37,6 +40,10 @@ PRIOR_TRACE_STEPS = 20.0
 PRIOR_TRACED_SHARE = 0.6
 # Traced steps of a shape timed before its ratios are kept for later processes: their running mean has settled.
 KEEP_AFTER_TRACED_STEPS = 16
+# With a trace made, the way not taken runs once its expected loss is this share of the steps' time since it last
+# ran (at most 1 step in RETIME_AFTER_STEPS): traced steps at half an eager step's time run an eager one every 100.
+RETIME_SHARE = 0.01
+RETIME_AFTER_STEPS = 8
 
 
 @dataclass
@@ -47,6 +54,8 @@ class ShapeTimings:
     traced_s: float | None = None  # running mean of traced steps, the trace's own call left out
     traced_seen: int = 0
     trace_s: float | None = None  # the call that made this shape's trace (the trace and its first step)
+    since_eager: int = 0  # traced steps timed since the last eager one
+    since_traced: int = 0  # eager steps timed since the last traced one
     kind: str | None = None  # what its ratios are kept by between processes (`step_kind`), once asked
 
 
@@ -74,6 +83,7 @@ class TracePayback:
     def note_eager(self, model, shape: tuple, seconds: float) -> None:
         t = self.timings(model, shape)
         t.eager_seen += 1
+        t.since_eager, t.since_traced = 0, t.since_traced + 1
         if t.eager_seen > 1:
             t.eager_s = _mean(t.eager_s, seconds)
             self._learn(t)
@@ -85,6 +95,7 @@ class TracePayback:
         t = self.timings(model, shape)
         t.traced_s = _mean(t.traced_s, seconds)
         t.traced_seen += 1
+        t.since_traced, t.since_eager = 0, t.since_eager + 1
         self._learn(t)
         if self.kept is not None and t.traced_seen == KEEP_AFTER_TRACED_STEPS and t.eager_s and t.trace_s:
             self.kept.put(self._kind(model, shape, t), (t.trace_s / t.eager_s, t.traced_s / t.eager_s))
@@ -120,13 +131,18 @@ class TracePayback:
 
     def traces(self, model, shape: tuple, tokens_left: int, kept: bool, earlier: int = 0) -> bool:
         """Whether the step at `shape`, with `tokens_left` steps to run (this one included), should run traced:
-        `kept`, whether its trace is made already; `earlier`, the eager steps run at `shape` before this call."""
+        `kept`, whether its trace is made already; `earlier`, the eager steps run at `shape` before this call.
+        With a trace kept, the faster way by the means, or the other when it is due to be timed again."""
         estimates = self.estimates(model, shape)
         if estimates is None:
             return kept  # a kept trace runs; else this eager step is timed first
         eager, traced, cost = estimates
         if kept:
-            return traced < eager
+            t = self.timings(model, shape)
+            faster_traced = traced < eager
+            waited = t.since_eager if faster_traced else t.since_traced
+            retime = waited >= RETIME_AFTER_STEPS and waited * RETIME_SHARE * min(eager, traced) >= abs(eager - traced)
+            return faster_traced != retime
         # A process that ran `earlier` eager steps at this shape in earlier calls is taken to run as many again
         # after this one: short calls, none repaying a trace alone, trace once the steps run without it have lost
         # about what it costs, so the process pays at most about twice what it would knowing its future (the

@@ -4,6 +4,7 @@ so the repay point is known to the token."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,8 @@ from decode.generate import CallTiming, generate
 from decode.sampling import SamplingParams
 from decode.trace import _RECORDS, TracedSteps
 from decode.kept_ratios import KeptRatios
-from decode.trace_payback import PRIOR_TRACE_STEPS, PRIOR_TRACED_SHARE, TracePayback
+from decode.trace_payback import (PRIOR_TRACE_STEPS, PRIOR_TRACED_SHARE, RETIME_AFTER_STEPS, RETIME_SHARE,
+                                  TracePayback)
 from model.kv_cache import KVCache
 from model.packed_linear import pack_for_inference
 
@@ -26,6 +28,8 @@ EAGER_S, TRACE_S, TRACED_S = 0.010, 0.200, 0.005
 class FakeClock:
     def __init__(self):
         self.now = 0.0
+        self.eager_s = EAGER_S  # what an eager pass takes under the `timed` fixture
+        self.traced_steps = 0  # the traced steps it has run
 
     def __call__(self) -> float:
         return self.now
@@ -54,11 +58,12 @@ def timed(small_model, monkeypatch):
     def traced_step(self, *args, **kwargs):
         out = real_call(self, *args, **kwargs)
         clock.now += TRACED_S
+        clock.traced_steps += 1
         return out
 
     def eager_pass(*_):
         if not tracing:  # the tracer's own run of the model is part of the trace's time
-            clock.now += EAGER_S
+            clock.now += clock.eager_s
 
     monkeypatch.setattr(decode.trace, "_trace", trace)
     monkeypatch.setattr(TracedSteps, "__call__", traced_step)
@@ -177,6 +182,52 @@ def test_a_kept_trace_slower_than_the_eager_steps_is_left_unused_and_the_first_e
     assert not payback.traces(model, shape, 10**9, kept=False)  # no gain: never repaid
 
 
+def run_kept(payback: TracePayback, model, shape, steps: int, eager_s: float, traced_s: float) -> list[bool]:
+    """`steps` decisions at `shape`, whose trace is kept, each step then timed as taking what its way takes now."""
+    ways = []
+    for _ in range(steps):
+        ways.append(payback.traces(model, shape, 1000, kept=True))
+        (payback.note_traced if ways[-1] else payback.note_eager)(model, shape, traced_s if ways[-1] else eager_s)
+    return ways
+
+
+def test_a_kept_trace_is_left_once_the_eager_steps_it_was_chosen_over_have_become_faster():
+    # The eager steps were timed at 10 (before the weights went onto huge pages, say), the trace's at 6; eager steps
+    # now take 4.  Timed only when they run, they would keep their 10 for good.
+    ways = run_kept(*traced_at(10.0, 6.0), 400, eager_s=4.0, traced_s=6.0)
+    # The eager way runs again once the steps since it ran, at RETIME_SHARE of 6 each, cover its expected loss (10 -
+    # 6): after 67 traced steps.
+    first_eager = ways.index(False)
+    assert first_eager == math.ceil((10.0 - 6.0) / (RETIME_SHARE * 6.0)) - 1
+    # A few more of those bring its mean below the trace's; from then on eager steps run, and a traced one only as
+    # often as its loss (6 - 4) is RETIME_SHARE of the eager steps' time since: once in 50.
+    assert sum(ways[-200:]) <= math.ceil(200 * RETIME_SHARE * 4.0 / (6.0 - 4.0))
+
+
+def traced_at(eager_s: float, traced_s: float) -> tuple[TracePayback, torch.nn.Module, tuple]:
+    """A table whose shape has a trace, timed: eager steps at `eager_s` (after the first), traced ones at `traced_s`."""
+    model, shape = torch.nn.Linear(1, 1), ("shape",)
+    payback = TracePayback(clock=FakeClock())
+    for seconds in (50.0, eager_s):
+        payback.note_eager(model, shape, seconds)
+    payback.note_trace(model, shape, 30.0)
+    payback.note_traced(model, shape, traced_s)
+    return payback, model, shape
+
+
+def test_a_kept_trace_far_faster_than_eager_steps_loses_at_most_retime_share_of_its_time_to_timing_them_again():
+    ways = run_kept(*traced_at(2.0, 1.0), 1000, eager_s=2.0, traced_s=1.0)
+    eager_steps = ways.count(False)
+    assert 0 < eager_steps  # timed again now and then
+    assert eager_steps * (2.0 - 1.0) <= RETIME_SHARE * 1000 * 1.0  # what those cost against all-traced steps
+
+
+def test_two_ways_equally_fast_time_the_other_no_more_often_than_every_retime_after_steps():
+    ways = run_kept(*traced_at(1.0, 1.0), 100, eager_s=1.0, traced_s=1.0)
+    other = [i for i, way in enumerate(ways) if way != ways[0]]
+    assert other and all(b - a > RETIME_AFTER_STEPS for a, b in zip(other, other[1:]))
+
+
 # A trace kept from an earlier process: with the fake clock the call that makes a trace takes TRACE_S and a traced
 # step, a traced step half an eager one.  Kept, they repay a trace when (TRACE_S + TRACED_S) / (EAGER_S / 2) = 41 tokens
 # are left at the third step; the guess (PRIOR_) asks for 50.
@@ -205,3 +256,16 @@ def test_a_process_keeps_what_its_trace_cost_and_the_next_decides_from_it(timed,
     fresh_process(timed, path)  # this host's figures: they do
     call(timed, BETWEEN)
     assert traces_of(timed) == 1
+
+
+def test_generate_leaves_a_kept_trace_once_its_eager_steps_have_become_faster(timed):
+    call(timed, int(REPAID_AFTER) + 4)  # traced at its third step: eager steps EAGER_S, traced ones TRACED_S
+    clock = decode.trace_payback.PAYBACK.clock
+    clock.eager_s = TRACED_S / 2  # the eager steps get faster than the traced ones (the weights on huge pages, say)
+    longest = timed.config.block_size - prompt().shape[1]
+    for _ in range(6):
+        before = clock.traced_steps
+        call(timed, longest)
+    # By the last call its eager steps run, and a traced step only when it is due to be timed again: once its loss
+    # (TRACED_S - TRACED_S / 2) is RETIME_SHARE of the eager steps' time since it ran, 100 of them.
+    assert clock.traced_steps - before <= math.ceil(longest * RETIME_SHARE * clock.eager_s / (TRACED_S - clock.eager_s))
