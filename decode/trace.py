@@ -40,7 +40,7 @@ import torch
 from decode.step_threads import use_threads
 from model.gpt import GPT
 from model.kv_cache import AttentionInputs, CacheWrites, KVCache, write_columns
-from model.packed_linear import PackedLinear, choosing_kernels, packed_while
+from model.packed_linear import PackedLinear, choosing_kernels, confirm_kernels, packed_while
 from runtime import huge_pages
 
 log = logging.getLogger(__name__)
@@ -161,6 +161,7 @@ def _trace(model: GPT, tokens: torch.Tensor, masked: bool, placed: bool,
             module = _DecodeStep(model, masked, placed, width)
             with choosing_kernels():  # one eager run first: each product's kernel is timed and chosen
                 module(*inputs)
+            confirm_kernels(lambda: module(*inputs))  # and the kernels it timed kept only if the step gains
             module.register_forms()
             step = torch.jit.trace(module, inputs, check_trace=False)
     # TorchScript's executor profiles a graph's first run and optimizes it at the second: one-time costs of the

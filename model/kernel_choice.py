@@ -8,6 +8,11 @@ oneDNN's fell behind; `python -m bench.experiments generate_speed`, bench/result
 warm-up round: a first call builds kernels and allocates), and the fastest round of each counts: on a shared host
 another program's bursts only ever slow a round down.
 
+A product timed alone can win and still slow the step it runs in (the layout of its output, the threads' hand-over
+between one product and the next), so the kernels timed for a step's shapes are then confirmed in the step itself
+(`confirm`): the whole step, with them and with each shape's default kernel, in turns; the defaults stay unless the
+step ran faster with the choices.
+
 Timing the candidates is most of what a fresh process's first trace of a decode step costs (bench/by_hand.md,
 "kernel choices kept between processes"), and that cost decides whether a one-off call traces at all
 (decode/trace_payback.py), so each choice is also kept in a file (runtime/kept_file.py), keyed by the CPU, torch
@@ -49,8 +54,9 @@ def kept_choices_from_environment() -> KeptFile:
 
 
 def host_key(shape: tuple) -> str:
-    """Everything a kernel's timings depend on besides the shape: the CPU and torch."""
-    return f"{cpu_model()} | torch {torch.__version__} | {shape!r}"
+    """Everything a kernel's timings depend on besides the shape: the CPU and torch; and how it was chosen, so
+    that a choice made before choices were confirmed in a step (`confirm`) is made again."""
+    return f"{cpu_model()} | torch {torch.__version__} | {shape!r} | confirmed in a step"
 
 
 class KernelChoices:
@@ -62,6 +68,7 @@ class KernelChoices:
         self.clock, self.rounds, self.kept = clock, rounds, kept
         self.chosen: dict[tuple, str] = {}
         self.timings: dict[tuple, dict[str, float]] = {}
+        self.unconfirmed: set[tuple] = set()  # shapes timed since the last `confirm`
 
     def choose(self, shape: tuple, candidates: Callable[[], dict[str, Callable[[], object]]]) -> str:
         """The kernel for `shape`: the one chosen already, by this process or (kept) an earlier one, or the fastest
@@ -80,11 +87,36 @@ class KernelChoices:
                 log.info("the kept kernel %r is not a candidate for %s; timing them again", kept, shape)
             best = self.timings[shape] = self._time(runs)
             chosen = self.chosen[shape] = min(best, key=best.get)
+            self.unconfirmed.add(shape)
             log.info("kernel for %s: %s (%s)", shape, chosen,
                      ", ".join(f"{name} {seconds * 1e3:.3f} ms" for name, seconds in best.items()))
             if self.kept is not None:
                 self.kept.put(host_key(shape), chosen)
         return chosen
+
+    def confirm(self, step: Callable[[], object], default: Callable[[tuple], str]) -> dict[tuple, str]:
+        """Keep the kernels timed since the last call only if `step` (a whole decode step, which runs every product
+        of their shapes) is faster with them than with each shape's `default` kernel, the two timed in turns as
+        candidates are; else the defaults replace them, here and in the kept file.  Returns the kernels of the
+        shapes it judged."""
+        shapes, self.unconfirmed = sorted(self.unconfirmed), set()
+        timed = {shape: self.chosen[shape] for shape in shapes}
+        defaults = {shape: default(shape) for shape in shapes}
+        if timed == defaults:
+            return timed
+
+        def with_kernels(kernels: dict[tuple, str]) -> Callable[[], object]:
+            return lambda: (self.chosen.update(kernels), step())
+        best = self._time({"timed": with_kernels(timed), "default": with_kernels(defaults)})
+        final = timed if best["timed"] < best["default"] else defaults
+        self.chosen.update(final)
+        log.info("kernels of %d shapes %s: the step took %.3f ms with them, %.3f ms with the defaults",
+                 len(shapes), "kept" if final is timed else "replaced by the defaults", best["timed"] * 1e3,
+                 best["default"] * 1e3)
+        if self.kept is not None:
+            for shape, kernel in final.items():
+                self.kept.put(host_key(shape), kernel)
+        return final
 
     def _time(self, runs: dict[str, Callable[[], object]]) -> dict[str, float]:
         names = list(runs)

@@ -73,6 +73,15 @@ def choosing_kernels():
         _choosing.on = before
 
 
+def confirm_kernels(step) -> None:
+    """After `step` (a whole decode step) ran under `choosing_kernels`: keep the kernels it timed only if the step
+    runs faster with them than with the default rule (model/kernel_choice.py's `confirm`), and free the copies that
+    no kernel kept reads."""
+    judged = CHOICES.confirm(step, lambda shape: default_kernel(shape[0], shape[2], shape[-1]))
+    for shape in {chosen[1:4] for chosen in judged}:
+        _drop_unchosen_forms(shape)
+
+
 def default_kernel(rows: int, out_features: int, parts: int) -> str:
     """The kernel of a shape not timed: a thread's block of weight rows for one row (a decoding step at batch 1),
     which streamed the weight faster than either library's one-row product on the hosts measured; else oneDNN's."""
@@ -148,7 +157,8 @@ def product(kernel: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         blocks = weight.view(parts, out_features // parts, in_features)
         columns = x2.t().expand(parts, in_features, rows)
         out = torch.bmm(blocks, columns) if bias is None else torch.baddbmm(bias.view(parts, -1, 1), blocks, columns)
-        out = out.view(out_features, rows).t()
+        # contiguous, as the other kernels' outputs are: the step's next operators ran slower over the transpose
+        out = out.view(out_features, rows).t().contiguous()
     elif kernel == "blocked_t":
         panels = weight_form(weight, ("blocked_t", parts))
         rows_each = x2.expand(parts, rows, in_features)

@@ -231,3 +231,34 @@ def test_a_trace_multiplies_through_the_kernel_timed_fastest_for_its_shapes(smal
     assert op in graph and all(kernel == fastest for kernel in packed_linear.CHOICES.chosen.values())
     others = {"aten::addmm", "mkldnn::_linear_pointwise", "aten::linear", "aten::baddbmm"} - {op}
     assert not any(other in graph for other in others)
+
+
+def test_a_trace_keeps_the_default_kernels_where_its_step_ran_slower_with_those_timed_fastest_alone(small_model,
+                                                                                                    monkeypatch):
+    # `transposed` wins every product timed alone, and makes the whole step slower: the step confirms the defaults
+    clock = type("Clock", (), {"now": 0.0, "__call__": lambda self: self.now})()
+    monkeypatch.setattr(packed_linear, "CHOICES", KernelChoices(clock=clock))
+    real_over, real_product, alone = packed_linear._over, packed_linear.product, []
+
+    def timed_alone(kernel, *args):
+        alone.append(kernel)
+        try:
+            real_over(kernel, *args)
+        finally:
+            alone.pop()
+        clock.now += 1.0 if kernel == "transposed" else 2.0
+
+    def timed_in_a_step(kernel, *args):
+        if not alone:
+            clock.now += 3.0 if kernel == "transposed" else 1.0
+        return real_product(kernel, *args)
+
+    monkeypatch.setattr(packed_linear, "_over", timed_alone)
+    monkeypatch.setattr(packed_linear, "product", timed_in_a_step)
+    assert torch.equal(generate(small_model, prompt(), GREEDY, decode="traced"),
+                       generate(small_model, prompt(), GREEDY, decode="dynamic"))
+    chosen = packed_linear.CHOICES.chosen
+    assert chosen and all(kernel == packed_linear.default_kernel(shape[0], shape[2], shape[-1])
+                          for shape, kernel in chosen.items())
+    traced, = _RECORDS[small_model].traces.values()
+    assert "aten::addmm" not in str(traced.inlined_graph)  # no product through a transposed copy

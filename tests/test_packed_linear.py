@@ -94,9 +94,36 @@ def test_a_choice_is_kept_for_the_next_process_which_takes_it_untimed(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["choices.json"]
 
 
-def test_the_key_holds_the_cpu_torch_and_the_whole_shape():
+@pytest.mark.parametrize("step_with_b, kept", [(3.0, "a"), (1.0, "b")])
+def test_a_kernel_faster_alone_is_kept_only_if_the_whole_step_runs_faster_with_it(tmp_path, step_with_b, kept):
+    # b wins alone at two shapes; the step takes 2.0 with the default a at both, and step_with_b with b at both
+    path, clock = tmp_path / "choices.json", FakeClock()
+    choices = KernelChoices(clock=clock, kept=kept_choices(path))
+    costs = {"a": 2.0, "b": 1.0}
+    candidates = lambda: {name: (lambda name=name: setattr(clock, "now", clock.now + costs[name])) for name in costs}
+    shapes = [(4, 8, 8), (4, 8, 16)]
+    assert [choices.choose(shape, candidates) for shape in shapes] == ["b", "b"]
+    steps = []
+
+    def step():
+        kernels = {choices.chosen[shape] for shape in shapes}
+        assert len(kernels) == 1  # the step runs with all of the timed kernels, or with none
+        steps.append(kernels.pop())
+        clock.now += step_with_b if steps[-1] == "b" else 2.0
+
+    assert choices.confirm(step, lambda shape: "a") == {shape: kept for shape in shapes}
+    assert {choices.chosen[shape] for shape in shapes} == {kept}
+    assert kept_choices(path).read() == {host_key(shape): kept for shape in shapes}
+    assert steps.count("a") == steps.count("b") == choices.rounds + 1  # in turns, a warm-up round first
+    steps.clear()
+    assert choices.confirm(step, lambda shape: "a") == {} and steps == []  # nothing timed since: nothing to judge
+    choices.choose((1, 8, 8), candidates)
+    assert choices.confirm(step, lambda shape: "b") == {(1, 8, 8): "b"} and steps == []  # the default won alone
+
+
+def test_the_key_holds_the_cpu_torch_the_whole_shape_and_that_choices_are_confirmed_in_a_step():
     key = host_key((1, 768, 2304, True, 2))
-    assert torch.__version__ in key and key.endswith("(1, 768, 2304, True, 2)")
+    assert torch.__version__ in key and key.endswith("(1, 768, 2304, True, 2) | confirmed in a step")
     assert host_key((1, 768, 2304, True, 1)) != key
 
 
