@@ -33,6 +33,9 @@ from decode.kept_ratios import KeptRatios
 from runtime.timing import cpu_model
 
 EMA_WEIGHT = 0.3  # of the newest step in a running mean of step times: the load on a shared host drifts
+# A step counts as at most this many times its way's running mean: one step slowed by another program would
+# otherwise lift the mean past the other way's and run the slower way until both had been timed again.
+OUTLIER_CAP = 1.5
 # The guesses before any trace has been timed in this process, in eager steps of the host at hand, from issue 50's
 # slow 2-core host (GPT-2 124M, batch 1): a 1.3 s trace against 71 ms eager steps, traced steps at 0.59 of them.
 # With them a call traces when more than 20 / (1 - 0.6) = 50 tokens are left.
@@ -60,7 +63,7 @@ class ShapeTimings:
 
 
 def _mean(old: float | None, seconds: float) -> float:
-    return seconds if old is None else (1 - EMA_WEIGHT) * old + EMA_WEIGHT * seconds
+    return seconds if old is None else (1 - EMA_WEIGHT) * old + EMA_WEIGHT * min(seconds, OUTLIER_CAP * old)
 
 
 class TracePayback:

@@ -17,8 +17,8 @@ from decode.generate import CallTiming, generate
 from decode.sampling import SamplingParams
 from decode.trace import _RECORDS, TracedSteps
 from decode.kept_ratios import KeptRatios
-from decode.trace_payback import (PRIOR_TRACE_STEPS, PRIOR_TRACED_SHARE, RETIME_AFTER_STEPS, RETIME_SHARE,
-                                  TracePayback)
+from decode.trace_payback import (EMA_WEIGHT, OUTLIER_CAP, PRIOR_TRACE_STEPS, PRIOR_TRACED_SHARE, RETIME_AFTER_STEPS,
+                                  RETIME_SHARE, TracePayback)
 from model.kv_cache import KVCache
 from model.packed_linear import pack_for_inference
 
@@ -269,3 +269,13 @@ def test_generate_leaves_a_kept_trace_once_its_eager_steps_have_become_faster(ti
     # By the last call its eager steps run, and a traced step only when it is due to be timed again: once its loss
     # (TRACED_S - TRACED_S / 2) is RETIME_SHARE of the eager steps' time since it ran, 100 of them.
     assert clock.traced_steps - before <= math.ceil(longest * RETIME_SHARE * clock.eager_s / (TRACED_S - clock.eager_s))
+
+
+def test_one_step_slowed_by_another_program_does_not_turn_a_kept_trace_into_the_slower_way():
+    payback, model, shape = traced_at(2.0, 1.0)
+    payback.note_traced(model, shape, 100.0)  # one traced step far slower than its way's mean: a hiccup
+    assert payback.timings(model, shape).traced_s == pytest.approx(1.0 + EMA_WEIGHT * (OUTLIER_CAP - 1) * 1.0)
+    assert payback.traces(model, shape, 1000, kept=True)
+    for _ in range(5):  # a way that stays slower is followed, OUTLIER_CAP at a time
+        payback.note_traced(model, shape, 100.0)
+    assert not payback.traces(model, shape, 1000, kept=True)
