@@ -23,6 +23,7 @@ from bench import demo
 from bench.experiments import generate_speed, prefix_cache, serve_speed
 from bench.standalone import huge_pages_one_off
 from bench.standalone.greedy_argmax import GreedyArgmaxConfig
+from bench.standalone.kernels_in_step import KernelsInStepConfig
 from bench.standalone.serve_cpu_split import ServeCpuSplitConfig
 from bench.standalone.stop_time import StopTimeConfig
 from bench.standalone.stream_interval import StreamIntervalConfig
@@ -47,7 +48,8 @@ TOOLS = {"train.py": train.TrainConfig, "sample.py": sample.SampleConfig, "pytho
          # the measurements run by hand (bench/standalone/)
          "bench.standalone.greedy_argmax": GreedyArgmaxConfig, "bench.standalone.serve_cpu_split": ServeCpuSplitConfig,
          "bench.standalone.huge_pages_one_off": huge_pages_one_off.Config,
-         "bench.standalone.stop_time": StopTimeConfig, "bench.standalone.stream_interval": StreamIntervalConfig}
+         "bench.standalone.stop_time": StopTimeConfig, "bench.standalone.stream_interval": StreamIntervalConfig,
+         "bench.standalone.kernels_in_step": KernelsInStepConfig}
 VALUES = ("0", "-1", "1", "90", "1e309", "nan", "inf", "0.5", "", "--", "-", "=", "yes", "auto", "builtin", "none")
 
 
@@ -174,11 +176,14 @@ def test_a_llama_server_that_cannot_run_is_one_error_line_before_any_measuring(p
     ("stream_interval", ["--intervals-ms", "1000.5"], "error: --intervals-ms must be at most 1000, got 1000.5"),
     ("stream_interval", ["--requests", "0"], "error: --requests must be at least 1, got 0"),
     ("stream_interval", ["--device", "nonsense"], "error: --device 'nonsense' is not a device"),
-    ("stream_interval", ["--device", "meta"], "error: --weights int8 runs PyTorch's int8 kernels, which are CPU-only")])
+    ("stream_interval", ["--device", "meta"], "error: --weights int8 runs PyTorch's int8 kernels, which are CPU-only"),
+    ("kernels_in_step", ["--new-tokens", "2000"],
+     "error: --new-tokens 2000 after a 32-token prompt exceeds the 1024 positions of gpt2; ask for at most 992"),
+    ("kernels_in_step", ["--rows", "0"], "error: --rows must be at least 1, got 0")])
 def test_a_standalone_measurement_refuses_settings_before_measuring_and_writes_nothing(tool, argv, line, tmp_path,
                                                                                        capsys):
-    """Settings that time nothing (greedy_argmax) or that no server can take (stream_interval): one error line
-    before a host rate is measured or a server started, and no results file."""
+    """Settings that time nothing (greedy_argmax), that no server can take (stream_interval) or no model holds
+    (kernels_in_step): one error line before a host rate is measured or a server started, and no results file."""
     main = importlib.import_module(f"bench.standalone.{tool}").main
     with pytest.raises(SystemExit) as stopped:
         main([*argv, "--results-dir", str(tmp_path)])
