@@ -7,6 +7,8 @@ mode.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from decode.cuda_graph import CapturedSteps
@@ -45,6 +47,14 @@ def cache_dtype(model: torch.nn.Module) -> torch.dtype:
     """The KV cache's dtype: that of the model's float weights (an int8 model keeps float norms and embeddings,
     and computes in float32)."""
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """Auto's way for one step after the prompt, and what its time is noted under (decode/trace_payback.py)."""
+    traced: bool
+    kept: bool  # whether the trace was made already
+    shape: tuple
 
 
 class DecodeSteps:
@@ -94,9 +104,13 @@ class DecodeSteps:
         (a few tokens per row) run as the mode says.  `tokens_left`: how many steps the caller has yet to run,
         this one included, for auto to judge whether a trace would be repaid (None: as many as will come, as for
         the server, whose traces serve its whole life)."""
+        judged = self._judge(cache, inputs, tokens_left)
         if cache.length > 0 and self.threads is not None:
-            return self.threads.run(tuple(inputs.shape), lambda: self._step(cache, inputs, positions, tokens_left))
-        return self._step(cache, inputs, positions, tokens_left)
+            # Each way's steps inform the thread count apart: an eager step among traced ones (auto times the way
+            # not taken now and then) would read as a slow spell of the count, and move the traced steps off it.
+            key = tuple(inputs.shape) if judged is None else (*inputs.shape, judged.traced)
+            return self.threads.run(key, lambda: self._step(cache, inputs, positions, judged))
+        return self._step(cache, inputs, positions, judged)
 
     def release_threads(self) -> None:
         """Give the caller its thread count back: the steps leave the count they chose set between them
@@ -104,11 +118,11 @@ class DecodeSteps:
         if self.threads is not None:
             self.threads.release()
 
-    def _step(self, cache: KVCache, inputs: torch.Tensor, positions: int, tokens_left: int | None) -> torch.Tensor:
-        if cache.length > 0 and self.traced is not None:
-            if not self.trace_when_repaid or tokens_left is None:  # the server's traces serve its whole life
-                return self.traced.step(cache, inputs)[:, -positions:]
-            return self._repaid_step(cache, inputs, positions, tokens_left)
+    def _step(self, cache: KVCache, inputs: torch.Tensor, positions: int, judged: _Judged | None) -> torch.Tensor:
+        if judged is not None:
+            return self._judged_step(cache, inputs, positions, judged)
+        if cache.length > 0 and self.traced is not None:  # explicit `traced`, or the server's: traced for good
+            return self.traced.step(cache, inputs)[:, -positions:]
         if cache.length > 0 and self.captured is not None:
             return self.captured.step(cache, inputs)[:, -positions:]
         return self._eager(cache, inputs, positions)
@@ -120,16 +134,23 @@ class DecodeSteps:
         # The output head on the last positions only: the first pass also feeds the whole prompt.
         return self.model.lm_head(hidden[:, -positions:])[..., :self.model.config.vocab_size]
 
-    def _repaid_step(self, cache: KVCache, inputs: torch.Tensor, positions: int, tokens_left: int) -> torch.Tensor:
-        """Auto's step after the prompt: traced when the trace is kept and faster, or will be repaid by the tokens
-        left; eager otherwise.  Either way timed, for the next decisions."""
+    def _judge(self, cache: KVCache, inputs: torch.Tensor, tokens_left: int | None) -> _Judged | None:
+        """Auto's way for a step after the prompt: traced when the trace is kept and faster, or will be repaid by
+        the tokens left; eager otherwise.  None where nothing is judged: the prompt, a mode without traces, an
+        explicit `traced`, and the server's steps (`tokens_left` None), whose traces serve its whole life."""
+        if cache.length == 0 or self.traced is None or not self.trace_when_repaid or tokens_left is None:
+            return None
         payback = trace_payback.PAYBACK
         key = self.traced.key_for(cache, inputs)
         kept = key in self.traced.traces
         shape = (*key, self.traced.threads)  # a step's timings depend on the threads its trace is made for
         # the eager steps the process ran at this shape before these steps (a call's) were made
         earlier = self._eager_before.setdefault(shape, payback.timings(self.model, shape).eager_seen)
-        traced = payback.traces(self.model, shape, tokens_left, kept, earlier)
+        return _Judged(payback.traces(self.model, shape, tokens_left, kept, earlier), kept, shape)
+
+    def _judged_step(self, cache: KVCache, inputs: torch.Tensor, positions: int, judged: _Judged) -> torch.Tensor:
+        """The step as `_judge` said, timed for the next judgements."""
+        payback, traced, kept, shape = trace_payback.PAYBACK, judged.traced, judged.kept, judged.shape
         start = payback.clock()
         logits = self.traced.step(cache, inputs)[:, -positions:] if traced else self._eager(cache, inputs, positions)
         seconds = payback.clock() - start

@@ -279,3 +279,17 @@ def test_one_step_slowed_by_another_program_does_not_turn_a_kept_trace_into_the_
     for _ in range(5):  # a way that stays slower is followed, OUTLIER_CAP at a time
         payback.note_traced(model, shape, 100.0)
     assert not payback.traces(model, shape, 1000, kept=True)
+
+
+def test_the_thread_count_is_informed_by_each_way_s_steps_apart(timed, monkeypatch):
+    # decode/step_threads.py times each step to choose its thread count: an eager step among traced ones would read
+    # as a slow spell of the count the traced steps run with
+    keys, real_run = [], decode.step_threads.StepThreads.run
+
+    def recording(self, shape, step):
+        keys.append(shape)
+        return real_run(self, shape, step)
+
+    monkeypatch.setattr(decode.step_threads.StepThreads, "run", recording)
+    generate(timed, prompt(), greedy(int(REPAID_AFTER) + 4))  # eager steps, then traced ones from the third
+    assert keys[:3] == [(2, 1, False), (2, 1, False), (2, 1, True)] and set(keys[2:]) == {(2, 1, True)}
