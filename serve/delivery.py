@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from typing import Any, Callable
 
 # (deliver, its argument, what to call instead when the loop has closed)
@@ -36,7 +37,8 @@ class Delivery:
         self.clock = clock
         self.pending: dict[asyncio.AbstractEventLoop, list[Pending]] = {}
         self.urgent: set[asyncio.AbstractEventLoop] = set()
-        self.handed_at: dict[asyncio.AbstractEventLoop, float] = {}  # each loop's last hand-over
+        # each loop's last hand-over, forgotten with the loop (a test client, say, makes a loop per client)
+        self.handed_at: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def send(self, loop: asyncio.AbstractEventLoop, deliver: Callable[[Any], None], argument: Any,
              undeliverable: Callable[[], None], urgent: bool = False) -> None:

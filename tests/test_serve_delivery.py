@@ -3,6 +3,7 @@ but for ends and first tokens; a closed loop cancels."""
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 import torch
@@ -43,6 +44,16 @@ def test_one_call_per_loop_per_flush_in_order():
     assert [e for e in got if e[0] == "b"] == [("b", 0), ("b", 1), ("b", 2)]
     delivery.flush()  # nothing pending: no call
     assert first.calls == second.calls == 1
+
+
+def test_a_loop_that_is_gone_is_forgotten():
+    delivery, loop = Delivery(interval_s=1.0), CountingLoop()
+    delivery.send(loop, lambda _: None, 0, lambda: None)
+    delivery.flush()
+    assert list(delivery.handed_at) == [loop]
+    del loop
+    gc.collect()
+    assert len(delivery.handed_at) == 0 and delivery.pending == {}
 
 
 def test_a_closed_loop_cancels_what_was_sent_to_it():
