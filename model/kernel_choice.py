@@ -113,7 +113,7 @@ class KernelChoices:
         log.info("kernels of %d shapes %s: the step took %.3f ms with them, %.3f ms with the defaults",
                  len(shapes), "kept" if final is timed else "replaced by the defaults", best["timed"] * 1e3,
                  best["default"] * 1e3)
-        if self.kept is not None:
+        if self.kept is not None and final is defaults:  # `choose` kept the timed ones already
             for shape, kernel in final.items():
                 self.kept.put(host_key(shape), kernel)
         return final

@@ -198,13 +198,18 @@ class PackedLinear(nn.Module):
                 kernel = default_kernel(rows, self.out_features, parts)
         return product(kernel, x, self.weight, self.bias, parts)
 
-    def _candidates(self, rows: int, parts: int) -> dict:
-        """Each kernel that fits, as a call running it over this layer's weight and others of its shape in turn
-        (MEASURED_BYTES in all), on rows of random values (the values do not change a product's time)."""
+    def timed_weights(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """The (weight, bias) pairs a candidate's timed round runs over: this layer's and others of its shape, as
+        many as fill MEASURED_BYTES (at least this one)."""
         siblings = [(self.weight, self.bias)] + [(w, b) for w, b in _BY_SHAPE[self._shape()].items()
                                                  if w is not self.weight]
         each = self.weight.numel() * self.weight.element_size()
-        weights = siblings[:max(1, MEASURED_BYTES // each)]
+        return siblings[:max(1, MEASURED_BYTES // each)]
+
+    def _candidates(self, rows: int, parts: int) -> dict:
+        """Each kernel that fits, as a call running it over `timed_weights` in turn, on rows of random values (the
+        values do not change a product's time)."""
+        weights = self.timed_weights()
         x = torch.randn(rows, self.in_features)
         kernels = [k for k in KERNELS if _splits(self.out_features, parts) or not k.startswith("blocked")]
         return {k: functools.partial(_over, k, x, weights, parts) for k in kernels}

@@ -28,7 +28,7 @@ from model import packed_linear
 from model.config import PRESETS, preset
 from model.gpt import GPT
 from model.kernel_choice import KernelChoices
-from model.packed_linear import MEASURED_BYTES, PackedLinear, default_kernel, pack_for_inference
+from model.packed_linear import PackedLinear, default_kernel, pack_for_inference
 from runtime import huge_pages
 from runtime.cli import check_options, entry_point, option, parse_config
 from runtime.errors import UserError
@@ -61,7 +61,7 @@ class KernelAtShape:
     kernel: str
     default: bool  # the default rule's kernel at this shape
     alone_us: float  # the chooser's timing: its fastest round, per product (a round runs `products_per_round`)
-    products_per_round: int  # the model's layers of this shape whose weights fill MEASURED_BYTES, at least one
+    products_per_round: int  # PackedLinear.timed_weights: layers of this shape filling MEASURED_BYTES, at least one
     step_tokens_per_s: Spread  # the step with this kernel here and the default rule elsewhere, over the rounds
     step_over_default: float  # median of per-round ratios against the default rule everywhere (1.0 for the default)
 
@@ -86,15 +86,11 @@ def run(cfg: KernelsInStepConfig) -> KernelsInStep:
     model = GPT(preset(cfg.model)).eval()
     print(pack_for_inference(model), flush=True)
     threads = torch.get_num_threads()
-    layers, counts = {}, {}  # (in, out, bias) -> one of the model's layers of that shape, and how many there are
+    layers = {}  # (in, out, bias) -> one of the model's layers of that shape
     for module in model.modules():
         if isinstance(module, PackedLinear):
-            shape = (module.in_features, module.out_features, module.bias is not None)
-            layers.setdefault(shape, module)
-            counts[shape] = counts.get(shape, 0) + 1
-    # as PackedLinear._candidates times a kernel: over as many layers of the shape as fill MEASURED_BYTES
-    per_round = {shape: min(count, max(1, MEASURED_BYTES // (shape[0] * shape[1] * 4)))
-                 for shape, count in counts.items()}
+            layers.setdefault((module.in_features, module.out_features, module.bias is not None), module)
+    per_round = {shape: len(layer.timed_weights()) for shape, layer in layers.items()}  # products per timed round
     prompt = torch.randint(0, model.config.vocab_size, (cfg.rows, PROMPT_TOKENS),
                            generator=torch.Generator().manual_seed(0))
     params = SamplingParams(max_new_tokens=cfg.new_tokens, temperature=0, stop_at_eot=False)
