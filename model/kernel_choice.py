@@ -16,7 +16,10 @@ step ran faster with the choices.
 Timing the candidates is most of what a fresh process's first trace of a decode step costs (bench/by_hand.md,
 "kernel choices kept between processes"), and that cost decides whether a one-off call traces at all
 (decode/trace_payback.py), so each choice is also kept in a file (runtime/kept_file.py), keyed by the CPU, torch
-and the shape (rows, in, out, bias, threads), and a later process on this host takes it from there untimed:
+and the shape (rows, in, out, bias, threads), and a later process on this host takes it from there untimed.  A
+choice is written there only once the step has confirmed it or put the default in its place: a process stopped
+between the two (a Ctrl-C during its first trace) leaves the shape to be timed again, not a kernel the step
+never judged.
 
     $GPT2_KERNEL_CHOICES   the file (default .cache/kernel_choices.json in the project); `off` keeps nothing
 
@@ -72,7 +75,8 @@ class KernelChoices:
 
     def choose(self, shape: tuple, candidates: Callable[[], dict[str, Callable[[], object]]]) -> str:
         """The kernel for `shape`: the one chosen already, by this process or (kept) an earlier one, or the fastest
-        of `candidates()` (name -> a call that runs that kernel once at this shape), timed now and kept."""
+        of `candidates()` (name -> a call that runs that kernel once at this shape), timed now and kept for this
+        process (the file keeps it once `confirm` has judged it)."""
         chosen = self.chosen.get(shape)
         if chosen is None:
             runs = candidates()
@@ -90,20 +94,18 @@ class KernelChoices:
             self.unconfirmed.add(shape)
             log.info("kernel for %s: %s (%s)", shape, chosen,
                      ", ".join(f"{name} {seconds * 1e3:.3f} ms" for name, seconds in best.items()))
-            if self.kept is not None:
-                self.kept.put(host_key(shape), chosen)
         return chosen
 
     def confirm(self, step: Callable[[], object], default: Callable[[tuple], str]) -> dict[tuple, str]:
         """Keep the kernels timed since the last call only if `step` (a whole decode step, which runs every product
         of their shapes) is faster with them than with each shape's `default` kernel, the two timed in turns as
-        candidates are; else the defaults replace them, here and in the kept file.  Returns the kernels of the
-        shapes it judged."""
+        candidates are; else the defaults replace them.  Either way the kernels it settles on go into the kept
+        file.  Returns the kernels of the shapes it judged."""
         shapes, self.unconfirmed = sorted(self.unconfirmed), set()
         timed = {shape: self.chosen[shape] for shape in shapes}
         defaults = {shape: default(shape) for shape in shapes}
         if timed == defaults:
-            return timed
+            return self._keep(timed)
 
         def with_kernels(kernels: dict[tuple, str]) -> Callable[[], object]:
             return lambda: (self.chosen.update(kernels), step())
@@ -113,10 +115,13 @@ class KernelChoices:
         log.info("kernels of %d shapes %s: the step took %.3f ms with them, %.3f ms with the defaults",
                  len(shapes), "kept" if final is timed else "replaced by the defaults", best["timed"] * 1e3,
                  best["default"] * 1e3)
-        if self.kept is not None and final is defaults:  # `choose` kept the timed ones already
-            for shape, kernel in final.items():
+        return self._keep(final)
+
+    def _keep(self, kernels: dict[tuple, str]) -> dict[tuple, str]:
+        if self.kept is not None:
+            for shape, kernel in kernels.items():
                 self.kept.put(host_key(shape), kernel)
-        return final
+        return kernels
 
     def _time(self, runs: dict[str, Callable[[], object]]) -> dict[str, float]:
         names = list(runs)

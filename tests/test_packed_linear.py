@@ -81,7 +81,10 @@ def test_a_choice_is_kept_for_the_next_process_which_takes_it_untimed(tmp_path):
     def candidates():
         return {name: (lambda name=name: setattr(clock, "now", clock.now + costs[name])) for name in costs}
 
-    assert KernelChoices(clock=clock, kept=kept_choices(path)).choose((1, 8, 8), candidates) == "b"
+    first = KernelChoices(clock=clock, kept=kept_choices(path))
+    assert first.choose((1, 8, 8), candidates) == "b"
+    assert kept_choices(path).read() == {}  # not yet judged in a step: a process stopped here keeps nothing
+    assert first.confirm(lambda: None, lambda shape: "b") == {(1, 8, 8): "b"}  # the default: nothing to judge
     assert kept_choices(path).read() == {host_key((1, 8, 8)): "b"}
     later = KernelChoices(clock=lambda: pytest.fail("a kept choice is not timed again"), kept=kept_choices(path))
     assert later.choose((1, 8, 8), candidates) == "b"
@@ -89,6 +92,8 @@ def test_a_choice_is_kept_for_the_next_process_which_takes_it_untimed(tmp_path):
     costs = {"a": 1.0, "c": 2.0}  # b is no longer a candidate (another version's kernels): timed again, replaced
     again = KernelChoices(clock=clock, kept=kept_choices(path))
     assert again.choose((1, 8, 8), candidates) == "a" and set(again.timings[(1, 8, 8)]) == {"a", "c"}
+    assert kept_choices(path).read() == {host_key((1, 8, 8)): "b"}  # until the step has judged it
+    again.confirm(lambda: None, lambda shape: "a")
     assert kept_choices(path).read() == {host_key((1, 8, 8)): "a"}
     assert KernelChoices(clock=clock, kept=kept_choices(None)).choose((1, 8, 8), candidates) == "a"  # off
     assert [p.name for p in tmp_path.iterdir()] == ["choices.json"]
@@ -103,6 +108,7 @@ def test_a_kernel_faster_alone_is_kept_only_if_the_whole_step_runs_faster_with_i
     candidates = lambda: {name: (lambda name=name: setattr(clock, "now", clock.now + costs[name])) for name in costs}
     shapes = [(4, 8, 8), (4, 8, 16)]
     assert [choices.choose(shape, candidates) for shape in shapes] == ["b", "b"]
+    assert kept_choices(path).read() == {}  # nothing kept before the step has judged the choices
     steps = []
 
     def step():
@@ -119,6 +125,7 @@ def test_a_kernel_faster_alone_is_kept_only_if_the_whole_step_runs_faster_with_i
     assert choices.confirm(step, lambda shape: "a") == {} and steps == []  # nothing timed since: nothing to judge
     choices.choose((1, 8, 8), candidates)
     assert choices.confirm(step, lambda shape: "b") == {(1, 8, 8): "b"} and steps == []  # the default won alone
+    assert kept_choices(path).read()[host_key((1, 8, 8))] == "b"
 
 
 def test_the_key_holds_the_cpu_torch_the_whole_shape_and_that_choices_are_confirmed_in_a_step():
