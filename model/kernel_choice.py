@@ -72,6 +72,7 @@ class KernelChoices:
         self.chosen: dict[tuple, str] = {}
         self.timings: dict[tuple, dict[str, float]] = {}
         self.unconfirmed: set[tuple] = set()  # shapes timed since the last `confirm`
+        self.looked_up: set[tuple] = set()  # shapes whose kept entry `known` has read (found or not)
 
     def choose(self, shape: tuple, candidates: Callable[[], dict[str, Callable[[], object]]]) -> str:
         """The kernel for `shape`: the one chosen already, by this process or (kept) an earlier one, or the fastest
@@ -94,6 +95,19 @@ class KernelChoices:
             self.unconfirmed.add(shape)
             log.info("kernel for %s: %s (%s)", shape, chosen,
                      ", ".join(f"{name} {seconds * 1e3:.3f} ms" for name, seconds in best.items()))
+        return chosen
+
+    def known(self, shape: tuple, runnable: Callable[[str], bool]) -> str | None:
+        """The kernel for `shape` without timing anything: this process's choice, else the one an earlier process
+        kept (if `runnable` accepts it), else None, for the caller's default rule.  Products outside a trace's
+        choosing (eager decode steps) ask, so that they run what the traces run on this host; the file is read once
+        per shape."""
+        chosen = self.chosen.get(shape)
+        if chosen is None and self.kept is not None and shape not in self.looked_up:
+            self.looked_up.add(shape)
+            kept = self.kept.get(host_key(shape))
+            if kept is not None and runnable(kept):
+                chosen = self.chosen[shape] = kept
         return chosen
 
     def confirm(self, step: Callable[[], object], default: Callable[[tuple], str]) -> dict[tuple, str]:

@@ -8,7 +8,8 @@ GPT-2 124M's matrices faster, and a batched product over the weight cut into one
 still at one row; on a slower host ONNX Runtime's products (MLAS: the columns split across threads) kept up with
 more rows where oneDNN's did not.  So the kernel of each shape (rows, in, out, threads) is chosen by timing the
 candidates (`KERNELS`) on this host when a decode step is traced (decode/trace.py), once per host: the choice is
-kept for later processes (model/kernel_choice.py); shapes not timed run the default rule (`default_kernel`).
+kept for later processes (model/kernel_choice.py), whose eager steps run it too; a shape no trace on this host has
+timed runs the default rule (`default_kernel`).
 How the products compare per host: bench/standalone/decode_profile.py, and the whole step against ONNX Runtime and llama.cpp:
 bench/experiments/generate_speed.py.  The copies a kernel reads (oneDNN's packed weight, a transposed one) are
 derived and never saved: the module keeps the original parameter, so a tied head stays tied and checkpoints,
@@ -194,8 +195,9 @@ class PackedLinear(nn.Module):
             if getattr(_choosing, "on", False):
                 kernel = CHOICES.choose(shape, lambda: self._candidates(rows, parts))
                 _drop_unchosen_forms(self._shape())
-            else:
-                kernel = default_kernel(rows, self.out_features, parts)
+            else:  # what an earlier process's trace chose here, if any: a fixed rule is wrong on some hosts
+                kernel = (CHOICES.known(shape, lambda name: name in self._kernels(parts))
+                          or default_kernel(rows, self.out_features, parts))
         return product(kernel, x, self.weight, self.bias, parts)
 
     def timed_weights(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
@@ -211,8 +213,11 @@ class PackedLinear(nn.Module):
         values do not change a product's time)."""
         weights = self.timed_weights()
         x = torch.randn(rows, self.in_features)
-        kernels = [k for k in KERNELS if _splits(self.out_features, parts) or not k.startswith("blocked")]
-        return {k: functools.partial(_over, k, x, weights, parts) for k in kernels}
+        return {k: functools.partial(_over, k, x, weights, parts) for k in self._kernels(parts)}
+
+    def _kernels(self, parts: int) -> list[str]:
+        """The kernels that fit this layer with `parts` threads (the blocked ones need the rows to split evenly)."""
+        return [k for k in KERNELS if _splits(self.out_features, parts) or not k.startswith("blocked")]
 
     def forms(self) -> list[torch.Tensor]:
         """The derived copies of the weight kept now (those the chosen kernels read): a trace holds them as its

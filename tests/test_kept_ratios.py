@@ -12,6 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
 from hypothesis import given, strategies as st
 
 from model.kernel_choice import KernelChoices, host_key, kept_choices
@@ -164,6 +165,9 @@ def test_any_kernel_choices_file_gives_its_names_alone_and_a_choice_is_made_what
 def test_whatever_a_shape_s_kept_entry_holds_its_kernel_is_a_candidate_timed_unless_kept(value):
     shape, runs = (1, 2, 3), {"a": lambda: None, "b": lambda: None}
     with timings_file(json.dumps({host_key(shape): value}).encode()) as (folder, path):
+        # an eager product takes a kept name only if it can run it, and never times anything
+        untimed = KernelChoices(clock=lambda: pytest.fail("known() timed something"), kept=kept_choices(path))
+        assert untimed.known(shape, runs.__contains__) == (value if value in ("a", "b") else None)
         choices = KernelChoices(kept=kept_choices(path))
         chosen = choices.choose(shape, lambda: runs)
         assert chosen in runs

@@ -3,6 +3,7 @@ place, keeps gradients on the plain product, and a packed model decodes the unpa
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -162,6 +163,39 @@ def test_a_layer_times_the_candidates_only_while_choosing_and_keeps_only_the_cho
     assert set(packed_linear.CHOICES.timings[shape]) == set(fitting)
     for layer in layers:  # timed over the three layers' weights; the copies no chosen kernel reads are freed
         assert [tuple(f.shape) for f in layer.forms() if f.layout == torch.strided] == [(48, 80)]
+
+
+@needs_onednn
+def test_an_eager_product_runs_the_kernel_an_earlier_trace_kept_for_its_shape_untimed(monkeypatch, tmp_path):
+    """Outside a trace's choosing, a shape this process has not timed runs what the kept file names for it, where the
+    layer can run that kernel, and the default rule otherwise; nothing is timed."""
+    threads = torch.get_num_threads()
+    path = tmp_path / "choices.json"
+    kept = {host_key((4, 48, 80, True, threads)): "transposed",  # runnable: taken
+            host_key((4, 48, 81, True, threads)): "blocked" if threads > 1 else "no such kernel"}  # 81 rows: not
+    path.write_text(json.dumps(kept))
+    untimed = KernelChoices(clock=lambda: pytest.fail("an eager product timed kernels"), kept=kept_choices(path))
+    monkeypatch.setattr(packed_linear, "CHOICES", untimed)
+    ran = []
+    real_product = packed_linear.product
+
+    def recorded(kernel, *args):
+        ran.append(kernel)
+        return real_product(kernel, *args)
+
+    monkeypatch.setattr(packed_linear, "product", recorded)
+    torch.manual_seed(0)
+    x = torch.randn(4, 48)
+    layers = {out: nn.Linear(48, out) for out in (80, 81, 64)}  # kept and runnable; kept, not runnable here; not kept
+    with torch.inference_mode():
+        for linear in layers.values():
+            torch.testing.assert_close(PackedLinear(linear)(x), linear(x), rtol=1e-5, atol=1e-5)
+        assert ran == ["transposed", default_kernel(4, 81, threads), default_kernel(4, 64, threads)]
+        assert packed_linear.CHOICES.chosen == {(4, 48, 80, True, threads): "transposed"}
+        # each shape's entry is looked up once: later steps do not read the file (nor the CPU's name) again
+        monkeypatch.setattr(packed_linear.CHOICES.kept, "get", lambda key: pytest.fail(f"read {key} again"))
+        for linear in layers.values():
+            PackedLinear(linear)(x)
 
 
 @needs_onednn
