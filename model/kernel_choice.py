@@ -83,13 +83,10 @@ class KernelChoices:
             runs = candidates()
             if not runs:
                 raise ValueError(f"no kernel candidates for shape {shape}")
-            kept = None if self.kept is None else self.kept.get(host_key(shape))
-            if kept in runs:
-                chosen = self.chosen[shape] = kept
-                log.info("kernel for %s: %s (kept in %s)", shape, chosen, self.kept.path)
-                return chosen
+            kept = self.known(shape, runs.__contains__)
             if kept is not None:
-                log.info("the kept kernel %r is not a candidate for %s; timing them again", kept, shape)
+                log.info("kernel for %s: %s (kept in %s)", shape, kept, self.kept.path)
+                return kept
             best = self.timings[shape] = self._time(runs)
             chosen = self.chosen[shape] = min(best, key=best.get)
             self.unconfirmed.add(shape)
@@ -99,15 +96,18 @@ class KernelChoices:
 
     def known(self, shape: tuple, runnable: Callable[[str], bool]) -> str | None:
         """The kernel for `shape` without timing anything: this process's choice, else the one an earlier process
-        kept (if `runnable` accepts it), else None, for the caller's default rule.  Products outside a trace's
-        choosing (eager decode steps) ask, so that they run what the traces run on this host; the file is read once
-        per shape."""
+        kept (if `runnable` accepts it), else None: `choose` then times the candidates, and a product outside a
+        trace's choosing (an eager decode step) runs its default rule.  Eager steps so run what the traces run on
+        this host; the file is read once per shape."""
         chosen = self.chosen.get(shape)
         if chosen is None and self.kept is not None and shape not in self.looked_up:
             self.looked_up.add(shape)
             kept = self.kept.get(host_key(shape))
             if kept is not None and runnable(kept):
                 chosen = self.chosen[shape] = kept
+            elif kept is not None:
+                log.info("the kept kernel %r is not a candidate for %s; it is timed again when a trace chooses",
+                         kept, shape)
         return chosen
 
     def confirm(self, step: Callable[[], object], default: Callable[[tuple], str]) -> dict[tuple, str]:
