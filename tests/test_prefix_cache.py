@@ -322,3 +322,26 @@ def test_serve_writes_no_cache_tensor():
     found = {str(path): lines for path in python_files("serve") for lines in [cache_tensor_uses(path.read_text())]
              if lines}
     assert found == {}, "serve/ reaches a KV cache's tensors; ask model/kv_cache.py or decode/prefix_cache.py instead"
+
+
+def test_the_pair_that_collided_under_the_old_key_changes_no_other_requests_output(tmp_path):
+    """The 5-token heads whose 16-token blocks (each followed by the same 11 tokens) had equal 64-bit keys under
+    Python's hash(): sent as token ids in the attack's order, the victim's greedy text and echo log-probabilities
+    are those of a server without the cache."""
+    tail = [464, 3290, 286, 262, 995, 318, 257, 1332, 13, 198, 1870]
+    t1, t2 = [20008, 1495, 45671, 37560, 1] + tail, [20057, 35761, 699, 32680, 2] + tail
+    after = prompt(2 * BLOCK_TOKENS, 60)
+    checkpoint = save_small_artifact(tmp_path / "artifact", block_size=128, vocab_size=50257)
+    replies = []
+    for megabytes in (0, None):
+        config = ServeConfig(checkpoint=checkpoint, device="cpu", warm_up="one-row", prefix_cache_mb=megabytes)
+        with TestClient(create_app(config)) as client:
+            send = lambda ids, **more: client.post("/v1/completions", json={
+                "model": Path(checkpoint).name, "prompt": ids, "max_tokens": 8, "temperature": 0, "echo": True,
+                "logprobs": 1, **more}).json()["choices"][0]
+            send(t1 + [5])  # the victim's block is cached
+            send(t2 + after + [6])  # the attacker's colliding block, then what follows it
+            victim = send(t1 + after + [7])
+            replies.append((victim["text"], victim["logprobs"]["token_logprobs"][1:]))
+    assert replies[0][0] == replies[1][0]
+    assert replies[1][1] == pytest.approx(replies[0][1], abs=1e-4)
