@@ -68,7 +68,7 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
                      config.draft_tokens, pack_for_inference(draft))
         prefix_cache_bytes = (default_budget_bytes(model.config) if config.prefix_cache_mb is None
                               else config.prefix_cache_mb << 20)
-        log.info("prefix cache: %s", f"{prefix_cache_bytes / 2**20:.0f} MiB" if prefix_cache_bytes else "off")
+        log.info("prefix cache: %s", f"{prefix_cache_bytes / 2**20:.1f} MiB (--prefix-cache-mb)" if prefix_cache_bytes else "off")
         engine = Engine(model, device, config.max_batch_size, config.max_queue, config.request_timeout_s, metrics,
                         config.decode, draft, config.draft_tokens, prefix_cache_bytes,
                         config.stream_interval_ms / 1000)
