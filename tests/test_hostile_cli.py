@@ -36,6 +36,7 @@ from quantize.dynamic import QuantizeConfig
 from runtime.cli import ConfigFileError, flag, given_fields, parse_config
 from serve.config import ServeConfig
 from tests.config_toml import literal
+from runtime.errors import UserError
 from tests.hostile import attempt, examples
 
 CLI = "command line"
@@ -105,15 +106,24 @@ TOML_VALUES = ("0", "-1", "1", "90", "9223372036854775807", "-922337203685477580
 
 
 @st.composite
-def toml_lines(draw, cls) -> str:
-    """One line of a config file: a key (a field's, misspelt, with underscores, or any text) and a value (a TOML
-    literal, any typed value, or any text, which may not be TOML at all)."""
+def toml_entries(draw, cls) -> tuple[str, str]:
+    """A key (a field's, misspelt, with underscores, or any text) and a value (a TOML literal, any typed value, or any
+    text, which may not be TOML at all)."""
     name = draw(st.sampled_from(flags_of(cls)))[2:]
     key = draw(st.sampled_from((name, name, name.replace("-", "_"), name[:-1])) | st.text(max_size=10))
     value = draw(st.sampled_from(TOML_VALUES)
                  | st.one_of(st.integers(), st.floats(), st.booleans(), st.text(max_size=8)).map(literal)
                  | st.text(max_size=8))
+    return key, value
+
+
+def toml_line(key: str, value: str) -> str:
     return f"{json.dumps(key)} = {value}"
+
+
+def toml_lines(cls):
+    """One line of a config file (toml_entries)."""
+    return toml_entries(cls).map(lambda entry: toml_line(*entry))
 
 
 @pytest.mark.parametrize("prog", list(TOOLS))
@@ -140,6 +150,28 @@ def test_any_config_file_parses_or_is_one_error_line_naming_the_file(prog, data)
         if prog == "train.py":
             attempt(CONFIG_FILE, lambda: given_fields(cls, argv))
         assert path.read_bytes() == content  # read, never changed
+
+
+@pytest.mark.parametrize("prog", list(TOOLS))
+@examples(20)
+@given(data=st.data())
+def test_a_keys_spelling_with_dashes_or_underscores_changes_nothing(prog, data):
+    """The same file with its keys' dashes written as underscores reads the same, or is refused the same way, and an
+    unknown key's line suggests the same flag in either spelling."""
+    cls = TOOLS[prog]
+    entries = data.draw(st.lists(toml_entries(cls), max_size=4))
+    outcomes = []
+    with tempfile.TemporaryDirectory() as folder:
+        for name, spell in (("dashed", lambda key: key.replace("_", "-")),
+                            ("underscored", lambda key: key.replace("-", "_"))):
+            path = Path(folder) / f"{name}.toml"
+            text = "".join(toml_line(spell(key), value) + "\n" for key, value in entries)
+            path.write_bytes(text.encode("utf-8", "surrogatepass"))
+            try:
+                outcomes.append(parse_config(cls, "A tool.", ["--config", str(path)], prog=prog))
+            except (UserError, SystemExit) as e:  # the file's line, or a check across settings
+                outcomes.append(str(e).replace(str(path), "FILE").replace("_", "-"))
+    assert outcomes[0] == outcomes[1]
 
 
 @pytest.mark.parametrize("baseline", ["-o/tmp/x", "--remote=x", "no-such-revision", "HEAD:README.md", ""])
