@@ -116,6 +116,7 @@ MODULES = {
     # its own tests and the hostile suite, as issue 54 asks: tests/test_data.py's reach into it is those two's already
     "data/documents.py": Target(("tests/test_data_documents.py", *HOSTILE_DATA)),
     "data/local_files.py": Target(("tests/test_local_files.py", *DATA_TESTS), only=LOCAL_FILE_CHECKS),
+    "decode/prefix_cache.py": Target(("tests/test_prefix_cache.py", "tests/test_hostile_cache_salt.py")),
     # issue 71: the doors' sampling knobs (logit_bias's keys and values), kept files, compressed streams
     "decode/request_sampling.py": Target(("tests/test_logit_adjust.py",
                                           "tests/test_sample.py::test_bad_bias_and_penalty_flags_are_one_line_naming_"
@@ -147,6 +148,11 @@ class Planted:
 
 
 PLANTED = (
+    Planted("a prefix-cache block key leaves out the block's last token", "decode/prefix_cache.py",
+            "for t in tokens)).digest()", "for t in tokens[:-1])).digest()", ("tests/test_prefix_cache.py",)),
+    Planted("a prefix-cache store files blocks behind a key that holds another block", "decode/prefix_cache.py",
+            "if held is not None and (held.parent != parent or held.tokens != tokens):\n                return",
+            "if False:\n                return", ("tests/test_prefix_cache.py",)),
     Planted("a deeply nested JSON line's RecursionError is no longer an error line", "runtime/parsed.py",
             "except (RecursionError, ValueError) as e:", "except ValueError as e:", ("tests/test_hostile_data.py",)),
     # issue 71's: each survived every test before it
