@@ -222,9 +222,9 @@ def line_settings(entry: dict) -> dict:
             wanted = "an integer" if key in INTEGER_SETTINGS else "a number"
             raise SampleError(f"{key} must be {wanted}{' or null' if key in OPTIONAL_SETTINGS else ''}, "
                               f"got {shown(value)}")
-        if isinstance(value, int) and (key in INTEGER_SETTINGS and value.bit_length() > 64
-                                       or key not in INTEGER_SETTINGS and value.bit_length() > 1000):
-            # a bound far past every setting's, which a float cannot hold at all past 1024 bits
+        if isinstance(value, int) and key != "seed" and value.bit_length() > (64 if key in INTEGER_SETTINGS else 1000):
+            # far past every bound: a count torch takes as a C integer, or a number no float holds past 1024 bits
+            # (the seed's own check names its range)
             raise SampleError(f"{key} is out of range, got {shown(value)}")
     return settings
 

@@ -273,7 +273,7 @@ def test_files_naming_no_split_join_the_training_text(tmp_path, capsys):
 
 def test_the_data_line_counts_the_files_past_the_first_few(tmp_path):
     for i in range(5):
-        (tmp_path / f"part-{i}.txt").write_text("x" * 1500)
+        (tmp_path / f"part-{i}.txt").write_text(f"{i}" + "x" * 1499)  # not copies of one another, which are refused
     assert local_corpus(tmp_path).text_pass("train").origins["train"] == \
         "part-0.txt (2 KB), part-1.txt (2 KB), part-2.txt (2 KB) and 2 more (3 KB), less the passages carved out " \
         "for validation and test"

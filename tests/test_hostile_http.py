@@ -264,6 +264,7 @@ def raw_bodies(schema, path: str) -> list[bytes]:
     return [f'{smallest}, "{name}": {sign}{"9" * 5000}}}'.encode() for name in integer_fields(schema, path)
             for sign in ("", "-")] + [
         f'{smallest}, "logit_bias": {{"1": {"9" * 5000}}}}}'.encode(),
+        json.dumps({**SMALLEST_BODIES[path], "prompt": [0]}).replace("[0]", f'[1, {"9" * 5000}]').encode(),
         f'{smallest}, "stop": {"[" * 30_000}{"]" * 30_000}}}'.encode(),
         f'{"[" * 30_000}{"]" * 30_000}'.encode()]
 
@@ -275,3 +276,11 @@ def test_numbers_and_nesting_past_pythons_parsers_are_refused_never_a_server_err
         assert 400 <= response.status_code < 500, (body[:60], response.status_code, response.text[:300])
         check_error_body(response)
         assert not server_errors.records, [r.getMessage() for r in server_errors.records]
+
+
+def test_token_ids_past_pythons_digits_are_refused_by_the_token_endpoints(served_schema, server_errors):
+    for body in (f'{{"tokens": [1, {"9" * 5000}]}}'.encode(), f'{{"tokens": {"[" * 30_000}{"]" * 30_000}}}'.encode()):
+        response = served_schema["/detokenize"]["POST"].Case(body=body, media_type="application/json").call()
+        assert 400 <= response.status_code < 500, (body[:60], response.status_code, response.text[:300])
+        check_error_body(response)
+    assert not server_errors.records, [r.getMessage() for r in server_errors.records]
