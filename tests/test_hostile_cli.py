@@ -24,7 +24,9 @@ from bench.experiments import generate_speed, prefix_cache, serve_speed
 from bench.standalone import huge_pages_one_off
 from bench.standalone.greedy_argmax import GreedyArgmaxConfig
 from bench.standalone.kernels_in_step import KernelsInStepConfig
+from bench.standalone.multi_device import MultiDeviceConfig
 from bench.standalone.serve_cpu_split import ServeCpuSplitConfig
+from bench.standalone.shard_memory import ShardMemoryConfig
 from bench.standalone.stop_time import StopTimeConfig
 from bench.standalone.stream_interval import StreamIntervalConfig
 from bench.eval.scorecard import LeaderboardConfig
@@ -50,7 +52,8 @@ TOOLS = {"train.py": train.TrainConfig, "sample.py": sample.SampleConfig, "pytho
          "bench.standalone.greedy_argmax": GreedyArgmaxConfig, "bench.standalone.serve_cpu_split": ServeCpuSplitConfig,
          "bench.standalone.huge_pages_one_off": huge_pages_one_off.Config,
          "bench.standalone.stop_time": StopTimeConfig, "bench.standalone.stream_interval": StreamIntervalConfig,
-         "bench.standalone.kernels_in_step": KernelsInStepConfig}
+         "bench.standalone.kernels_in_step": KernelsInStepConfig,
+         "bench.standalone.shard_memory": ShardMemoryConfig, "bench.standalone.multi_device": MultiDeviceConfig}
 VALUES = ("0", "-1", "1", "90", "1e309", "nan", "inf", "0.5", "", "--", "-", "=", "yes", "auto", "builtin", "none")
 
 
