@@ -1,7 +1,7 @@
 """Hand-written Megatron-style tensor parallelism for the single-device GPT.
 
 `apply_tensor_parallel(model, tp_group)` takes a full GPT built (or loaded) on every rank from the
-same seed and replaces, in place and in the order of `TP_PLAN`, each listed module by its parallel
+same seed, or one built empty on the meta device (whose slices parallel/materialize.py fills after), and replaces, in place and in the order of `TP_PLAN`, each listed module by its parallel
 counterpart holding only this rank's slice of the full weights, so the parallel model is the same
 function as the single-device one.  Attention heads are split across ranks (the fused [q|k|v]
 projection per head, not contiguously), the MLP is column- then row-parallel: one all-reduce per
@@ -175,7 +175,7 @@ class TensorParallelGPT(nn.Module):
 
 
 def apply_tensor_parallel(model: GPT, tp_group, meter: CommsMeter | None = None) -> TensorParallelGPT:
-    """Shard `model` (full weights, identical on every rank) in place following TP_PLAN."""
+    """Shard `model` (full weights, identical on every rank, or meta tensors) in place following TP_PLAN."""
     rank, n = dist.get_rank(tp_group), dist.get_world_size(tp_group)
     layout: dict[str, ShardSpec] = {}
     for pattern, style in TP_PLAN.items():

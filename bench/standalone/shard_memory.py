@@ -82,7 +82,10 @@ def measure(mode: str, world: int, model: str, batch: int, block: int, steps: in
     shutil.rmtree(out_dir, ignore_errors=True)  # this script's own scratch run from last time
     config = TrainConfig(model=model, block_size=block, batch_size=batch, max_steps=steps, parallel=mode,
                          tp_size=dims.tp, warmup_steps=1, log_interval=1, eval_interval=steps, eval_batches=1,
-                         final_eval_batches=1, curves=False, device="cpu", out_dir=str(out_dir))
+                         final_eval_batches=1, curves=False, device="cpu", out_dir=str(out_dir),
+                         # A first step that takes half the stop's grace is saved at once (Trainer.anchors_stops), and
+                         # that save's consolidation on rank 0 would be the peak: a grace no step here reaches.
+                         stop_grace_s=24 * 3600.0)
     load_before = os.getloadavg()
     built = measure_build(dataclasses.replace(config, out_dir=str(out_dir) + "_build"), world, threads, timeout_s)
     run = run_train(out_dir, config, nproc=world, threads=threads, timeout_s=timeout_s)
