@@ -4,8 +4,8 @@ A decoding step is a chain of small parallel products, each ending at a barrier 
 the slowest.  On a machine the process has to itself, all cores are fastest.  Beside another busy program (a
 training job, a notebook, another service), the operating system deschedules one of the step's threads now and
 then, and every product waits for it: on 2 cores with one kept busy, 2 threads decoded slower than 1
-(`python -m bench.experiments generate_speed`, its busy-core rows), and on the same 2 cores under a load of 9 a
-traced batch-1 step made 1 token/s on 2 threads against 5 to 7 on 1 (issue 70's probe).
+(`python -m bench.experiments generate_speed`, its busy-core rows; `python -m bench.experiments user_start` sets
+this rule against all threads at every step, through a busy spell).
 
 The count is read from the host, not from past steps: each step runs with as many threads as other programs left
 cores free over the last WINDOW_S (runtime/host_load.py), rounded, at least one and at most the process's count.
