@@ -1,4 +1,4 @@
-"""How many CPU threads a decoding step runs with: the cores other programs left free over the last half second.
+"""How many CPU threads a decoding step runs with: the cores other programs left free over the last quarter second.
 
 A decoding step is a chain of small parallel products, each ending at a barrier where every thread waits for
 the slowest.  On a machine the process has to itself, all cores are fastest.  Beside another busy program (a
@@ -11,7 +11,7 @@ The count is read from the host, not from past steps: each step runs with as man
 cores free over the last WINDOW_S (runtime/host_load.py), rounded, at least one and at most the process's count.
 An earlier rule chose the count whose running mean of step times was lowest, trying the others ever more rarely;
 steps timed while six processes warmed up together kept it on fewer threads long after the host was quiet
-(issue 70).  The host's counters forget a load half a second after it ends, and reading them costs no step.
+(issue 70).  The host's counters forget a load a quarter second after it ends, and reading them costs no step.
 
 The chosen count stays set between steps, for the sampling and bookkeeping in between (and a server's next prompt):
 a parallel operator there on all threads wakes the threads the step left idle, and OpenMP's idle threads spin a
