@@ -73,7 +73,7 @@ class Call:
     end_s: float
     tokens_per_s: float  # new tokens (all rows) / the whole call
     span: str
-    threads: int  # the thread count the call's steps left set
+    threads: int  # the thread count the call's steps ran with (the median over its steps)
     load_average_1m: float
 
 
