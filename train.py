@@ -80,7 +80,9 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> EvalRecord:
 # message (training/stop_signals.py).
 @entry_point(interrupted="while starting; nothing was saved in this run")
 def main(argv=None) -> None:
-    train(parse_config(TrainConfig, __doc__, argv), given_fields(TrainConfig, argv))
+    cfg, given = parse_config(TrainConfig, __doc__, argv), given_fields(TrainConfig, argv)
+    cfg.check_model_named(given)
+    train(cfg, given)
 
 
 if __name__ == "__main__":

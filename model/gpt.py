@@ -107,10 +107,20 @@ class GPT(nn.Module):
         # Activation checkpointing is switched on by the trainer; the model only obeys it.
         self.gradient_checkpointing = False
         self.apply(self._init_weights)
-        # GPT-2 scales the residual projections by 1/sqrt(2 * n_layer).
         for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+            if self.is_residual_projection(name):
+                self.init_residual_projection(p, config)
+
+    # The initialisation is written as these three steps (after each module's own default) so that
+    # model/deferred_init.py can replay it one parameter at a time for a model built on the meta device.
+    @staticmethod
+    def is_residual_projection(name: str) -> bool:
+        return name.endswith("c_proj.weight")
+
+    @staticmethod
+    def init_residual_projection(p: torch.Tensor, config: GPTConfig) -> None:
+        """GPT-2 scales the residual projections by 1/sqrt(2 * n_layer)."""
+        nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     @staticmethod
     def _init_weights(module):

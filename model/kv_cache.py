@@ -151,6 +151,21 @@ class KVCache:
         self.lengths[row] = end  # in place: a captured step reads this tensor
         self.reread_lengths()
 
+    def copy_columns(self, row: int, start: int, end: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Copies of row `row`'s keys and values at columns start..end-1, per layer (heads, end - start, head
+        size): what a prefix cache keeps of a prompt's block (decode/prefix_cache.py)."""
+        return ([k[row, :, start:end].clone() for k in self.k], [v[row, :, start:end].clone() for v in self.v])
+
+    def put_columns(self, row: int, start: int, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """Write per-layer `keys` and `values` (heads, n, head size) at row `row`'s columns start..start+n-1; the
+        row's length is left as it is (`advance` says when the written columns count)."""
+        end = start + keys[0].size(1)
+        if end > self.max_len:
+            raise ContextOverflow(f"KV cache holds {self.max_len} positions; columns up to {end} were to be written")
+        for layer, (k, v) in enumerate(zip(keys, values)):
+            self.k[layer][row, :, start:end] = k
+            self.v[layer][row, :, start:end] = v
+
     def clear_rows(self, first: int) -> None:
         """Rows `first` and after hold nothing (their keys and values are left, unread)."""
         self.lengths[first:] = 0

@@ -37,13 +37,12 @@ from prune.methods import METHODS, MaskedMethod, PruningMethod, ScoringInputs
 from prune.report import read_report, report_writers, round_row, round_summary, sparsity_counts
 from prune.schedule import sparsity_schedule
 from prune.source import resolve_dataset
-from prune.speed import SpeedSettings, round_noise_floor, sparse_format_verdict, speed_against_dense
+from prune.speed import SpeedSettings, judge_round, read_ratio, sparse_format_verdict, speed_against_dense
 from runtime.cli import entry_point, parse_config
 from runtime.device import choose_device, precision_policy
 from runtime.progress import Heartbeat, ProgressBar, duration
 from runtime.provenance import provenance
 from runtime.stopping import Stopped
-from runtime.timing import ratio_beside_floor
 from storage.artifact import artifact_writers, load_model, model_state_for_saving, write_folder_atomically
 from storage.claim import claim_output_folder
 from storage.meta import ArtifactMeta
@@ -82,6 +81,7 @@ class PruningRun:
         self.settings = FinetuneSettings(cfg.finetune_steps, cfg.lr, cfg.weight_decay, cfg.warmup_steps)
         self.speed = SpeedSettings(cfg.speed_batch, cfg.speed_seq_len, cfg.generation_tokens, cfg.speed_repeats)
         self.dense = copy.deepcopy(model).eval()  # the baseline every round is timed against
+        self.twin = copy.deepcopy(model).eval()  # timed beside it every round: that round's noise floor
         self.pruned_total = sum(t.numel() for t in method.pruned_tensors(model))
         self.all_total = sum(p.numel() for p in model.parameters())
         self.saved_round = 0  # the round whose checkpoint --out-dir holds (0: none of this run)
@@ -95,12 +95,14 @@ class PruningRun:
 
     def estimate_from_first_step(self, k: int, step_s: float, round_start: float, baseline: dict) -> None:
         """Round 1's first fine-tune step is the last unit of work not yet timed: a round is pruning, two
-        evaluations, the fine-tune steps and the speed check, each timed once by now."""
+        evaluations, the fine-tune steps and the speed check, each timed once by now (round 0's check timed two
+        models, a round's times three: dense, its copy and the pruned model, and a fourth with the CSR check)."""
         if k != 1 or self.beat is None:
             return
         timed = baseline["time_s"]
+        models = 4 if self.cfg.sparse_format_check and isinstance(self.method, MaskedMethod) else 3
         round_s = (time.perf_counter() - round_start) + timed["eval"] + step_s * (self.cfg.finetune_steps - 1) \
-            + timed["speed"] * (1.5 if self.cfg.sparse_format_check and isinstance(self.method, MaskedMethod) else 1)
+            + timed["speed"] * models / 2
         left = round_s * self.cfg.rounds - (time.perf_counter() - round_start)
         self.beat.expect(left, f"estimate: about {duration(round_s)} per round (first fine-tune step "
                                f"{duration(step_s)}), about {duration(time.perf_counter() - self.started + left)} for "
@@ -125,13 +127,13 @@ class PruningRun:
         return sparsity_counts(model, self.method.pruned_tensors(model), self.pruned_total, self.all_total)
 
     def baseline(self, model: GPT) -> dict:
-        """Round 0: the dense model's loss, and its speed against a copy of itself (the run's noise floor)."""
+        """Round 0: the dense model's loss, and its speed against a copy of itself (as every round's noise floor)."""
         start = time.perf_counter()
         self.doing("dense baseline: validation")
         row = round_row(0, 0.0, None, self.evaluate(model), 0, self.counts(model))
         evaluated = time.perf_counter()
         self.doing("dense baseline: the dense model timed against a copy of itself (the noise floor)")
-        row.update(speed_against_dense(self.dense, model, self.speed, self.device, with_csr=False))
+        row.update(speed_against_dense(self.dense, self.twin, None, self.speed, self.device, with_csr=False))
         end = time.perf_counter()
         row["time_s"] = {"eval": evaluated - start, "speed": end - evaluated, "total": end - start}
         return row
@@ -147,8 +149,10 @@ class PruningRun:
                 "eval": {"split": "validation", "batches": len(self.val_batches), "batch_size": cfg.batch_size,
                          "block_size": self.block},
                 "speed_settings": {**dataclasses.asdict(self.speed), "torch_threads": torch.get_num_threads(),
-                                   "method": "median of repeats after one warm-up; dense and pruned interleaved; "
-                                             "round 0 times two copies of the dense model (the noise floor)"},
+                                   "method": "median of repeats after one warm-up; dense, a copy of dense and pruned "
+                                             "interleaved in every round: the copy against dense is that round's "
+                                             "noise floor, and a ratio whose dense rate moved beyond it since the "
+                                             "previous round is marked not measurable"},
                 "finished": False}
 
     def dense_control(self) -> dict:
@@ -183,7 +187,7 @@ class PruningRun:
         row = round_row(k, sparsity, loss_after_pruning, val_loss, cfg.finetune_steps, self.counts(model))
         row.update(self.method.round_details(model))
         self.doing(f"round {k}/{cfg.rounds}: speed against the dense model")
-        row.update(speed_against_dense(self.dense, model, self.speed, self.device,
+        row.update(speed_against_dense(self.dense, self.twin, model, self.speed, self.device,
                                        with_csr=masks is not None and cfg.sparse_format_check))
         t5 = time.perf_counter()
         row["time_s"] = {"prune": t1 - t0, "finetune": t3 - t2, "eval": (t2 - t1) + (t4 - t3), "speed": t5 - t4,
@@ -227,13 +231,12 @@ def run(cfg: PruneConfig) -> dict:
         session = PruningRun(cfg, method, model, folder, dataset, block, device, precision)
         session.beat = beat
         entry = pruning_rounds(session, model, schedule, report)
-    final, baseline, floor = entry["rounds"][-1], entry["rounds"][0], entry["noise_floor"]
+    final, baseline = entry["rounds"][-1], entry["rounds"][0]
     print(f"wrote {out_dir}: pruned checkpoint (round {cfg.rounds}), prune_report.json, loss_vs_sparsity.png, "
           f"speed_vs_sparsity.png")
     print(f"dense val_loss {baseline['val_loss']:.4f} -> {final['val_loss']:.4f} at "
-          f"{final['sparsity_pruned_tensors']:.2%} sparsity; measured against the dense model: forward "
-          f"{ratio_beside_floor(final['forward_speedup'], floor)}, generation "
-          f"{ratio_beside_floor(final['generation_speedup'], floor)}"
+          f"{final['sparsity_pruned_tensors']:.2%} sparsity; measured against the dense model in the last round: "
+          f"forward {read_ratio(final, 'forward')}, generation {read_ratio(final, 'generation')}"
           f"{'; the zeros are stored dense, so the model does the same work' if isinstance(method, MaskedMethod) else ''}")
     if entry.get("sparse_format"):
         print(entry["sparse_format"]["summary"])
@@ -245,13 +248,13 @@ def pruning_rounds(session: PruningRun, model: GPT, schedule: list[float], repor
     report entry."""
     cfg, beat, out_dir, block = session.cfg, session.beat, session.out_dir, session.block
     baseline = session.baseline(model)
-    floor = round_noise_floor([baseline])
+    floor = baseline["noise_floor"]
     beat.say(f"dense: val_loss {baseline['val_loss']:.4f} on {len(session.val_batches)} batches of "
              f"{cfg.batch_size}x{block}, forward {baseline['forward_tokens_per_s']:,.0f} tokens/s, generation "
-             f"{baseline['generation_tokens_per_s']:,.1f} tokens/s; noise floor of this run's speed ratios +-{floor:.0%} "
-             f"(the dense model timed against a copy of itself: forward {baseline['forward_speedup']:.2f}x, "
-             f"generation {baseline['generation_speedup']:.2f}x)")
-    entry = {**session.describe(schedule), "rounds": [baseline], "noise_floor": floor}
+             f"{baseline['generation_tokens_per_s']:,.1f} tokens/s; noise floor now +-{floor:.0%} (the dense model timed "
+             f"against a copy of itself: forward {baseline['forward_speedup']:.2f}x, generation "
+             f"{baseline['generation_speedup']:.2f}x; every round measures its own beside its ratios)")
+    entry = {**session.describe(schedule), "rounds": [baseline]}
     if cfg.dense_control and cfg.finetune_steps:
         session.doing(f"dense control: {cfg.rounds * cfg.finetune_steps} fine-tune steps without pruning")
         entry["dense_control"] = session.dense_control()
@@ -264,6 +267,7 @@ def pruning_rounds(session: PruningRun, model: GPT, schedule: list[float], repor
         for k, sparsity in enumerate(schedule, start=1):
             started = time.perf_counter()
             model, masks, row = session.round(k, sparsity, model, masks, baseline)
+            judge_round(entry["rounds"][-1], row)
             entry["rounds"].append(row)
             entry["finished"] = k == cfg.rounds
             entry["sparse_format"] = sparse_format_verdict(entry["rounds"], session.device)
@@ -272,7 +276,7 @@ def pruning_rounds(session: PruningRun, model: GPT, schedule: list[float], repor
             session.doing(f"round {k}/{cfg.rounds}: saving")
             session.save(model, report, row)
             rounds_bar.update(1)
-            beat.say(round_summary(row, cfg.rounds, floor, stored_dense=isinstance(session.method, MaskedMethod)))
+            beat.say(round_summary(row, cfg.rounds, stored_dense=isinstance(session.method, MaskedMethod)))
             session.round_done(k, time.perf_counter() - started)
     except KeyboardInterrupt as e:  # SIGINT or SIGTERM (runtime/stopping.py): the entry point prints the line
         rounds_bar.close()

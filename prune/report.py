@@ -18,8 +18,8 @@ import matplotlib.pyplot as plt
 
 from model.gpt import GPT
 from prune.masks import count_nonzero
+from prune.speed import read_ratio
 from runtime.errors import UserError
-from runtime.timing import ratio_beside_floor
 
 REPORT_FILE = "prune_report.json"
 LOSS_PLOT = "loss_vs_sparsity.png"
@@ -60,15 +60,16 @@ def sparsity_counts(model: GPT, pruned_tensors: list[torch.Tensor], pruned_total
             "parameters": stored, "nonzero_parameters": all_nonzero, "parameters_original": all_total}
 
 
-def round_summary(row: dict, rounds: int, floor: float, stored_dense: bool) -> str:
-    """One round in a line.  Each speed ratio sits beside the run's noise floor (prune/speed.py's
-    `round_noise_floor`); `stored_dense`: the pruned weights are zeros in dense tensors (magnitude, wanda)."""
-    speed = (f"speed against dense: forward {ratio_beside_floor(row['forward_speedup'], floor)}, generation "
-             f"{ratio_beside_floor(row['generation_speedup'], floor)}")
+def round_summary(row: dict, rounds: int, stored_dense: bool) -> str:
+    """One round in a line.  Each speed ratio sits beside the round's own noise floor, or reads as not measurable
+    (prune/speed.py's `read_ratio`); `stored_dense`: the pruned weights are zeros in dense tensors (magnitude,
+    wanda)."""
+    speed = (f"speed against dense: forward {read_ratio(row, 'forward')}, generation "
+             f"{read_ratio(row, 'generation')}")
     if stored_dense:
         speed += " (the zeros are stored dense: the model does the same work)"
     if "csr" in row:
-        speed += f"; CSR forward {ratio_beside_floor(row['csr']['forward_speedup'], floor)}"
+        speed += f"; CSR forward {read_ratio(row, 'forward', row['csr']['forward_speedup'])}"
     return (f"round {row['round']}/{rounds}: sparsity {row['sparsity_pruned_tensors']:.2%} of the pruned tensors "
             f"({row['sparsity_all_params']:.2%} of all parameters), val_loss {row['val_loss_after_pruning']:.4f} "
             f"after pruning -> {row['val_loss']:.4f} after {row['finetune_steps']} fine-tune steps; {speed}")

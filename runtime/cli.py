@@ -221,8 +221,9 @@ def printable(text: str) -> str:
 
 
 CONFIG_FLAG = "--config"
-CONFIG_HELP = ("read settings from a TOML file: each key is a flag without its leading dashes (batch-size = 16, "
-               "compile = true, modes = [\"ddp\", \"tp\"]); a flag given on the command line overrides the file")
+CONFIG_HELP = ("read settings from a TOML file: each key is a flag without its leading dashes, with dashes or "
+               "underscores (batch-size = 16 or batch_size = 16, compile = true, modes = [\"ddp\", \"tp\"]); a flag "
+               "given on the command line overrides the file")
 
 
 class ConfigFileError(UserError):
@@ -296,13 +297,20 @@ def read_config_file(cls, path: Path) -> dict:
         raise ConfigFileError(f"{path}: not valid TOML: {printable(str(e))}") from None
     fields = {f.name.replace("_", "-"): f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
-    settings = {}
+    settings, spelt = {}, {}
     for key, value in table.items():
-        if key not in fields:
-            close = difflib.get_close_matches(key, list(fields), n=1)
+        # `max_steps` and `max-steps` name one key: the flags' spelling, and the one nanoGPT's, torchtitan's and
+        # Hugging Face's config files use.  Unknown, either is refused with the flag's spelling suggested.
+        dashed = key.replace("_", "-")
+        if dashed not in fields:
+            close = difflib.get_close_matches(dashed, list(fields), n=1)
             hint = f", did you mean {close[0]}?" if close else f"; {cls.__name__}'s keys are the flags of --help"
             raise ConfigFileError(f"{path}: unknown key {printable(key)!r}{hint}")
-        field = fields[key]
+        if dashed in spelt:
+            raise ConfigFileError(f"{path}: {printable(spelt[dashed])!r} and {printable(key)!r} set the same key; "
+                                  f"keep one")
+        spelt[dashed] = key
+        field = fields[dashed]
         problem, converted = _config_value(_base_type(hints[field.name]), value, field.metadata)
         if problem:
             raise ConfigFileError(f"{path}: {key} {problem}")

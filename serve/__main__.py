@@ -66,7 +66,7 @@ def main(argv=None) -> None:
     app = create_app(config)
     if not is_loopback(config.host):
         logging.getLogger("serve").warning("binding to %s: the server is reachable from other machines%s", config.host,
-                                           "" if app.state.server.api_key else f"; set {API_KEY_ENV} to require a key")
+                                           "" if app.state.server.api_keys else f"; set {API_KEY_ENV} to require a key")
     open_files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if config.max_connections + ACCEPTED_NOT_YET_REFUSED + FILES_BESIDES_CONNECTIONS > open_files:
         logging.getLogger("serve").warning("--max-connections %d is close to the open-file limit of %d (ulimit -n): "

@@ -13,15 +13,16 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
 import torch
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import PlainTextResponse
 
 from data.tokenizer import get_tokenizer
+from decode.prefix_cache import default_budget_bytes
 from model.packed_linear import pack_for_inference
 from runtime.device import choose_device
 from serve import routes_generate, routes_openai, routes_tokens
 from serve.body_limit import BodySizeLimit
-from serve.config import CHECKPOINT_ENV, ServeConfig, api_key_from_environment
+from serve.config import CHECKPOINT_ENV, ServeConfig, api_keys_from_environment
 from serve.docs import install_docs
 from serve.playground_page import install_playground
 from serve.rehearsal import rehearse
@@ -31,7 +32,7 @@ from serve.metrics import ServerMetrics
 from serve.request_log import RequestLog
 from serve.schemas import CompletionRequest, DetokenizeRequest, GenerateRequest, TokenizeRequest
 from serve.slow_clients import BodyReadDeadline
-from serve.state import ServerState, server_state
+from serve.state import ServerState, require_api_key, server_state
 from storage.artifact import load_model
 from storage.hub import resolve_checkpoint
 from storage.meta import CONFIG_FILE
@@ -44,7 +45,7 @@ T = TypeVar("T")
 def create_app(config: ServeConfig | None = None) -> FastAPI:
     """Load the model now (a bad checkpoint fails before the server binds); the engine starts with the app."""
     config = config or ServeConfig(checkpoint=os.environ.get(CHECKPOINT_ENV))
-    api_key = api_key_from_environment()
+    api_keys = api_keys_from_environment()
     if not logging.getLogger().handlers:
         # Uvicorn configures only its own loggers; the per-request lines need a handler too.
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -65,8 +66,11 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
             draft, draft_meta = load_model(draft_folder, device)
             log.info("draft: %s model from %s, %d tokens per step; %s", draft_meta.kind, config.draft,
                      config.draft_tokens, pack_for_inference(draft))
+        prefix_cache_bytes = (default_budget_bytes(model.config) if config.prefix_cache_mb is None
+                              else config.prefix_cache_mb << 20)
+        log.info("prefix cache: %s", f"{prefix_cache_bytes / 2**20:.1f} MiB (--prefix-cache-mb)" if prefix_cache_bytes else "off")
         engine = Engine(model, device, config.max_batch_size, config.max_queue, config.request_timeout_s, metrics,
-                        config.decode, draft, config.draft_tokens, config.prefix_cache_mb << 20,
+                        config.decode, draft, config.draft_tokens, prefix_cache_bytes,
                         config.stream_interval_ms / 1000)
         return engine, meta
 
@@ -76,7 +80,7 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     state = ServerState(config=config, engine=engine, metrics=metrics, checkpoint=folder,
                         artifact_kind=meta.kind, model_id=config.served_model_name or folder.resolve().name,
                         created=int((folder / CONFIG_FILE).stat().st_mtime), device=device,
-                        api_key=api_key)
+                        api_keys=api_keys)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -94,7 +98,9 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
     app.include_router(routes_openai.router)
     app.include_router(routes_tokens.router)
     app.add_api_route("/health", health, methods=["GET"])
-    app.add_api_route("/metrics", prometheus_metrics, methods=["GET"], response_class=PlainTextResponse)
+    # With keys set, /metrics needs one too: its prefix-cache counters would tell one client what another sent.
+    app.add_api_route("/metrics", prometheus_metrics, methods=["GET"], response_class=PlainTextResponse,
+                      dependencies=[Depends(require_api_key)])
     install_error_handlers(app, {"/generate": GenerateRequest, "/v1/completions": CompletionRequest,
                                  "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest},
                            config.max_body_bytes)
@@ -122,12 +128,12 @@ def off_the_main_thread(fn: Callable[[], T]) -> T:
 async def health(request: Request) -> dict:
     state = server_state(request)
     # /health needs no key: with one set, the folder's name only, not where it lives.
-    checkpoint = state.checkpoint.name if state.api_key else str(state.checkpoint)
+    checkpoint = state.checkpoint.name if state.api_keys else str(state.checkpoint)
     return {"status": "ok", "model_loaded": True, "artifact": state.artifact_kind, "checkpoint": checkpoint,
             "model": state.model_id, "device": str(state.device), "context": state.block_size,
             "vocab_size": state.vocab_size, "max_batch_size": state.config.max_batch_size,
             "batch_size": state.engine.batch_size, "queue_depth": state.engine.queue_depth,
-            "api_key_required": state.api_key is not None}
+            "api_key_required": bool(state.api_keys)}
 
 
 async def prometheus_metrics(request: Request) -> PlainTextResponse:

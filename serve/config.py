@@ -10,7 +10,8 @@ from runtime.cli import check_options, option
 from runtime.errors import UserError
 
 WARM_UP_CHOICES = ("all-rows", "one-row")
-# The environment variable that, when set, holds the API key every generation request must present.
+# The environment variable that, when set, holds the API key every generation request must present: one key, or
+# several separated by commas, one per client (each key's requests get prefix-cache blocks of their own).
 API_KEY_ENV = "GPT2_SERVE_API_KEY"
 # The environment variable the uvicorn app factory (`uvicorn --factory serve.app:create_app`) reads
 # the checkpoint folder from, since a factory takes no arguments.
@@ -21,19 +22,21 @@ class ServeConfigError(UserError, ValueError):
     """A server setting out of range; the message names it."""
 
 
-def api_key_from_environment() -> str | None:
-    """The key every generation request must present, or None when the variable is unset or empty.
+def api_keys_from_environment() -> tuple[str, ...]:
+    """The keys a generation request may present (any one of them), none when the variable is unset or empty.
 
-    Refused at startup unless it is printable ASCII with no space at either end: HTTP headers
-    carry ASCII (Starlette reads them as latin-1) and the server strips the presented key, so any
+    Refused at startup unless each is printable ASCII with no space or comma in it: HTTP headers carry ASCII
+    (Starlette reads them as latin-1), the server strips the presented key, and commas separate the keys, so any
     other key could never match and every request would get 401."""
-    key = os.environ.get(API_KEY_ENV) or None
-    if key is not None and (key != key.strip() or not all(" " <= c <= "~" for c in key)):
-        raise ServeConfigError(f"{API_KEY_ENV} must be printable ASCII with no space at either end (HTTP headers "
-                               f"cannot carry anything else, so no request could present it); choose a key of "
-                               f"letters, digits and punctuation, e.g. python -c 'import secrets; "
-                               f"print(secrets.token_urlsafe(32))'")
-    return key
+    value = os.environ.get(API_KEY_ENV) or ""
+    keys = tuple(value.split(",")) if value else ()
+    for key in keys:
+        if not key or not all(" " < c <= "~" for c in key):
+            raise ServeConfigError(f"{API_KEY_ENV} must hold keys of printable ASCII with no space, separated by "
+                                   f"commas with nothing empty between them (HTTP headers cannot carry anything "
+                                   f"else, so no request could present it); choose keys of letters, digits and "
+                                   f"punctuation, e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'")
+    return keys
 
 
 @dataclass
@@ -61,11 +64,12 @@ class ServeConfig:
                                       "capture per row count the batch is padded to, so that no request waits for "
                                       "one) or one-row (a faster start; each other count is made when a batch first "
                                       "reaches it, in that request's time)", choices=WARM_UP_CHOICES)
-    prefix_cache_mb: int = option(0, "prefix caching: keep the keys and values of recent prompts, up to this many "
-                                     "MiB, for prompts that start with the same tokens (serve/prefix_cache.py; 256 "
-                                     "holds ~3,400 tokens of GPT-2 124M); 0, the default, turns it off: measured, it "
-                                     "cut few-shot first tokens but slowed echo scoring (bench/results/prefix_cache)",
-                                  min=0)
+    prefix_cache_mb: int | None = option(None, "prefix caching: keep the keys and values of recent prompts, up to "
+                                               "this many MiB, for prompts that start with the same tokens "
+                                               "(decode/prefix_cache.py; only requests with the same API key and "
+                                               "cache_salt share them); default: room for two full contexts of the "
+                                               "served model; 0 turns it off (bench/REPORT.md, prefix caching, "
+                                               "measures both)", min=0)
     stream_interval_ms: float = option(20.0, "the least time between two hand-overs of streamed tokens to the event "
                                              "loop, whose wake-up and writes take the cores the steps need: tokens "
                                              "made sooner wait for a later step's; first tokens, ends and errors go "

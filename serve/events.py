@@ -62,6 +62,8 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     logprobs: int | None = None  # alternatives per position to report; None reports no log-probabilities
     echo: bool = False  # also score the prompt's own tokens
+    # Only requests with the same salt share prefix-cache blocks (decode/prefix_cache.py; serve/state.py derives it)
+    cache_salt: bytes = b""
     arrival: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
 

@@ -47,7 +47,7 @@ async def rehearse(app: FastAPI, state: ServerState) -> None:
     for path, body in REQUESTS:
         body = {k: state.model_id if k == "model" else v for k, v in body.items()}
         try:
-            status, reply = await _request(app, path, body, state.api_key)
+            status, reply = await _request(app, path, body, next(iter(state.api_keys), None))
         except Exception as e:  # Starlette re-raises a route's error after answering 500
             status, reply = 500, f"{type(e).__name__}: {e}".encode()
         if status != 200:

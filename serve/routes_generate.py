@@ -19,7 +19,7 @@ from serve.event_stream import EventStream
 from serve.logprobs import TokenReader, token_logprobs, token_logprobs_fields
 from serve.schemas import (GENERATE_EVENT, GenerateRequest, GenerateResponse, LatencyBody, SpeculativeBody,
                            error_responses, streamed_responses)
-from serve.state import require_api_key, server_state
+from serve.state import cache_salt, require_api_key, server_state
 from serve.submission import Submission, error_for
 
 router = APIRouter()
@@ -53,7 +53,7 @@ async def generate(body: GenerateRequest, request: Request):
     state.check_top_k(body.top_k)
     params = state.sampling(body.model_dump(include=set(SAMPLING_FIELDS)))
     submission = Submission(state.engine, [(prompt_ids, params, body.stop_strings)], state.config.retry_after_s,
-                            body.logprobs, streamed=body.stream)
+                            body.logprobs, streamed=body.stream, cache_salt=cache_salt(request, body.cache_salt))
     submission.submit()
     if not body.stream:
         [done] = await submission.results(request)

@@ -23,7 +23,7 @@ from serve.prompts import Prompt, completion_prompts
 from serve.schemas import (COMPLETION_EVENT, Completion, CompletionChoice, CompletionRequest,
                            CompletionTokensDetails, CompletionUsage, ModelCard, ModelList, error_responses,
                            streamed_responses)
-from serve.state import ServerState, require_api_key, server_state
+from serve.state import ServerState, cache_salt, require_api_key, server_state
 from serve.submission import Submission, error_for
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], responses=error_responses(401))
@@ -47,7 +47,8 @@ async def create_completion(body: CompletionRequest, request: Request):
     check_count(body, state)
     prompts = completion_prompts(body, state)
     jobs = completion_jobs(body, prompts, state)
-    submission = Submission(state.engine, jobs, state.config.retry_after_s, body.logprobs, body.echo, body.stream)
+    submission = Submission(state.engine, jobs, state.config.retry_after_s, body.logprobs, body.echo, body.stream,
+                            cache_salt(request, body.cache_salt))
     submission.submit()
     completion_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     prompt_texts = [prompt.text for prompt in prompts for _ in range(body.n)]  # choice order

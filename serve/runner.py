@@ -22,10 +22,10 @@ import torch
 
 from decode.steps import DecodeSteps
 from decode.sampling import sample_rows
+from decode.prefix_cache import PrefixCache, model_identity
 from decode.speculative import SpeculativeStats, check_draft, speculative_step
 from serve.events import REQUEST_FAILED, ErrorEvent, GenerationRequest
 from serve.metrics import ServerMetrics
-from serve.prefix_cache import PrefixCache
 from serve.sequence import Sequence
 from serve.slots import Slots, padded_rows
 
@@ -38,7 +38,7 @@ SPECULATIVE_LOG_INTERVAL_S = 30.0
 class Runner:
     def __init__(self, model: torch.nn.Module, device: torch.device, max_batch_size: int, metrics: ServerMetrics,
                  decode: str, draft: torch.nn.Module | None, draft_tokens: int, prefix_cache_bytes: int = 0):
-        """`prefix_cache_bytes`: the prefix cache's budget (serve/prefix_cache.py); 0, none."""
+        """`prefix_cache_bytes`: the prefix cache's budget (decode/prefix_cache.py); 0, none."""
         # With a draft, each model's passes as generate() runs them; the weights stay as loaded while they serve.
         speculative = draft is not None
         self.steps = DecodeSteps(model, device, decode, max_batch_size, speculative)
@@ -58,7 +58,7 @@ class Runner:
         # A request's prompt and new tokens fit the served model's context.
         self.slots = Slots([steps.new_cache(max_batch_size, model.config.block_size) for steps in self.all_steps])
         self.active: list[Sequence] = []  # active[i] lives in slot row i
-        self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
+        self.prefix_cache = PrefixCache(prefix_cache_bytes, model_identity(model)) if prefix_cache_bytes else None
 
     def join(self, request: GenerationRequest) -> None:
         """Prefill the prompt alone, sample the first token, and give the sequence a row."""
@@ -67,7 +67,7 @@ class Runner:
         prefills = [steps.new_cache(1, prompt.size(1)) for steps in self.all_steps]
         # With echo the prompt's own positions are scored too: logits at every position, not just the last.
         scored = seq.row.logprobs is not None and request.echo
-        logits = self._prefill(prefills[0], request.prompt_ids, prompt, scored)
+        logits = self._prefill(prefills[0], request, prompt, scored)
         if scored:
             seq.row.score_prompt(request.prompt_ids, logits[0])
         if seq.row.finished:  # no new tokens asked for: scoring only (echo), its answer ready as it starts
@@ -86,12 +86,13 @@ class Runner:
         self.slots.add(prefills, request.prompt_ids + [token])
         self.active.append(seq)
 
-    def _prefill(self, cache, ids: list[int], prompt: torch.Tensor, scored: bool) -> torch.Tensor:
+    def _prefill(self, cache, request: GenerationRequest, prompt: torch.Tensor, scored: bool) -> torch.Tensor:
         """The prompt's pass into its one-row `cache`: its logits, every position's when `scored`, else the last
-        one's; through the prefix cache when there is one (serve/prefix_cache.py)."""
+        one's; through the prefix cache when there is one (decode/prefix_cache.py), among the blocks of requests
+        with the same cache salt."""
         if self.prefix_cache is None:
             return self.steps.logits(cache, prompt, prompt.size(1) if scored else 1)
-        done = self.prefix_cache.prefill(self.model, cache, ids, scored)
+        done = self.prefix_cache.prefill(self.model, cache, request.prompt_ids, scored, request.cache_salt)
         if done.reused_tokens:
             self.metrics.prefix_hits.inc()
             self.metrics.prefix_reused_tokens.inc(done.reused_tokens)

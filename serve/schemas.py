@@ -31,6 +31,11 @@ LogitBias = Annotated[dict[str, Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MA
 Penalty = Annotated[float, Field(ge=-MAX_PENALTY, le=MAX_PENALTY, allow_inf_nan=False)]
 PRESENCE = ("subtracted from the logit of each token the completion has generated so far (OpenAI's "
             "presence_penalty; negative values encourage repeats)")
+MAX_CACHE_SALT_CHARS = 1024
+CACHE_SALT = ("prefix-cache isolation (as vLLM's field of that name): only requests with the same salt (and, on a "
+              "server with API keys, the same key) reuse each other's cached prompt blocks; send a long random "
+              "secret, e.g. 43 characters of base64, to keep your prompts' reuse to yourself")
+CacheSalt = Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT_CHARS, description=CACHE_SALT)]
 FREQUENCY = ("subtracted from each token's logit once per time the completion has generated it so far (OpenAI's "
              "frequency_penalty)")
 
@@ -60,6 +65,7 @@ class GenerateRequest(StrictBody):
     logit_bias: LogitBias | None = None
     presence_penalty: Penalty = Field(0.0, description=PRESENCE)
     frequency_penalty: Penalty = Field(0.0, description=FREQUENCY)
+    cache_salt: CacheSalt | None = None
 
     @property
     def stop_strings(self) -> list[str]:
@@ -116,6 +122,7 @@ class CompletionRequest(StrictBody):
         Annotated[list[TokenIds], Field(min_length=1)] = Field(
             description="a text, a list of texts, token ids (one tokenized prompt) or a list of token-id lists")
     best_of: int | None = Field(None, ge=1)
+    cache_salt: CacheSalt | None = None
     echo: bool = False
     frequency_penalty: Penalty = Field(0.0, description=FREQUENCY)
     logit_bias: LogitBias | None = None

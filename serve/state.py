@@ -1,6 +1,7 @@
 """What the routes share: the engine, the settings and what was loaded (kept on `app.state.server`)."""
 from __future__ import annotations
 
+import hashlib
 import hmac
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ class ServerState:
     model_id: str  # the name /v1/models lists and /v1/completions expects
     created: int  # when the artifact was written (Unix time), for /v1/models
     device: torch.device
-    api_key: str | None
+    api_keys: tuple[str, ...]  # any one of them admits a request; none, every request is admitted
 
     @property
     def block_size(self) -> int:
@@ -70,13 +71,33 @@ def server_state(request: Request) -> ServerState:
 
 
 def require_api_key(request: Request) -> None:
-    """When an API key is configured, accept `Authorization: Bearer KEY` (what the openai client sends) or `X-API-Key`."""
-    expected = server_state(request).api_key
-    if not expected:
+    """When API keys are configured, accept `Authorization: Bearer KEY` (what the openai client sends) or
+    `X-API-Key` with any one of them, and note which one: its requests' prefix-cache salt derives from it."""
+    keys = server_state(request).api_keys
+    if not keys:
         return
     scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
     # The scheme is case-insensitive (RFC 9110): "bearer KEY" is as good as "Bearer KEY".
-    given = credentials.strip() if scheme.lower() == "bearer" else request.headers.get("x-api-key", "")
-    if not hmac.compare_digest(given.encode(), expected.encode()):
+    given = (credentials.strip() if scheme.lower() == "bearer" else request.headers.get("x-api-key", "")).encode()
+    # Every key compared, each in constant time: the time taken says nothing of which key (or how much of one) matched.
+    matches = [hmac.compare_digest(given, key.encode()) for key in keys]
+    if not any(matches):
         raise APIError(401, "missing or wrong API key: send `Authorization: Bearer <key>` or `X-API-Key: <key>`",
                        code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+    request.state.api_key = keys[matches.index(True)]
+
+
+def cache_salt(request: Request, field: str | None) -> bytes:
+    """The request's prefix-cache salt (decode/prefix_cache.py): a digest of the API key it presented, when the
+    server has keys, and of its own `cache_salt` field, when it sends one.  Requests share cached blocks only when
+    both agree, so clients with different keys never reuse (or time, or count) each other's prompts, and clients of
+    one key can keep apart by sending salts of their own."""
+    key = getattr(request.state, "api_key", None)
+    if key is None and field is None:
+        return b""
+    digest = hashlib.sha256(b"gpt2-serve-cache-salt")
+    for part in (b"" if key is None else key.encode(), b"" if field is None else field.encode()):
+        digest.update(len(part).to_bytes(8, "little") + part)
+    # Whether a key or a field was present at all is part of the salt too.
+    digest.update(bytes([key is not None, field is not None]))
+    return digest.digest()

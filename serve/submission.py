@@ -22,15 +22,17 @@ from serve.errors import APIError, shutdown_error
 
 class Submission:
     def __init__(self, engine: Engine, jobs: list[tuple[list[int], SamplingParams, list[str]]], retry_after_s: int,
-                 logprobs: int | None = None, echo: bool = False, streamed: bool = True):
+                 logprobs: int | None = None, echo: bool = False, streamed: bool = True, cache_salt: bytes = b""):
         """`streamed`: read through `event_batches`, token by token; a submission that is not waits for the ends
-        alone (`results`), and its tokens never wake the event loop."""
+        alone (`results`), and its tokens never wake the event loop.  `cache_salt`: the client's prefix-cache
+        salt (ServerState.cache_salt)."""
         self.engine = engine
         self.streamed = streamed
         self.retry_after_s = retry_after_s
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
-        self.requests = [GenerationRequest(ids, params, functools.partial(self._deliver, i), stop, logprobs, echo)
+        self.requests = [GenerationRequest(ids, params, functools.partial(self._deliver, i), stop, logprobs, echo,
+                                           cache_salt=cache_salt)
                          for i, (ids, params, stop) in enumerate(jobs)]
         self.open = set(range(len(jobs)))
         self.submitted = False

@@ -9,9 +9,9 @@ import torch
 import torch.nn as nn
 from safetensors import safe_open
 from safetensors.torch import load_file
-from torch.overrides import TorchFunctionMode
 
 from model.config import GPTConfig
+from model.deferred_init import empty_model
 from model.gpt import GPT
 from runtime.errors import UserError
 
@@ -84,30 +84,6 @@ def in_dtype(tensor: torch.Tensor, dtype: torch.dtype, name: str, source: str) -
         return tensor.to(dtype)
     raise ArtifactError(f"{source}: tensor {name} is stored as {tensor.dtype} but the model needs {dtype}; the "
                         f"checkpoint is damaged")
-
-
-class _SkippedInitialisers(TorchFunctionMode):
-    """torch.nn.init's initialisers do nothing (they return their tensor as it is).  A mode is this thread's
-    alone: a model built on another thread meanwhile is initialised as usual."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in _INITIALISERS:
-            return args[0] if args else kwargs["tensor"]
-        return func(*args, **kwargs)
-
-
-_INITIALISERS = {getattr(nn.init, name) for name in ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_",
-                                                     "zeros_", "kaiming_uniform_", "kaiming_normal_",
-                                                     "xavier_uniform_", "xavier_normal_")}
-
-
-def empty_model(config: GPTConfig) -> GPT:
-    """A GPT of `config` on the meta device, for stored weights to fill.  No initialiser runs: a meta tensor holds
-    no values to draw, and torch runs an initialiser on it through its Python reference kernels, whose first call
-    imports torch._dynamo, the largest part of a small model's load (tests/test_storage.py checks it stays out)."""
-    with torch.device("meta"), _SkippedInitialisers():
-        return GPT(config)
 
 
 def model_from_weights(config: GPTConfig, state: dict[str, torch.Tensor], source: str = "weights") -> GPT:

@@ -116,6 +116,7 @@ MODULES = {
     # its own tests and the hostile suite, as issue 54 asks: tests/test_data.py's reach into it is those two's already
     "data/documents.py": Target(("tests/test_data_documents.py", *HOSTILE_DATA)),
     "data/local_files.py": Target(("tests/test_local_files.py", *DATA_TESTS), only=LOCAL_FILE_CHECKS),
+    "decode/prefix_cache.py": Target(("tests/test_prefix_cache.py", "tests/test_hostile_cache_salt.py")),
     "storage/folder.py": Target(("tests/test_folder_files.py", "tests/test_storage.py", "tests/test_claim.py",
                                   *hostile("tests/test_folder.py", omit=(
         "test_training_that_saves_every_step_is_undisturbed_by_a_reader_in_a_tight_loop",
@@ -134,6 +135,11 @@ class Planted:
 
 
 PLANTED = (
+    Planted("a prefix-cache block key leaves out the block's last token", "decode/prefix_cache.py",
+            "for t in tokens)).digest()", "for t in tokens[:-1])).digest()", ("tests/test_prefix_cache.py",)),
+    Planted("a prefix-cache store files blocks behind a key that holds another block", "decode/prefix_cache.py",
+            "if held is not None and (held.parent != parent or held.tokens != tokens):\n                return",
+            "if False:\n                return", ("tests/test_prefix_cache.py",)),
     Planted("a deeply nested JSON line's RecursionError is no longer an error line", "data/local_files.py",
             "except (ValueError, RecursionError) as e:", "except ValueError as e:", ("tests/test_hostile_data.py",)),
     Planted("the upper bound on seed is gone", "serve/schemas.py", "seed: int | None = Field(None, ge=0, le=MAX_SEED)",

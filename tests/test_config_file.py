@@ -33,6 +33,19 @@ def test_the_file_sets_what_it_names_and_a_flag_on_the_command_line_overrides_it
     assert cfg == parse(TrainConfig, ["--model", "gpt2", "--batch-size", "8", "--lr", "3e-5", "--out-dir", "out/x"])
 
 
+@pytest.mark.parametrize("prog", list(TOOLS))
+def test_keys_with_underscores_read_as_the_flags_spelling(prog, tmp_path):
+    """`max_steps = 2` (nanoGPT's, torchtitan's and Hugging Face's spelling, and the flag's dest) is `max-steps = 2`."""
+    cls, required = TOOLS[prog], REQUIRED.get(TOOLS[prog], {})
+    reference = cls(**required)
+    settings = {f.name: getattr(reference, f.name) for f in dataclasses.fields(cls)
+                if getattr(reference, f.name) is not None}
+    dashed = write_toml(tmp_path / "dashed.toml", {flag(name)[2:]: value for name, value in settings.items()})
+    underscored = write_toml(tmp_path / "underscored.toml", settings)
+    assert parse(cls, ["--config", str(underscored)]) == parse(cls, ["--config", str(dashed)]) == reference
+    assert given_fields(cls, ["--config", str(underscored)]) == given_fields(cls, ["--config", str(dashed)])
+
+
 def test_a_key_of_the_file_counts_as_given_as_its_flag_would(tmp_path):
     """train.py lets a resumed run take over the settings the user gave: a key in the file is one of them."""
     path = write_toml(tmp_path / "run.toml", {"max-steps": 30, "eval-interval": 10})
@@ -51,7 +64,10 @@ def test_every_default_written_to_a_file_reads_back_as_the_default(prog, tmp_pat
 
 
 @pytest.mark.parametrize("text, message", [
-    ("batch_size = 4", "unknown key 'batch_size', did you mean batch-size?"),
+    ("batch_sise = 4", "unknown key 'batch_sise', did you mean batch-size?"),
+    ("batch-sise = 4", "unknown key 'batch-sise', did you mean batch-size?"),
+    ("batch_size = 4\nbatch-size = 4", "'batch_size' and 'batch-size' set the same key; keep one"),
+    ('batch_size = "4"', 'batch_size must be an integer, got "4"'),
     ("zzzz = 4", "unknown key 'zzzz'; TrainConfig's keys are the flags of --help"),
     ('batch-size = "4"', 'batch-size must be an integer, got "4"'),
     ("batch-size = 4.0", "batch-size must be an integer, got 4.0"),

@@ -13,9 +13,10 @@ import pytest
 from bench.eval.scorecard import LeaderboardConfig
 from prune.config import PruneConfig
 from quantize.dynamic import QuantizeConfig
-from runtime.cli import parse_config
+from runtime.cli import given_fields, parse_config
 from serve.config import ServeConfig
 from tests.conftest import save_small_artifact
+from train import main as train_main
 from training.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,7 +51,40 @@ def test_the_gpt2_medium_runs_agree_on_the_global_batch():
     assert (fsdp.parallel, tp.parallel) == ("fsdp", "tp")
     assert fsdp.batch_size * 4 * fsdp.grad_accum == tp.batch_size * tp.grad_accum
     different = {name for name in vars(fsdp) if getattr(fsdp, name) != getattr(tp, name)}
-    assert different == {"parallel", "batch_size", "out_dir"}
+    assert different == {"parallel", "batch_size"}  # out_dir too is one: the folder the downstream files read
+
+
+def test_every_gpt2_medium_file_reads_the_folder_training_writes():
+    folder = ROOT / "configs/gpt2-medium-wikitext103"
+    trained = {parse_config(TrainConfig, "train", ["--config", str(folder / name)]).out_dir
+               for name in ("train-fsdp.toml", "train-tp.toml")}
+    read = {str(parse_config(tool_of(folder / name), "tool", ["--config", str(folder / name)]).checkpoint)
+            for name in ("prune.toml", "quantize.toml", "scorecard.toml")}
+    assert len(trained) == 1 and read == trained
+
+
+@pytest.mark.parametrize("name", ["train-fsdp.toml", "train-tp.toml"])
+def test_init_from_none_trains_the_files_model_from_random_weights(name):
+    """Offline: `--init-from none` unsets the file's hub model and keeps its size, never the `tiny` default."""
+    path = ROOT / "configs/gpt2-medium-wikitext103" / name
+    for value in ("none", ""):
+        cfg = parse_config(TrainConfig, "train", ["--config", str(path), "--init-from", value])
+        assert (cfg.init_from, cfg.model) == (None, "gpt2-medium")
+        cfg.check_model_named(given_fields(TrainConfig, ["--config", str(path), "--init-from", value]))
+
+
+def test_init_from_none_without_a_model_is_refused_in_one_line(tmp_path, capsys):
+    path = tmp_path / "fine-tune.toml"
+    path.write_text('init-from = "gpt2-medium"\ndataset = "builtin"\n')
+    for argv in (["--config", str(path), "--init-from", "none"], ["--init-from", "none"]):
+        with pytest.raises(SystemExit) as refused:
+            train_main([*argv, "--out-dir", str(tmp_path / "run")])
+        assert str(refused.value.code).startswith("error: --init-from none trains from random weights, and no --model "
+                                                  "names their size; give --model (tiny, ")
+    path.write_text('init-from = "none"\nmodel = "tiny"\n')
+    cfg = parse_config(TrainConfig, "train", ["--config", str(path)])
+    assert (cfg.init_from, cfg.model) == (None, "tiny")
+    assert not (tmp_path / "run").exists()
 
 
 def test_make_demo_runs_the_demo_configs():

@@ -24,7 +24,9 @@ from bench.experiments import generate_speed, prefix_cache, serve_speed
 from bench.standalone import huge_pages_one_off
 from bench.standalone.greedy_argmax import GreedyArgmaxConfig
 from bench.standalone.kernels_in_step import KernelsInStepConfig
+from bench.standalone.multi_device import MultiDeviceConfig
 from bench.standalone.serve_cpu_split import ServeCpuSplitConfig
+from bench.standalone.shard_memory import ShardMemoryConfig
 from bench.standalone.stop_time import StopTimeConfig
 from bench.standalone.stream_interval import StreamIntervalConfig
 from bench.eval.scorecard import LeaderboardConfig
@@ -34,6 +36,7 @@ from quantize.dynamic import QuantizeConfig
 from runtime.cli import ConfigFileError, flag, given_fields, parse_config
 from serve.config import ServeConfig
 from tests.config_toml import literal
+from runtime.errors import UserError
 from tests.hostile import attempt, examples
 
 CLI = "command line"
@@ -49,7 +52,8 @@ TOOLS = {"train.py": train.TrainConfig, "sample.py": sample.SampleConfig, "pytho
          "bench.standalone.greedy_argmax": GreedyArgmaxConfig, "bench.standalone.serve_cpu_split": ServeCpuSplitConfig,
          "bench.standalone.huge_pages_one_off": huge_pages_one_off.Config,
          "bench.standalone.stop_time": StopTimeConfig, "bench.standalone.stream_interval": StreamIntervalConfig,
-         "bench.standalone.kernels_in_step": KernelsInStepConfig}
+         "bench.standalone.kernels_in_step": KernelsInStepConfig,
+         "bench.standalone.shard_memory": ShardMemoryConfig, "bench.standalone.multi_device": MultiDeviceConfig}
 VALUES = ("0", "-1", "1", "90", "1e309", "nan", "inf", "0.5", "", "--", "-", "=", "yes", "auto", "builtin", "none")
 
 
@@ -102,15 +106,24 @@ TOML_VALUES = ("0", "-1", "1", "90", "9223372036854775807", "-922337203685477580
 
 
 @st.composite
-def toml_lines(draw, cls) -> str:
-    """One line of a config file: a key (a field's, misspelt, with underscores, or any text) and a value (a TOML
-    literal, any typed value, or any text, which may not be TOML at all)."""
+def toml_entries(draw, cls) -> tuple[str, str]:
+    """A key (a field's, misspelt, with underscores, or any text) and a value (a TOML literal, any typed value, or any
+    text, which may not be TOML at all)."""
     name = draw(st.sampled_from(flags_of(cls)))[2:]
     key = draw(st.sampled_from((name, name, name.replace("-", "_"), name[:-1])) | st.text(max_size=10))
     value = draw(st.sampled_from(TOML_VALUES)
                  | st.one_of(st.integers(), st.floats(), st.booleans(), st.text(max_size=8)).map(literal)
                  | st.text(max_size=8))
+    return key, value
+
+
+def toml_line(key: str, value: str) -> str:
     return f"{json.dumps(key)} = {value}"
+
+
+def toml_lines(cls):
+    """One line of a config file (toml_entries)."""
+    return toml_entries(cls).map(lambda entry: toml_line(*entry))
 
 
 @pytest.mark.parametrize("prog", list(TOOLS))
@@ -137,6 +150,28 @@ def test_any_config_file_parses_or_is_one_error_line_naming_the_file(prog, data)
         if prog == "train.py":
             attempt(CONFIG_FILE, lambda: given_fields(cls, argv))
         assert path.read_bytes() == content  # read, never changed
+
+
+@pytest.mark.parametrize("prog", list(TOOLS))
+@examples(20)
+@given(data=st.data())
+def test_a_keys_spelling_with_dashes_or_underscores_changes_nothing(prog, data):
+    """The same file with its keys' dashes written as underscores reads the same, or is refused the same way, and an
+    unknown key's line suggests the same flag in either spelling."""
+    cls = TOOLS[prog]
+    entries = data.draw(st.lists(toml_entries(cls), max_size=4))
+    outcomes = []
+    with tempfile.TemporaryDirectory() as folder:
+        for name, spell in (("dashed", lambda key: key.replace("_", "-")),
+                            ("underscored", lambda key: key.replace("-", "_"))):
+            path = Path(folder) / f"{name}.toml"
+            text = "".join(toml_line(spell(key), value) + "\n" for key, value in entries)
+            path.write_bytes(text.encode("utf-8", "surrogatepass"))
+            try:
+                outcomes.append(parse_config(cls, "A tool.", ["--config", str(path)], prog=prog))
+            except (UserError, SystemExit) as e:  # the file's line, or a check across settings
+                outcomes.append(str(e).replace(str(path), "FILE").replace("_", "-"))
+    assert outcomes[0] == outcomes[1]
 
 
 @pytest.mark.parametrize("baseline", ["-o/tmp/x", "--remote=x", "no-such-revision", "HEAD:README.md", ""])

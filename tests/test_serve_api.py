@@ -235,7 +235,17 @@ def test_api_key_is_required_when_set(checkpoint, monkeypatch):
         assert client.post("/generate", json=request, headers={"Authorization": "bearer s3cret"}).status_code == 200
         assert client.post("/generate", json=request, headers={"X-API-Key": "s3cret"}).status_code == 200
         assert client.get("/v1/models").status_code == 401
+        assert client.get("/metrics").status_code == 401  # its prefix-cache counters tell of other clients' prompts
+        assert client.get("/metrics", headers={"X-API-Key": "s3cret"}).status_code == 200
         assert client.get("/health").status_code == 200
+
+
+def test_any_of_several_api_keys_is_accepted(checkpoint, monkeypatch):
+    monkeypatch.setenv(API_KEY_ENV, "key-one,key-two")
+    with make_client(checkpoint) as client:
+        request = {"prompt": "hi", "max_new_tokens": 1}
+        for key, status in (("key-one", 200), ("key-two", 200), ("key-one,key-two", 401), ("key", 401)):
+            assert client.post("/generate", json=request, headers={"X-API-Key": key}).status_code == status
 
 
 def test_time_limit_answers_504_and_ends_a_stream_with_an_error(checkpoint):
@@ -385,10 +395,10 @@ def test_a_path_cannot_forge_a_request_log_line(client, caplog):
     assert line.split(" ")[3] == "404"  # client, method, path, status: the path is one field
 
 
-@pytest.mark.parametrize("key", ["clé", "s3cret ", "tab\tkey"])
+@pytest.mark.parametrize("key", ["clé", "s3cret ", "tab\tkey", "two words", "a,,b", ",a", "a,"])
 def test_an_api_key_no_header_can_carry_is_refused_at_startup(checkpoint, monkeypatch, key):
     monkeypatch.setenv(API_KEY_ENV, key)
-    with pytest.raises(ServeConfigError, match=f"{API_KEY_ENV} must be printable ASCII"):
+    with pytest.raises(ServeConfigError, match=f"{API_KEY_ENV} must hold keys of printable ASCII"):
         create_app(ServeConfig(checkpoint=checkpoint, device="cpu"))
 
 

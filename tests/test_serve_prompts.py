@@ -20,7 +20,7 @@ def state(vocab_size: int = 100, block_size: int = 16) -> ServerState:
     """The routes' state around a model of this vocabulary and context; nothing else is used here."""
     engine = SimpleNamespace(config=SimpleNamespace(vocab_size=vocab_size, block_size=block_size))
     return ServerState(config=None, engine=engine, metrics=None, checkpoint=None, artifact_kind="float",
-                       model_id="tiny", created=0, device=None, api_key=None)
+                       model_id="tiny", created=0, device=None, api_keys=())
 
 
 def refusal(call) -> tuple[int, str, str | None]:

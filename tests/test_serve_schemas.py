@@ -57,11 +57,11 @@ COMPLETION_BOUNDS = [
 # The defaults the API documents: OpenAI's for /v1/completions, /generate's own.
 GENERATE_DEFAULTS = {"max_new_tokens": 64, "temperature": 1.0, "top_k": None, "top_p": None, "seed": None, "stop": [],
                      "stream": False, "ignore_eos": False, "logprobs": None, "logit_bias": None,
-                     "presence_penalty": 0.0, "frequency_penalty": 0.0}
+                     "presence_penalty": 0.0, "frequency_penalty": 0.0, "cache_salt": None}
 COMPLETION_DEFAULTS = {"best_of": None, "echo": False, "frequency_penalty": 0.0, "logit_bias": None, "logprobs": None,
                        "max_tokens": 16, "n": 1, "presence_penalty": 0.0, "seed": None, "stop": None, "stream": False,
                        "stream_options": None, "suffix": None, "temperature": 1.0, "top_p": 1.0, "user": None,
-                       "ignore_eos": False}
+                       "ignore_eos": False, "cache_salt": None}
 
 
 def accepts(model, body: dict) -> bool:

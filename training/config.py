@@ -17,6 +17,11 @@ DEFAULT_OUT_DIR = "out/train"
 RESUME_MODES = ("no", "yes", "auto")
 
 
+# What --init-from takes for "no checkpoint: random weights", the one way to unset a config file's init-from (TOML has
+# no null).
+RANDOM_WEIGHTS = ("", "none")
+
+
 class TrainingError(UserError):
     """A problem with the arguments, the data or the run that the user can fix."""
 
@@ -30,7 +35,9 @@ class TrainConfig:
                                           "stop the run.  Read: .txt/.raw/.text, .jsonl, .parquet, each also "
                                           ".gz/.bz2/.xz/.zst")
     init_from: str | None = option(None, "start from this checkpoint or Hugging Face GPT-2 folder (fine-tuning) "
-                                         "instead of random weights")
+                                         "instead of random weights; none (or an empty value) trains --model from "
+                                         "random weights, as leaving it out does, also where a --config file sets it "
+                                         "(./none is a folder of that name)")
     max_steps: int = option(600, "optimizer steps in the whole run", min=1)
     batch_size: int = option(8, "micro-batch size per data-parallel rank", min=1)
     block_size: int | None = option(None, "training context length (default: the model's)", min=1)
@@ -67,11 +74,12 @@ class TrainConfig:
     # The default weighs what a SIGKILL (a node lost, a save longer than the grace) can lose against what saving
     # costs at GPT-2 Medium under torchrun x4 on the 2-core host, where a save (its probe's forward, then the weights
     # and AdamW state through fsync) cannot fit torchrun's grace: there the cadence, not the stop, keeps the run's
-    # work.  The measured save and its share of the run's time: bench/REPORT.md, "Stopping GPT-2 Medium".
+    # work.  The measured save and its share of the run's time are the report's, not the help's (figures age):
+    # bench/REPORT.md, "Stopping GPT-2 Medium under torchrun".
     checkpoint_minutes: float = option(30.0, "also checkpoint when this many minutes have passed since the last "
-                                             "checkpoint (or the start): the most a SIGKILL can lose.  A GPT-2 Medium "
-                                             "save takes about 2 min on a 2-core host with a 41 MB/s disk, ~7%% of "
-                                             "the time at the default (bench/REPORT.md, Stopping GPT-2 Medium)",
+                                             "checkpoint (or the start): the most a SIGKILL can lose.  The default "
+                                             "weighs that against the time a GPT-2 Medium save takes, measured in "
+                                             "bench/REPORT.md#stopping-gpt-2-medium-under-torchrun",
                                        above=0)
     parallel: str = option("none", "parallelism mode: none (one device); under torchrun ddp, fsdp, tp, allreduce, "
                                    "gather-scatter; dp (nn.DataParallel, one process over several CUDA devices)",
@@ -101,6 +109,8 @@ class TrainConfig:
 
     def __post_init__(self):
         check_options(self, TrainingError)
+        if self.init_from is not None and self.init_from.strip() in RANDOM_WEIGHTS:  # unsets a file's init-from
+            self.init_from = None
         if self.lr is None and self.model in PRESETS:  # an unknown preset is refused below
             self.lr = default_lr(self.model, self.init_from).value
         for name in ("lr", "grad_clip", "dist_timeout_s", "weight_decay", "peak_flops", "checkpoint_minutes",
@@ -120,6 +130,13 @@ class TrainConfig:
     def _require(self, name: str, ok: bool, what: str) -> None:
         if not ok:
             raise TrainingError(f"{flag(name)} {what}, got {getattr(self, name)!r}")
+
+    def check_model_named(self, given: set[str]) -> None:
+        """`--init-from none` (or `init-from = "none"`) asks for random weights: of the preset --model names, never of
+        the `tiny` default a user who unset a file's init-from did not choose."""
+        if self.init_from is None and "init_from" in given and "model" not in given:
+            raise TrainingError(f"--init-from none trains from random weights, and no --model names their size; give "
+                                f"--model ({', '.join(PRESETS)}) or model = \"...\" in the config file")
 
     @property
     def checkpoint_every(self) -> int:

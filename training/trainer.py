@@ -16,10 +16,12 @@ from data.loader import WindowSampler, eval_batches
 from data.token_files import load_split, prepare_split
 from model.config import GPTConfig, preset
 from training.evaluate import evaluate_loss
+from model.deferred_init import empty_model, seeded_parameters
 from model.gpt import GPT, CausalSelfAttention
 from training.optim import build_optimizer, lr_at, scaled_lr
 from parallel import CommsMeter, check_divisibility, parallelize
 from parallel.distributed import launched_by_torchrun, run_on_node_leader
+from parallel.materialize import builds_on_meta
 from parallel.local_state import local_state_bytes
 from runtime.cli import non_default_fields
 from runtime.device import is_out_of_memory, precision_policy
@@ -39,9 +41,12 @@ from training.stop_signals import StopRequested, StopSignals
 PROBE_TOKENS = 64
 
 
-def build_model(cfg: TrainConfig, checkpointer: Checkpointer) -> GPT:
+def build_model(cfg: TrainConfig, checkpointer: Checkpointer, on_meta: bool = False) -> GPT:
     """Random weights from the preset and seed; or, with this run's dropout, the weights a resumed run saved
-    (read once, into the one model built) or those of --init-from."""
+    (read once, into the one model built) or those of --init-from.  `on_meta`: random weights deferred, the model
+    built on the meta device, for `materialize` to fill with the same seeded values once it is laid out."""
+    if on_meta:
+        return empty_model(preset(cfg.model, dropout=cfg.dropout))
     if checkpointer.resuming:
         model = checkpointer.saved_model()
     elif cfg.init_from:  # the writer rank loaded it when it claimed the folder; the others load their own
@@ -119,16 +124,21 @@ class Trainer:
             self.say(describe_lr(cfg.lr, cfg.model, cfg.init_from), flush=True)
         self.cfg = cfg
         self.precision = precision_policy(self.device, cfg.precision)
-        model = build_model(cfg, self.checkpointer)
+        # A new run with random weights under a sharding layout is built on the meta device, and each rank
+        # materialises only its shards of the seeded weights after parallelize (parallel/materialize.py).
+        on_meta = not resuming and not cfg.init_from and builds_on_meta(ctx, self.strategy_class)
+        model = build_model(cfg, self.checkpointer, on_meta)
         self.model_config, self.block = model.config, training_block(cfg, model.config)
         check_divisibility(self.model_config, ctx)
-        model.to(self.device)
+        if not on_meta:
+            model.to(self.device)
         model.gradient_checkpointing = cfg.activation_checkpointing
         # Counted before parallelize: afterwards a tensor-parallel rank holds a shard of the parameters.
         self.n_params, self.n_params_padded = model.num_parameters(padded_vocab=False), model.num_parameters()
         self.meter = CommsMeter()
         self.par = parallelize(model, ctx, self.strategy_class, self.meter, param_dtype=self.precision.autocast_dtype,
-                               cpu_offload=cfg.cpu_offload)
+                               cpu_offload=cfg.cpu_offload,
+                               values=seeded_parameters(self.model_config, cfg.seed) if on_meta else None)
         self.model = model
         if self.par.note:
             self.say(f"note: {self.par.note}")
@@ -211,9 +221,9 @@ class Trainer:
                                 f"--activation-checkpointing") from e
 
     def install_stop_points(self, stop_signals: StopSignals) -> StopPoints | None:
-        """The agreement points inside a micro-batch (training/stop_points.py), where the blocks run in this
-        process's main thread uncompiled."""
-        if self.cfg.compile or self.cfg.parallel == "dp":
+        """The agreement points inside a micro-batch (training/stop_points.py), where the blocks run uncompiled in
+        the thread that runs the step (the strategy says whether they do)."""
+        if self.cfg.compile or not self.par.strategy.blocks_run_in_calling_thread:
             return None
         return StopPoints(self.model.transformer.h, lambda: stop_signals.check(finishing=self.finishing_step))
 

@@ -1,5 +1,5 @@
-"""Prefix caching (issue 51): the same server with its prefix cache (`--prefix-cache-mb 256`) and without
-(`--prefix-cache-mb 0`, the default), on two workloads whose prompts share their starts.
+"""Prefix caching (issues 51 and 69): the same server with its prefix cache (its default budget) and without
+(`--prefix-cache-mb 0`), on two workloads whose prompts share their starts and one whose prompts share nothing.
 
     python -m bench.experiments prefix_cache            # GPT-2 124M config, random weights
 
@@ -10,6 +10,9 @@
 - Few-shot generation: a --prefix-tokens shared prefix (the examples) and short questions (--question-tokens),
   streaming greedy /v1/completions of --new-tokens tokens, --questions of them at each --clients level (that many at
   once).  Figure: time to first token, median over the level's requests (the first of a round computes the prefix).
+- Unshared prompts, what the cache costs when nothing is reused: --plain-requests prompts of --plain-tokens tokens
+  with nothing in common, greedy /v1/completions of --new-tokens tokens, sent one after the other.  Figure: requests
+  per second (each stores its blocks, evicting older ones once the budget is full).
 
 Prompts are random token ids from a seeded generator, new in every round, so that a round reuses only what its own
 requests share.  Both servers run at once on the same artifact, and in every round each workload runs on one
@@ -57,7 +60,7 @@ from storage.artifact import load_model
 
 MODEL_ID = "model"
 REQUEST_TIMEOUT_S = 600.0
-SIDES = ("off", "on")  # --prefix-cache-mb 0 and 256
+SIDES = ("off", "on")  # --prefix-cache-mb 0, and the default
 PEER = "llama-server"
 
 
@@ -72,7 +75,9 @@ class Settings(RandomWeightsSettings):
     question_tokens: int = option(16, "few-shot: tokens per question", min=1)
     questions: int = option(4, "few-shot: requests per level per round", min=1)
     clients: list[int] = option([1, 4], "few-shot: requests at once", min=1)
-    new_tokens: int = option(8, "few-shot: tokens generated per request", min=1)
+    new_tokens: int = option(8, "few-shot and unshared: tokens generated per request", min=1)
+    plain_requests: int = option(8, "unshared: requests per round", min=1)
+    plain_tokens: int = option(100, "unshared: tokens per prompt", min=1)
     llama_server: str | None = option(None, "llama.cpp's llama-server binary: run the few-shot workload on it too, "
                                             "on the same weights as F32 GGUF")
 
@@ -88,6 +93,7 @@ class Side:
     first_token_ms: dict[str, Spread]  # few-shot, by level ("1 client"): median per round
     prefix_hits: float  # from /metrics at the end
     reused_tokens: float
+    plain_requests_per_s: Spread | None = None  # unshared prompts, per round (results before issue 69 lack it)
 
 
 @dataclass
@@ -111,6 +117,7 @@ class PrefixCacheResult:
     command: str
     environment: Environment
     llama_server: PeerFewShot | None = None  # with --llama-server
+    plain_speedup: float | None = None  # unshared prompts: on over off, median of per-round ratios
 
 
 def token_ids(count: int, generator: torch.Generator) -> list[int]:
@@ -133,14 +140,19 @@ def few_shot_prompts(settings: Settings, generator: torch.Generator) -> list[lis
     return [prefix + token_ids(settings.question_tokens, generator) for _ in range(settings.questions)]
 
 
-def scoring(url: str, bodies: list[dict]) -> float:
-    """Requests per second over the round's scoring requests, sent one after the other."""
+def plain_bodies(settings: Settings, generator: torch.Generator) -> list[dict]:
+    return [{"model": MODEL_ID, "prompt": token_ids(settings.plain_tokens, generator), "max_tokens": settings.new_tokens,
+             "temperature": 0, "ignore_eos": True} for _ in range(settings.plain_requests)]
+
+
+def requests_per_s(url: str, bodies: list[dict], workload: str) -> float:
+    """Requests per second over a round's `workload` requests, sent one after the other."""
     with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
         start = time.perf_counter()
         for body in bodies:
             response = client.post(f"{url}/v1/completions", json=body)
             if response.status_code != 200:
-                raise ExperimentError(f"a scoring request failed: {response.status_code} {response.text[:300]}")
+                raise ExperimentError(f"a {workload} request failed: {response.status_code} {response.text[:300]}")
         return len(bodies) / (time.perf_counter() - start)
 
 
@@ -171,12 +183,13 @@ def measure(settings: Settings, work_dir: Path) -> PrefixCacheResult:
     levels = [level_name(c) for c in settings.clients]
     sides = [*SIDES, PEER] if settings.llama_server else list(SIDES)
     rates = {side: [] for side in SIDES}
+    plain_rates = {side: [] for side in SIDES}
     firsts = {(side, level): [] for side in sides for level in levels}
     loads = []
     with contextlib.ExitStack() as servers:
         ours = {side: servers.enter_context(running_server(
             artifact, work_dir / f"server_{side}.log", ["--device", "cpu", "--warm-up", "one-row", "--served-model-name",
-                                                        MODEL_ID, "--prefix-cache-mb", "0" if side == "off" else "256"],
+                                                        MODEL_ID, *(["--prefix-cache-mb", "0"] if side == "off" else [])],
             startup_timeout_s=REQUEST_TIMEOUT_S)).url for side in SIDES}
         urls = {(side, clients): url for side, url in ours.items() for clients in settings.clients}
         if settings.llama_server:
@@ -188,22 +201,27 @@ def measure(settings: Settings, work_dir: Path) -> PrefixCacheResult:
             generator = torch.Generator().manual_seed(round_)
             bodies = scoring_bodies(settings, generator)
             prompts = [few_shot_prompts(settings, generator) for _ in settings.clients]
+            plain = plain_bodies(settings, generator)
             for side in sides if round_ % 2 == 0 else reversed(sides):
-                rate = scoring(ours[side], bodies) if side in ours else None
+                rate = requests_per_s(ours[side], bodies, "scoring") if side in ours else None
+                plain_rate = requests_per_s(ours[side], plain, "unshared") if side in ours else None
                 first = [few_shot(urls[side, clients], settings, clients, level_prompts)
                          for clients, level_prompts in zip(settings.clients, prompts)]
                 if round_ == 0:
                     continue  # untimed
                 if rate is not None:
                     rates[side].append(rate)
+                    plain_rates[side].append(plain_rate)
                 for level, ms in zip(levels, first):
                     firsts[(side, level)].append(ms)
                 print(f"round {round_}/{settings.rounds}, {PEER if side == PEER else f'prefix cache {side}'}: "
-                      + ("" if rate is None else f"scoring {rate:.2f} requests/s; ") + "few-shot first token "
+                      + ("" if rate is None else f"scoring {rate:.2f} requests/s; unshared {plain_rate:.2f} "
+                                                 f"requests/s; ") + "few-shot first token "
                       + ", ".join(f"{level} {ms:.0f} ms" for level, ms in zip(levels, first)), flush=True)
         results = [Side(side, Spread.of(rates[side]), {level: Spread.of(firsts[(side, level)]) for level in levels},
                         *server_metrics(ours[side], "serve_prefix_cache_hits_total",
-                                        "serve_prefix_cache_reused_tokens_total")) for side in SIDES]
+                                        "serve_prefix_cache_reused_tokens_total"), Spread.of(plain_rates[side]))
+                   for side in SIDES]
     peer = None
     if settings.llama_server:
         peer = PeerFewShot(f"{PEER} {llama_server_version(Path(settings.llama_server))}, F32", SERVER_SETUP,
@@ -213,7 +231,8 @@ def measure(settings: Settings, work_dir: Path) -> PrefixCacheResult:
     return PrefixCacheResult(
         settings.model, {k: v for k, v in vars(settings).items()}, results, paired_ratio(rates["on"], rates["off"]),
         {level: paired_ratio(firsts[("off", level)], firsts[("on", level)]) for level in levels},
-        Spread.of(read), Spread.of(matmul), Spread.of(loads), command, environment(torch.device("cpu")), peer)
+        Spread.of(read), Spread.of(matmul), Spread.of(loads), command, environment(torch.device("cpu")), peer,
+        paired_ratio(plain_rates["on"], plain_rates["off"]))
 
 
 def plot(result: PrefixCacheResult):
@@ -237,20 +256,23 @@ def section(res: PrefixCacheResult, page: Page) -> None:
     page.add(f"{res.model} (random weights). Scoring: {s['contexts']} contexts of {s['context_tokens']} tokens x "
              f"{s['continuations']} continuations of {s['continuation_tokens']} per round. Few-shot: a "
              f"{s['prefix_tokens']}-token shared prefix, {s['question_tokens']}-token questions, {s['new_tokens']} new "
-             f"tokens. {s['rounds']} rounds; load average {spread(res.load_average_1m, 2)}; host read rate "
+             f"tokens. Unshared: {s.get('plain_requests', 'no')} prompts of {s.get('plain_tokens', 0)} tokens with "
+             f"nothing in common. Cache on is the server's default budget. {s['rounds']} rounds; load average {spread(res.load_average_1m, 2)}; host read rate "
              f"{spread(res.read_bandwidth_gb_s)} GB/s, matmul {spread(res.matmul_gflop_s)} GFLOP/s.\n")
     levels = list(res.first_token_speedup)
     peer = res.llama_server
+    unshared = lambda side: "n/a" if side.plain_requests_per_s is None else spread(side.plain_requests_per_s, 2)
     page.table(["prefix cache", "scoring requests/s", *(f"few-shot first token ms, {lv}" for lv in levels),
-                "prefix hits", "reused tokens"],
+                "unshared requests/s", "prefix hits", "reused tokens"],
                [[side.prefix_cache, spread(side.scoring_requests_per_s, 2),
-                 *(spread(side.first_token_ms[lv], 0) for lv in levels), f"{side.prefix_hits:g}",
+                 *(spread(side.first_token_ms[lv], 0) for lv in levels), unshared(side), f"{side.prefix_hits:g}",
                  f"{side.reused_tokens:g}"] for side in res.sides]
                # llama-server cannot score (the docstring says why) and counts no prefix hits of ours.
-               + ([[peer.peer, "n/a", *(spread(peer.first_token_ms[lv], 0) for lv in levels), "n/a", "n/a"]]
+               + ([[peer.peer, "n/a", *(spread(peer.first_token_ms[lv], 0) for lv in levels), "n/a", "n/a", "n/a"]]
                   if peer else []))
     page.add(f"Speed-up with the cache (medians of per-round ratios): scoring {res.scoring_speedup:.2f}x; few-shot "
-             f"first token {', '.join(f'{lv} {r:.2f}x' for lv, r in res.first_token_speedup.items())}.\n")
+             f"first token {', '.join(f'{lv} {r:.2f}x' for lv, r in res.first_token_speedup.items())}"
+             + ("" if res.plain_speedup is None else f"; unshared prompts {res.plain_speedup:.2f}x") + ".\n")
     if peer:
         page.add(f"Against {peer.peer} on the same weights ({peer.setup}), the same few-shot token ids in the same "
                  f"rounds: ours with the cache over llama-server, first token (medians of per-round ratios): "
@@ -258,6 +280,7 @@ def section(res: PrefixCacheResult, page: Page) -> None:
 
 
 EXPERIMENT = Experiment(
-    name="prefix_cache", title="Prefix caching: scoring and few-shot prompts, with and without reuse", about=__doc__,
-    settings=Settings, quick=Settings(model="tiny", rounds=1, prefix_tokens=200), full=Settings(rounds=5),
+    name="prefix_cache", title="Prefix caching: scoring, few-shot and unshared prompts, with and without reuse", about=__doc__,
+    settings=Settings, quick=Settings(model="tiny", rounds=1, prefix_tokens=200, plain_requests=2),
+    full=Settings(rounds=5),
     result=PrefixCacheResult, measure=measure, plot=plot, section=section)
