@@ -1,17 +1,17 @@
-"""How many CPU threads a decoding step runs with: the cores other programs left free over the last half second.
+"""How many CPU threads a decoding step runs with: the cores other programs left free over the last quarter second.
 
 A decoding step is a chain of small parallel products, each ending at a barrier where every thread waits for
 the slowest.  On a machine the process has to itself, all cores are fastest.  Beside another busy program (a
 training job, a notebook, another service), the operating system deschedules one of the step's threads now and
 then, and every product waits for it: on 2 cores with one kept busy, 2 threads decoded slower than 1
-(`python -m bench.experiments generate_speed`, its busy-core rows), and on the same 2 cores under a load of 9 a
-traced batch-1 step made 1 token/s on 2 threads against 5 to 7 on 1 (issue 70's probe).
+(`python -m bench.experiments generate_speed`, its busy-core rows; `python -m bench.experiments user_start` sets
+this rule against all threads at every step, through a busy spell).
 
 The count is read from the host, not from past steps: each step runs with as many threads as other programs left
 cores free over the last WINDOW_S (runtime/host_load.py), rounded, at least one and at most the process's count.
 An earlier rule chose the count whose running mean of step times was lowest, trying the others ever more rarely;
 steps timed while six processes warmed up together kept it on fewer threads long after the host was quiet
-(issue 70).  The host's counters forget a load half a second after it ends, and reading them costs no step.
+(issue 70).  The host's counters forget a load a quarter second after it ends, and reading them costs no step.
 
 The chosen count stays set between steps, for the sampling and bookkeeping in between (and a server's next prompt):
 a parallel operator there on all threads wakes the threads the step left idle, and OpenMP's idle threads spin a

@@ -188,7 +188,9 @@ def step_kind(model, shape: tuple) -> str:
     config = model.config
     layers = sorted({type(m).__name__ for m in model.modules() if not any(m.children())})
     sizes = f"{config.n_layer} layers x {config.n_embd} x {config.n_head} heads, vocab {config.vocab_size}"
-    return " | ".join([cpu_model(), f"torch {torch.__version__}", sizes, ",".join(layers), repr(shape)])
+    # (the last part: entries from before a busy host's timings were left out are measured again)
+    return " | ".join([cpu_model(), f"torch {torch.__version__}", sizes, ",".join(layers), repr(shape),
+                       "timed on a quiet host"])
 
 
 # The process's table: every DecodeSteps of the process reads and feeds it, and the timings file, as the

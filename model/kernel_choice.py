@@ -66,8 +66,9 @@ def kept_choices_from_environment() -> KeptFile:
 
 def host_key(shape: tuple) -> str:
     """Everything a kernel's timings depend on besides the shape: the CPU and torch; and how it was chosen, so
-    that a choice made before choices were confirmed in a step (`confirm`) is made again."""
-    return f"{cpu_model()} | torch {torch.__version__} | {shape!r} | confirmed in a step"
+    that a choice made before choices were confirmed in a step (`confirm`), or before a busy host's were left out,
+    is made again."""
+    return f"{cpu_model()} | torch {torch.__version__} | {shape!r} | confirmed in a step on a quiet host"
 
 
 class KernelChoices:

@@ -8,8 +8,8 @@ over a span is what other programs took of the cores this process may run on, in
 
     others = (busy time of the process's cores - the process's own CPU time) / wall time
 
-It is read afresh at most every READ_EVERY_S and counts only the last WINDOW_S, so a load is seen within about half a
-second of its start and forgotten as soon after its end.  A host where /proc/stat cannot be read (not Linux) reads as
+It is read afresh at most every READ_EVERY_S and counts only the last WINDOW_S, so a load is seen within about a
+third of a second of its start and forgotten as soon after its end.  A host where /proc/stat cannot be read (not Linux) reads as
 quiet: the choices then run their quiet-host rule.
 """
 from __future__ import annotations
@@ -19,8 +19,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-WINDOW_S = 0.5  # the span other programs' use is measured over; nothing older counts
-READ_EVERY_S = 0.1  # /proc/stat is read at most this often (a read costs tens of microseconds)
+# The span other programs' use is measured over; nothing older counts.  Short, as a process that starts decoding
+# right after another ended (a user's turn after a colleague's, a benchmark's next side) would otherwise take the
+# other's last half second of steps for a load still running; long enough to hold 50 of the kernel's 10 ms ticks
+# on 2 cores, so that one busy core reads as 1.0 +- 0.1.
+WINDOW_S = 0.25
+READ_EVERY_S = 0.05  # /proc/stat is read at most this often (a read costs tens of microseconds)
 # Other programs using less than this share of one core over a span leave it quiet: timings made then are kept for
 # other processes (decode/kept_ratios.py, model/kernel_choice.py).  A shared host's daemons and shells stay below it.
 QUIET_CORES = 0.25

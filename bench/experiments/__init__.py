@@ -23,7 +23,6 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     compression.EXPERIMENT,
     train_speed.EXPERIMENT,
     generate_speed.EXPERIMENT,
-    user_start.EXPERIMENT,
     serve_speed.EXPERIMENT,
     prune_speed.EXPERIMENT,
     speculative.EXPERIMENT,
@@ -32,6 +31,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     playground.EXPERIMENT,
     first_request.EXPERIMENT,
     prefix_cache.EXPERIMENT,
+    user_start.EXPERIMENT,
 )
 
 

@@ -14,7 +14,8 @@ tokens/s and the 1-minute load average, so the figure shows tokens/s over time p
 how long after the load ended the default path's calls first come back within 5% of the fixed path's median over
 the last span.  Ratios are the medians of paired calls (a default call against the fixed call next to it in the
 same round), so a load that drifts weighs on both alike.  The host's read and matmul rates are measured before
-each precision's runs.
+each row; the rows run batch by batch, and each is also written to the work folder as it ends
+(out/bench/user_start/rows_so_far.json).
 
 ONNX Runtime is not a side here: its peer (bench/peers/setup.sh) pins onnxruntime 1.32, which this workplace's
 package mirror does not hold offline, and bench/experiments/generate_speed.py times it where it is set up.
@@ -37,6 +38,7 @@ from bench.peers.colocated import busy_cores
 from bench.peers.host_rates import HostRates, measure_in_process
 from bench.plots import finish, plt
 from bench.processes import PIPE, Process, start
+from bench.record import write_result
 from bench.report_page import Page, num
 from model.config import preset
 from model.gpt import GPT
@@ -71,7 +73,7 @@ class Call:
     end_s: float
     tokens_per_s: float  # new tokens (all rows) / the whole call
     span: str
-    threads: int  # the thread count the call's steps left set
+    threads: int  # the thread count the call's steps ran with (the median over its steps)
     load_average_1m: float
 
 
@@ -212,18 +214,22 @@ def measure(settings: Settings, work_dir: Path) -> UserStart:
     save_artifact(artifact, model, model.config, "float", provenance("user_start"))
     del model
     rows = []
-    for precision in settings.precisions:
-        rates = measure_in_process(torch.get_num_threads())
-        for batch in settings.batch_sizes:
+    command = " ".join(["python -m bench.experiments user_start", *non_default_flags(settings)])
+    result = lambda: UserStart(settings.model, settings.processes, settings.span_s, settings.new_tokens, rows,
+                               command, environment(torch.device("cpu")))
+    # Batch by batch, both precisions at each: a run stopped part way (on a shared host a row can take many
+    # minutes) has compared the paths at the smaller batches, whose rows it leaves in the work folder.
+    for batch in settings.batch_sizes:
+        for precision in settings.precisions:
+            rates = measure_in_process(torch.get_num_threads())
             print(f"{precision} batch {batch}: {settings.processes} processes started together "
                   f"(load {load_average():.2f})", file=sys.stderr, flush=True)
             rows.append(run_row(artifact, precision, batch, settings, rates))
             row = rows[-1]
             print(f"  default/fixed {', '.join(f'{s} {row.default_over_fixed[s]:.2f}' for s in SPANS)}; "
                   f"recovered in {row.recovery_s} s", file=sys.stderr, flush=True)
-    command = " ".join(["python -m bench.experiments user_start", *non_default_flags(settings)])
-    return UserStart(settings.model, settings.processes, settings.span_s, settings.new_tokens, rows, command,
-                     environment(torch.device("cpu")))
+            write_result(work_dir, "rows_so_far", result())
+    return result()
 
 
 def plot(result: UserStart):

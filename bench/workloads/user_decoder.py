@@ -8,7 +8,8 @@ user's first call.
 `default` is generate()'s own decode (`auto`: its trace, its kernels and its thread count chosen at run time);
 `fixed` is the best fixed path: every step traced, on all the process's threads whatever the host is doing.
 Requests come as JSON lines on stdin ({"prompt": [[token, ...], ...], "new_tokens": N}); each answer is one JSON
-line on stdout: the call's seconds, its first token's, and the thread count its steps left set.
+line on stdout: the call's seconds, its first token's, and the thread count its steps ran with (the median over
+its steps after the prompt).
 """
 from __future__ import annotations
 
@@ -36,11 +37,16 @@ def build(artifact: str, precision: str, path: str):
     decode = "auto" if path == "default" else "traced"
 
     def call(prompt: torch.Tensor, new_tokens: int) -> dict:
-        first = []
+        times, threads = [], []
+
+        def on_token(_):
+            times.append(time.perf_counter() - start)
+            threads.append(torch.get_num_threads())  # the count the last step left set (generate() resets it after)
         start = time.perf_counter()
         generate(model, prompt, SamplingParams(max_new_tokens=new_tokens, temperature=0, stop_at_eot=False),
-                 decode=decode, on_token=lambda _: first or first.append(time.perf_counter() - start))
-        return {"seconds": time.perf_counter() - start, "first_token_s": first[0], "threads": torch.get_num_threads()}
+                 decode=decode, on_token=on_token)
+        return {"seconds": time.perf_counter() - start, "first_token_s": times[0],
+                "threads": sorted(threads[1:] or threads)[len(threads[1:] or threads) // 2]}
     return call
 
 
