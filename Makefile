@@ -38,13 +38,14 @@ smoke: setup
 	$(PY) -m bench.demo --sizes smoke
 
 # The linter first (pyproject.toml's rules; well under a second), then the docs site (mkdocs.yml; --strict, so a
-# broken link, anchor or include fails; a few seconds; the banner about MkDocs 2 is silenced).  Then one
+# broken link, anchor or include fails; a few seconds; the banner about MkDocs 2 is silenced).  Not --quiet: it
+# drops the warnings before --strict counts them, and a broken link passed (tests/test_docs_gate.py).  Then one
 # pytest-xdist worker per core, each test file on one worker (module fixtures train once), the files in
 # tests/conftest.py's longest-first order.  A plain `pytest` runs serially and needs no xdist (the GPU image lacks
 # it).
 test: setup
 	$(VENV)/bin/ruff check .
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 	$(PY) -m pytest -n auto --dist loadfile --no-loadscope-reorder
 
 # The suite in one seeded random order (pytest-randomly shuffles the files and the tests in each; pyproject.toml keeps

@@ -40,6 +40,7 @@ from decode.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeStats
 from runtime.cli import check_options, entry_point, flag, option, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
+from runtime.parsed import Unparsable, json_value
 from runtime.progress import ProgressBar
 from runtime.stopping import Stopped
 from runtime.text import decode_utf8
@@ -126,9 +127,9 @@ class SampleConfig:
             raise SampleError(f"seed must be in [-2**63, 2**63), got {settings['seed']}")
         if isinstance(settings["logit_bias"], str):  # the flag's JSON text
             try:
-                settings["logit_bias"] = json.loads(settings["logit_bias"])
-            except json.JSONDecodeError as e:
-                raise SampleError(f"logit_bias is not JSON ({e.msg}); write an object of token ids and biases, e.g. "
+                settings["logit_bias"] = json_value(settings["logit_bias"])
+            except Unparsable as e:
+                raise SampleError(f"logit_bias is not JSON ({e}); write an object of token ids and biases, e.g. "
                                   f"'{{\"50256\": -100}}'") from e
         if not isinstance(settings["logit_bias"], dict | None):
             raise SampleError(f"logit_bias must be an object of token ids and biases, e.g. {{\"50256\": -100}}, "
@@ -220,16 +221,28 @@ def line_settings(entry: dict) -> dict:
         if isinstance(value, bool) or not isinstance(value, kinds):  # bool is an int to Python, not to the user
             wanted = "an integer" if key in INTEGER_SETTINGS else "a number"
             raise SampleError(f"{key} must be {wanted}{' or null' if key in OPTIONAL_SETTINGS else ''}, "
-                              f"got {json.dumps(value)}")
+                              f"got {shown(value)}")
+        if isinstance(value, int) and key != "seed" and value.bit_length() > (64 if key in INTEGER_SETTINGS else 1000):
+            # far past every bound: a count torch takes as a C integer, or a number no float holds past 1024 bits
+            # (the seed's own check names its range)
+            raise SampleError(f"{key} is out of range, got {shown(value)}")
     return settings
+
+
+def shown(value) -> str:
+    """A JSON value as a message shows it, cut short: a line may hold a number of thousands of digits."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
 
 
 def read_prompt_line(cfg: SampleConfig, raw: bytes) -> tuple[list[int], SamplingParams]:
     try:
-        entry = json.loads(raw.decode("utf-8"))
+        entry = json_value(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
         raise SampleError(f"not UTF-8: byte 0x{raw[e.start]:02x} at column {e.start + 1}; save the file as "
                           f"UTF-8") from e
+    except Unparsable as e:
+        raise SampleError(f"not JSON: {e}") from e
     if not isinstance(entry, dict) or not isinstance(entry.get("prompt"), str):
         raise SampleError('expected an object with a "prompt" string')
     unknown = set(entry) - {"prompt", *PROMPT_SETTINGS}
@@ -249,7 +262,7 @@ def read_prompts(cfg: SampleConfig) -> tuple[list[tuple[int, list[int], Sampling
             continue
         try:
             jobs.append((number, *read_prompt_line(cfg, raw)))
-        except (json.JSONDecodeError, UserError) as e:
+        except UserError as e:
             errors.append({"line": number, "error": str(e)})
             print(f"{cfg.prompts_file}:{number}: skipped: {e}", file=sys.stderr)
     return jobs, errors

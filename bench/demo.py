@@ -133,6 +133,18 @@ def loaded(folder: Path, holds: Callable) -> bool:
         return False
 
 
+def finished_scorecard(path: Path) -> Callable[[], bool]:
+    """The scorecard writes each figure as it is measured (bench/eval/score_file.py): a failed or stopped run leaves
+    a file whose `complete` is false, and the stage runs again (a file from before the statuses was only ever
+    written whole)."""
+    def done() -> bool:
+        try:
+            return json.loads(path.read_text()).get("complete", True) is True
+        except (OSError, ValueError, AttributeError):
+            return False
+    return done
+
+
 def text_written(path: Path) -> Callable[[], bool]:
     return lambda: path.is_file() and path.stat().st_size > 0
 
@@ -180,7 +192,7 @@ def stages(sizes: Sizes, out: Path) -> list[Stage]:
         Stage("scorecard", f"the leaderboard scorecard of the trained model -> {out / 'scorecard.json'}",
               [python, "bench/leaderboard.py", *config("scorecard"), "--checkpoint", str(train), *sizes.scorecard_flags,
                "--out", str(out / "scorecard.json")],
-              text_written(out / "scorecard.json")),
+              finished_scorecard(out / "scorecard.json")),
     ]
 
 

@@ -1,6 +1,7 @@
-"""Write bench/REPORT.md from the results in bench/results: the scorecards, a section for every experiment
-in the registry (its tables and its plot), the GPU section (bench/results/gpu/, from `make bench` on a CUDA
-machine), the machine, the conditions and the date.
+"""Write bench/REPORT.md from the results in bench/results, to read top-down: the headline (one row per question, the
+newest result that answers it, and one plot: bench/headline.py), the scorecards, a section for every experiment in
+the registry (its tables and its plot), the GPU section (bench/results/gpu/, from `make bench` on a CUDA machine),
+the conditions, and last the dated appendix of figures measured by hand (bench/by_hand.md).
 
     python bench/report.py                       # after bench/run_all.py (or any single experiment)
     python bench/report.py --results-dir DIR --out DIR/REPORT.md
@@ -14,15 +15,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.experiments import EXPERIMENTS
+from bench.headline import headline_section
 from bench.record import RESULTS_DIR, gpu_results, read_result
 from bench.report_page import Page, mib, num
 from bench.suite_report import suite_section
 from runtime.cli import entry_point, option, parse_config
+from runtime.provenance import git_commit
 
 REPORT = RESULTS_DIR.parent / "REPORT.md"
 # Figures measured by single commands outside `make bench` (fresh-clone timings, stop times, fuzz runs, ...), each
 # with its command and result file: kept by hand, copied into the report as they are.
 BY_HAND = RESULTS_DIR.parent / "by_hand.md"
+APPENDIX = "by-hand"  # the anchor of the by-hand appendix
 SCORECARD_KEYS = ("loss", "inference_latency_1", "inference_latency_12", "training_throughput_4",
                   "training_throughput_12", "time_to_first_token_s", "ms_per_token_batch_1")
 
@@ -33,11 +37,19 @@ class ReportConfig:
     out: Path = option(REPORT, "the Markdown file to write")
 
 
-def header(page: Page, environments: list[tuple[str, dict]], run: dict | None) -> None:
+def title(page: Page) -> None:
     page.add("# Benchmark report\n")
-    page.add(f"Written by `bench/report.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
-             + (f" from the results of `{run['command']}` ({run['total_s'] / 60:.1f} minutes, started "
-                f"{run['started']})." if run else "."))
+    page.add(f"Written by `bench/report.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} at commit "
+             f"`{git_commit()}`: first the headline, then the studies (the scorecard and one section per experiment), "
+             f"the conditions, and the dated appendix of figures measured by hand.\n")
+
+
+def header(page: Page, environments: list[tuple[str, dict]], run: dict | None) -> None:
+    """What the studies below the headline were measured on, and by which run."""
+    page.add("## The studies\n")
+    if run:
+        page.add(f"From the results of `{run['command']}` ({run['total_s'] / 60:.1f} minutes, started "
+                 f"{run['started']}), except where a section says otherwise.")
     if environments:
         env = environments[0][1]
         page.add(f"\n**Machine:** {env.get('cpu', env['device'])}, {env.get('cpu_count', '?')} logical cores, device "
@@ -89,6 +101,12 @@ def scorecards(page: Page, cards: list[dict], run: dict | None) -> None:
         page.add(f"**Evaluation text:** {run['leaderboard_text_note']}\n")
 
 
+def anchor(name: str) -> str:
+    """An HTML anchor before a heading: the headline links to it by a name that does not change with the heading's
+    words or number (GitHub and the docs site both keep it)."""
+    return f'<a id="{name}"></a>\n'
+
+
 def experiment_section(page: Page, heading: str, experiment, result, results_dir: Path) -> None:
     """One experiment's heading, then its tables and plot, or a line saying its result is missing."""
     page.add(heading)
@@ -102,6 +120,7 @@ def experiment_section(page: Page, heading: str, experiment, result, results_dir
 
 def experiment_sections(page: Page, results_dir: Path, results: dict) -> None:
     for number, experiment in enumerate(EXPERIMENTS, 1):
+        page.add(anchor(experiment.name))
         experiment_section(page, f"## {number}. {experiment.title} (`{experiment.source}`)\n", experiment,
                            results[experiment.name], results_dir)
 
@@ -169,6 +188,36 @@ def reproduce(page: Page, run: dict) -> None:
              f"(`python -m bench.experiments NAME --help`).\n")
 
 
+def by_hand_appendix(text: str) -> tuple[str, list[tuple[str, str]]]:
+    """bench/by_hand.md with an anchor before each of its sections, and each section's anchor with its text (for
+    `section_link` to find the one that cites a result file)."""
+    lines, sections = [], []
+    for line in text.splitlines():
+        if line.startswith("### "):
+            sections.append((f"by-hand-{len(sections) + 1}", ""))
+            lines.append(anchor(sections[-1][0]).rstrip("\n"))
+        elif sections:
+            sections[-1] = (sections[-1][0], sections[-1][1] + line + "\n")
+        lines.append(line)
+    return "\n".join(lines) + "\n", sections
+
+
+def section_link(results_dir: Path, sections: list[tuple[str, str]]):
+    """Where the report explains a result file: its experiment's section for the experiment's own result, else the
+    by-hand section that names the file's folder (the newest such), else the appendix."""
+    def link(path: Path) -> str:
+        relative = path.relative_to(results_dir)
+        if len(relative.parts) == 1 and relative.stem in {e.name for e in EXPERIMENTS}:
+            number = next(i for i, e in enumerate(EXPERIMENTS, 1) if e.name == relative.stem)
+            return f"[section {number}](#{relative.stem})"
+        folder = relative.parent.as_posix() if len(relative.parts) > 1 else relative.as_posix()
+        citing = [name for name, body in sections if folder in body]
+        if citing:
+            return f"[by hand: `{relative.as_posix()}`](#{citing[-1]})"
+        return f"[appendix: `{relative.as_posix()}`](#{APPENDIX})"
+    return link
+
+
 def write_report(results_dir: Path, out: Path) -> Path:
     run = read_result(results_dir, "run_all")
     cards = {p.stem: read_result(results_dir, p.stem) for p in sorted(results_dir.glob("leaderboard*.json"))}
@@ -176,18 +225,22 @@ def write_report(results_dir: Path, out: Path) -> Path:
     # Every result's machine record, the scorecards' first: the header names it, the conditions check load.
     environments = [(name, card["environment"]) for name, card in cards.items()]
     environments += [(name, asdict(result.environment)) for name, result in results.items() if result is not None]
+    appendix, sections = by_hand_appendix(BY_HAND.read_text()) if BY_HAND.exists() else ("", [])
     page = Page(out)
+    title(page)
+    headline_section(page, results_dir, section_link(results_dir, sections))
     header(page, environments, run)
     scorecards(page, list(cards.values()), run)
     experiment_sections(page, results_dir, results)
     suite_section(page, results_dir)
     demo_section(page, read_result(results_dir, "demo_time"))
     gpu_section(page, gpu_results(results_dir))
-    if BY_HAND.exists():
-        page.add(BY_HAND.read_text())
     conditions(page, environments)
     if run:
         reproduce(page, run)
+    page.add(anchor(APPENDIX))
+    if appendix:
+        page.add(appendix)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page.text())
     print(f"wrote {out}")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,16 +44,29 @@ class TrainRun:
 
     @property
     def out_of_memory(self) -> bool:
-        return not self.ok and (any(m in self.output_tail for m in OOM_MESSAGES) or self.returncode == -9)
+        killed = killed_rank(self.output_tail)
+        return not self.ok and (any(m in self.output_tail for m in OOM_MESSAGES) or self.returncode == -signal.SIGKILL
+                                or (killed is not None and killed[1] == signal.SIGKILL))
 
     def failure(self) -> str:
+        """Why it failed, in one line: train.py's own `error:` line; else the signal that ended it (the process, or
+        under torchrun the root-cause rank in torchrun's failure table), SIGKILL read as the likely out-of-memory
+        kill it usually is; else the first line naming an exception, never a traceback's source line."""
         if self.timed_out:
             return f"stopped after {self.elapsed_s:.0f}s (time limit)"
-        # torchrun ends its report with a banner of '='; the telling line is train.py's own "error:" line, or
-        # else the first that names an exception or a signal (the root cause comes first).
         lines = [line.strip() for line in self.output_tail.splitlines() if line.strip(" =-\n")]
-        telling = [line for line in lines if line.startswith("error:")] or \
-                  [line for line in lines if any(word in line for word in ("Error", "terminate called", "Signal "))]
+        own = [line for line in lines if line.startswith("error:")]
+        if own:
+            return f"exit code {self.returncode}: {own[0]}"
+        killed = killed_rank(self.output_tail)
+        if killed is not None:
+            rank, signum = killed
+            return f"rank {rank} {by_signal(signum)}"
+        if self.returncode is not None and self.returncode < 0:
+            return f"train.py {by_signal(-self.returncode)}"
+        # torchrun ends its report with a banner of '='; else the telling line names an exception or a signal.
+        telling = [line for line in lines if any(word in line for word in ("Error", "terminate called", "Signal "))
+                   and not line.startswith("raise ") and not line.startswith("File ")]
         return f"exit code {self.returncode}: {(telling or lines or [''])[0 if telling else -1]}"
 
     @property
@@ -61,6 +76,30 @@ class TrainRun:
     def timed_windows(self, skip: int = 1) -> list[dict]:
         """The log windows after the first `skip` (warm-up: allocator, thread pools, first collectives)."""
         return self.step_records[skip:]
+
+
+# torchrun's failure table (torch/distributed/elastic/multiprocessing/errors): the root cause's rank and exit code,
+# negative for a signal.
+ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def killed_rank(output: str) -> tuple[int, int] | None:
+    """The rank a signal ended and the signal's number, from torchrun's root-cause table (None: no rank was)."""
+    found = ROOT_CAUSE.search(output)
+    if found is None or int(found.group(2)) >= 0:
+        return None
+    return int(found.group(1)), -int(found.group(2))
+
+
+def by_signal(signum: int) -> str:
+    """`killed by SIGKILL (signal 9): likely out of memory` -- the kernel's OOM killer sends SIGKILL, and nothing
+    else on a user's machine usually does."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    return (f"killed by {name} (signal {signum})"
+            f"{': likely out of memory (the kernel OOM killer sends SIGKILL; see dmesg)' if signum == signal.SIGKILL else ''}")
 
 
 def train_command(config: TrainConfig, nproc: int | None = None, *launcher: str) -> list[str]:

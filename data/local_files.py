@@ -29,7 +29,6 @@ import contextvars
 import errno
 import functools
 import itertools
-import json
 import os
 import re
 import shutil
@@ -38,7 +37,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 import xxhash
 
@@ -47,6 +46,7 @@ from data.corpus_types import DATASET_NAMES, SPLITS, Corpus, Progress, TextPass
 from data.documents import (MAX_DOCUMENT_CHARS, DatasetError, DocumentCutter, document_bound, text_blocks,
                             unreadable_stream)
 from storage.training_state import TRAINING_STATE
+from runtime.parsed import Unparsable, json_value
 
 RAW_FILES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw", "test": "wiki.test.raw"}
 FORMATS = {".txt": "text", ".raw": "text", ".text": "text", ".jsonl": "jsonl", ".parquet": "parquet"}
@@ -55,15 +55,21 @@ SPLIT_WORDS = {"train": "train", "training": "train", "valid": "validation", "va
 CARVE_EVERY = 200
 CARVE_SEED = 20240520
 LINES_PROBE_ROWS = 1000  # rows looked at to tell a table of lines from a table of documents
+# A JSON line is one record, a document, which is cut into pieces of MAX_DOCUMENT_CHARS once read: a book is a few
+# MB, and a line past this bound is refused before it is held whole.
+MAX_LINE_BYTES = 32 << 20
 TABLE_ROWS_PER_READ = 4096
 HASH_READ_BYTES = 1 << 20
+PARQUET_MAGIC = b"PAR1"
+DISK_LEFT_FREE_BYTES = 1 << 30  # a compressed parquet file's decompressed copy stops short of this much free space
 LISTED_FILES = 3  # files named in a pass's note; the rest are counted
 LISTED_UNUSABLE = 10  # files named, with their reasons, in the line about those that cannot be used
 TEXT_FIX = "convert it to UTF-8 (e.g. with iconv) or re-extract it"
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 # Bumped whenever the cutting into documents, the carving, the choice of files or the content key changes, so old
 # token caches are not reused.
-CUTTING_VERSION = 3
+CUTTING_VERSION = 4
+NO_TEXT = xxhash.xxh3_128().hexdigest()
 
 
 READ_FORMATS = (".txt/.raw/.text, .jsonl or .parquet, each also compressed (" +
@@ -162,11 +168,32 @@ def _parquet_rows(f: DataFile, progress: Progress) -> Iterator[str]:
     with tempfile.NamedTemporaryFile(prefix="corpus-", suffix=".parquet") as plain:
         try:
             with open_stream(f.path, f.compression) as (stream, _):
-                shutil.copyfileobj(stream, plain)
+                _decompress_checked(f, stream, plain)
             plain.flush()
         except READ_ERRORS as e:
             raise unreadable_stream(f.path, f.compression, e) from e
         yield from _table_rows(f, Path(plain.name), progress)
+
+
+def _decompress_checked(f: DataFile, stream: BinaryIO, plain) -> None:
+    """Copy a compressed parquet file's bytes into `plain`, checked on the way: it starts as parquet does (PAR1),
+    and it stops before it takes the last of the temporary folder's free space (a small file can expand a
+    thousandfold, and a full disk fails every process on the host)."""
+    head = stream.read(len(PARQUET_MAGIC))
+    if head != PARQUET_MAGIC:
+        raise DatasetError(f"{f.path} is not a compressed parquet file (its text starts {head!r}, not "
+                           f"{PARQUET_MAGIC!r}); replace it with the hub's file")
+    plain.write(head)
+    room = shutil.disk_usage(Path(plain.name).parent).free - DISK_LEFT_FREE_BYTES
+    written = len(head)
+    while block := stream.read(HASH_READ_BYTES):
+        written += len(block)
+        if written > room:
+            raise DatasetError(f"{f.path} decompresses to more than the {size_text(max(room, 0))} that "
+                               f"{Path(plain.name).parent} has free (less {size_text(DISK_LEFT_FREE_BYTES)} left "
+                               f"for others); decompress it yourself where there is room, or set TMPDIR to such a "
+                               f"folder")
+        plain.write(block)
 
 
 def _table_rows(f: DataFile, path: Path, progress: Progress) -> Iterator[str]:
@@ -220,16 +247,21 @@ def _holds_strings(column_type) -> bool:
 
 
 def _lines(f: DataFile, progress: Progress) -> Iterator[bytes]:
-    """The file's lines as bytes (decompressed), calling `progress` with the file's bytes each took."""
+    """The file's lines as bytes (decompressed), calling `progress` with the file's bytes each took.  A line is read
+    with a bound: a line longer than MAX_LINE_BYTES is an error naming it, before it is held whole (a .jsonl.gz of
+    one short megabyte can hold a line of a gigabyte)."""
     with open_stream(f.path, f.compression) as (stream, raw):
         reported = 0
-        while True:
+        for number in itertools.count(1):
             try:
-                line = stream.readline()
+                line = stream.readline(MAX_LINE_BYTES + 1)
             except READ_ERRORS as e:
                 raise unreadable_stream(f.path, f.compression, e) from e
             if not line:
                 return
+            if len(line) > MAX_LINE_BYTES:
+                raise DatasetError(f"{f.path} line {number} is longer than {size_text(MAX_LINE_BYTES)}, the most a "
+                                   f"line (one record) may hold; split its text into several records")
             if f.compression is None:
                 progress(len(line))
             elif (position := raw.tell()) != reported:
@@ -243,10 +275,9 @@ def _jsonl_rows(f: DataFile, progress: Progress) -> Iterator[str]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except (ValueError, RecursionError) as e:  # ValueError: bad JSON, bytes, or an over-long number
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise DatasetError(f"{f.path} line {number} is not a JSON object ({reason}); each line must be one "
+            record = json_value(line)
+        except Unparsable as e:
+            raise DatasetError(f"{f.path} line {number} is not a JSON object ({e}); each line must be one "
                                f"object with a \"text\" field") from e
         text = record.get("text") if isinstance(record, dict) else None
         if not isinstance(text, str):
@@ -264,30 +295,50 @@ def _rows_are_lines(rows: list[str]) -> bool:
 
 
 def file_documents(files: list[DataFile], max_chars: int, progress: Progress) -> Iterator[str]:
-    """The files' documents in order (see the module's docstring)."""
+    """The files' documents in order (see the module's docstring).  Two files whose text is the same (a file and
+    its .gz copy: different bytes, so `refuse_same_bytes` let them through) are refused when the second ends, before
+    the pass's token file is complete."""
     cutter = DocumentCutter(max_chars)  # a document ends with its file, except across tables of lines
+    texts: dict[tuple[str, str], Path] = {}  # (format, digest of the text read) -> the file that held it
     for f in files:
+        digest = xxhash.xxh3_128()
         if f.format == "text":
             yield from cutter.finish()
             for piece in text_blocks(f.path, TEXT_FIX, progress, f.compression):
+                digest.update(piece.encode("utf-8", "surrogatepass"))  # blocks joined: they fall anywhere
                 yield from cutter.feed(piece)
             yield from cutter.finish()
-            continue
-        if f.format == "jsonl":
-            rows, probe = _jsonl_rows(f, progress), []
         else:
-            rows = _parquet_rows(f, progress)
-            probe = list(itertools.islice(rows, LINES_PROBE_ROWS))
+            rows = _rows_hashed(_jsonl_rows(f, progress) if f.format == "jsonl" else _parquet_rows(f, progress),
+                                digest)
+            probe = list(itertools.islice(rows, LINES_PROBE_ROWS)) if f.format == "parquet" else []
             rows = itertools.chain(probe, rows)
-        if probe and _rows_are_lines(probe):
-            while lines := list(itertools.islice(rows, TABLE_ROWS_PER_READ)):
-                yield from cutter.feed("".join(lines))
-        else:
-            yield from cutter.finish()
-            for row in rows:
-                yield from cutter.feed(row)
+            if probe and _rows_are_lines(probe):
+                while lines := list(itertools.islice(rows, TABLE_ROWS_PER_READ)):
+                    yield from cutter.feed("".join(lines))
+            else:
                 yield from cutter.finish()
+                for row in rows:
+                    yield from cutter.feed(row)
+                    yield from cutter.finish()
+        key = (f.format, digest.hexdigest())
+        if key[1] == NO_TEXT:  # empty files are alike without being copies
+            continue
+        if key in texts:
+            first = texts[key]
+            raise same_text_refused(first, f.path, Path(os.path.commonpath([first, f.path])),
+                                    "the same text once decompressed")
+        texts[key] = f.path
     yield from cutter.finish()
+
+
+def _rows_hashed(rows: Iterator[str], digest) -> Iterator[str]:
+    """`rows`, each added to `digest` with its length, so that rows cut differently never hash the same."""
+    for row in rows:
+        encoded = row.encode("utf-8", "surrogatepass")
+        digest.update(len(encoded).to_bytes(8, "little"))
+        digest.update(encoded)
+        yield row
 
 
 # --- the corpus --------------------------------------------------------------------------------------
@@ -395,6 +446,29 @@ def _kind(mode: int) -> str:
     return "a socket" if stat.S_ISSOCK(mode) else "a device"
 
 
+def refuse_same_bytes(paths: list[Path], root: Path) -> None:
+    """One line naming two files of the corpus that hold the same bytes (a copy kept beside its original): read
+    twice, its text would train twice, and a passage carved out of one for validation would be training text in
+    the other.  (The same text in files that differ as bytes, a file and its .gz, is found as it is read:
+    `file_documents`.)  Every file's bytes are hashed for the token cache's key anyway (`content_digest`)."""
+    seen: dict[tuple[int, str], Path] = {}
+    for path in paths:
+        key = (path.stat().st_size, file_hash(path))
+        if key[0] == 0:  # empty files are alike without being copies
+            continue
+        if key in seen:
+            raise same_text_refused(seen[key], path, root, "the same bytes")
+        seen[key] = path
+
+
+def same_text_refused(first: Path, second: Path, root: Path, what: str) -> DatasetError:
+    def name(path: Path) -> str:
+        return str(path.relative_to(root)) if path != root and path.is_relative_to(root) else str(path)
+    return DatasetError(f"{name(first)} and {name(second)} in {root} hold {what}: its text would be read twice, "
+                        f"and a passage held out of one for validation would be training text in the other; "
+                        f"remove one of them (or move it out of the folder)")
+
+
 def carved_split(index: int) -> str:
     """The split of the `index`-th document of a training text that validation and test are carved from."""
     slot = (index + CARVE_SEED) % CARVE_EVERY
@@ -410,21 +484,35 @@ def carving_explained(bound: int) -> str:
 
 
 def carving_read(files: list[DataFile], carved: tuple[str, ...], max_chars: int):
+    """The pass over the training files that carves `carved` out of them (`carved_split`).  A passage whose text
+    came before goes where its first copy went, so no text held out is also trained on (a boilerplate paragraph, a
+    repeated article); only the digests of the passages are kept."""
     def read(progress: Progress) -> Iterator[tuple[str, str]]:
         held = None  # the last training document, kept back: a tiny corpus gives it to validation
+        held_repeats = False  # whether its text came before
         gave_validation = False
+        seen: set[int] = set()  # every passage's digest
+        carved_to: dict[int, str] = {}  # a carved passage's digest -> its split
         for index, doc in enumerate(file_documents(files, max_chars, progress)):
-            split = carved_split(index)
-            split = split if split in carved else "train"
+            digest = xxhash.xxh3_64_intdigest(doc.encode("utf-8", "surrogatepass"))
+            repeats = digest in seen
+            if repeats:
+                split = carved_to.get(digest, "train")
+            else:
+                split = carved_split(index)
+                split = split if split in carved else "train"
+                seen.add(digest)
+                if split != "train":
+                    carved_to[digest] = split
             if split == "train":
                 if held is not None:
                     yield "train", held
-                held = doc
+                held, held_repeats = doc, repeats
                 continue
             gave_validation |= split == "validation"
             yield split, doc
         if held is not None:
-            yield ("train" if gave_validation else "validation"), held
+            yield ("train" if gave_validation or held_repeats else "validation"), held
     return read
 
 
@@ -438,6 +526,7 @@ def local_corpus(path: str | Path, name: str | None = None) -> Corpus:
                            f"line) or .parquet (a \"text\" column), each also compressed ({', '.join(COMPRESSIONS)})")
     paths, unusable = corpus_files(root)
     unusable_checked(root, unusable)
+    refuse_same_bytes(paths, root)
     if not paths:
         raise DatasetError(f"{root} holds no corpus files: wiki.*.raw or .txt files, .jsonl files or parquet files "
                            f"(train-*.parquet, validation-*.parquet, test-*.parquet), each also compressed "

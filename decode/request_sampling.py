@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from decode.sampling import SamplingError, SamplingParams
+from decode.sampling import MAX_LOGIT_BIAS, SamplingError, SamplingParams
 
 SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "ignore_eos", "logit_bias",
                    "presence_penalty", "frequency_penalty")
@@ -48,18 +48,37 @@ def logit_bias(bias: Mapping[str | int, float] | None, vocab_size: int) -> tuple
                             "logit_bias")
     pairs = {}
     for key, value in bias.items():
-        token = key if isinstance(key, int) and not isinstance(key, bool) else \
-            int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else None
+        token = key if isinstance(key, int) and not isinstance(key, bool) and key >= 0 else \
+            _decimal_id(key, vocab_size) if isinstance(key, str) and key.isascii() and key.isdigit() else None
         if token is None:
-            raise SamplingError(f"logit_bias: key {key!r} is not a token id; write each id as a decimal string, "
-                                f"e.g. {{\"50256\": -100}}", "logit_bias")
+            raise SamplingError(f"logit_bias: key {_shown(key)} is not a token id; write each id as a decimal "
+                                f"string, e.g. {{\"50256\": -100}}", "logit_bias")
         if token >= vocab_size:
-            raise SamplingError(f"logit_bias: token id {token} is outside the vocabulary; ids run from 0 to "
+            raise SamplingError(f"logit_bias: token id {_shown(key)} is outside the vocabulary; ids run from 0 to "
                                 f"{vocab_size - 1}", "logit_bias")
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise SamplingError(f"logit_bias: the bias of token {token} must be a number, got {value!r}",
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                isinstance(value, int) and value.bit_length() > 64:  # past any bias, and float() may refuse it
+            raise SamplingError(f"logit_bias: the bias of token {token} must be a number in [-{MAX_LOGIT_BIAS:g}, "
+                                f"{MAX_LOGIT_BIAS:g}], got {_shown(value) if isinstance(value, int) else repr(value)}",
                                 "logit_bias")
         if token in pairs:  # "7" and "007" name the same token
             raise SamplingError(f"logit_bias: token id {token} is given twice", "logit_bias")
         pairs[token] = float(value)
     return tuple(sorted(pairs.items()))
+
+
+def _decimal_id(digits: str, vocab_size: int) -> int:
+    """The id the decimal string `digits` names, or `vocab_size` (outside the vocabulary) for one with more digits
+    than any id has: int() refuses a string of over 4,300 digits, and a long one costs time."""
+    significant = digits.lstrip("0") or "0"  # "007" names token 7
+    return int(significant) if len(significant) <= len(str(vocab_size)) else vocab_size
+
+
+def _shown(key: str | int) -> str:
+    """A key as the request wrote it, cut short: a key may be thousands of characters (or an int of as many
+    digits, which str() refuses past 4,300)."""
+    if isinstance(key, int):
+        text = str(key) if key.bit_length() <= 14_000 else f"<an integer of {key.bit_length()} bits>"
+    else:
+        text = (key.lstrip("0") or "0") if key.isascii() and key.isdigit() else repr(key)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"

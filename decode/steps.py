@@ -16,7 +16,7 @@ from decode.trace import KEPT_TRACES, TracedSteps
 from decode import trace_payback
 from model.gpt import GPT
 from model.kv_cache import KVCache, StaticKVCache
-from decode.step_threads import for_model
+from decode.step_threads import StepThreads
 
 # auto: the fastest for the model and device (fastest_decode); dynamic: eager passes over the filled columns of the
 # cache (the fastest eager steps); static: eager passes over fixed shapes, every column attended through a mask
@@ -73,9 +73,9 @@ class DecodeSteps:
         # An explicit `traced` traces every step; auto traces when the tokens a call has left will repay the trace,
         # as this process's timings on this host say (decode/trace_payback.py).
         self.trace_when_repaid = decode == "auto"
-        # On the CPU, each step after the prompt runs with the thread count its recent timings favour, which stays
-        # set between steps until `release_threads`; traces are made with all the threads (decode/trace.py).
-        self.threads = for_model(model) if device.type == "cpu" else None
+        # On the CPU, each step after the prompt runs with the threads other programs leave free, which stay set
+        # between steps until `release_threads`; traces are made with all the threads (decode/trace.py).
+        self.threads = StepThreads() if device.type == "cpu" else None
         self.traced = (TracedSteps(model, max(KEPT_TRACES, 4 * max_rows), self.threads and self.threads.most)
                        if self.mode == "traced" else None)
         self.captured = CapturedSteps(model) if self.mode == "cuda-graph" else None
@@ -106,10 +106,7 @@ class DecodeSteps:
         the server, whose traces serve its whole life)."""
         judged = self._judge(cache, inputs, tokens_left)
         if cache.length > 0 and self.threads is not None:
-            # Each way's steps inform the thread count apart: an eager step among traced ones (auto times the way
-            # not taken now and then) would read as a slow spell of the count, and move the traced steps off it.
-            key = tuple(inputs.shape) if judged is None else (*inputs.shape, judged.traced)
-            return self.threads.run(key, lambda: self._step(cache, inputs, positions, judged))
+            return self.threads.run(lambda: self._step(cache, inputs, positions, judged))
         return self._step(cache, inputs, positions, judged)
 
     def release_threads(self) -> None:
@@ -151,14 +148,14 @@ class DecodeSteps:
     def _judged_step(self, cache: KVCache, inputs: torch.Tensor, positions: int, judged: _Judged) -> torch.Tensor:
         """The step as `_judge` said, timed for the next judgements."""
         payback, traced, kept, shape = trace_payback.PAYBACK, judged.traced, judged.kept, judged.shape
+        # whether the host stays quiet through a trace (seconds long): only a quiet trace's cost is kept for others
+        mark = payback.load.mark() if traced and not kept else None
         start = payback.clock()
         logits = self.traced.step(cache, inputs)[:, -positions:] if traced else self._eager(cache, inputs, positions)
         seconds = payback.clock() - start
         if traced and not kept:
-            payback.note_trace(self.model, shape, seconds)
-        elif self.threads is None or not self.threads.trying:
-            # (a try of another thread count, decode/step_threads.py, times that count, not the steps judged: on one
-            # host its eager step took several of the others', and the trace it made look cheap was not repaid)
+            payback.note_trace(self.model, shape, seconds, payback.load.quiet_since(mark))
+        else:
             (payback.note_traced if traced else payback.note_eager)(self.model, shape, seconds)
         return logits
 

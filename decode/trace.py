@@ -18,8 +18,8 @@ count and token count, with or without a mask and columns, dtype and device, and
 place since (a loaded state dict, an optimizer step) are traced anew.  It depends on the thread count too (each
 float product's kernel, and how many blocks it cuts the weight into, is chosen for the count at the time), so
 DecodeSteps has every trace made with the process's full count: a step that decode/step_threads.py runs with fewer
-threads, as a try or beside a busy program, runs the same graph, where a trace made during a one-thread try would
-run every later step with one thread's kernels (bench/by_hand.md, "auto's first trace in a fresh process").
+threads beside a busy program runs the same graph, where a trace made during a one-thread step would run every
+later step with one thread's kernels (bench/by_hand.md, "auto's first trace in a fresh process").
 tests/test_decode_trace.py checks the tokens against the eager steps.
 
 Why TorchScript's tracer although torch 2.13 marks it deprecated: torch.compile (Inductor on the CPU) ran the

@@ -12,7 +12,7 @@ from mkdocs.structure.files import File
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 # The repository's files the site carries: the benchmark report with its plots, and the run configs.
-CARRIED = ("bench/REPORT.md", "bench/results/*.png", "configs/*/*.toml")
+CARRIED = ("bench/REPORT.md", "bench/results/**/*.png", "configs/*/*.toml")
 LINK = re.compile(r"(\]\()([^)\s#]+)(#[^)\s]*)?(\))")
 
 

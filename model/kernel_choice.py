@@ -21,6 +21,12 @@ choice is written there only once the step has confirmed it or put the default i
 between the two (a Ctrl-C during its first trace) leaves the shape to be timed again, not a kernel the step
 never judged.
 
+Timings taken while other programs used the cores (runtime/host_load.py: a quarter of a core or more over the
+timing) say more about that load than about the kernels: the shapes so timed run their default kernel instead, and
+nothing is kept for other processes, so that a choice made under load neither outlives the load in this process
+nor reaches the next ones (issue 70).  The next trace of a new shape, or the next process, times them on a quiet
+host.
+
     $GPT2_KERNEL_CHOICES   the file (default .cache/kernel_choices.json in the project); `off` keeps nothing
 
 A kept name that is not one of the shape's candidates (a file from another version, or edited) is timed again
@@ -36,6 +42,8 @@ from typing import Callable
 
 import torch
 
+from runtime import host_load
+from runtime.host_load import HostLoad
 from runtime.kept_file import CACHE_FOLDER, KeptFile, kept_path
 from runtime.timing import cpu_model
 
@@ -58,20 +66,24 @@ def kept_choices_from_environment() -> KeptFile:
 
 def host_key(shape: tuple) -> str:
     """Everything a kernel's timings depend on besides the shape: the CPU and torch; and how it was chosen, so
-    that a choice made before choices were confirmed in a step (`confirm`) is made again."""
-    return f"{cpu_model()} | torch {torch.__version__} | {shape!r} | confirmed in a step"
+    that a choice made before choices were confirmed in a step (`confirm`), or before a busy host's were left out,
+    is made again."""
+    return f"{cpu_model()} | torch {torch.__version__} | {shape!r} | confirmed in a step on a quiet host"
 
 
 class KernelChoices:
     """The kernel chosen per shape (`choose`), and each shape's timings when this process measured it (`timings`):
     the fastest round of each candidate, in seconds.  `clock`: seconds, as time.perf_counter (a test passes a fake
-    one); `kept`: the file of earlier processes' choices, read and added to (None: this process alone)."""
+    one); `kept`: the file of earlier processes' choices, read and added to (None: this process alone); `load`:
+    whether other programs left the cores free (default: the process's runtime/host_load.py)."""
 
-    def __init__(self, clock=time.perf_counter, rounds: int = ROUNDS, kept: KeptFile | None = None):
-        self.clock, self.rounds, self.kept = clock, rounds, kept
+    def __init__(self, clock=time.perf_counter, rounds: int = ROUNDS, kept: KeptFile | None = None,
+                 load: HostLoad | None = None):
+        self.clock, self.rounds, self.kept, self._load = clock, rounds, kept, load
         self.chosen: dict[tuple, str] = {}
         self.timings: dict[tuple, dict[str, float]] = {}
         self.unconfirmed: set[tuple] = set()  # shapes timed since the last `confirm`
+        self.timed_busy: set[tuple] = set()  # of those, the shapes timed while other programs used the cores
         self.looked_up: set[tuple] = set()  # shapes whose kept entry `known` has read (found or not)
 
     def choose(self, shape: tuple, candidates: Callable[[], dict[str, Callable[[], object]]]) -> str:
@@ -87,7 +99,10 @@ class KernelChoices:
             if kept is not None:
                 log.info("kernel for %s: %s (kept in %s)", shape, kept, self.kept.path)
                 return kept
+            mark = self.load.mark()
             best = self.timings[shape] = self._time(runs)
+            if not self.load.quiet_since(mark):
+                self.timed_busy.add(shape)
             chosen = self.chosen[shape] = min(best, key=best.get)
             self.unconfirmed.add(shape)
             log.info("kernel for %s: %s (%s)", shape, chosen,
@@ -114,22 +129,39 @@ class KernelChoices:
         """Keep the kernels timed since the last call only if `step` (a whole decode step, which runs every product
         of their shapes) is faster with them than with each shape's `default` kernel, the two timed in turns as
         candidates are; else the defaults replace them.  Either way the kernels it settles on go into the kept
-        file.  Returns the kernels of the shapes it judged."""
+        file, unless any of the timings ran while other programs used the cores: then the defaults run and nothing
+        is kept.  Returns the kernels of the shapes it judged."""
         shapes, self.unconfirmed = sorted(self.unconfirmed), set()
+        busy, self.timed_busy = bool(self.timed_busy & set(shapes)), set()
         timed = {shape: self.chosen[shape] for shape in shapes}
         defaults = {shape: default(shape) for shape in shapes}
+        if busy:
+            return self._defaults_unkept(defaults, "timed")
         if timed == defaults:
             return self._keep(timed)
 
         def with_kernels(kernels: dict[tuple, str]) -> Callable[[], object]:
             return lambda: (self.chosen.update(kernels), step())
+        mark = self.load.mark()
         best = self._time({"timed": with_kernels(timed), "default": with_kernels(defaults)})
+        if not self.load.quiet_since(mark):
+            return self._defaults_unkept(defaults, "confirmed in the step")
         final = timed if best["timed"] < best["default"] else defaults
         self.chosen.update(final)
         log.info("kernels of %d shapes %s: the step took %.3f ms with them, %.3f ms with the defaults",
                  len(shapes), "kept" if final is timed else "replaced by the defaults", best["timed"] * 1e3,
                  best["default"] * 1e3)
         return self._keep(final)
+
+    @property
+    def load(self) -> HostLoad:
+        return self._load or host_load.HOST_LOAD
+
+    def _defaults_unkept(self, defaults: dict[tuple, str], how: str) -> dict[tuple, str]:
+        self.chosen.update(defaults)
+        log.info("the kernels of %d shapes were %s while other programs used the cores: the defaults run, and "
+                 "nothing is kept", len(defaults), how)
+        return defaults
 
     def _keep(self, kernels: dict[tuple, str]) -> dict[tuple, str]:
         if self.kept is not None:

@@ -22,6 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from model.config import GPTConfig
 from parallel.dims import ParallelDims
 from parallel.errors import ParallelError
+from parallel.job_lines import print_once_per_job
 from runtime.device import distributed_backend
 
 FAILURE_KEY = "parallel/failed_rank"
@@ -214,8 +215,8 @@ def exit_rank(status: int | str | None) -> NoReturn:
     still run while the interpreter shuts down, and there they intermittently aborted a finished job after
     its last checkpoint ("terminate called without an active exception", SIGABRT; 3 of 30 two-rank `tp`
     runs beside another job).  By now every file the run writes is closed; only the console needs flushing."""
-    if isinstance(status, str):  # sys.exit("error: ...")
-        print(status, file=sys.stderr)
+    if isinstance(status, str):  # sys.exit("error: ..."): the same line from every rank is said once
+        print_once_per_job(status)
         status = 1
     sys.stdout.flush()
     sys.stderr.flush()

@@ -33,6 +33,9 @@ class DataParallelStrategy:
     composes_with_tensor_parallel: ClassVar[bool] = True
     comm_time_is_exposed_wait: ClassVar[bool] = False  # else the meter's time is spent inside collectives
     shards_parameters: ClassVar[bool] = False  # each dp rank holds a slice of every parameter
+    # The model's blocks run in the thread that called forward and backward, so a hook on a block can stop the step
+    # there (training/stop_points.py); nn.DataParallel runs its replicas' blocks in threads of its own.
+    blocks_run_in_calling_thread: ClassVar[bool] = True
 
     def __init__(self, model: GPT, ctx: DistContext, meter: CommsMeter, layout: dict[str, ShardSpec] | None = None):
         """`model` is the single-device GPT whose parameters are the ones the optimizer steps (the
@@ -243,6 +246,7 @@ class DataParallel(DataParallelStrategy):
     """torch.nn.DataParallel: one process splits each batch over every visible CUDA device."""
     name = "dp"
     multi_process = False
+    blocks_run_in_calling_thread = False
 
     def wrap(self, module, param_dtype, cpu_offload):
         wrapped = MeanOverReplicas(replicate_with_data_parallel(module, self.ctx.device))

@@ -20,6 +20,7 @@ from model.gpt import GPT
 from prune.masks import count_nonzero
 from prune.speed import read_ratio
 from runtime.errors import UserError
+from runtime.parsed import Unparsable, json_value
 
 REPORT_FILE = "prune_report.json"
 LOSS_PLOT = "loss_vs_sparsity.png"
@@ -35,8 +36,8 @@ def read_report(folder: Path) -> dict:
     if not path.exists():
         return {"methods": {}}
     try:
-        report = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        report = json_value(path.read_bytes())
+    except Unparsable as e:
         raise ReportError(f"{path} is not valid JSON ({e}); delete it or choose another --out-dir") from e
     if not isinstance(report.get("methods"), dict):
         raise ReportError(f"{path} is not a prune report (no 'methods' table); choose another --out-dir")

@@ -10,14 +10,15 @@ import json
 import operator
 import signal
 import sys
-import tomllib
 import types
 import typing
 from pathlib import Path
 
 from runtime.errors import UserError
+from runtime.parsed import Unparsable, toml_table
 from runtime.stopping import (Stopped, closing_line, ignore_stop_signals, stop_on_signals,
                               take_stop_noted_while_starting)
+from runtime.text import printable
 
 # The bounds `option` takes: how a message states each, and the test a value within it passes (NaN fails all).
 _BOUNDS = {"min": ("at least", operator.ge), "above": ("above", operator.gt),
@@ -215,11 +216,6 @@ class ToolParser(argparse.ArgumentParser):
         raise SystemExit(f"error: {printable(message)} (see `{self.prog} --help`)")
 
 
-def printable(text: str) -> str:
-    """`text` on one line: a character that does not print (a newline typed into an argument) as its escape."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 CONFIG_FLAG = "--config"
 CONFIG_HELP = ("read settings from a TOML file: each key is a flag without its leading dashes, with dashes or "
                "underscores (batch-size = 16 or batch_size = 16, compile = true, modes = [\"ddp\", \"tp\"]); a flag "
@@ -285,16 +281,13 @@ def read_config_file(cls, path: Path) -> dict:
     if path.exists() and not path.is_file():  # a FIFO or a device would block the read or never end it
         raise ConfigFileError(f"{CONFIG_FLAG} {path}: not a regular file; name a .toml file")
     try:
-        with open(path, "rb") as file:
-            table = tomllib.load(file)
+        table = toml_table(path.read_bytes())
     except FileNotFoundError:
         raise ConfigFileError(f"{CONFIG_FLAG} {path}: no such file") from None
     except OSError as e:
         raise ConfigFileError(f"{CONFIG_FLAG} {path}: cannot be read ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise ConfigFileError(f"{path}: not UTF-8 text (byte {e.start}); TOML files are UTF-8") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigFileError(f"{path}: not valid TOML: {printable(str(e))}") from None
+    except Unparsable as e:
+        raise ConfigFileError(f"{path}: {e}") from None
     fields = {f.name.replace("_", "-"): f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     settings, spelt = {}, {}
@@ -341,6 +334,8 @@ def _config_value(kind, value, metadata) -> tuple[str | None, object]:
         return _checked(float(value), metadata)
     if not isinstance(value, str):
         return f"must be a string, got {_shown(value)}", None
+    if "\0" in value:  # TOML can write one ("\u0000"), a command line cannot, and no path or name holds one
+        return "holds a NUL character (\\u0000), which no flag can carry; remove it", None
     try:
         return _checked(kind(value), metadata)
     except (TypeError, ValueError) as e:

@@ -1,4 +1,5 @@
-"""Bytes from a file or a pipe as text, or one error that says where the first byte that is not UTF-8 is."""
+"""Bytes from a file or a pipe as text, or one error that says where the first byte that is not UTF-8 is; any text
+on one line."""
 from __future__ import annotations
 
 from runtime.errors import UserError
@@ -14,3 +15,8 @@ def decode_utf8(data: bytes, source: object, fix: str, error: type[UserError]) -
         raise error(f"{source} is not UTF-8: byte 0x{data[e.start]:02x} at offset {e.start} (line {line}); "
                     f"{fix}") from e
     return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def printable(text: str) -> str:
+    """`text` on one line: a character that does not print (a newline typed into an argument) as its escape."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

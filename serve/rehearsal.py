@@ -37,6 +37,7 @@ REQUESTS = (
     ("/v1/completions", {"model": None, "prompt": "Hello", "max_tokens": 2, "temperature": 0}),
     ("/tokenize", {"prompt": "Hello"}),
 )
+NEW_TOKENS = ("max_new_tokens", "max_tokens")  # each door's count, cut to what the model's context leaves
 
 
 async def rehearse(app: FastAPI, state: ServerState) -> None:
@@ -44,8 +45,15 @@ async def rehearse(app: FastAPI, state: ServerState) -> None:
     logged as a warning with its body (a server error there is one the clients will meet; a --request-timeout-s
     shorter than two tokens take answers 504), and the start-up goes on: the path has run either way."""
     started = time.perf_counter()
+    room = state.block_size - 1  # new tokens beside the one-token prompt
+    if room < 1:
+        log.warning("the model's context of %d token holds a prompt and no new token: every request to generate "
+                    "will be refused (422); serve a model with a longer context", state.block_size)
     for path, body in REQUESTS:
-        body = {k: state.model_id if k == "model" else v for k, v in body.items()}
+        body = {k: state.model_id if k == "model" else min(v, room) if k in NEW_TOKENS else v
+                for k, v in body.items()}
+        if any(body.get(k) == 0 for k in NEW_TOKENS):
+            continue
         try:
             status, reply = await _request(app, path, body, next(iter(state.api_keys), None))
         except Exception as e:  # Starlette re-raises a route's error after answering 500

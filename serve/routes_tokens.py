@@ -6,6 +6,8 @@ text), and ids are checked against the vocabulary as a token-id prompt's are (se
 """
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Depends, Request
 
 from data.tokenizer import decode, encode
@@ -24,12 +26,18 @@ router = APIRouter(dependencies=[Depends(require_api_key)],
 async def tokenize(body: TokenizeRequest, request: Request):
     state = server_state(request)
     check_model(body.model, state)
-    ids = encode(body.prompt)
-    strings = None
-    if body.return_token_strs:
-        reader = TokenReader(0)
-        strings = [reader.read(token)[0] for token in ids]
+    # On a worker thread: a body of megabytes (under a raised --max-body-bytes) takes seconds to tokenize, which on
+    # the event loop would hold every other client, /health included, that long.
+    ids, strings = await asyncio.to_thread(_tokens, body.prompt, body.return_token_strs)
     return TokenizeResponse(count=len(ids), max_model_len=state.block_size, tokens=ids, token_strs=strings)
+
+
+def _tokens(prompt: str, with_strings: bool) -> tuple[list[int], list[str] | None]:
+    ids = encode(prompt)
+    if not with_strings:
+        return ids, None
+    reader = TokenReader(0)
+    return ids, [reader.read(token)[0] for token in ids]
 
 
 @router.post("/detokenize", response_model=DetokenizeResponse)

@@ -20,7 +20,7 @@ log = logging.getLogger("serve.engine")
 
 # Runs of each step made at start-up after its trace's own two (`_warm_step`).
 WARM_UP_STEPS = 8
-# A warm-up prompt's length: any runs the same eager pass.
+# A warm-up prompt's length: any runs the same eager pass (a model whose context is shorter takes one as long as it).
 WARM_UP_PROMPT_TOKENS = 8
 # How long start-up waits at most for the pass that moves the weights onto huge pages (lowest priority, so slow on
 # a busy host); beyond it the server starts anyway and logs that the pass still runs.
@@ -42,7 +42,9 @@ def warm_up(runner: Runner, all_rows: bool = True) -> None:
     and every row count would need traces of its own.  They run on the free rows of the empty caches, which
     joining sequences overwrite."""
     started = time.perf_counter()
-    if runner.draft is None:
+    if runner.config.block_size < 2:  # any prompt fills the context: no decode step can ever run
+        pass
+    elif runner.draft is None:
         counts = {padded_rows(active, runner.max_batch_size) for active in range(1, runner.max_batch_size + 1)}
         for rows in sorted(counts) if runner.steps.compiled and all_rows else [1]:
             if rows > 1:  # the batch's form: row 0 holds a column, the others (as free rows) none
@@ -75,8 +77,9 @@ def _warm_step(runner: Runner, steps: DecodeSteps, cache: Callable[[], KVCache],
 
 def _warm_prompt_and_sampling(runner: Runner) -> None:
     """A prompt's eager pass and a draw of both kinds (greedy, and top-k with top-p) on its logits."""
-    prompt = torch.zeros(1, WARM_UP_PROMPT_TOKENS, dtype=torch.long, device=runner.device)
-    logits = runner.steps.logits(runner.steps.new_cache(1, WARM_UP_PROMPT_TOKENS), prompt, 1)[:, -1]
+    length = min(WARM_UP_PROMPT_TOKENS, runner.config.block_size)
+    prompt = torch.zeros(1, length, dtype=torch.long, device=runner.device)
+    logits = runner.steps.logits(runner.steps.new_cache(1, length), prompt, 1)[:, -1]
     generator = torch.Generator(device=runner.device).manual_seed(0)
     # decode/sampling.py's own sampler, whichever the steps call through this module's name.
     sampling.sample_rows(logits.expand(2, -1), [SamplingParams(temperature=0), SamplingParams(top_k=40, top_p=0.9)],

@@ -34,6 +34,7 @@ from typing import Callable, Iterator
 
 from runtime.errors import UserError
 from runtime.stopping import signals_held
+from runtime.parsed import Unparsable, json_value
 
 STAGING_DIR = ".staging"
 JOURNAL = "COMPLETE"
@@ -136,9 +137,9 @@ def release_writer_lock(folder: str | Path) -> None:
 
 def _describe_holder(fd: int) -> str:
     try:
-        holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        holder = json_value(os.pread(fd, 4096, 0) or b"{}")
         return f"process {holder['pid']} on {holder['host']} (`{holder['command']}`, since {holder['since']})"
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+    except (OSError, Unparsable, KeyError, TypeError):
         return "another process"
 
 
@@ -212,8 +213,8 @@ def _finish_interrupted_save(folder: Path) -> None:
     if not staging.exists():
         return
     try:
-        names = json.loads((staging / JOURNAL).read_text())
-    except (OSError, ValueError, RecursionError):  # no journal, or one cut short: the save never completed
+        names = json_value((staging / JOURNAL).read_bytes())
+    except (OSError, Unparsable):  # no journal, or one cut short: the save never completed
         names = None
     if isinstance(names, list):
         checked_names(names, staging, staging / JOURNAL)  # where each file is taken from,
@@ -349,8 +350,8 @@ def previous_contents(folder: str | Path) -> list[str]:
     names a place outside the folder."""
     folder = Path(folder)
     try:
-        names = json.loads((folder / CONTENTS_FILE).read_text())
-    except (OSError, ValueError, RecursionError):
+        names = json_value((folder / CONTENTS_FILE).read_bytes())
+    except (OSError, Unparsable):
         return []
     return checked_names(names, folder, folder / CONTENTS_FILE) if isinstance(names, list) else []
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from model.config import ConfigError, GPTConfig
 from storage.hf import config_from_hf, config_to_hf
 from storage.weights import ArtifactError, one_line
+from runtime.parsed import Unparsable, json_value
 
 CONFIG_FILE = "config.json"
 ARTIFACT_KINDS = ("float", "pruned", "int8")
@@ -66,8 +67,8 @@ class ArtifactMeta:
         if not path.exists():
             raise ArtifactError(f"{folder} has no {CONFIG_FILE}: it is not a checkpoint folder")
         try:
-            data = json.loads(path.read_text())
-        except (ValueError, RecursionError) as e:  # bad JSON, bad UTF-8 and over-long numbers; deep nesting
+            data = json_value(path.read_bytes())
+        except Unparsable as e:
             raise ArtifactError(f"{path} is not readable JSON ({one_line(e)}); the checkpoint is damaged") from e
         return cls.from_dict(data, path)
 

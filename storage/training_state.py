@@ -14,6 +14,7 @@ from pathlib import Path
 
 from storage.meta import json_kind
 from storage.weights import ArtifactError, one_line
+from runtime.parsed import Unparsable, json_value
 
 TRAINING_STATE = "training_state"
 STATE_FILE = f"{TRAINING_STATE}/state.json"
@@ -45,8 +46,8 @@ class TrainingState:
         if not path.exists():
             return None
         try:
-            data = json.loads(path.read_text())
-        except (ValueError, RecursionError) as e:  # bad JSON, bad UTF-8 and over-long numbers; deep nesting
+            data = json_value(path.read_bytes())
+        except Unparsable as e:
             raise ArtifactError(f"{path} is not readable JSON ({one_line(e)}); {FIX}") from e
         if not isinstance(data, dict):
             raise ArtifactError(f"{path} holds a JSON {json_kind(data)}, not the training state; {FIX}")

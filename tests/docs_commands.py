@@ -97,8 +97,9 @@ class Parsed(Exception):
 
 
 def tool_and_args(words: list[str]) -> tuple[str, list[str]]:
-    """("train.py" or "-m serve", its arguments) of a python or torchrun command line."""
-    if words[0] in LAUNCHERS or words[1:3] == ["-m", "torch.distributed.run"]:
+    """("train.py" or "-m serve", its arguments) of a python or torchrun command line (`python -m parallel.launch`
+    takes torchrun's flags)."""
+    if words[0] in LAUNCHERS or words[1:3] in (["-m", "torch.distributed.run"], ["-m", "parallel.launch"]):
         launcher_args = words[1:] if words[0] in LAUNCHERS else words[3:]
         with contextlib.redirect_stderr(io.StringIO()) as err:
             try:
@@ -192,10 +193,15 @@ def check(command: Command) -> None:
         raise AssertionError(f"{command}: {e}") from None
 
 
+def tool_parser(tool: str) -> argparse.ArgumentParser:
+    """The parser of `tool` as TABLES names it ("train.py", "python -m serve")."""
+    words = tool.split()
+    return parse(tool_and_args(words if words[0] == "python" else ["python", *words])[0], [], build_config=False)
+
+
 def options_table(tool: str) -> str:
     """The Markdown table of every option `tool` takes, as its --help states them."""
-    words = tool.split()
-    parser = parse(tool_and_args(words if words[0] == "python" else ["python", *words])[0], [], build_config=False)
+    parser = tool_parser(tool)
     formatter = parser._get_formatter()
     rows = []
     for action in parser._actions:

@@ -117,6 +117,19 @@ MODULES = {
     "data/documents.py": Target(("tests/test_data_documents.py", *HOSTILE_DATA)),
     "data/local_files.py": Target(("tests/test_local_files.py", *DATA_TESTS), only=LOCAL_FILE_CHECKS),
     "decode/prefix_cache.py": Target(("tests/test_prefix_cache.py", "tests/test_hostile_cache_salt.py")),
+    # issue 71: the doors' sampling knobs (logit_bias's keys and values), kept files, compressed streams
+    "decode/request_sampling.py": Target(("tests/test_logit_adjust.py",
+                                          "tests/test_sample.py::test_bad_bias_and_penalty_flags_are_one_line_naming_"
+                                          "the_flag",
+                                          "tests/test_sample.py::test_logit_bias_and_penalties_take_the_servers_form",
+                                          "tests/test_sample.py::test_prompts_file_lines_of_the_wrong_type_or_"
+                                          "encoding_fail_alone",
+                                          "tests/test_hostile_cli.py::test_sample_json_of_any_length_and_depth_is_one_"
+                                          "line_and_a_bad_prompts_line_fails_alone",
+                                          "tests/test_hostile_http.py::test_bad_bias_and_penalties_are_one_line_naming_"
+                                          "the_field")),
+    "runtime/kept_file.py": Target(("tests/test_hostile_kept_files.py", "tests/test_kept_ratios.py")),
+    "data/compressed.py": Target(("tests/test_data_documents.py", *HOSTILE_DATA)),
     "storage/folder.py": Target(("tests/test_folder_files.py", "tests/test_storage.py", "tests/test_claim.py",
                                   *hostile("tests/test_folder.py", omit=(
         "test_training_that_saves_every_step_is_undisturbed_by_a_reader_in_a_tight_loop",
@@ -140,8 +153,16 @@ PLANTED = (
     Planted("a prefix-cache store files blocks behind a key that holds another block", "decode/prefix_cache.py",
             "if held is not None and (held.parent != parent or held.tokens != tokens):\n                return",
             "if False:\n                return", ("tests/test_prefix_cache.py",)),
-    Planted("a deeply nested JSON line's RecursionError is no longer an error line", "data/local_files.py",
-            "except (ValueError, RecursionError) as e:", "except ValueError as e:", ("tests/test_hostile_data.py",)),
+    Planted("a deeply nested JSON line's RecursionError is no longer an error line", "runtime/parsed.py",
+            "except (RecursionError, ValueError) as e:", "except ValueError as e:", ("tests/test_hostile_data.py",)),
+    # issue 71's: each survived every test before it
+    Planted("a string config field takes a TOML number", "runtime/cli.py",
+            "    if not isinstance(value, str):\n        return f\"must be a string, got {_shown(value)}\", None",
+            "    if not isinstance(value, (str, int)):\n        return f\"must be a string, got {_shown(value)}\", None",
+            ("tests/test_config_file.py",)),
+    Planted("a multi-frame .zst loses the frames after the first", "data/compressed.py",
+            "self.leftover, self.stream, self.started = self.stream.unused_data, self.new(), False",
+            "return None", ("tests/test_hostile_data.py",)),
     Planted("the upper bound on seed is gone", "serve/schemas.py", "seed: int | None = Field(None, ge=0, le=MAX_SEED)",
             "seed: int | None = Field(None, ge=0)", ("tests/test_hostile_http.py",)),
 )

@@ -44,9 +44,10 @@ HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 # data_prep's tokenizing paths are tests/test_data.py's, and its tiny run (a process per path) cost 12 s;
 # playground drives a browser, against the page that tests/test_playground.py drives already; precision_memory
 # runs train.py once per setting (train.py's runs are tests/test_train.py's, recomputed activations' gradients
-# tests/test_model.py's), and its tiny run cost 8 s.
+# tests/test_model.py's), and its tiny run cost 8 s; user_start runs processes through timed spans of load (its
+# summary is tests/test_user_start.py's, the choices it times tests/test_step_threads.py's and test_trace_payback.py's).
 NOT_RUN = ("batch_sweep", "faults", "speculative", "one_off_decode", "tp_vs_fsdp", "data_prep", "playground",
-           "precision_memory", "first_request", "prefix_cache")
+           "precision_memory", "first_request", "prefix_cache", "user_start")
 
 
 @pytest.fixture(scope="module")

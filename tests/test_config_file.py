@@ -78,6 +78,16 @@ def test_every_default_written_to_a_file_reads_back_as_the_default(prog, tmp_pat
     ('model = "gpt3"', 'model must be one of tiny, small-cpu, gpt2, gpt2-medium, gpt2-large, gpt2-xl, got "gpt3"'),
     ("[training]\nbatch-size = 4", "unknown key 'training'; TrainConfig's keys are the flags of --help"),
     ("batch-size = ", "not valid TOML: Invalid value (at line 1, column 14)"),
+    # a string field never takes a TOML number as its text (the mutant of issue 71 that did survived)
+    ("dataset = 7", "dataset must be a string, got 7"),
+    ("device = 0", "device must be a string, got 0"),
+    ('out-dir = "x\\u0000y"', "out-dir holds a NUL character (\\u0000), which no flag can carry; remove it"),
+    ('dataset = ["a\\u0000"]', "dataset must be a string, got [\"a\\u0000\"]"),
+    ("batch-size = " + "1" * 4301, "holds an integer of more than 4300 digits"),
+    ("out-dir = " + "[" * 100_000 + "]" * 100_000, "nested deeper than the parser can follow; arrays and tables must "
+                                                   "not nest so deep"),
+    ("out-dir = " + "{a = " * 20_000 + "1" + "}" * 20_000, "nested deeper than the parser can follow; arrays and "
+                                                           "tables must not nest so deep"),
 ])
 def test_a_mistake_in_the_file_is_one_line_naming_the_file_and_the_key(tmp_path, text, message):
     path = tmp_path / "run.toml"

@@ -1,11 +1,8 @@
 """configs/: every shipped run file loads against its tool's parser (a key that is not a flag, a value of the wrong
-type or out of bounds fails here before a user meets it), and `make demo` runs the demo's files."""
+type or out of bounds fails here before a user meets it), the GPT-2 Medium files read the folder their training
+writes, and `make demo` runs the demo's files.  tests/test_config_chain.py runs the GPT-2 Medium chain."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +12,6 @@ from prune.config import PruneConfig
 from quantize.dynamic import QuantizeConfig
 from runtime.cli import given_fields, parse_config
 from serve.config import ServeConfig
-from tests.conftest import save_small_artifact
 from train import main as train_main
 from training.config import TrainConfig
 
@@ -93,22 +89,3 @@ def test_make_demo_runs_the_demo_configs():
     for path in (ROOT / "configs/demo").glob("*.toml"):
         assert any(f"--config configs/demo/{path.name}" in command for command in commands), \
             f"make demo does not run {path.name}"
-
-
-def test_the_tensor_parallel_run_starts_under_torchrun_with_its_flags_overriding_the_file(tmp_path):
-    """configs/gpt2-medium-wikitext103/train-tp.toml at test size: two CPU ranks, a small model as the weights to
-    fine-tune and the built-in corpus in place of WikiText-103 (flags beside --config win).  The run records the
-    settings resolved from both."""
-    init = save_small_artifact(tmp_path / "init")
-    out = tmp_path / "run"
-    flags = ["--init-from", init, "--dataset", "builtin", "--max-steps", "2", "--grad-accum", "1", "--batch-size", "2",
-             "--block-size", "32", "--eval-interval", "2", "--eval-batches", "1", "--final-eval-batches", "1",
-             "--device", "cpu", "--no-curves", "--out-dir", str(out)]
-    job = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          "train.py", "--config", "configs/gpt2-medium-wikitext103/train-tp.toml", *flags],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert job.returncode == 0, job.stderr[-3000:]
-    state = json.loads((out / "training_state" / "state.json").read_text())
-    recorded = state["train_config"]
-    assert (state["step"], recorded["parallel"], recorded["lr"], recorded["warmup_steps"]) == (2, "tp", 3e-5, 100)
-    assert (recorded["dataset"], recorded["grad_accum"], recorded["batch_size"]) == ("builtin", 1, 2)

@@ -14,6 +14,7 @@ from decode.steps import DecodeSteps, fastest_decode
 from decode.trace import _RECORDS, TracedSteps
 from decode.trace_payback import TracePayback
 from decode.generate import generate
+from tests.scripted_host import quiet_host
 from model.kv_cache import ContextOverflow, KVCache
 from model.int8 import quantize_model
 from model import packed_linear
@@ -61,7 +62,7 @@ def test_a_traced_step_reads_no_sizes_as_it_runs(small_model, weights):
 def test_the_default_decode_on_the_cpu_traces_packed_products_and_leaves_the_model_as_it_was(small_model,
                                                                                              monkeypatch):
     # a trace guessed free until timed: these calls trace once an eager step is timed
-    monkeypatch.setattr(decode.trace_payback, "PAYBACK", TracePayback(guess=(0.0, 0.5)))
+    monkeypatch.setattr(decode.trace_payback, "PAYBACK", TracePayback(load=quiet_host(), guess=(0.0, 0.5)))
     eager = copy.deepcopy(small_model)
     for params in (GREEDY, SAMPLED):
         assert torch.equal(generate(small_model, prompt(), params), generate(eager, prompt(), params, decode="dynamic"))
@@ -105,9 +106,9 @@ def test_at_most_the_kept_traces_are_kept_the_oldest_going_first(small_model):
 
 
 def test_a_trace_made_while_a_step_runs_on_one_thread_is_made_for_every_thread(small_model, monkeypatch):
-    # decode/step_threads.py runs a step on fewer threads now and then (a try, or beside a busy program); a trace made
+    # decode/step_threads.py runs a step on fewer threads beside a busy program; a trace made
     # on such a step kept that count's kernels and weight blocks for every step after it, on every thread
-    monkeypatch.setattr(packed_linear, "CHOICES", KernelChoices())
+    monkeypatch.setattr(packed_linear, "CHOICES", KernelChoices(load=quiet_host()))
     pack_for_inference(small_model)
     before = torch.get_num_threads()
     cache = KVCache.allocate(small_model.config, 1, 8, "cpu")
@@ -215,7 +216,7 @@ def test_a_step_past_the_cache_is_refused(small_model):
                                          ("linear", "aten::linear")])
 def test_a_trace_multiplies_through_the_kernel_timed_fastest_for_its_shapes(small_model, monkeypatch, fastest, op):
     clock = type("Clock", (), {"now": 0.0, "__call__": lambda self: self.now})()
-    monkeypatch.setattr(packed_linear, "CHOICES", KernelChoices(clock=clock))
+    monkeypatch.setattr(packed_linear, "CHOICES", KernelChoices(load=quiet_host(), clock=clock))
     real_product = packed_linear.product
 
     def timed_product(kernel, *args):
@@ -237,7 +238,7 @@ def test_a_trace_keeps_the_default_kernels_where_its_step_ran_slower_with_those_
                                                                                                     monkeypatch):
     # `transposed` wins every product timed alone, and makes the whole step slower: the step confirms the defaults
     clock = type("Clock", (), {"now": 0.0, "__call__": lambda self: self.now})()
-    monkeypatch.setattr(packed_linear, "CHOICES", KernelChoices(clock=clock))
+    monkeypatch.setattr(packed_linear, "CHOICES", KernelChoices(load=quiet_host(), clock=clock))
     real_over, real_product, alone = packed_linear._over, packed_linear.product, []
 
     def timed_alone(kernel, *args):

@@ -2,6 +2,7 @@
 its output whole and finished, and a demo stopped after a stage continues from the next."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -47,6 +48,19 @@ def test_a_text_stage_is_done_only_once_its_output_was_renamed_into_place(tmp_pa
     demo.run_stage(stage)
     assert stage.done() and output.read_text() == "hello\n"
     assert not list(tmp_path.glob(".*partial"))
+
+
+def test_the_scorecard_stage_is_done_only_when_its_scorecard_is_complete(tmp_path):
+    """The scorecard writes each figure as it is measured: a run that failed midway leaves a file that is not done."""
+    path = tmp_path / "scorecard.json"
+    done = demo.finished_scorecard(path)
+    assert not done()
+    path.write_text(json.dumps({"loss": 9.3, "complete": False, "status": {"loss": {"status": "measured"}}}))
+    assert not done()
+    path.write_text(json.dumps({"loss": 9.3, "complete": True}))
+    assert done()
+    path.write_text('{"loss": 9.3, "compl')  # not JSON
+    assert not done()
 
 
 def test_an_out_dir_that_cannot_be_a_folder_or_a_record_over_finished_stages_is_one_error_line(tmp_path):

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.docs_commands import (OPTIONS, ROOT, TABLES, Command, check, commands_in, documented_commands,
-                                 options_table)
+                                 options_table, tool_parser)
 
 COMMANDS = documented_commands()
 # A measured figure as prose states one: a ratio (1.14x), a rate or a duration with its unit, a share of a machine.
@@ -83,6 +83,19 @@ def test_the_readme_is_a_front_page():
 def test_measured_figures_are_left_to_the_benchmark_report(page):
     figures = [line for line in (ROOT / page).read_text().splitlines() if FIGURE.search(line)]
     assert figures == [], f"{page} quotes figures; put them in bench/REPORT.md (bench/by_hand.md) and link it"
+
+
+@pytest.mark.parametrize("name", list(TABLES))
+def test_help_holds_no_stray_escape_and_no_measured_figure(name):
+    """A reader of `--help` (and of docs/options/, written from the same texts) sees no argparse escape (`%%`, which
+    the option tables would show raw) and no measured figure, which ages there unseen: a help links the report."""
+    parser = tool_parser(TABLES[name])
+    shown = parser.format_help()
+    raw = [action.help or "" for action in parser._actions]
+    assert "%%" not in shown and not [text for text in raw if "%%" in text or "%(" in text], \
+        f"{TABLES[name]}: a help text escapes '%'; write 'per cent' or link the report"
+    figures = [line.strip() for line in shown.splitlines() if FIGURE.search(line)]
+    assert figures == [], f"{TABLES[name]} --help quotes figures; link bench/REPORT.md instead"
 
 
 def makefile_commands(target: str) -> list[Command]:

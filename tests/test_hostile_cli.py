@@ -37,7 +37,7 @@ from runtime.cli import ConfigFileError, flag, given_fields, parse_config
 from serve.config import ServeConfig
 from tests.config_toml import literal
 from runtime.errors import UserError
-from tests.hostile import attempt, examples
+from tests.hostile import attempt, check_error_line, examples
 
 CLI = "command line"
 CONFIG_FILE = "config file"
@@ -172,6 +172,68 @@ def test_a_keys_spelling_with_dashes_or_underscores_changes_nothing(prog, data):
             except (UserError, SystemExit) as e:  # the file's line, or a check across settings
                 outcomes.append(str(e).replace(str(path), "FILE").replace("_", "-"))
     assert outcomes[0] == outcomes[1]
+
+
+# Values Python's parsers cannot take as they take others: nesting past the interpreter's stack (a RecursionError)
+# and integers past its 4,300 digits (a ValueError), and a NUL that no command line can carry, in a key of each
+# type each tool's config has.
+def past_the_parsers(key: str) -> list[str]:
+    return [f"{key} = " + "[" * 100_000 + "]" * 100_000, f"{key} = " + "{a = " * 20_000 + "1" + "}" * 20_000,
+            f"{key} = " + "9" * 4301, f"{key} = -" + "9" * 10_000, f'{key} = "x\\u0000y"',
+            f'{key} = ["x", "\\u0000"]']
+
+
+@pytest.mark.parametrize("prog", list(TOOLS))
+def test_config_values_past_the_parsers_limits_are_one_error_line_naming_the_file(prog, tmp_path):
+    cls = TOOLS[prog]
+    one_per_type = {str(f.type): flag(f.name)[2:] for f in reversed(dataclasses.fields(cls))}
+    for key in one_per_type.values():
+        for text in past_the_parsers(key):
+            path = tmp_path / "run.toml"
+            path.write_text(text + "\n")
+
+            def parse():
+                try:
+                    parse_config(cls, "A tool.", ["--config", str(path)], prog=prog)
+                except ConfigFileError as e:
+                    assert str(path) in str(e) and len(str(e)) < 300, f"one short line naming the file: {e}"
+                    raise
+
+            assert attempt(CONFIG_FILE, parse) == "refused", (key, text[:40])
+
+
+SAMPLE_JSON = "sample.py JSON"
+
+
+@st.composite
+def json_past_the_parsers(draw) -> tuple[str, str]:
+    """A --logit-bias value or a --prompts-file line of drawn digits and depth: ("flag" or "line", its text)."""
+    digits, depth = "1" * draw(st.integers(1, 12_000)), draw(st.integers(1, 150_000))
+    nested = "[" * depth + "]" * depth
+    return draw(st.sampled_from([
+        ("flag", '{"' + digits + '": 1}'), ("flag", nested), ("flag", '{"1": ' + digits + "}"),
+        ("line", json.dumps({"prompt": "a", "logit_bias": {digits: 1}})), ("line", '{"prompt": "a", "seed": -' + digits + "}"),
+        ("line", '{"prompt": ' + nested + "}"), ("line", '{"prompt": "a", "logit_bias": ' + nested + "}"),
+        *[("line", f'{{"prompt": "a", "{key}": {digits}}}') for key in sample.PROMPT_SETTINGS if key != "logit_bias"],
+        ("line", '{"prompt": "a", "logit_bias": {"1": -' + digits + "}}")]))
+
+
+@examples(30)
+@given(case=json_past_the_parsers())
+def test_sample_json_of_any_length_and_depth_is_one_line_and_a_bad_prompts_line_fails_alone(case):
+    where, text = case
+    if where == "flag":
+        attempt(SAMPLE_JSON, lambda: sample.SampleConfig(logit_bias=text))
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "prompts.jsonl"
+        path.write_text(text + "\n" + json.dumps({"prompt": "fine"}) + "\n")
+        read = {}
+        attempt(SAMPLE_JSON, lambda: read.update(lines=sample.read_prompts(sample.SampleConfig(prompts_file=str(path)))))
+        jobs, errors = read["lines"]
+        assert [number for number, *_ in jobs][-1:] == [2]  # the good line after it still runs
+        for error in errors:
+            check_error_line(error["error"], SAMPLE_JSON)
 
 
 @pytest.mark.parametrize("baseline", ["-o/tmp/x", "--remote=x", "no-such-revision", "HEAD:README.md", ""])

@@ -9,7 +9,10 @@ import gzip
 import json
 import lzma
 import os
+import re
+import shutil
 import tempfile
+import tracemalloc
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -25,7 +28,7 @@ from data.compressed import compression_of, inner_suffix
 from data.local_files import CUTTING_VERSION, FORMATS, DataFile, content_digest, local_corpus, skipping_unreadable
 from data.token_files import HEADER_BYTES, MAGIC, VERSION, load_split, read_tokens, write_tokens
 from model.config import GPT2_VOCAB_SIZE
-from tests.hostile import attempt, check_error_line, examples, run_command, unchanged
+from tests.hostile import attempt, check_error_line, examples, record, run_command, unchanged
 
 CORPUS, TOKEN_CACHE = "corpus", "token cache"
 STEMS = ("train", "wiki.train", "valid", "dev", "test", "books", "part-00000", "notes")
@@ -270,7 +273,7 @@ def test_files_naming_no_split_join_the_training_text(tmp_path, capsys):
 
 def test_the_data_line_counts_the_files_past_the_first_few(tmp_path):
     for i in range(5):
-        (tmp_path / f"part-{i}.txt").write_text("x" * 1500)
+        (tmp_path / f"part-{i}.txt").write_text(f"{i}" + "x" * 1499)  # not copies of one another, which are refused
     assert local_corpus(tmp_path).text_pass("train").origins["train"] == \
         "part-0.txt (2 KB), part-1.txt (2 KB), part-2.txt (2 KB) and 2 more (3 KB), less the passages carved out " \
         "for validation and test"
@@ -294,7 +297,7 @@ def test_a_lone_surrogate_is_one_error_naming_file_and_line(tmp_path):
 
 def test_a_json_line_nested_past_the_parser_s_depth_is_one_error_naming_file_and_line(tmp_path):
     (tmp_path / "train.jsonl").write_text('{"text": "fine"}\n{"text": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
-    with pytest.raises(DatasetError, match=r"train.jsonl line 2 is not a JSON object \(maximum recursion depth"):
+    with pytest.raises(DatasetError, match=r"train.jsonl line 2 is not a JSON object \(nested deeper than the parser"):
         prepare(tmp_path / "train.jsonl")
 
 
@@ -397,6 +400,83 @@ def test_a_damaged_compressed_file_is_one_error_naming_it(tmp_path):
     (tmp_path / "train.txt.gz").unlink()
     (tmp_path / "train.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(b'{"text": "a"}\n' * 50)[:-6])
     with pytest.raises(DatasetError, match=r"train.jsonl.zst is not a whole zstd file"):
+        load_split(str(tmp_path), "train")
+
+
+MULTI_STREAM = [(c, s) for c, s in (("gzip", ".gz"), ("bzip2", ".bz2"), ("xz", ".xz"), ("zstd", ".zst"))]
+
+
+@pytest.mark.parametrize("compression, suffix", MULTI_STREAM)
+def test_every_stream_of_a_multi_stream_file_is_read(tmp_path, compression, suffix):
+    """`cat a.zst b.zst` and pbzip2's output: the streams after the first are text too (a reader that stopped
+    after the first frame of a .zst dropped the rest without a word)."""
+    texts = [SENTENCE.format(i=i) * 40 for i in range(3)]
+    (tmp_path / f"train.txt{suffix}").write_bytes(b"".join(COMPRESS[compression](t.encode()) for t in texts))
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "whole" / "train.txt").write_text("".join(texts))
+    assert np.array_equal(load_split(str(tmp_path / f"train.txt{suffix}"), "train"),
+                          load_split(str(tmp_path / "whole" / "train.txt"), "train"))
+
+
+@pytest.mark.parametrize("compression, suffix", MULTI_STREAM)
+@pytest.mark.parametrize("damage", ["a byte flipped in the second stream", "the second stream's first bytes",
+                                    "bytes after the last stream", "cut inside the last stream"])
+def test_a_damaged_or_trailing_stream_among_several_is_one_error_naming_the_file(tmp_path, compression, suffix,
+                                                                                  damage):
+    # zstd frames with their checksum, as the zstd tool writes them: a flipped byte is found, not decoded as other text
+    compress = (lambda data: zstandard.ZstdCompressor(write_checksum=True).compress(data)) if compression == "zstd" \
+        else COMPRESS[compression]
+    streams = [compress((SENTENCE.format(i=i) * 400).encode()) for i in range(3)]
+    data = bytearray(b"".join(streams))
+    if damage == "a byte flipped in the second stream":
+        data[len(streams[0]) + len(streams[1]) // 2] ^= 0xFF
+    elif damage == "the second stream's first bytes":
+        data[len(streams[0]):len(streams[0]) + 4] = b"junk"
+    elif damage == "bytes after the last stream":
+        data += b"trailing garbage\n"
+    else:
+        data = data[:-7]
+    (tmp_path / f"train.txt{suffix}").write_bytes(bytes(data))
+    with unchanged(CORPUS, tmp_path / f"train.txt{suffix}"), \
+            pytest.raises(DatasetError, match=rf"train.txt{re.escape(suffix)} is not a whole {compression} file "
+                                              rf"\(.+\); compress it again or replace it$"):
+        load_split(str(tmp_path / f"train.txt{suffix}"), "train")
+    record(CORPUS, "refused", f"{compression}: {damage}")
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".jsonl.bz2"])
+def test_a_line_past_the_bound_is_one_error_naming_the_file_and_line_read_in_bounded_memory(tmp_path, suffix,
+                                                                                         monkeypatch):
+    monkeypatch.setattr("data.local_files.MAX_LINE_BYTES", 1 << 20)
+    long_line = json.dumps({"text": "x" * (8 << 20)})  # 8 MB in a .gz of some 8 KB
+    data = (json.dumps({"text": "fine"}) + "\n" + long_line + "\n").encode()
+    compress = {".jsonl": bytes, ".jsonl.gz": gzip.compress, ".jsonl.bz2": bz2.compress}[suffix]
+    (tmp_path / f"train{suffix}").write_bytes(compress(data))
+    tracemalloc.start()
+    try:
+        with pytest.raises(DatasetError, match=rf"train{re.escape(suffix)} line 2 is longer than 1.0 MB, the most a "
+                                               rf"line \(one record\) may hold; split its text into several records"):
+            load_split(str(tmp_path / f"train{suffix}"), "train")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 6 << 20, f"a refused line is not held whole: {peak:,} bytes at the peak"
+
+
+def test_a_compressed_parquet_file_that_is_not_parquet_is_refused_from_its_first_bytes(tmp_path):
+    (tmp_path / "train.parquet.gz").write_bytes(gzip.compress(b"\0" * (4 << 20)))
+    with pytest.raises(DatasetError, match=re.escape(f"{tmp_path / 'train.parquet.gz'} is not a compressed parquet "
+                                                     f"file (its text starts {bytes(4)!r}, not b'PAR1'); replace it "
+                                                     f"with the hub's file")):
+        load_split(str(tmp_path), "train")
+
+
+def test_a_compressed_parquet_file_that_would_fill_the_disk_stops_before_it_does(tmp_path, monkeypatch):
+    (tmp_path / "train.parquet.gz").write_bytes(gzip.compress(b"PAR1" + b"\0" * (8 << 20)))
+    free = shutil.disk_usage(tempfile.gettempdir()).free
+    monkeypatch.setattr("data.local_files.DISK_LEFT_FREE_BYTES", free - (2 << 20))  # 2 MB left to fill
+    with pytest.raises(DatasetError, match=r"train.parquet.gz decompresses to more than the .* free \(less .* left "
+                                           r"for others\); decompress it yourself where there is room, or set TMPDIR"):
         load_split(str(tmp_path), "train")
 
 

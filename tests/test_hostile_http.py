@@ -9,6 +9,7 @@ drawn request can generate for long.
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 from typing import Iterator
@@ -239,7 +240,10 @@ SAMPLING_CASES = [({"logit_bias": {"1e3": 1}}, "logit_bias"), ({"logit_bias": {"
                   ({"logit_bias": {"1": 1e308}}, "logit_bias"), ({"logit_bias": {"1": None}}, "logit_bias"),
                   ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"), ({"logit_bias": "1"}, "logit_bias"),
                   ({"presence_penalty": True}, "presence_penalty"), ({"frequency_penalty": "0"}, "frequency_penalty"),
-                  ({"frequency_penalty": 2.0001}, "frequency_penalty")]
+                  ({"frequency_penalty": 2.0001}, "frequency_penalty"),
+                  # keys past Python's 4,300-digit int(), which once were a 500 and two tracebacks per request
+                  ({"logit_bias": {"1" * 4301: 1}}, "logit_bias"), ({"logit_bias": {"9" * 20_000: 1}}, "logit_bias"),
+                  ({"logit_bias": {"0" * 4300 + "50257": 1}}, "logit_bias")]
 
 
 @pytest.mark.parametrize("path", DOORS)
@@ -250,4 +254,33 @@ def test_bad_bias_and_penalties_are_one_line_naming_the_field(served_schema, ser
     assert response.status_code == 422, response.text
     check_error_body(response)
     assert response.json()["error"]["param"] == param
+    assert not server_errors.records, [r.getMessage() for r in server_errors.records]
+
+
+# Bodies as bytes, which no JSON encoder in Python writes: integers past the interpreter's 4,300 digits in every
+# integer field, and nesting past its stack (within --max-body-bytes, so that the body is parsed).  Each is a 4xx naming the problem, never a 500 or a traceback.
+def raw_bodies(schema, path: str) -> list[bytes]:
+    smallest = json.dumps(SMALLEST_BODIES[path])[:-1]
+    return [f'{smallest}, "{name}": {sign}{"9" * 5000}}}'.encode() for name in integer_fields(schema, path)
+            for sign in ("", "-")] + [
+        f'{smallest}, "logit_bias": {{"1": {"9" * 5000}}}}}'.encode(),
+        json.dumps({**SMALLEST_BODIES[path], "prompt": [0]}).replace("[0]", f'[1, {"9" * 5000}]').encode(),
+        f'{smallest}, "stop": {"[" * 30_000}{"]" * 30_000}}}'.encode(),
+        f'{"[" * 30_000}{"]" * 30_000}'.encode()]
+
+
+@pytest.mark.parametrize("path", SMALLEST_BODIES)
+def test_numbers_and_nesting_past_pythons_parsers_are_refused_never_a_server_error(served_schema, server_errors, path):
+    for body in raw_bodies(served_schema, path):
+        response = served_schema[path]["POST"].Case(body=body, media_type="application/json").call()
+        assert 400 <= response.status_code < 500, (body[:60], response.status_code, response.text[:300])
+        check_error_body(response)
+        assert not server_errors.records, [r.getMessage() for r in server_errors.records]
+
+
+def test_token_ids_past_pythons_digits_are_refused_by_the_token_endpoints(served_schema, server_errors):
+    for body in (f'{{"tokens": [1, {"9" * 5000}]}}'.encode(), f'{{"tokens": {"[" * 30_000}{"]" * 30_000}}}'.encode()):
+        response = served_schema["/detokenize"]["POST"].Case(body=body, media_type="application/json").call()
+        assert 400 <= response.status_code < 500, (body[:60], response.status_code, response.text[:300])
+        check_error_body(response)
     assert not server_errors.records, [r.getMessage() for r in server_errors.records]

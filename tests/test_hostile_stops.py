@@ -5,7 +5,8 @@ moment from the start of its script (its first line takes the signals: torch sti
 before it, the interpreter starting up, no program can say anything).  Whatever the moment, it exits 0 (it had
 finished) or 128 + the signal's number with its one closing line, `stopped by SIG... ; exit status N`, and no
 traceback; and nothing is left half-written: no staged save, an artifact on disk loads, every result line is whole
-JSON, a scorecard is whole or absent, and no training run the scorecard started outlives it.
+JSON, a scorecard is absent or whole JSON whose every figure has its status (what was measured before the stop
+kept), and no training run the scorecard started outlives it.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from bench.eval.score_file import FIGURES
 from storage.artifact import load_model
 from storage.folder import STAGING_DIR
 from tests.conftest import save_small_artifact
@@ -117,7 +119,8 @@ def check_nothing_half_written(command: str, out: Path, source: Path) -> None:
         for line in (out / "results.jsonl").read_text().splitlines():
             json.loads(line)
     if (out / "score.json").exists():
-        assert "loss" in json.loads((out / "score.json").read_text())
+        score = json.loads((out / "score.json").read_text())
+        assert set(score["status"]) == set(FIGURES) and "loss" in score
     for _ in range(50):  # the scorecard's training runs end with it (SIGKILL to their session: at once)
         if not processes_naming(f"--init-from {source}"):
             break

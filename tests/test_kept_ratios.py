@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
+from tests.scripted_host import quiet_host
 from model.kernel_choice import KernelChoices, host_key, kept_choices
 from decode.kept_ratios import TIMINGS_ENV, DEFAULT_TIMINGS, KeptRatios, read_ratios, timings_path
 from runtime.kept_file import OFF
@@ -23,7 +24,7 @@ from tests.hostile import examples, record, unchanged
 
 def test_ratios_are_kept_once_the_traced_steps_have_settled_and_only_then(tmp_path):
     path, model, shape = tmp_path / "timings.json", _Model(), ("shape",)
-    payback = TracePayback(clock=time.perf_counter, kept=KeptRatios(path))
+    payback = TracePayback(load=quiet_host(), clock=time.perf_counter, kept=KeptRatios(path))
     for seconds in (5.0, 1.0):  # the first eager step is not counted
         payback.note_eager(model, shape, seconds)
     payback.note_trace(model, shape, 30.0)
@@ -120,7 +121,7 @@ def test_any_timings_file_is_read_for_its_valid_entries_alone_and_left_as_it_was
 def test_a_damaged_timings_file_never_stops_a_decision_and_is_replaced_whole_by_the_next_kept_kind(contents):
     with timings_file(contents) as (folder, path):
         kept = KeptRatios(path)
-        payback = TracePayback(clock=time.perf_counter, kept=kept)
+        payback = TracePayback(load=quiet_host(), clock=time.perf_counter, kept=kept)
         model, shape = _Model(), ("shape",)
         payback.note_eager(model, shape, 1.0)
         payback.note_eager(model, shape, 1.0)
@@ -156,7 +157,7 @@ def test_any_kernel_choices_file_gives_its_names_alone_and_a_choice_is_made_what
         assert kept == ({k: v for k, v in parsed.items() if isinstance(v, str)} if isinstance(parsed, dict) else {})
         record(CHOICES_SURFACE, "read" if kept else "ignored")
         runs = {"a": lambda: None, "b": lambda: None}
-        assert KernelChoices(kept=kept_choices(path)).choose((1, 2, 3), lambda: runs) in runs  # a shape not kept
+        assert KernelChoices(load=quiet_host(), kept=kept_choices(path)).choose((1, 2, 3), lambda: runs) in runs  # a shape not kept
         assert sorted(os.listdir(folder)) == ["timings.json"]
 
 
@@ -166,9 +167,9 @@ def test_whatever_a_shape_s_kept_entry_holds_its_kernel_is_a_candidate_timed_unl
     shape, runs = (1, 2, 3), {"a": lambda: None, "b": lambda: None}
     with timings_file(json.dumps({host_key(shape): value}).encode()) as (folder, path):
         # an eager product takes a kept name only if it can run it, and never times anything
-        untimed = KernelChoices(clock=lambda: pytest.fail("known() timed something"), kept=kept_choices(path))
+        untimed = KernelChoices(load=quiet_host(), clock=lambda: pytest.fail("known() timed something"), kept=kept_choices(path))
         assert untimed.known(shape, runs.__contains__) == (value if value in ("a", "b") else None)
-        choices = KernelChoices(kept=kept_choices(path))
+        choices = KernelChoices(load=quiet_host(), kept=kept_choices(path))
         chosen = choices.choose(shape, lambda: runs)
         assert chosen in runs
         assert (chosen == value) == (value in ("a", "b")) and (shape in choices.timings) == (value not in ("a", "b"))

@@ -63,11 +63,12 @@ def test_a_line_that_is_not_an_object_with_a_text_string_is_named(tmp_path, line
 
 @pytest.mark.parametrize("line, reason", [
     ('{"text": "a"', "Expecting ',' delimiter: line 2 column 1 (char 13)"),  # the line's newline is char 13
-    ("[" * 100_000 + "]" * 100_000, "maximum recursion depth exceeded while decoding a JSON array from a unicode "
-                                    "string"),
+    ("[" * 100_000 + "]" * 100_000, "nested deeper than the parser can follow; arrays and objects must not nest so "
+                                    "deep"),
+    ('{"text": "a", "n": ' + "9" * 5000 + "}", "holds an integer of more than 4300 digits"),
     ('{"text": "a"} x', "Extra data: line 1 column 15 (char 14)"),
 ])
-def test_a_line_that_is_not_json_is_one_error_with_the_parsers_first_line(tmp_path, line, reason):
+def test_a_line_that_is_not_json_is_one_error_saying_why(tmp_path, line, reason):
     path = jsonl(tmp_path, '{"text": "fine"}', "", line)
     assert refusal(lambda: documents(path)) == (f"{path} line 3 is not a JSON object ({reason}); each line must be "
                                                 f'one object with a "text" field')
@@ -341,3 +342,41 @@ def test_a_folder_of_test_text_alone_has_no_split_to_train_on_or_carve_validatio
             f"{tmp_path} has no {split} split: expected wiki.{split[:5] if split == 'train' else 'valid'}.raw, "
             f"{split}-*.parquet or another file whose name says {split!r}{hint}")
     assert documents(tmp_path, "test") == ["test text\n"]
+
+
+# --- the same text twice (issue 71) ------------------------------------------------------------------------------
+
+PASSAGE = "A passage of its own , number {i} .\n\n"
+
+
+def test_a_file_and_its_gz_copy_are_named_as_one_text_and_refused_before_any_token_is_kept(tmp_path):
+    text = "".join(PASSAGE.format(i=i) * 30 for i in range(400))
+    (tmp_path / "wiki.txt").write_text(text)
+    (tmp_path / "wiki.txt.gz").write_bytes(gzip.compress(text.encode()))
+    assert refusal(lambda: documents(tmp_path)) == (
+        f"wiki.txt and wiki.txt.gz in {tmp_path} hold the same text once decompressed: its text would be read "
+        f"twice, and a passage held out of one for validation would be training text in the other; remove one of "
+        f"them (or move it out of the folder)")
+
+
+def test_two_files_of_the_same_bytes_are_named_before_they_are_read(tmp_path):
+    (tmp_path / "a.txt").write_text("the same words\n")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "copy.txt").write_text("the same words\n")
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "also-empty.txt").write_text("")  # empty files are alike without being copies
+    assert refusal(lambda: local_corpus(tmp_path)) == (
+        f"a.txt and b/copy.txt in {tmp_path} hold the same bytes: its text would be read twice, and a passage held "
+        f"out of one for validation would be training text in the other; remove one of them (or move it out of the "
+        f"folder)")
+
+
+def test_no_carved_passage_is_also_training_text_when_passages_repeat(tmp_path):
+    # every record appears three times, so each carved one has copies before or after it
+    records = [json.dumps({"text": f"record {i % 300} of a corpus that repeats itself"}) for i in range(900)]
+    (tmp_path / "corpus.jsonl").write_text("\n".join(records) + "\n")
+    corpus = local_corpus(tmp_path)
+    passes = {split: set(corpus.documents(split)) for split in ("train", "validation", "test")}
+    assert passes["validation"] and passes["test"]
+    assert not passes["validation"] & passes["train"] and not passes["test"] & passes["train"]
+    assert not passes["validation"] & passes["test"]

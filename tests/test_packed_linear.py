@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 from decode.generate import generate
+from tests.scripted_host import ScriptedHost, quiet_host
 from model.gpt import GPT
 from model.int8 import Int8Linear, quantize_model
 from model import packed_linear
@@ -53,7 +54,7 @@ class FakeClock:
 
 def test_the_chooser_keeps_the_fastest_candidate_per_shape_and_times_each_shape_once():
     clock = FakeClock()
-    choices = KernelChoices(clock=clock, rounds=3)
+    choices = KernelChoices(load=quiet_host(), clock=clock, rounds=3)
     calls = []
     # b is slower than a in its warm-up (a first call's one-time work) and once more; its fastest round wins
     costs = {"a": [5.0, 2.0, 2.0, 2.0], "b": [9.0, 1.5, 3.0, 1.5]}
@@ -82,29 +83,71 @@ def test_a_choice_is_kept_for_the_next_process_which_takes_it_untimed(tmp_path):
     def candidates():
         return {name: (lambda name=name: setattr(clock, "now", clock.now + costs[name])) for name in costs}
 
-    first = KernelChoices(clock=clock, kept=kept_choices(path))
+    first = KernelChoices(load=quiet_host(), clock=clock, kept=kept_choices(path))
     assert first.choose((1, 8, 8), candidates) == "b"
     assert kept_choices(path).read() == {}  # not yet judged in a step: a process stopped here keeps nothing
     assert first.confirm(lambda: None, lambda shape: "b") == {(1, 8, 8): "b"}  # the default: nothing to judge
     assert kept_choices(path).read() == {host_key((1, 8, 8)): "b"}
-    later = KernelChoices(clock=lambda: pytest.fail("a kept choice is not timed again"), kept=kept_choices(path))
+    later = KernelChoices(load=quiet_host(), clock=lambda: pytest.fail("a kept choice is not timed again"), kept=kept_choices(path))
     assert later.choose((1, 8, 8), candidates) == "b"
     assert later.timings == {}  # taken from the file, not measured here
     costs = {"a": 1.0, "c": 2.0}  # b is no longer a candidate (another version's kernels): timed again, replaced
-    again = KernelChoices(clock=clock, kept=kept_choices(path))
+    again = KernelChoices(load=quiet_host(), clock=clock, kept=kept_choices(path))
     assert again.choose((1, 8, 8), candidates) == "a" and set(again.timings[(1, 8, 8)]) == {"a", "c"}
     assert kept_choices(path).read() == {host_key((1, 8, 8)): "b"}  # until the step has judged it
     again.confirm(lambda: None, lambda shape: "a")
     assert kept_choices(path).read() == {host_key((1, 8, 8)): "a"}
-    assert KernelChoices(clock=clock, kept=kept_choices(None)).choose((1, 8, 8), candidates) == "a"  # off
+    assert KernelChoices(load=quiet_host(), clock=clock, kept=kept_choices(None)).choose((1, 8, 8), candidates) == "a"  # off
     assert [p.name for p in tmp_path.iterdir()] == ["choices.json"]
+
+
+def test_quiet_then_busy_then_quiet_keeps_only_the_quiet_choices_and_a_busy_one_runs_the_default(tmp_path):
+    # Under load b looks fastest (the timing says more of the load than of b); quiet, b is fastest too, and the step
+    # with it as well.  Only the quiet shapes are kept; the busy one runs the default rule's a, in this process too.
+    path = tmp_path / "choices.json"
+    host = ScriptedHost()
+    clock = host.clock
+    choices = KernelChoices(load=host.load, clock=clock, kept=kept_choices(path))
+    costs = {"a": 2.0, "b": 1.0}
+    candidates = lambda: {name: (lambda name=name: setattr(clock, "now", clock.now + costs[name])) for name in costs}
+
+    def step(shape):  # the step of `shape` runs faster with b
+        return lambda: setattr(clock, "now", clock.now + (1.0 if choices.chosen[shape] == "b" else 2.0))
+    assert choices.choose((1, 8, 8), candidates) == "b"
+    assert choices.confirm(step((1, 8, 8)), lambda shape: "a") == {(1, 8, 8): "b"}
+    host.others = 1.0  # another program takes a core
+    clock.now += 1.0
+    assert choices.choose((4, 8, 8), candidates) == "b"
+    assert choices.confirm(step((4, 8, 8)), lambda shape: "a") == {(4, 8, 8): "a"}
+    assert choices.chosen[(4, 8, 8)] == "a"
+    host.others = 0.0
+    clock.now += 1.0
+    assert choices.choose((12, 8, 8), candidates) == "b"
+    assert choices.confirm(step((12, 8, 8)), lambda shape: "a") == {(12, 8, 8): "b"}
+    assert kept_choices(path).read() == {host_key((1, 8, 8)): "b", host_key((12, 8, 8)): "b"}
+
+
+def test_a_step_confirmed_while_the_host_turned_busy_runs_the_defaults_and_keeps_nothing(tmp_path):
+    path = tmp_path / "choices.json"
+    host = ScriptedHost()
+    clock = host.clock
+    choices = KernelChoices(load=host.load, clock=clock, kept=kept_choices(path))
+    costs = {"a": 2.0, "b": 1.0}
+    candidates = lambda: {name: (lambda name=name: setattr(clock, "now", clock.now + costs[name])) for name in costs}
+
+    def step():  # faster with b, but the load starts while the step is timed
+        host.others = 2.0
+        clock.now += 1.0 if choices.chosen[(1, 8, 8)] == "b" else 2.0
+    assert choices.choose((1, 8, 8), candidates) == "b"
+    assert choices.confirm(step, lambda shape: "a") == {(1, 8, 8): "a"}
+    assert kept_choices(path).read() == {}
 
 
 @pytest.mark.parametrize("step_with_b, kept", [(3.0, "a"), (1.0, "b")])
 def test_a_kernel_faster_alone_is_kept_only_if_the_whole_step_runs_faster_with_it(tmp_path, step_with_b, kept):
     # b wins alone at two shapes; the step takes 2.0 with the default a at both, and step_with_b with b at both
     path, clock = tmp_path / "choices.json", FakeClock()
-    choices = KernelChoices(clock=clock, kept=kept_choices(path))
+    choices = KernelChoices(load=quiet_host(), clock=clock, kept=kept_choices(path))
     costs = {"a": 2.0, "b": 1.0}
     candidates = lambda: {name: (lambda name=name: setattr(clock, "now", clock.now + costs[name])) for name in costs}
     shapes = [(4, 8, 8), (4, 8, 16)]
@@ -131,14 +174,14 @@ def test_a_kernel_faster_alone_is_kept_only_if_the_whole_step_runs_faster_with_i
 
 def test_the_key_holds_the_cpu_torch_the_whole_shape_and_that_choices_are_confirmed_in_a_step():
     key = host_key((1, 768, 2304, True, 2))
-    assert torch.__version__ in key and key.endswith("(1, 768, 2304, True, 2) | confirmed in a step")
+    assert torch.__version__ in key and key.endswith("(1, 768, 2304, True, 2) | confirmed in a step on a quiet host")
     assert host_key((1, 768, 2304, True, 1)) != key
 
 
 @needs_onednn
 def test_a_layer_times_the_candidates_only_while_choosing_and_keeps_only_the_chosen_kernels_copies(monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(packed_linear, "CHOICES", KernelChoices(clock=clock))
+    monkeypatch.setattr(packed_linear, "CHOICES", KernelChoices(load=quiet_host(), clock=clock))
     real_product = packed_linear.product
     speed = {"transposed": 1.0}  # the fastest on this fake host; every other kernel takes 2 s
 
@@ -174,7 +217,7 @@ def test_an_eager_product_runs_the_kernel_an_earlier_trace_kept_for_its_shape_un
     kept = {host_key((4, 48, 80, True, threads)): "transposed",  # runnable: taken
             host_key((4, 48, 81, True, threads)): "blocked" if threads > 1 else "no such kernel"}  # 81 rows: not
     path.write_text(json.dumps(kept))
-    untimed = KernelChoices(clock=lambda: pytest.fail("an eager product timed kernels"), kept=kept_choices(path))
+    untimed = KernelChoices(load=quiet_host(), clock=lambda: pytest.fail("an eager product timed kernels"), kept=kept_choices(path))
     monkeypatch.setattr(packed_linear, "CHOICES", untimed)
     ran = []
     real_product = packed_linear.product

@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import socket
-import time
 import traceback
 from pathlib import Path
 
@@ -176,12 +175,10 @@ def _dying_rank(rank, world, root, result):
             return original(self)
         WindowSampler.next_batch = failing
         result["exit_now"] = True
-    t0 = time.perf_counter()
     try:
         train(_train_config(root / "dying", parallel="ddp", batch_size=4, dist_timeout_s=20))
     except BaseException as e:
         result["message"] = str(e)
-        result["seconds"] = time.perf_counter() - t0
 
 
 def _launch(job: str, world: int, root: Path) -> list[dict]:
@@ -302,7 +299,10 @@ def test_a_dying_rank_stops_the_others_and_is_named(tmp_path):
     results = _launch("dying", 2, tmp_path)
     assert "simulated failure of rank 1" in results[1]["message"]
     assert "rank 1 stopped first" in results[0]["message"], results[0]
-    assert results[0]["seconds"] < 30
+    # Rank 0 stopped on the event, rank 1's connection closing, not at its collective timeout: a bound in seconds
+    # (it was < 30) failed at 41.7 s on a host loaded 8-14 deep with nothing wrong.
+    collective_error = results[0]["message"].split(" -- stopping")[0].lower()
+    assert "timed out" not in collective_error and "timeout" not in collective_error, results[0]
 
 
 def test_a_stop_signal_on_one_rank_stops_both_after_the_same_micro_batch_and_resumes_exactly(tmp_path):

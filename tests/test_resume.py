@@ -2,11 +2,17 @@
 it may not, and `--resume auto` starts or continues by itself (for restarting launchers)."""
 import json
 import re
+from types import SimpleNamespace
 
 import pytest
 
 import train
+from model.config import preset
+from model.gpt import GPT
+from parallel import MODES
+from parallel.layout import strategy_named
 from tests.conftest import interrupt_training_at_batch
+from training.trainer import Trainer
 
 RUN = ["--model", "tiny", "--dataset", "builtin", "--device", "cpu", "--batch-size", "4", "--block-size", "32",
        "--log-interval", "1", "--eval-interval", "100", "--eval-batches", "1", "--final-eval-batches", "1",
@@ -199,3 +205,18 @@ def test_the_first_step_is_saved_at_once_when_a_micro_batch_takes_half_the_grace
     train.main([*flags, "--max-steps", "5", "--resume"])
     saved = [line for line in capsys.readouterr().out.splitlines() if "checkpoint saved" in line]
     assert [line.split(":")[0] for line in saved] == (["step 4", "step 5"] if first_saved else ["step 5"])
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_stop_points_are_installed_where_the_strategy_runs_the_blocks_in_the_steps_thread(mode):
+    """A property of the strategy (nn.DataParallel runs its replicas' blocks in threads of its own), not a mode
+    string the trainer compares; and never under --compile."""
+    strategy = strategy_named(mode)
+    trainer = SimpleNamespace(cfg=SimpleNamespace(compile=False), par=SimpleNamespace(strategy=strategy),
+                              model=GPT(preset("tiny")), finishing_step=False)
+    points = Trainer.install_stop_points(trainer, stop_signals=None)
+    assert (points is not None) == (mode != "dp") == strategy.blocks_run_in_calling_thread
+    if points is not None:
+        points.remove()
+    trainer.cfg.compile = True
+    assert Trainer.install_stop_points(trainer, stop_signals=None) is None

@@ -106,17 +106,24 @@ def test_prompts_file_lines_of_the_wrong_type_or_encoding_fail_alone(small_artif
     good = json.dumps({"prompt": "Hello", "max_new_tokens": 2, "temperature": 0, "top_k": None})
     bad = ['{"prompt": "a", "seed": "7"}', '{"prompt": "a", "max_new_tokens": 2.5}', '{"prompt": "a", "top_k": 1.5}',
            '{"prompt": "a", "seed": NaN}', '{"prompt": "a", "seed": 1e30}', '{"prompt": "a", "seed": ' + "9" * 30 + "}",
-           '{"prompt": "a", "temperature": true}']
+           '{"prompt": "a", "temperature": true}',
+           # past Python's parsers: a 5,000-digit seed, a prompt nested 100,000 deep, a 4,301-digit bias key
+           '{"prompt": "a", "seed": ' + "5" * 5000 + "}", '{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}",
+           json.dumps({"prompt": "a", "logit_bias": {"1" * 4301: 1}})]
     prompts.write_bytes("\n".join([good, *bad]).encode() + b'\n{"prompt": "caf\xe9"}\n' + good.encode() + b"\n")
     out = tmp_path / "out.jsonl"
     sample.main(["--checkpoint", small_artifact, "--prompts-file", str(prompts), "--output", str(out)])
     rows = {r["line"]: r for r in map(json.loads, out.read_text().splitlines())}
-    assert sorted(rows) == list(range(1, 11))
-    assert rows[1]["tokens"] == rows[10]["tokens"] and len(rows[1]["tokens"]) <= 2
+    assert sorted(rows) == list(range(1, 14))
+    assert rows[1]["tokens"] == rows[13]["tokens"] and len(rows[1]["tokens"]) <= 2
     expected = {2: "seed must be an integer or null, got \"7\"", 3: "max_new_tokens must be an integer, got 2.5",
                 4: "top_k must be an integer or null, got 1.5", 5: "seed must be an integer or null, got NaN",
                 6: "seed must be an integer or null, got 1e+30", 7: "seed must be in [-2**63, 2**63)",
-                8: "temperature must be a number, got true", 9: "not UTF-8: byte 0xe9 at column 16"}
+                8: "temperature must be a number, got true",
+                9: "not JSON: holds an integer of more than 4300 digits",
+                10: "not JSON: nested deeper than the parser can follow",
+                11: "logit_bias: token id 11111111111111111111... (4301 characters) is outside the vocabulary",
+                12: "not UTF-8: byte 0xe9 at column 16"}
     stderr = capsys.readouterr().err
     for line, message in expected.items():
         assert message in rows[line]["error"] and f"{prompts}:{line}: skipped: {message}" in stderr
@@ -184,6 +191,10 @@ def test_logit_bias_and_penalties_take_the_servers_form(small_artifact, tmp_path
     (["--logit-bias", "[1]"], "--logit-bias must be an object of token ids and biases"),
     (["--logit-bias", '{"50257": 1}'], "--logit-bias: token id 50257 is outside the vocabulary"),
     (["--logit-bias", '{"1": -101}'], "the bias of token 1 must be in [-100, 100], got -101"),
+    (["--logit-bias", '{"' + "1" * 4301 + '": 1}'], "--logit-bias: token id 11111111111111111111... (4301 characters) "
+                                                    "is outside the vocabulary"),
+    (["--logit-bias", "[" * 50_000 + "]" * 50_000], "--logit-bias is not JSON (nested deeper than the parser can "
+                                                    "follow"),
     (["--presence-penalty", "2.5"], "--presence-penalty must be in [-2, 2], got 2.5"),
     (["--frequency-penalty", "nan"], "--frequency-penalty must be in [-2, 2], got nan"),
 ])

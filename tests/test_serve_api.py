@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 from importlib.resources import files
 from pathlib import Path
 
@@ -616,6 +617,37 @@ def test_tokenize_counts_what_a_completion_is_charged_and_detokenize_gives_the_t
     assert client.post("/tokenize", json={"prompt": text}).json()["tokens"] == tokens["tokens"]
     assert client.post("/detokenize", json={"tokens": tokens["tokens"]}).json() == {"prompt": text}
     assert "/tokenize" in client.get("/openapi.json").json()["paths"]
+
+
+def test_tokenize_runs_off_the_event_loop_so_health_answers_while_a_large_body_is_tokenized(client, monkeypatch):
+    started, release, held_past_health = threading.Event(), threading.Event(), []
+
+    def slow_encode(text: str) -> list[int]:  # stands for the seconds a body of megabytes takes
+        started.set()
+        held_past_health.append(release.wait(timeout=120))  # False only if /health waited for this to give up
+        return [0]
+
+    monkeypatch.setattr("serve.routes_tokens.encode", slow_encode)
+    tokenizing = threading.Thread(target=lambda: client.post("/tokenize", json={"prompt": "x"}))
+    tokenizing.start()
+    assert started.wait(timeout=120)
+    assert client.get("/health").status_code == 200  # answered while the tokenizer is still held
+    release.set()
+    tokenizing.join()
+    assert held_past_health == [True]
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 7])
+def test_a_model_with_a_context_shorter_than_the_warm_up_prompt_is_served(tmp_path, block_size, caplog):
+    checkpoint = save_small_artifact(tmp_path / "artifact", block_size=block_size)
+    with caplog.at_level(logging.WARNING), make_client(checkpoint, warm_up="all-rows") as short:
+        assert short.get("/health").json()["context"] == block_size
+        reply = short.post("/generate", json={"prompt": "Hello", "max_new_tokens": max(1, block_size - 1)})
+        assert reply.status_code == (200 if block_size > 1 else 422), reply.text
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == ([] if block_size > 1 else [
+        "the model's context of 1 token holds a prompt and no new token: every request to generate will be refused "
+        "(422); serve a model with a longer context"])
 
 
 def test_logit_bias_and_penalties_change_sampling_in_both_doors(client, checkpoint):

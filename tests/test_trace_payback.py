@@ -1,26 +1,25 @@
 """decode/trace_payback.py: the default decode traces a call's steps exactly when the tokens it has left repay the
-trace, as the process's own timings say; a fake clock makes every eager step, trace and traced step take a set time,
-so the repay point is known to the token."""
+trace, as the process's own timings of the last seconds say, runs a trace once made, and learns and keeps for
+later processes only what it timed on a quiet host; a fake clock makes every eager step, trace and traced step take
+a set time, so the repay point is known to the token, and a scripted host is quiet or busy when the test says."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
 import torch
 
-import decode.step_threads
 import decode.trace
 import decode.trace_payback
 from decode.generate import CallTiming, generate
 from decode.sampling import SamplingParams
 from decode.trace import _RECORDS, TracedSteps
 from decode.kept_ratios import KeptRatios
-from decode.trace_payback import (EMA_WEIGHT, OUTLIER_CAP, PRIOR_TRACE_STEPS, PRIOR_TRACED_SHARE, RETIME_AFTER_STEPS,
-                                  RETIME_SHARE, TracePayback)
-from model.kv_cache import KVCache
+from decode.trace_payback import KEEP_AFTER_TRACED_STEPS, PRIOR_TRACE_STEPS, PRIOR_TRACED_SHARE, WINDOW_S, TracePayback
 from model.packed_linear import pack_for_inference
+from tests.conftest import small_config
+from tests.scripted_host import ScriptedHost
 
 EAGER_S, TRACE_S, TRACED_S = 0.010, 0.200, 0.005
 
@@ -35,15 +34,18 @@ class FakeClock:
         return self.now
 
 
+def payback_on(host: ScriptedHost, kept: KeptRatios | None = None) -> TracePayback:
+    """A fresh table timing on `host`'s clock, reading `host`'s load."""
+    return TracePayback(clock=host.clock, kept=kept, load=host.load)
+
+
 @pytest.fixture
 def timed(small_model, monkeypatch):
     """The small model, packed, whose eager passes take EAGER_S, traces TRACE_S and traced steps TRACED_S on a
     fresh table's fake clock."""
     clock = FakeClock()
-    monkeypatch.setattr(decode.trace_payback, "PAYBACK", TracePayback(clock=clock))
-    # one thread count, so no step is a try of another, which the table leaves out (a test of its own below): each
-    # repay point is then known to the step
-    monkeypatch.setattr(decode.step_threads, "thread_counts", lambda most: [most])
+    host = ScriptedHost(clock)
+    monkeypatch.setattr(decode.trace_payback, "PAYBACK", payback_on(host))
     tracing = []
     real_trace, real_call = decode.trace._trace, TracedSteps.__call__
 
@@ -114,45 +116,6 @@ def test_short_calls_that_never_repay_a_trace_alone_trace_once_their_eager_steps
         assert traces_of(timed) == traces
 
 
-def test_a_try_of_fewer_threads_is_not_counted_as_the_steps_it_judges(timed, monkeypatch):
-    # decode/step_threads.py tries one thread now and then: here at the second step, 100 times slower.  Counted, it
-    # would make the eager steps look that slow, and a trace's measured cost (kept for later processes as a share of
-    # them) look small.
-    clock, steps_run = decode.trace_payback.PAYBACK.clock, []
-
-    def second_on_one_thread(self, shape, step):
-        steps_run.append(shape)
-        self.trying = len(steps_run) == 2
-        torch.set_num_threads(1 if self.trying else self.most)
-        try:
-            return step()
-        finally:
-            self.trying = False
-            torch.set_num_threads(self.most)
-
-    monkeypatch.setattr(decode.step_threads.StepThreads, "run", second_on_one_thread)
-    def slower_on_one_thread(*_):
-        if torch.get_num_threads() < 2:
-            clock.now += 99 * EAGER_S
-
-    timed.register_forward_hook(slower_on_one_thread)
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        call(timed, 20)
-        shape = (*decode.trace.TracedSteps(timed).key_for(*_one_step(timed)), 2)
-    finally:
-        torch.set_num_threads(before)
-    assert decode.trace_payback.PAYBACK.timings(timed, shape).eager_s == pytest.approx(EAGER_S)
-
-
-def _one_step(model, batch=2):
-    """A cache after a prompt of `batch` rows, and one token per row: the step whose timings call() notes."""
-    cache = KVCache.allocate(model.config, batch, 8, "cpu")
-    cache.advance(5)
-    return cache, torch.zeros(batch, 1, dtype=torch.long)
-
-
 def test_the_first_trace_measured_sets_the_repay_point_of_the_next_shapes_and_a_kept_trace_is_free(timed):
     call(timed, int(REPAID_AFTER) + 4)  # traces batch 2: its trace (with its first step) and traced steps timed
     # Batch 3 and 4: the trace costs what batch 2's did (TRACE_S + TRACED_S), a traced step half an eager one as
@@ -165,67 +128,74 @@ def test_the_first_trace_measured_sets_the_repay_point_of_the_next_shapes_and_a_
     assert timing.setup_s == 0 and traces_of(timed) == 2
     payback = decode.trace_payback.PAYBACK
     shape = (*next(iter(_RECORDS[timed].traces)), torch.get_num_threads())  # the trace's key and the threads it is for
-    assert payback.timings(timed, shape).traced_s == pytest.approx(TRACED_S)
+    assert payback.traced_s(timed, shape) == pytest.approx(TRACED_S)
 
 
-def test_a_kept_trace_slower_than_the_eager_steps_is_left_unused_and_the_first_eager_step_is_not_counted():
-    clock, model, shape = FakeClock(), torch.nn.Linear(1, 1), ("shape",)
-    payback = TracePayback(clock=clock)
+def test_a_kept_trace_runs_every_later_step_whatever_the_eager_steps_timed_and_the_first_eager_step_is_not_counted():
+    host, model, shape = ScriptedHost(), torch.nn.Linear(1, 1), ("shape",)
+    payback = payback_on(host)
     payback.note_eager(model, shape, 5.0)  # a first step: one-time work
     assert payback.estimates(model, shape) is None
-    assert payback.traces(model, shape, 1000, kept=True)  # a kept trace runs while nothing says otherwise
+    assert payback.traces(model, shape, 1000, kept=True)
     payback.note_eager(model, shape, 1.0)
     assert payback.estimates(model, shape) == (1.0, PRIOR_TRACED_SHARE, PRIOR_TRACE_STEPS)
     payback.note_trace(model, shape, 30.0)
-    payback.note_traced(model, shape, 2.0)
-    assert not payback.traces(model, shape, 1000, kept=True)
+    payback.note_traced(model, shape, 2.0)  # slower than the eager step (a busy spell, say): the trace still runs
+    assert payback.traces(model, shape, 1000, kept=True)
     assert not payback.traces(model, shape, 10**9, kept=False)  # no gain: never repaid
 
 
-def run_kept(payback: TracePayback, model, shape, steps: int, eager_s: float, traced_s: float) -> list[bool]:
-    """`steps` decisions at `shape`, whose trace is kept, each step then timed as taking what its way takes now."""
-    ways = []
-    for _ in range(steps):
-        ways.append(payback.traces(model, shape, 1000, kept=True))
-        (payback.note_traced if ways[-1] else payback.note_eager)(model, shape, traced_s if ways[-1] else eager_s)
-    return ways
+def test_eager_steps_timed_longer_ago_than_the_window_are_forgotten_and_the_next_step_is_timed_first():
+    host, model, shape = ScriptedHost(), torch.nn.Linear(1, 1), ("shape",)
+    payback = payback_on(host)
+    for _ in range(5):
+        payback.note_eager(model, shape, 1.0)
+        host.clock.now += 0.5
+    assert payback.estimates(model, shape)[0] == pytest.approx(1.0)
+    host.clock.now += WINDOW_S
+    assert payback.estimates(model, shape) is None
+    assert not payback.traces(model, shape, 10**6, kept=False)  # eager, timed afresh
+    payback.note_eager(model, shape, 0.25)
+    assert payback.estimates(model, shape)[0] == pytest.approx(0.25)
 
 
-def test_a_kept_trace_is_left_once_the_eager_steps_it_was_chosen_over_have_become_faster():
-    # The eager steps were timed at 10 (before the weights went onto huge pages, say), the trace's at 6; eager steps
-    # now take 4.  Timed only when they run, they would keep their 10 for good.
-    ways = run_kept(*traced_at(10.0, 6.0), 400, eager_s=4.0, traced_s=6.0)
-    # The eager way runs again once the steps since it ran, at RETIME_SHARE of 6 each, cover its expected loss (10 -
-    # 6): after 67 traced steps.
-    first_eager = ways.index(False)
-    assert first_eager == math.ceil((10.0 - 6.0) / (RETIME_SHARE * 6.0)) - 1
-    # A few more of those bring its mean below the trace's; from then on eager steps run, and a traced one only as
-    # often as its loss (6 - 4) is RETIME_SHARE of the eager steps' time since: once in 50.
-    assert sum(ways[-200:]) <= math.ceil(200 * RETIME_SHARE * 4.0 / (6.0 - 4.0))
+def quiet_trace(payback: TracePayback, model, shape, host: ScriptedHost, eager_s: float, trace_s: float,
+                traced_s: float, traced_steps: int = KEEP_AFTER_TRACED_STEPS) -> None:
+    """Eager steps of `eager_s`, a trace of `trace_s` and `traced_steps` traced steps of `traced_s`, on `host`'s
+    clock, each timed as the host is at the time."""
+    for _ in range(3):
+        host.clock.now += eager_s
+        payback.note_eager(model, shape, eager_s)
+    mark = host.load.mark()
+    host.clock.now += trace_s
+    payback.note_trace(model, shape, trace_s, host.load.quiet_since(mark))
+    for _ in range(traced_steps):
+        host.clock.now += traced_s
+        payback.note_traced(model, shape, traced_s)
 
 
-def traced_at(eager_s: float, traced_s: float) -> tuple[TracePayback, torch.nn.Module, tuple]:
-    """A table whose shape has a trace, timed: eager steps at `eager_s` (after the first), traced ones at `traced_s`."""
-    model, shape = torch.nn.Linear(1, 1), ("shape",)
-    payback = TracePayback(clock=FakeClock())
-    for seconds in (50.0, eager_s):
-        payback.note_eager(model, shape, seconds)
-    payback.note_trace(model, shape, 30.0)
-    payback.note_traced(model, shape, traced_s)
-    return payback, model, shape
-
-
-def test_a_kept_trace_far_faster_than_eager_steps_loses_at_most_retime_share_of_its_time_to_timing_them_again():
-    ways = run_kept(*traced_at(2.0, 1.0), 1000, eager_s=2.0, traced_s=1.0)
-    eager_steps = ways.count(False)
-    assert 0 < eager_steps  # timed again now and then
-    assert eager_steps * (2.0 - 1.0) <= RETIME_SHARE * 1000 * 1.0  # what those cost against all-traced steps
-
-
-def test_two_ways_equally_fast_time_the_other_no_more_often_than_every_retime_after_steps():
-    ways = run_kept(*traced_at(1.0, 1.0), 100, eager_s=1.0, traced_s=1.0)
-    other = [i for i, way in enumerate(ways) if way != ways[0]]
-    assert other and all(b - a > RETIME_AFTER_STEPS for a, b in zip(other, other[1:]))
+def test_quiet_then_busy_then_quiet_learns_and_keeps_the_quiet_traces_alone(tmp_path):
+    host, model = ScriptedHost(), torch.nn.Linear(1, 1)
+    model.config = small_config()  # what a kept entry's step kind names
+    path = tmp_path / "timings.json"
+    payback = payback_on(host, KeptRatios(path))
+    quiet_trace(payback, model, ("quiet",), host, 0.010, 0.200, 0.005)  # 20 eager steps, half an eager step
+    [kept] = json.loads(path.read_text()).values()
+    assert kept == pytest.approx([20.0, 0.5])
+    host.others = 1.0  # a busy core: the trace costs 5 eager steps, a traced step is 0.9 of one
+    host.clock.now += 1.0
+    quiet_trace(payback, model, ("busy",), host, 0.040, 0.200, 0.036)
+    assert len(json.loads(path.read_text())) == 1  # nothing timed under load is kept
+    host.others = 0.0  # quiet again: a new shape is judged on the quiet trace's shares, not the busy one's
+    host.clock.now += 1.0
+    for _ in range(3):
+        payback.note_eager(model, ("next",), 0.010)
+    assert payback.estimates(model, ("next",)) == pytest.approx((0.010, 0.005, 0.200))
+    # and a fresh process reads them: the busy spell's shares reached no one
+    fresh = payback_on(host, KeptRatios(path))
+    for _ in range(3):
+        fresh.note_eager(model, ("quiet",), 0.010)
+    assert fresh.estimates(model, ("quiet",)) == pytest.approx((0.010, 0.005, 0.200))
 
 
 # A trace kept from an earlier process: with the fake clock the call that makes a trace takes TRACE_S and a traced
@@ -238,8 +208,9 @@ BETWEEN = 3 + 45  # a call with 45 tokens left after its third step: repaid as k
 def fresh_process(timed_model, path: Path | None):
     """A new table, as a new process starts with, reading `path` (None: keeping nothing); no trace kept."""
     _RECORDS.pop(timed_model, None)
-    clock = decode.trace_payback.PAYBACK.clock
-    decode.trace_payback.PAYBACK = TracePayback(clock=clock, kept=KeptRatios(path) if path else None)
+    old = decode.trace_payback.PAYBACK
+    decode.trace_payback.PAYBACK = TracePayback(clock=old.clock, kept=KeptRatios(path) if path else None,
+                                                load=old.load)
 
 
 def test_a_process_keeps_what_its_trace_cost_and_the_next_decides_from_it(timed, tmp_path):
@@ -256,40 +227,3 @@ def test_a_process_keeps_what_its_trace_cost_and_the_next_decides_from_it(timed,
     fresh_process(timed, path)  # this host's figures: they do
     call(timed, BETWEEN)
     assert traces_of(timed) == 1
-
-
-def test_generate_leaves_a_kept_trace_once_its_eager_steps_have_become_faster(timed):
-    call(timed, int(REPAID_AFTER) + 4)  # traced at its third step: eager steps EAGER_S, traced ones TRACED_S
-    clock = decode.trace_payback.PAYBACK.clock
-    clock.eager_s = TRACED_S / 2  # the eager steps get faster than the traced ones (the weights on huge pages, say)
-    longest = timed.config.block_size - prompt().shape[1]
-    for _ in range(6):
-        before = clock.traced_steps
-        call(timed, longest)
-    # By the last call its eager steps run, and a traced step only when it is due to be timed again: once its loss
-    # (TRACED_S - TRACED_S / 2) is RETIME_SHARE of the eager steps' time since it ran, 100 of them.
-    assert clock.traced_steps - before <= math.ceil(longest * RETIME_SHARE * clock.eager_s / (TRACED_S - clock.eager_s))
-
-
-def test_one_step_slowed_by_another_program_does_not_turn_a_kept_trace_into_the_slower_way():
-    payback, model, shape = traced_at(2.0, 1.0)
-    payback.note_traced(model, shape, 100.0)  # one traced step far slower than its way's mean: a hiccup
-    assert payback.timings(model, shape).traced_s == pytest.approx(1.0 + EMA_WEIGHT * (OUTLIER_CAP - 1) * 1.0)
-    assert payback.traces(model, shape, 1000, kept=True)
-    for _ in range(5):  # a way that stays slower is followed, OUTLIER_CAP at a time
-        payback.note_traced(model, shape, 100.0)
-    assert not payback.traces(model, shape, 1000, kept=True)
-
-
-def test_the_thread_count_is_informed_by_each_way_s_steps_apart(timed, monkeypatch):
-    # decode/step_threads.py times each step to choose its thread count: an eager step among traced ones would read
-    # as a slow spell of the count the traced steps run with
-    keys, real_run = [], decode.step_threads.StepThreads.run
-
-    def recording(self, shape, step):
-        keys.append(shape)
-        return real_run(self, shape, step)
-
-    monkeypatch.setattr(decode.step_threads.StepThreads, "run", recording)
-    generate(timed, prompt(), greedy(int(REPAID_AFTER) + 4))  # eager steps, then traced ones from the third
-    assert keys[:3] == [(2, 1, False), (2, 1, False), (2, 1, True)] and set(keys[2:]) == {(2, 1, True)}

@@ -74,11 +74,12 @@ class TrainConfig:
     # The default weighs what a SIGKILL (a node lost, a save longer than the grace) can lose against what saving
     # costs at GPT-2 Medium under torchrun x4 on the 2-core host, where a save (its probe's forward, then the weights
     # and AdamW state through fsync) cannot fit torchrun's grace: there the cadence, not the stop, keeps the run's
-    # work.  The measured save and its share of the run's time: bench/REPORT.md, "Stopping GPT-2 Medium".
+    # work.  The measured save and its share of the run's time are the report's, not the help's (figures age):
+    # bench/REPORT.md, "Stopping GPT-2 Medium under torchrun".
     checkpoint_minutes: float = option(30.0, "also checkpoint when this many minutes have passed since the last "
-                                             "checkpoint (or the start): the most a SIGKILL can lose.  A GPT-2 Medium "
-                                             "save takes about 2 min on a 2-core host with a 41 MB/s disk, ~7%% of "
-                                             "the time at the default (bench/REPORT.md, Stopping GPT-2 Medium)",
+                                             "checkpoint (or the start): the most a SIGKILL can lose.  The default "
+                                             "weighs that against the time a GPT-2 Medium save takes, measured in "
+                                             "bench/REPORT.md#stopping-gpt-2-medium-under-torchrun",
                                        above=0)
     parallel: str = option("none", "parallelism mode: none (one device); under torchrun ddp, fsdp, tp, allreduce, "
                                    "gather-scatter; dp (nn.DataParallel, one process over several CUDA devices)",

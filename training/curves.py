@@ -2,9 +2,10 @@
 several runs overlaid (`python -m bench.eval.plot_runs RUN [RUN ...]`), read from their metrics.jsonl."""
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
+
+from runtime.parsed import Unparsable, json_value
 
 CURVES_FILE = "curves.png"
 METRICS_FILE = "metrics.jsonl"
@@ -18,8 +19,8 @@ def read_metrics(run: Path) -> tuple[list[dict], list[dict]]:
     steps, evals = {}, {}
     for line in path.read_text().splitlines():
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
+            record = json_value(line)
+        except Unparsable:
             continue  # a line cut short by a crash
         if "loss" in record:
             steps[record["step"]] = record

@@ -17,6 +17,7 @@ from model.config import GPTConfig
 from runtime.device import peak_memory_bytes, synchronize
 from runtime.errors import UserError
 from training.curves import CURVES_FILE, METRICS_FILE, plot_runs
+from runtime.parsed import Unparsable, json_value
 
 TENSORBOARD_DIR = "tb"
 # Every phase of a training step, in the order they happen; train.py, the pruning fine-tunes and the
@@ -207,10 +208,10 @@ def keep_records_up_to(path: Path, step: int) -> None:
     kept = []
     for line in path.read_text(errors="replace").splitlines():
         try:
-            record = json.loads(line)
+            record = json_value(line)
             if record["step"] <= step:
                 kept.append(line)
-        except (ValueError, KeyError, TypeError, RecursionError):
+        except (Unparsable, KeyError, TypeError):
             continue
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(line + "\n" for line in kept))

@@ -221,9 +221,9 @@ class Trainer:
                                 f"--activation-checkpointing") from e
 
     def install_stop_points(self, stop_signals: StopSignals) -> StopPoints | None:
-        """The agreement points inside a micro-batch (training/stop_points.py), where the blocks run in this
-        process's main thread uncompiled."""
-        if self.cfg.compile or self.cfg.parallel == "dp":
+        """The agreement points inside a micro-batch (training/stop_points.py), where the blocks run uncompiled in
+        the thread that runs the step (the strategy says whether they do)."""
+        if self.cfg.compile or not self.par.strategy.blocks_run_in_calling_thread:
             return None
         return StopPoints(self.model.transformer.h, lambda: stop_signals.check(finishing=self.finishing_step))
 

@@ -10,7 +10,7 @@ from bench.experiment import Experiment, SettingsError
 from bench.experiments import (batch_sweep, comm_strategies, compression, data_loading, data_prep, faults,
                                first_request, generate_speed, one_off_decode, phase_profile, playground,
                                prefix_cache, precision_memory, prune_speed, serve_speed, speculative, tp_vs_fsdp,
-                               train_speed)
+                               train_speed, user_start)
 
 EXPERIMENTS: tuple[Experiment, ...] = (
     batch_sweep.EXPERIMENT,
@@ -31,6 +31,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     playground.EXPERIMENT,
     first_request.EXPERIMENT,
     prefix_cache.EXPERIMENT,
+    user_start.EXPERIMENT,
 )
 
 
