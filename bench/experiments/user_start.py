@@ -239,7 +239,9 @@ def plot(result: UserStart):
                              squeeze=False)
     for row in result.rows:
         ax = axes[precisions.index(row.precision)][batches.index(row.batch)]
-        ax.axvspan(result.span_s, 2 * result.span_s, color="0.9", label="one core busy")
+        busy = [c for c in row.calls if c.span == "one core busy"]
+        if busy:  # where the busy calls ran (a round longer than a span shifts it, or leaves it without calls)
+            ax.axvspan(busy[0].start_s, busy[-1].end_s, color="0.9", label="one core busy")
         for path, style in zip(PATHS, ("o-", "s--")):
             mine = [c for c in row.calls if c.path == path]
             ax.plot([(c.start_s + c.end_s) / 2 for c in mine], [c.tokens_per_s for c in mine], style, ms=3,
