@@ -99,7 +99,7 @@ def speed_against_dense(dense: GPT, twin: GPT, model: GPT | None, settings: Spee
 
 
 def dense_drift(previous: dict, row: dict) -> dict[str, float]:
-    """How far the dense model's own rates moved from the previous round to this one (0.1: 10% faster): the load
+    """How far the dense model's own rates moved from the previous round to this one (0.1: a tenth faster): the load
     changed under the run by that much, so a ratio taken now does not hold beyond this round."""
     return {kind: row[f"dense_{kind}_tokens_per_s"] / previous[f"dense_{kind}_tokens_per_s"] - 1 for kind in KINDS}
 

@@ -21,8 +21,8 @@ from typing import Callable
 
 # The span other programs' use is measured over; nothing older counts.  Short, as a process that starts decoding
 # right after another ended (a user's turn after a colleague's, a benchmark's next side) would otherwise take the
-# other's last half second of steps for a load still running; long enough to hold 50 of the kernel's 10 ms ticks
-# on 2 cores, so that one busy core reads as 1.0 +- 0.1.
+# other's last half second of steps for a load still running; long enough to hold 50 of the kernel's clock ticks
+# on 2 cores (USER_HZ of 100), so that one busy core reads as 1.0 +- 0.1.
 WINDOW_S = 0.25
 READ_EVERY_S = 0.05  # /proc/stat is read at most this often (a read costs tens of microseconds)
 # Other programs using less than this share of one core over a span leave it quiet: timings made then are kept for
