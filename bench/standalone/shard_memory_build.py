@@ -13,14 +13,16 @@ import sys
 from parallel import init_distributed, layout_from_flags
 from parallel.distributed import exit_rank, shutdown
 from parallel.local_state import local_state_bytes
+from runtime.cli import entry_point
 from runtime.device import choose_device
 from training.config import TrainConfig
 from training.metrics import peak_memory_per_rank
 from training.trainer import Trainer
 
 
-def main() -> None:
-    cfg = TrainConfig(**json.loads(sys.argv[1]))
+@entry_point
+def main(argv=None) -> None:
+    cfg = TrainConfig(**json.loads((argv or sys.argv[1:])[0]))
     layout = layout_from_flags(cfg.parallel, cfg.tp_size)
     ctx = init_distributed(layout.dims, choose_device(cfg.device), cfg.dist_timeout_s)
     try:
