@@ -129,8 +129,8 @@ def interrupt_training_at_batch(monkeypatch, n: int):
 # first: started last, a one-minute file would leave the other core idle at the end.  Measured with
 # `pytest --durations=0` on 2 cores; the order only changes when files run, never what they check.
 LONGEST_FIRST = ("test_bench.py", "test_hostile_signals.py", "test_config_chain.py", "test_parallel.py",
-                 "test_multi_device.py", "test_launch.py", "test_train.py", "test_hostile_stops.py", "test_demo.py", "test_serve_live.py",
-                 "test_resume.py", "test_launch_failures.py", "test_deferred_init.py", "test_folder.py", "test_speculative_bench.py",
+                 "test_launch.py", "test_train.py", "test_hostile_stops.py", "test_demo.py", "test_serve_live.py",
+                 "test_resume.py", "test_launch_failures.py", "test_folder.py", "test_speculative_bench.py",
                  "test_serve_api.py", "test_speculative.py", "test_playground.py", "test_hostile_cli.py",
                  "test_data.py", "test_docs_gate.py", "test_configs.py", "test_hostile_artifacts.py")
 
