@@ -286,3 +286,18 @@ def test_a_standalone_measurement_refuses_settings_before_measuring_and_writes_n
         main([*argv, "--results-dir", str(tmp_path)])
     said = (str(stopped.value.code) if isinstance(stopped.value.code, str) else "") + capsys.readouterr().err
     assert len(said.strip().splitlines()) == 1 and said.startswith(line) and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("prog, argv", [
+    ("python -m serve", ["--async-steps", "on", "--draft", "some/draft"]),
+    ("python -m serve", ["--draft=d", "--async-steps=on", "--draft-tokens", "2"]),
+    ("serve_speed", ["--async-steps", "off", "on", "off"]),
+    ("serve_speed", ["--async-steps", "soon"]),
+])
+def test_steps_launched_ahead_where_they_cannot_be_are_one_error_line(prog, argv):
+    """Asynchronous steps with a draft (whose speculative steps read each row's kept tokens before the next), a
+    setting timed twice, a setting that is none: refused in one line naming --async-steps."""
+    assert attempt(CLI, lambda: parse_config(TOOLS[prog], "A tool.", argv, prog=prog)) == "refused"
+    with pytest.raises((SystemExit, UserError)) as refusal:
+        parse_config(TOOLS[prog], "A tool.", argv, prog=prog)
+    assert "--async-steps" in str(refusal.value.code if isinstance(refusal.value, SystemExit) else refusal.value)
