@@ -22,6 +22,7 @@ from bench.experiment import SettingsError
 from bench import demo
 from bench.experiments import generate_speed, prefix_cache, serve_speed
 from bench.standalone import huge_pages_one_off
+from bench.standalone.async_steps import AsyncStepsConfig
 from bench.standalone.greedy_argmax import GreedyArgmaxConfig
 from bench.standalone.kernels_in_step import KernelsInStepConfig
 from bench.standalone.multi_device import MultiDeviceConfig
@@ -53,7 +54,8 @@ TOOLS = {"train.py": train.TrainConfig, "sample.py": sample.SampleConfig, "pytho
          "bench.standalone.huge_pages_one_off": huge_pages_one_off.Config,
          "bench.standalone.stop_time": StopTimeConfig, "bench.standalone.stream_interval": StreamIntervalConfig,
          "bench.standalone.kernels_in_step": KernelsInStepConfig,
-         "bench.standalone.shard_memory": ShardMemoryConfig, "bench.standalone.multi_device": MultiDeviceConfig}
+         "bench.standalone.shard_memory": ShardMemoryConfig, "bench.standalone.multi_device": MultiDeviceConfig,
+         "bench.standalone.async_steps": AsyncStepsConfig}
 VALUES = ("0", "-1", "1", "90", "1e309", "nan", "inf", "0.5", "", "--", "-", "=", "yes", "auto", "builtin", "none")
 
 

@@ -66,11 +66,11 @@ class Recorder:
 
 
 def serve(model: GPT, jobs: list[dict], async_steps: str, decode: str = "dynamic", max_batch_size: int = 3,
-          prefix_cache_bytes: int = 0, cancel_after: dict[int, int] | None = None, watch: bool = False
-          ) -> tuple[Recorder, Engine]:
+          prefix_cache_bytes: int = 0, cancel_after: dict[int, int] | None = None, watch: bool = False,
+          device: str = "cpu") -> tuple[Recorder, Engine]:
     """Run `jobs` (GenerationRequest's fields beside its callback) through one engine, submitted together; with
     `cancel_after`, request i cancels itself on receiving its n-th token.  Returns once the engine has stopped."""
-    engine = Engine(model, torch.device("cpu"), max_batch_size=max_batch_size, max_queue=64, request_timeout_s=120,
+    engine = Engine(model, torch.device(device), max_batch_size=max_batch_size, max_queue=64, request_timeout_s=120,
                     decode=decode, prefix_cache_bytes=prefix_cache_bytes, async_steps=async_steps)
     assert engine.runner.launch_ahead == (async_steps == "on")
     recorder = Recorder(len(jobs))
