@@ -28,6 +28,7 @@ from bench.standalone.kernels_in_step import KernelsInStepConfig
 from bench.standalone.multi_device import MultiDeviceConfig
 from bench.standalone.serve_cpu_split import ServeCpuSplitConfig
 from bench.standalone.shard_memory import ShardMemoryConfig
+from bench.standalone.static_cache_width import StaticCacheWidthConfig
 from bench.standalone.stop_time import StopTimeConfig
 from bench.standalone.stream_interval import StreamIntervalConfig
 from bench.eval.scorecard import LeaderboardConfig
@@ -55,7 +56,8 @@ TOOLS = {"train.py": train.TrainConfig, "sample.py": sample.SampleConfig, "pytho
          "bench.standalone.stop_time": StopTimeConfig, "bench.standalone.stream_interval": StreamIntervalConfig,
          "bench.standalone.kernels_in_step": KernelsInStepConfig,
          "bench.standalone.shard_memory": ShardMemoryConfig, "bench.standalone.multi_device": MultiDeviceConfig,
-         "bench.standalone.async_steps": AsyncStepsConfig}
+         "bench.standalone.async_steps": AsyncStepsConfig,
+         "bench.standalone.static_cache_width": StaticCacheWidthConfig}
 VALUES = ("0", "-1", "1", "90", "1e309", "nan", "inf", "0.5", "", "--", "-", "=", "yes", "auto", "builtin", "none")
 
 
