@@ -11,6 +11,13 @@ With a draft model every step is speculative (decode/speculative.py): the draft 
 together, the model checks them in one pass, and each row keeps as many as its own sampling accepts, plus one.  K
 is cut for every row when one nears the end of the context, so a seeded request's tokens then depend on its
 neighbours (each still follows the model's distribution).
+
+Plain steps may be launched ahead (`async_steps`; by default on a GPU, `launches_ahead`): a step's pass is queued
+before the tokens of the step before are read back (serve/sampled_step.py), so the host's work on them runs while
+the device computes.  Each row's sampled token stays on the device, written into its slot, as the next step's
+input; the step's own tokens are sampled only after the step before's were accepted, so sampling (penalties
+included) sees every token as it would otherwise, and a row that ended then leaves after this step, its extra
+token never delivered.
 """
 from __future__ import annotations
 
