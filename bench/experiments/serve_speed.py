@@ -391,15 +391,17 @@ def section(res: ServeSpeed, page: Page) -> None:
                       "its server", "not overlapped: each server started, and made its start-up warm-up, alone, after "
                       "the one before it answered /health; `generate()` warmed up in this process; the first round "
                       "of every row is untimed"))
+    # A side's name is its decode mode, then its server's --async-steps where several were timed ("traced, async on")
+    path = lambda d: ", ".join([decode_path(d.decode.split(", ")[0]), *d.decode.split(", ")[1:]])
     rows = []
     for d in res.decodes:
-        rows.append([f"`generate()`, batch 1, {d.decode}", decode_path(d.decode), spread(d.generate_tokens_per_s),
+        rows.append([f"`generate()`, batch 1, {d.decode}", path(d), spread(d.generate_tokens_per_s),
                      "", "", ""])
         for lv in d.levels:
             over = (f"{d.one_client_over_generate:.2f}x `generate()`" if lv.over_one_client is None
                     else f"{lv.over_one_client:.2f}x one client")
             rows.append([f"{lv.clients} streaming client{'s' if lv.clients > 1 else ''}, {d.decode}",
-                         decode_path(d.decode), spread(lv.tokens_per_s), over,
+                         path(d), spread(lv.tokens_per_s), over,
                          " / ".join(f"{v:.0f}" for v in (lv.latency_ms.p50, lv.latency_ms.p95, lv.latency_ms.p99)),
                          " / ".join(f"{v:.0f}" for v in (lv.first_token_ms.p50, lv.first_token_ms.p95,
                                                          lv.first_token_ms.p99))])
