@@ -71,7 +71,7 @@ def test_processes_are_one_per_side_and_the_rest_alternately_default_and_fixed()
 
 def test_one_core_pins_what_it_starts_to_one_core_and_gives_the_others_back():
     before = os.sched_getaffinity(0)
-    with pinned("one core"):
+    with pinned("one-core"):
         assert os.sched_getaffinity(0) == {min(before)}
     assert os.sched_getaffinity(0) == before
     with pinned("quiet"):

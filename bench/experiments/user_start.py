@@ -30,7 +30,7 @@ its new tokens per second over the whole call and the 1-minute load average, so 
 per side.  Ratios are medians over the rounds of a span of each side's tokens/s (the median of its processes in the
 round) over the fixed path's, or ONNX Runtime's, in the same round, so a load that drifts weighs on both alike.  The
 recovery time is how long after the load ended a side's calls first come back (and stay, the next call too) within
-5% of the fixed path's median over the last span.  `one core` runs every process (the busy loop too) on the first
+5% of the fixed path's median over the last span.  `one-core` runs every process (the busy loop too) on the first
 of this process's cores, as `taskset -c 0` would, each with one thread.  The host's read and matmul rates are
 measured before each row, under its condition; the rows run batch by batch, and each is also written to the work
 folder as it ends (out/bench/user_start/rows_so_far.json).
@@ -78,7 +78,7 @@ LABELS = {"default": "load_model + pack_for_inference + default generate() (auto
           "ORT": "ONNX Runtime (its GPT-2 converter, optimizer, IO binding)"}
 ADAPTIVE = ("default", "sample.py", "server")  # the sides whose choices follow the host, and so may need to recover
 SPANS = ("quiet before", "one core busy", "quiet after")
-CONDITIONS = ("quiet", "one core")
+CONDITIONS = ("quiet", "one-core")
 RECOVERED = 0.95  # of the fixed path's median after the load, the call that counts as recovered
 ORT_MODULES = ("onnxruntime", "onnx", "transformers")
 SERVER_START_S = 600.0  # `python -m serve` loads and traces its steps while the other sides load, on a shared host
@@ -91,7 +91,7 @@ class Settings(RandomWeightsSettings):
                                            "only where onnxruntime imports)", choices=SIDES)
     processes: int = option(6, "fresh processes started together per row: one per side, the rest alternately on "
                                "the default and the fixed path", min=2)
-    conditions: list[str] = option(list(CONDITIONS), "quiet: every core; one core: every process on one core, one "
+    conditions: list[str] = option(list(CONDITIONS), "quiet: every core; one-core: every process on one core, one "
                                                      "thread each (as taskset -c 0)", choices=CONDITIONS)
     precisions: list[str] = option(["fp32", "int8"], "weights", choices=("fp32", "int8"))
     batch_sizes: list[int] = option([1, 4, 12], "rows per call", min=1)
@@ -269,8 +269,8 @@ def assigned(sides: list[str], processes: int) -> list[str]:
 
 @contextlib.contextmanager
 def pinned(condition: str):
-    """`one core`: this process, and so every process it starts in the block, on its first core only."""
-    if condition != "one core":
+    """`one-core`: this process, and so every process it starts in the block, on its first core only."""
+    if condition != "one-core":
         yield
         return
     before = os.sched_getaffinity(0)
@@ -512,7 +512,7 @@ def section(res: UserStart, page: Page) -> None:
              f"busy and {res.span_s:.0f} s quiet. tokens/s are medians per span (quiet / busy / quiet, over the "
              f"whole call); ratios are the median (and lowest) over the span's rounds of the path's tokens/s over "
              f"the fixed path's, or ONNX Runtime's, in the same round; recovery is from the load's end until the "
-             f"path's calls are back within {1 - RECOVERED:.0%} of the fixed path's. `one core`: every process on "
+             f"path's calls are back within {1 - RECOVERED:.0%} of the fixed path's. `one-core`: every process on "
              f"one core with one thread. \"no round\": the span ended before a round began in it (the round "
              f"before outlasted it).\n")
     for side, why in res.not_measured.items():
