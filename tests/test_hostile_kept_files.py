@@ -105,6 +105,29 @@ def test_a_file_past_the_bound_is_not_read_even_if_it_is_json(tmp_path, caplog):
     assert "more than" in caplog.records[0].getMessage()
 
 
+def test_a_file_of_exactly_the_bound_is_read(tmp_path, caplog):
+    path = tmp_path / "choices.json"
+    text = json.dumps({"shape": "a"})
+    path.write_text(text + " " * (MAX_BYTES - len(text)))  # JSON allows trailing whitespace
+    assert path.stat().st_size == MAX_BYTES
+    with caplog.at_level(logging.WARNING, logger="runtime.kept_file"):
+        assert kept_choices(path).read() == {"shape": "a"}
+    assert caplog.messages == []
+
+
+def test_entries_left_out_are_counted_and_a_file_of_every_entry_valid_is_read_in_silence(tmp_path, caplog):
+    path = tmp_path / "choices.json"
+    many = {f"shape {i}": "a" for i in range(300)}  # past the small integers CPython keeps one object of
+    path.write_text(json.dumps(many))
+    with caplog.at_level(logging.WARNING, logger="runtime.kept_file"):
+        assert kept_choices(path).read() == many
+        assert caplog.messages == []
+        path.write_text(json.dumps({"a": "x", "b": 1, "c": "y", "d": None}))
+        assert kept_choices(path).read() == {"a": "x", "c": "y"}
+    [warning] = caplog.messages
+    assert warning == f"left out 2 of the 4 kernel choices in {path} that are not kernel names"
+
+
 def _keep_many(path: str, writer: int, count: int, start) -> None:
     start.wait()
     kept = KeptFile(Path(path), "entries", lambda value: isinstance(value, int), "integers", "UNUSED")
