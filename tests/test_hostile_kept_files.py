@@ -115,6 +115,13 @@ def test_a_file_of_exactly_the_bound_is_read(tmp_path, caplog):
     assert caplog.messages == []
 
 
+def test_a_kept_file_named_in_folders_not_yet_made_is_written_there(tmp_path, caplog):
+    path = tmp_path / "a" / "b" / "choices.json"  # as GPT2_KERNEL_CHOICES may name it
+    with caplog.at_level(logging.WARNING, logger="runtime.kept_file"):
+        kept_choices(path).put("shape", "a")
+    assert caplog.messages == [] and kept_choices(path).read() == {"shape": "a"}
+
+
 def test_entries_left_out_are_counted_and_a_file_of_every_entry_valid_is_read_in_silence(tmp_path, caplog):
     path = tmp_path / "choices.json"
     many = {f"shape {i}": "a" for i in range(300)}  # past the small integers CPython keeps one object of
