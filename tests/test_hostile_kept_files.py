@@ -115,6 +115,19 @@ def test_a_file_of_exactly_the_bound_is_read(tmp_path, caplog):
     assert caplog.messages == []
 
 
+def test_a_file_that_grows_past_the_bound_after_its_size_was_read_is_not_read(tmp_path, monkeypatch, caplog):
+    """The size checked on the open file, then the file written on by another program: the read itself stops."""
+    path = tmp_path / "choices.json"
+    text = json.dumps({"shape": "a"})
+    path.write_text(text + " " * (MAX_BYTES + 10 - len(text)))
+    real_fstat = os.fstat
+    monkeypatch.setattr(os, "fstat", lambda fd: os.stat_result((*real_fstat(fd)[:6], len(text), *real_fstat(fd)[7:])))
+    with caplog.at_level(logging.WARNING, logger="runtime.kept_file"):
+        assert kept_choices(path).read() == {}
+    [warning] = caplog.messages
+    assert f"more than the {MAX_BYTES:,} bytes a kept file may hold" in warning
+
+
 def test_a_kept_file_named_in_folders_not_yet_made_is_written_there(tmp_path, caplog):
     path = tmp_path / "a" / "b" / "choices.json"  # as GPT2_KERNEL_CHOICES may name it
     with caplog.at_level(logging.WARNING, logger="runtime.kept_file"):
