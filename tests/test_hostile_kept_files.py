@@ -71,6 +71,17 @@ def test_a_hostile_kept_file_is_ignored_with_one_warning_and_replaced_at_the_nex
     record(SURFACE, "ignored", kind)
 
 
+@pytest.mark.parametrize("kind, named", [("FIFO", "not a regular file (a FIFO)"),
+                                         ("/dev/zero", "not a regular file (a device)")])
+def test_what_is_in_a_kept_file_s_place_is_named_in_the_warning(kind, named, tmp_path, caplog):
+    path = tmp_path / "choices.json"
+    HOSTILE[kind](path)
+    with caplog.at_level(logging.WARNING, logger="runtime.kept_file"):
+        assert kept_choices(path).read() == {}
+    [warning] = caplog.messages
+    assert f"({named})" in warning, warning
+
+
 def test_a_folder_in_a_kept_file_s_place_is_ignored_and_the_write_given_up(tmp_path, caplog):
     path = tmp_path / "choices.json"
     _folder(path)
