@@ -126,6 +126,17 @@ def test_a_file_of_exactly_the_bound_is_read(tmp_path, caplog):
     assert caplog.messages == []
 
 
+def test_a_kept_file_of_thousands_of_entries_is_read_whole(tmp_path, caplog):
+    """Entries are a few hundred bytes: a file of thousands of them, megabytes, is a real one, not a hostile one."""
+    path = tmp_path / "choices.json"
+    many = {f"{'cpu and torch and shape ' * 12}{i}": "a" for i in range(8000)}
+    path.write_text(json.dumps(many, indent=1))
+    assert 2 * 1024**2 < path.stat().st_size < MAX_BYTES
+    with caplog.at_level(logging.WARNING, logger="runtime.kept_file"):
+        assert kept_choices(path).read() == many
+    assert caplog.messages == []
+
+
 def test_a_file_that_grows_past_the_bound_after_its_size_was_read_is_not_read(tmp_path, monkeypatch, caplog):
     """The size checked on the open file, then the file written on by another program: the read itself stops."""
     path = tmp_path / "choices.json"
