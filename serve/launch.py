@@ -45,23 +45,32 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 class StartBudget:
-    """How long a starting process `pid` may go on: `timeout_s` seconds of its CPU time (of the wall clock where
-    /proc cannot be read), and never STALLED_S of wall clock with less than STALLED_CPU_S of CPU."""
+    """How long a starting process `pid` may go on: `timeout_s` seconds of its CPU time divided by the cores it may
+    run on (of the wall clock where /proc cannot be read), and never STALLED_S of wall clock with less than
+    STALLED_CPU_S of that.  Divided, so that the bound is never tighter than the same seconds of wall clock: a
+    process running on all its cores of a quiet host uses them at the rate of the wall clock, one that shares
+    them more slowly."""
 
     def __init__(self, pid: int, timeout_s: float, clock: Callable[[], float] = time.monotonic):
         self.pid, self.timeout_s, self.clock = pid, timeout_s, clock
         self.started = self.stall_from = clock()
         self.stall_used = 0.0
+        try:
+            self.cores = len(os.sched_getaffinity(pid))
+        except (AttributeError, OSError):  # not Linux, or the process has gone (its exit is seen first)
+            self.cores = os.cpu_count() or 1
 
     def spent(self) -> str | None:
-        """Why the start has gone on too long ("within 120s of its CPU time", "...: it is stuck"), or None."""
+        """Why the start has gone on too long ("within 120s of CPU time on each of its cores", "...: it is
+        stuck"), or None."""
         now, cpu = self.clock(), cpu_seconds(self.pid)
-        used = now - self.started if cpu is None else cpu
+        used = now - self.started if cpu is None else cpu / self.cores
         if used >= self.timeout_s:
-            return f"within {self.timeout_s:g}s of {'wall clock' if cpu is None else 'its CPU time'}"
+            return f"within {self.timeout_s:g}s of {'wall clock' if cpu is None else 'CPU time on each of its cores'}"
         if now - self.stall_from >= STALLED_S:
             if used - self.stall_used < STALLED_CPU_S:
-                return f"and used {used - self.stall_used:.1f}s of CPU in the last {STALLED_S:g}s: it is stuck"
+                return (f"and used {used - self.stall_used:.1f}s of CPU a core in the last {STALLED_S:g}s: it is "
+                        f"stuck")
             self.stall_from, self.stall_used = now, used
         return None
 
@@ -136,7 +145,7 @@ class ServerProcess:
 
 @contextlib.contextmanager
 def running(server: ServerProcess, startup_timeout_s: float = 120) -> Iterator[ServerProcess]:
-    """`server` once it answers /health (within `startup_timeout_s` of its CPU time: wait_until_healthy), stopped on
+    """`server` once it answers /health (within `startup_timeout_s` of its CPU time a core: StartBudget), stopped on
     leaving the block however it is left."""
     try:
         server.wait_until_healthy(startup_timeout_s)

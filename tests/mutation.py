@@ -129,7 +129,9 @@ MODULES = {
                                           "tests/test_hostile_http.py::test_bad_bias_and_penalties_are_one_line_naming_"
                                           "the_field")),
     "runtime/kept_file.py": Target(("tests/test_hostile_kept_files.py", "tests/test_kept_ratios.py")),
-    "data/compressed.py": Target(("tests/test_data_documents.py", *HOSTILE_DATA)),
+    # its own quick tests first; test_local_files reads compressed files and names their formats too
+    "data/compressed.py": Target(("tests/test_compressed.py", "tests/test_data_documents.py", "tests/test_local_files.py",
+                                  *HOSTILE_DATA)),
     "storage/folder.py": Target(("tests/test_folder_files.py", "tests/test_storage.py", "tests/test_claim.py",
                                   *hostile("tests/test_folder.py", omit=(
         "test_training_that_saves_every_step_is_undisturbed_by_a_reader_in_a_tight_loop",

@@ -71,6 +71,17 @@ def test_a_hostile_kept_file_is_ignored_with_one_warning_and_replaced_at_the_nex
     record(SURFACE, "ignored", kind)
 
 
+@pytest.mark.parametrize("kind, named", [("FIFO", "not a regular file (a FIFO)"),
+                                         ("/dev/zero", "not a regular file (a device)")])
+def test_what_is_in_a_kept_file_s_place_is_named_in_the_warning(kind, named, tmp_path, caplog):
+    path = tmp_path / "choices.json"
+    HOSTILE[kind](path)
+    with caplog.at_level(logging.WARNING, logger="runtime.kept_file"):
+        assert kept_choices(path).read() == {}
+    [warning] = caplog.messages
+    assert f"({named})" in warning, warning
+
+
 def test_a_folder_in_a_kept_file_s_place_is_ignored_and_the_write_given_up(tmp_path, caplog):
     path = tmp_path / "choices.json"
     _folder(path)
@@ -103,6 +114,60 @@ def test_a_file_past_the_bound_is_not_read_even_if_it_is_json(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="runtime.kept_file"):
         assert kept_choices(path).read() == {}
     assert "more than" in caplog.records[0].getMessage()
+
+
+def test_a_file_of_exactly_the_bound_is_read(tmp_path, caplog):
+    path = tmp_path / "choices.json"
+    text = json.dumps({"shape": "a"})
+    path.write_text(text + " " * (MAX_BYTES - len(text)))  # JSON allows trailing whitespace
+    assert path.stat().st_size == MAX_BYTES
+    with caplog.at_level(logging.WARNING, logger="runtime.kept_file"):
+        assert kept_choices(path).read() == {"shape": "a"}
+    assert caplog.messages == []
+
+
+def test_a_kept_file_of_thousands_of_entries_is_read_whole(tmp_path, caplog):
+    """Entries are a few hundred bytes: a file of thousands of them, megabytes, is a real one, not a hostile one."""
+    path = tmp_path / "choices.json"
+    many = {f"{'cpu and torch and shape ' * 12}{i}": "a" for i in range(8000)}
+    path.write_text(json.dumps(many, indent=1))
+    assert 2 * 1024**2 < path.stat().st_size < MAX_BYTES
+    with caplog.at_level(logging.WARNING, logger="runtime.kept_file"):
+        assert kept_choices(path).read() == many
+    assert caplog.messages == []
+
+
+def test_a_file_that_grows_past_the_bound_after_its_size_was_read_is_not_read(tmp_path, monkeypatch, caplog):
+    """The size checked on the open file, then the file written on by another program: the read itself stops."""
+    path = tmp_path / "choices.json"
+    text = json.dumps({"shape": "a"})
+    path.write_text(text + " " * (MAX_BYTES + 10 - len(text)))
+    real_fstat = os.fstat
+    monkeypatch.setattr(os, "fstat", lambda fd: os.stat_result((*real_fstat(fd)[:6], len(text), *real_fstat(fd)[7:])))
+    with caplog.at_level(logging.WARNING, logger="runtime.kept_file"):
+        assert kept_choices(path).read() == {}
+    [warning] = caplog.messages
+    assert f"more than the {MAX_BYTES:,} bytes a kept file may hold" in warning
+
+
+def test_a_kept_file_named_in_folders_not_yet_made_is_written_there(tmp_path, caplog):
+    path = tmp_path / "a" / "b" / "choices.json"  # as GPT2_KERNEL_CHOICES may name it
+    with caplog.at_level(logging.WARNING, logger="runtime.kept_file"):
+        kept_choices(path).put("shape", "a")
+    assert caplog.messages == [] and kept_choices(path).read() == {"shape": "a"}
+
+
+def test_entries_left_out_are_counted_and_a_file_of_every_entry_valid_is_read_in_silence(tmp_path, caplog):
+    path = tmp_path / "choices.json"
+    many = {f"shape {i}": "a" for i in range(300)}  # past the small integers CPython keeps one object of
+    path.write_text(json.dumps(many))
+    with caplog.at_level(logging.WARNING, logger="runtime.kept_file"):
+        assert kept_choices(path).read() == many
+        assert caplog.messages == []
+        path.write_text(json.dumps({"a": "x", "b": 1, "c": "y", "d": None}))
+        assert kept_choices(path).read() == {"a": "x", "c": "y"}
+    [warning] = caplog.messages
+    assert warning == f"left out 2 of the 4 kernel choices in {path} that are not kernel names"
 
 
 def _keep_many(path: str, writer: int, count: int, start) -> None:

@@ -215,7 +215,7 @@ def test_cancelled_request_leaves_the_batch(short_context_model):
         engine.submit(request)
         assert first_token.wait(30)
         request.cancel()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 120  # a hang guard: the events below show the row left early
         while engine.batch_size and time.monotonic() < deadline:
             time.sleep(0.01)
         assert engine.batch_size == 0 and engine.runner.slots.rows == 0

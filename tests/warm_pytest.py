@@ -46,7 +46,8 @@ def run_child(args: list[str]) -> None:
     """In the forked child: forget the project's modules, run pytest, and leave with its status."""
     sys.dont_write_bytecode = True
     for name, module in list(sys.modules.items()):
-        if (getattr(module, "__file__", None) or "").startswith(ROOT + os.sep):
+        # __main__ (this file) stays: a test that starts processes with multiprocessing's spawn looks it up
+        if name != "__main__" and (getattr(module, "__file__", None) or "").startswith(ROOT + os.sep):
             del sys.modules[name]
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
