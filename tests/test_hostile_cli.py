@@ -20,7 +20,7 @@ import sample
 import train
 from bench.experiment import SettingsError
 from bench import demo
-from bench.experiments import generate_speed, prefix_cache, serve_speed
+from bench.experiments import fused_step, generate_speed, prefix_cache, serve_speed
 from bench.standalone import huge_pages_one_off
 from bench.standalone.greedy_argmax import GreedyArgmaxConfig
 from bench.standalone.kernels_in_step import KernelsInStepConfig
@@ -47,7 +47,7 @@ TOOLS = {"train.py": train.TrainConfig, "sample.py": sample.SampleConfig, "pytho
          "python -m bench.demo": demo.DemoConfig,
          # the settings of the experiments that start peers and busy processes
          "generate_speed": generate_speed.Settings, "serve_speed": serve_speed.Settings,
-         "prefix_cache": prefix_cache.Settings,
+         "prefix_cache": prefix_cache.Settings, "fused_step": fused_step.Settings,
          # the measurements run by hand (bench/standalone/)
          "bench.standalone.greedy_argmax": GreedyArgmaxConfig, "bench.standalone.serve_cpu_split": ServeCpuSplitConfig,
          "bench.standalone.huge_pages_one_off": huge_pages_one_off.Config,

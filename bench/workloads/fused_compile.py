@@ -1,0 +1,47 @@
+"""The fused decode step's compile in a fresh process, for bench/experiments/fused_step.py: whether a second process
+pays the compile again once the first has filled Inductor's cache.  It builds the preset with random weights
+(seeded), packs its linear layers as sample.py does, takes the kernel of each product shape from the first process
+(so that it compiles the same graph), and times the first fused step of each row count; prints JSON: the seconds
+per row count, and Inductor's cache hits and misses.
+
+    python -m bench.workloads.fused_compile PRESET PROMPT_TOKENS KERNELS_JSON BATCH [BATCH ...]
+
+$TORCHINDUCTOR_CACHE_DIR names the cache (the first process's).
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+from torch._dynamo.utils import counters
+
+from decode.fused_step import FusedSteps
+from model.config import preset
+from model.gpt import GPT
+from model.kv_cache import KVCache
+from model.packed_linear import CHOICES, pack_for_inference
+
+
+def compile_seconds(name: str, prompt_tokens: int, kernels: list, batches: list[int]) -> dict:
+    torch.manual_seed(0)
+    model = GPT(preset(name)).eval()
+    pack_for_inference(model)
+    CHOICES.chosen.update({tuple(shape): kernel for shape, kernel in kernels})
+    fused, seconds = FusedSteps(model), {}
+    for batch in batches:
+        cache = KVCache.allocate(model.config, batch, prompt_tokens + 2, "cpu")
+        tokens = torch.zeros(batch, prompt_tokens, dtype=torch.long)
+        with torch.no_grad():
+            model(tokens, cache=cache, last_only=True)
+        before = fused.setup_s
+        fused.step(cache, tokens[:, :1])
+        seconds[batch] = fused.setup_s - before
+    return {"compile_s": seconds, "cache_hits": counters["inductor"]["fxgraph_cache_hit"],
+            "cache_misses": counters["inductor"]["fxgraph_cache_miss"]}
+
+
+if __name__ == "__main__":
+    with open(sys.argv[3]) as kept:
+        chosen = json.load(kept)
+    print(json.dumps(compile_seconds(sys.argv[1], int(sys.argv[2]), chosen, [int(b) for b in sys.argv[4:]])))
