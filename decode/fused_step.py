@@ -86,7 +86,8 @@ class FusedSteps:
     use.  The weights must stay as they are while the steps are used (the compiled graph holds them as constants)."""
 
     def __init__(self, model: GPT):
-        if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in model.parameters()):
+        # (an int8 model's weights are int8 buffers, read by fbgemm's products: the traced step runs those)
+        if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in (*model.parameters(), *model.buffers())):
             raise ValueError("the fused step is for a float32 model on the CPU; run the traced step (decode "
                              "'traced') for other models")
         self.model = model

@@ -2,11 +2,14 @@
 and tokens on a small model, writes the cache as the traced step does, and one compile serves every cache length."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from decode.fused_step import CACHE_ENV, FixedProduct, FusedSteps
 from decode.trace import TracedSteps
+from model.int8 import quantize_model
 from model.kv_cache import KVCache
 from model.packed_linear import pack_for_inference
 from tests.conftest import small_config
@@ -27,6 +30,8 @@ def test_the_fused_step_gives_the_traced_step_s_logits_over_every_length(tmp_pat
     pack_for_inference(model)
     prompt = torch.randint(0, 50257, (2, 5), generator=torch.Generator().manual_seed(1))
     caches = [prefilled(model, 2, prompt) for _ in range(2)]
+    # Two rows: each product's default kernel is oneDNN's over its packed weight, which Inductor compiles only with
+    # the weights frozen into constants (decode/fused_step.py's COMPILE_OPTIONS set as Dynamo captures the graph).
     traced, fused = TracedSteps(model), FusedSteps(model)
     token = torch.zeros(2, 1, dtype=torch.long)
     tokens = {"traced": [], "fused": []}
@@ -46,9 +51,12 @@ def test_the_fused_step_gives_the_traced_step_s_logits_over_every_length(tmp_pat
 
 
 def test_the_fused_step_refuses_what_it_cannot_run(small_model):
-    with pytest.raises(ValueError, match="float32 model on the CPU"):
-        FusedSteps(small_model.to(torch.float64))
-    steps = FusedSteps(small_model.float())
+    int8 = copy.deepcopy(small_model)
+    quantize_model(int8, head="int8")
+    for model in (int8, copy.deepcopy(small_model).to(torch.float64)):
+        with pytest.raises(ValueError, match="float32 model on the CPU"):
+            FusedSteps(model)
+    steps = FusedSteps(small_model)
     cache = KVCache.allocate(small_model.config, 1, 8, "cpu")
     with pytest.raises(ValueError, match="one token per row"):
         steps.step(cache, torch.zeros(1, 2, dtype=torch.long))
