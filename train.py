@@ -27,6 +27,7 @@ from runtime.cli import entry_point, given_fields, parse_config
 from runtime.device import choose_device
 from runtime.errors import UserError
 from runtime.stopping import Stopped, stop_by_default
+from storage.artifact import read_meta
 from storage.claim import missing_folders, refuse_output_in_dataset, remove_unused_folders
 from storage.hub import resolve_checkpoint
 from training.config import TrainConfig, TrainingError
@@ -45,7 +46,7 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> EvalRecord:
     if (dataset := local_dataset_path(cfg.dataset)) is not None:  # before anything is written
         refuse_output_in_dataset(dataset, cfg.out_dir, "--out-dir")
     if cfg.init_from:  # a name that is not there, or a hub model not to be had, fails before anything starts
-        resolve_checkpoint(cfg.init_from, "--init-from")
+        cfg.check_init_size(read_meta(resolve_checkpoint(cfg.init_from, "--init-from")).model, given or set())
     layout = layout_from_flags(cfg.parallel, cfg.tp_size)
     ctx = init_distributed(layout.dims, choose_device(cfg.device), cfg.dist_timeout_s)
     created = missing_folders(cfg.out_dir) if ctx.is_writer else []

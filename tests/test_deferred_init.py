@@ -3,21 +3,14 @@ TP or FSDP rank that materialises only its shards holds exactly the slices of th
 back, they are the single-device model, bit for bit)."""
 from __future__ import annotations
 
-import datetime
-import json
-import os
-import socket
-import traceback
-from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from model.config import preset
 from model.deferred_init import empty_model, seeded_parameters
 from model.gpt import GPT
+from tests.gloo_ranks import run_ranks
 
 SEED = 1234
 # Pruned-width layers (unequal heads and hidden sizes) as well as the plain shape.
@@ -55,27 +48,7 @@ def test_an_empty_model_holds_no_values():
     assert model.lm_head.weight is model.transformer.wte.weight
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, world: int, port: int, root: str) -> None:
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
-    result = {}
-    try:
-        _materialise_each_layout(rank, world, result)
-    except BaseException as e:  # reported to the test through the result file
-        result["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
-    (Path(root) / f"result_{rank}.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
-
-
-def _materialise_each_layout(rank, world, result):
+def _materialise_each_layout(rank, world, root, result):
     from parallel import CommsMeter, ParallelDims, parallelize
     from parallel.distributed import init_distributed
     from parallel.materialize import builds_on_meta
@@ -109,10 +82,7 @@ def _materialise_each_layout(rank, world, result):
 
 def test_sharded_ranks_hold_exact_slices_of_the_single_device_weights(tmp_path):
     world = 2
-    mp.spawn(_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True)
-    results = [json.loads((tmp_path / f"result_{r}.json").read_text()) for r in range(world)]
-    errors = [r["error"] for r in results if "error" in r]
-    assert not errors, errors[0]
+    results = run_ranks(_materialise_each_layout, world, tmp_path)
     for mode in ("tp", "fsdp"):
         assert results[0][f"{mode}_unequal"] == [], mode
         for r in results:

@@ -123,12 +123,13 @@ def test_an_answer_complete_on_a_connection_the_server_keeps_open_ends_the_reque
 
         server = await asyncio.start_server(answer, "127.0.0.1", 0)
         async with server:
-            outcome = await one_request(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", {}, timeout_s=5)
+            # A client that waited for the close would time out (status 0, a TimeoutError), however busy the host.
+            outcome = await one_request(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", {}, timeout_s=60)
             answered.set()
             return outcome
 
     outcome = asyncio.run(serve_then_request())
-    assert (outcome.status, outcome.tokens, outcome.error) == (200, 2, None) and outcome.latency_s < 5
+    assert (outcome.status, outcome.tokens, outcome.error) == (200, 2, None)
 
 
 def test_an_address_that_is_not_plain_http_is_refused_in_one_line():

@@ -286,3 +286,46 @@ def test_a_hard_linked_copy_of_the_source_may_be_overwritten_without_touching_th
         outcome, message = run_tool("output folder: hard links", lambda: WRITERS["export"](str(artifact), str(copy)))
     assert outcome == "worked", message
     assert json.loads((copy / "config.json").read_text())["model_type"] == "gpt2"
+
+
+# A run folder's metrics.jsonl, drawn by train.py's curves and by python -m bench.eval.plot_runs.
+STEP_RECORD = {"step": 10, "tokens": 640, "loss": 9.5, "lr": 1e-3, "tokens_per_s": 1200.0}
+EVAL_RECORD = {"step": 10, "tokens": 640, "val_loss": 9.7}
+
+
+def hostile_metrics_line(value, field: str | None, nesting: int | None) -> str:
+    """A JSON line of any value, a step or evaluation record with one field any value, or nesting past the parser."""
+    if nesting:
+        return nested(nesting)
+    if field is None:
+        return json.dumps(value)
+    return json.dumps({**(EVAL_RECORD if field == "val_loss" else STEP_RECORD), field: value})
+
+
+@given(lines=st.lists(st.tuples(JSON_VALUES, st.none() | st.sampled_from([*STEP_RECORD, "val_loss"]),
+                                st.none() | st.integers(2_000, 100_000)), min_size=1, max_size=4),
+       cut_last=st.booleans())
+@example(lines=[([1, 2], None, None)], cut_last=False).via("a JSON array line was a TypeError traceback")
+@example(lines=[(3, None, None)], cut_last=False).via("a JSON number line was a TypeError traceback")
+@example(lines=[("loss", None, None)], cut_last=True).via("a string holding 'loss' was indexed as a record")
+@example(lines=[(10**400, "tokens", None)], cut_last=False).via("a count past a float's range")
+@examples(8)
+def test_any_metrics_line_is_left_out_with_one_warning_and_the_curves_drawn(tmp_path_factory, lines, cut_last,
+                                                                               caplog):
+    from bench.eval.plot_runs import main as plot_runs_main
+    run = tmp_path_factory.mktemp("metrics_run")
+    hostile = [hostile_metrics_line(*line) for line in lines]
+    text = "\n".join([json.dumps(STEP_RECORD), *hostile, json.dumps({**STEP_RECORD, "step": 20, "tokens": 1280}),
+                      json.dumps(EVAL_RECORD)]) + "\n" + ('{"step": 30, "lo' if cut_last else "")
+    (run / "metrics.jsonl").write_text(text)
+    caplog.clear()
+    assert attempt("metrics.jsonl", lambda: plot_runs_main([str(run), "--out", str(run / "curves.png")])) == "worked"
+    assert (run / "curves.png").stat().st_size > 0
+    warnings = [r.getMessage() for r in caplog.records if r.name == "training.curves"]
+    assert len(warnings) <= 1 and all("\n" not in w and str(run / "metrics.jsonl") in w for w in warnings), warnings
+    assert (run / "metrics.jsonl").read_text() == text  # drawn from, never rewritten
+    if lines[0] in (([1, 2], None, None), (3, None, None)):
+        assert warnings and "line 2: " in warnings[0] and "not an object" in warnings[0], warnings
+    from training.curves import read_metrics
+    steps, evals = read_metrics(run)
+    assert [r["step"] for r in steps][-1] == 20 and evals[-1]["val_loss"] == 9.7  # the good records all drawn

@@ -101,6 +101,42 @@ def test_bad_bias_and_penalties_are_refused_naming_the_field(fields, message):
     assert caught.value.field == next(iter(fields)) and "\n" not in str(caught.value)
 
 
+# Keys and values at the edges of what is taken, as the message shows them: ints (a Python caller's keys), ints past
+# what str() writes (4,300 digits), and text cut at 40 characters.
+@pytest.mark.parametrize("bias, message", [
+    ({-1: 1}, "key -1 is not a token id"),
+    ({True: 1}, "key True is not a token id"),
+    ({str(VOCAB + 1): 1}, f"token id {VOCAB + 1} is outside the vocabulary"),
+    ({VOCAB + 5: 1}, f"token id {VOCAB + 5} is outside the vocabulary"),
+    ({2 ** 13999: 1}, "token id 13149501836626558901... (4215 characters) is outside the vocabulary"),
+    ({2 ** 14000: 1}, "token id <an integer of 14001 bits> is outside the vocabulary"),
+    ({"a" * 38: 1}, f"key '{'a' * 38}' is not a token id"),
+    ({"a" * 39: 1}, f"key '{'a' * 19}... (41 characters) is not a token id"),
+    ({"7": "12"}, "the bias of token 7 must be a number in [-100, 100], got '12'"),
+    ({"7": 2 ** 20000}, "the bias of token 7 must be a number in [-100, 100], got <an integer of 20001 bits>"),
+])
+def test_bias_refusals_show_the_key_or_value_as_given_and_cut_short(bias, message):
+    with pytest.raises(SamplingError) as caught:
+        sampling_params({"logit_bias": bias}, VOCAB)
+    assert str(caught.value) == f"logit_bias: {message}" + \
+        ('; write each id as a decimal string, e.g. {"50256": -100}' if "not a token id" in message else
+         f"; ids run from 0 to {VOCAB - 1}" if "outside" in message else "")
+
+
+def test_bias_keys_at_the_edges_of_what_is_taken():
+    """As many entries as OpenAI allows; ids 0 and the last as ints; a decimal key as long as the vocabulary's size."""
+    most = {str(i): 1 for i in range(MAX_LOGIT_BIAS_ENTRIES)}
+    assert len(sampling_params({"logit_bias": most}, VOCAB).logit_bias) == MAX_LOGIT_BIAS_ENTRIES
+    assert sampling_params({"logit_bias": {0: 1, 5: 2, VOCAB - 1: 3}}, VOCAB).logit_bias == \
+        ((0, 1.0), (5, 2.0), (VOCAB - 1, 3.0))
+    assert sampling_params({"logit_bias": {str(VOCAB - 1): -4}}, VOCAB).logit_bias == ((VOCAB - 1, -4.0),)
+
+
+def test_a_request_without_ignore_eos_stops_at_end_of_text():
+    assert sampling_params({}, VOCAB).stop_at_eot and sampling_params({"ignore_eos": False}, VOCAB).stop_at_eot
+    assert not sampling_params({"ignore_eos": True}, VOCAB).stop_at_eot
+
+
 def test_speculative_decoding_refuses_what_its_checks_cannot_honour(model):
     for field, value in [("logit_bias", {"1": 2}), ("presence_penalty", 0.1), ("frequency_penalty", -0.1)]:
         with pytest.raises(SamplingError, match=f"^{field} is not available with speculative decoding") as caught:

@@ -101,15 +101,23 @@ def test_a_choice_is_kept_for_the_next_process_which_takes_it_untimed(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["choices.json"]
 
 
-def test_quiet_then_busy_then_quiet_keeps_only_the_quiet_choices_and_a_busy_one_runs_the_default(tmp_path):
-    # Under load b looks fastest (the timing says more of the load than of b); quiet, b is fastest too, and the step
-    # with it as well.  Only the quiet shapes are kept; the busy one runs the default rule's a, in this process too.
-    path = tmp_path / "choices.json"
+def scripted_choices(path):
+    """Kernel choices on a scripted host, between a kernel `a` that costs 2 s and `b` that costs 1 s: the host,
+    the choices, and the candidates' timers."""
     host = ScriptedHost()
     clock = host.clock
     choices = KernelChoices(load=host.load, clock=clock, kept=kept_choices(path))
     costs = {"a": 2.0, "b": 1.0}
     candidates = lambda: {name: (lambda name=name: setattr(clock, "now", clock.now + costs[name])) for name in costs}
+    return host, choices, candidates
+
+
+def test_quiet_then_busy_then_quiet_keeps_only_the_quiet_choices_and_a_busy_one_runs_the_default(tmp_path):
+    # Under load b looks fastest (the timing says more of the load than of b); quiet, b is fastest too, and the step
+    # with it as well.  Only the quiet shapes are kept; the busy one runs the default rule's a, in this process too.
+    path = tmp_path / "choices.json"
+    host, choices, candidates = scripted_choices(path)
+    clock = host.clock
 
     def step(shape):  # the step of `shape` runs faster with b
         return lambda: setattr(clock, "now", clock.now + (1.0 if choices.chosen[shape] == "b" else 2.0))
@@ -129,11 +137,8 @@ def test_quiet_then_busy_then_quiet_keeps_only_the_quiet_choices_and_a_busy_one_
 
 def test_a_step_confirmed_while_the_host_turned_busy_runs_the_defaults_and_keeps_nothing(tmp_path):
     path = tmp_path / "choices.json"
-    host = ScriptedHost()
+    host, choices, candidates = scripted_choices(path)
     clock = host.clock
-    choices = KernelChoices(load=host.load, clock=clock, kept=kept_choices(path))
-    costs = {"a": 2.0, "b": 1.0}
-    candidates = lambda: {name: (lambda name=name: setattr(clock, "now", clock.now + costs[name])) for name in costs}
 
     def step():  # faster with b, but the load starts while the step is timed
         host.others = 2.0

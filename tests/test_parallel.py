@@ -5,36 +5,27 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import datetime
 import json
 import os
 import shutil
-import socket
-import traceback
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from model.config import GPTConfig
 from model.gpt import GPT
 from parallel import CommsMeter, ParallelDims, ParallelError, check_divisibility
 from parallel.data_parallel import replicate_with_data_parallel
-from parallel.distributed import DistContext, exit_rank
+from parallel.distributed import DistContext
 from parallel.tensor_parallel import ShardSpec
+from tests.gloo_ranks import run_ranks
 
 STEPS = 4
 GLOBAL_BATCH = 8
 COMMON = dict(model="tiny", dataset="builtin", device="cpu", block_size=16, max_steps=STEPS, log_interval=1, eval_interval=1000,
               eval_batches=1, final_eval_batches=1, warmup_steps=2, lr=3e-3, curves=False)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _train_config(out_dir, **overrides):
@@ -49,26 +40,6 @@ def _losses(out_dir) -> list[float]:
 
 def _records(out_dir) -> list[dict]:
     return [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
-
-
-def _worker(rank: int, world: int, port: int, job: str, root: str) -> None:
-    """One rank: join the gloo group on loopback, then run the job's trainings in order."""
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
-    result = {}
-    try:
-        JOBS[job](rank, world, Path(root), result)
-    except BaseException as e:  # reported to the test through the result file
-        result["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
-    (Path(root) / f"result_{job}_{rank}.json").write_text(json.dumps(result))
-    if result.pop("exit_now", False):
-        os._exit(0)  # a rank that dies without saying goodbye to the group
-    dist.destroy_process_group()
-    # Then out without the interpreter's teardown, as train.py's torchrun ranks do (parallel.distributed.exit_rank):
-    # gloo threads left behind by a dead peer can abort it ("terminate called without an active exception").
-    exit_rank(0)
 
 
 def _run_layouts(rank, world, root: Path, result):
@@ -181,23 +152,6 @@ def _dying_rank(rank, world, root, result):
         result["message"] = str(e)
 
 
-def _launch(job: str, world: int, root: Path) -> list[dict]:
-    try:
-        mp.spawn(_worker, args=(world, _free_port(), job, str(root)), nprocs=world, join=True)
-    except mp.ProcessExitedException as e:
-        # When a peer dies mid-collective, gloo's own I/O thread can throw instead of failing the waiting call
-        # ("terminate called after throwing an instance of 'gloo::IoException' ... Connection reset by peer",
-        # SIGABRT; 1 in about 60 dying-rank runs here under load; pytorch/pytorch#50701).  That race is gloo's,
-        # not ours: run the job once more, and the second run must name the dead rank.
-        if job != "dying" or e.signal_name != "SIGABRT":
-            raise
-        mp.spawn(_worker, args=(world, _free_port(), job, str(root)), nprocs=world, join=True)
-    results = [json.loads((root / f"result_{job}_{r}.json").read_text()) for r in range(world)]
-    errors = [r["error"] for r in results if "error" in r]
-    assert not errors, errors[0]
-    return results
-
-
 LAYOUTS = {
     4: [("ddp", "ddp", 1), ("fsdp", "fsdp", 1), ("tp", "tp", 4), ("allreduce", "allreduce", 1),
         ("gather-scatter", "gather-scatter", 1), ("fsdp_tp2", "fsdp", 2), ("ddp_tp2", "ddp", 2)],
@@ -205,6 +159,8 @@ LAYOUTS = {
     # world size.
     2: [("ddp", "ddp", 1), ("fsdp", "fsdp", 1), ("tp", "tp", 2)],
 }
+
+
 def _stop_mid_step(rank, world, root: Path, result):
     """DDP on 2 ranks, 3 micro-batches a step: rank 1 alone gets SIGTERM during step 2's second micro-batch."""
     import signal
@@ -233,17 +189,14 @@ def _stop_mid_step(rank, world, root: Path, result):
     train(_train_config(root / "stopped", resume="yes", **settings))
 
 
-JOBS = {"layouts": _run_layouts, "dying": _dying_rank, "stop": _stop_mid_step}
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The single-device reference, then every layout on 4 ranks and on 2 ranks."""
     from train import train
     root = tmp_path_factory.mktemp("parallel")
     reference = train(_train_config(root / "none", batch_size=GLOBAL_BATCH))
-    _launch("layouts", 4, root)
-    two_rank_results = _launch("layouts", 2, root)
+    run_ranks(_run_layouts, 4, root)
+    two_rank_results = run_ranks(_run_layouts, 2, root)
     return root, reference, two_rank_results
 
 
@@ -296,7 +249,7 @@ def test_validation_and_sampling_from_sharded_models_match_single_device(runs):
 
 
 def test_a_dying_rank_stops_the_others_and_is_named(tmp_path):
-    results = _launch("dying", 2, tmp_path)
+    results = run_ranks(_dying_rank, 2, tmp_path, peer_dies=True)
     assert "simulated failure of rank 1" in results[1]["message"]
     assert "rank 1 stopped first" in results[0]["message"], results[0]
     # Rank 0 stopped on the event, rank 1's connection closing, not at its collective timeout: a bound in seconds
@@ -307,7 +260,7 @@ def test_a_dying_rank_stops_the_others_and_is_named(tmp_path):
 
 def test_a_stop_signal_on_one_rank_stops_both_after_the_same_micro_batch_and_resumes_exactly(tmp_path):
     from safetensors.torch import load_file
-    results = _launch("stop", 2, tmp_path)
+    results = run_ranks(_stop_mid_step, 2, tmp_path)
     assert [(r["exit_status"], r["batches"], r["saved_step"]) for r in results] == [(143, 5, 1)] * 2
     whole = load_file(tmp_path / "whole" / "model.safetensors")
     resumed = load_file(tmp_path / "stopped" / "model.safetensors")

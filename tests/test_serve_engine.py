@@ -151,21 +151,26 @@ def test_queue_full_is_refused(short_context_model):
 
 
 class SlowModel(torch.nn.Module):
-    """The model, a fixed time slower per forward pass: makes time limits testable (with eager decode steps,
-    which are forward passes)."""
+    """The model, a fixed time slower per forward pass after its first `fast_calls`: makes time limits testable
+    (with eager decode steps, which are forward passes)."""
 
-    def __init__(self, model: GPT, delay_s: float):
+    def __init__(self, model: GPT, delay_s: float, fast_calls: int = 0):
         super().__init__()
-        self.model, self.config, self.delay_s = model, model.config, delay_s
+        self.model, self.config, self.delay_s, self.fast_calls = model, model.config, delay_s, fast_calls
 
     def forward(self, *args, **kwargs):
-        time.sleep(self.delay_s)
+        if self.fast_calls:
+            self.fast_calls -= 1
+        else:
+            time.sleep(self.delay_s)
         return self.model(*args, **kwargs)
 
 
 def test_time_limit_ends_a_request_with_a_clear_error(short_context_model):
-    engine = Engine(SlowModel(short_context_model, 0.02), torch.device("cpu"), max_batch_size=2, max_queue=4,
-                    request_timeout_s=0.15, decode="dynamic")
+    """Some tokens, then the limit: the first three passes run at the model's speed, and each after them takes
+    longer than the whole limit, so the limit falls mid-request however busy the host is."""
+    engine = Engine(SlowModel(short_context_model, 1.5, fast_calls=3), torch.device("cpu"), max_batch_size=2,
+                    max_queue=4, request_timeout_s=1.0, decode="dynamic")
     engine.start()
     try:
         # As many tokens as the context of 16 holds: the engine refuses more at submission.
@@ -174,7 +179,7 @@ def test_time_limit_ends_a_request_with_a_clear_error(short_context_model):
         engine.stop()
     error = out.ends[0]
     assert isinstance(error, ErrorEvent) and error.kind == "timeout"
-    assert "time limit of 0.15s" in error.message and "of 14 tokens" in error.message
+    assert "time limit of 1s" in error.message and "of 14 tokens" in error.message
     assert 0 < len(out.tokens[0]) < 14
     assert engine.batch_size == 0 and engine.runner.slots.rows == 0
 

@@ -130,7 +130,12 @@ def test_client_that_disconnects_mid_stream_frees_its_slot(server):
     assert metric(server.url, "serve_requests_cancelled_total") == cancelled_before + 1
 
 
-def wait_until(condition, timeout_s: float = 10) -> bool:
+# How long a wait may take before the test calls it a hang: a bound no busy host comes near (at load 14 on 2 cores a
+# process gets a seventh of a core), never what a test asserts; what a wait shows is its condition, reached.
+HANG_S = 120
+
+
+def wait_until(condition, timeout_s: float = HANG_S) -> bool:
     deadline = time.monotonic() + timeout_s
     while not condition() and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -152,9 +157,10 @@ def test_client_that_disconnects_while_waiting_frees_its_rows(server, checkpoint
     with socket.create_connection((LOOPBACK, server.port)) as client:
         client.sendall(raw_request("/v1/completions", body))
         assert wait_until(lambda: httpx.get(f"{server.url}/health").json()["batch_size"] == rows)
-    assert wait_until(lambda: httpx.get(f"{server.url}/health").json()["batch_size"] == 0, timeout_s=2)
+    # The rows left early, however long the host took: fewer tokens than the request asked for were made.
+    assert wait_until(lambda: httpx.get(f"{server.url}/health").json()["batch_size"] == 0)
     assert metric(server.url, "serve_generated_tokens_total") - tokens_before < rows * max_tokens
-    assert wait_until(lambda: "POST /v1/completions 499" in server.log(), timeout_s=2)
+    assert wait_until(lambda: "POST /v1/completions 499" in server.log())
     assert metric(server.url, "serve_requests_cancelled_total") == cancelled_before + 1  # one request, 8 rows
 
 
@@ -238,7 +244,8 @@ def read_until_closed(s: socket.socket) -> bytes:
 
 def test_slow_senders_are_cut_off_while_health_keeps_answering(server):
     """Clients that trickle their headers or body get 408 at the deadline, a silent one is closed, and
-    /health answers at once all along."""
+    /health answers all along: before the deadline frees any of their connections, not behind them.  Events, not
+    durations, so that a busy host, which slows every answer, does not fail it."""
     started = time.monotonic()
     connect = lambda: socket.create_connection((LOOPBACK, server.port), timeout=5)
     header_tricklers = [connect() for _ in range(4)]
@@ -247,28 +254,31 @@ def test_slow_senders_are_cut_off_while_health_keeps_answering(server):
     body_trickler = connect()
     body_trickler.sendall(raw_request("/generate", b" " * 100)[:-99])  # headers and the first byte of 100
     silent = connect()
-    trickling, replies, health_s = [*header_tricklers, body_trickler], {}, []
-    try:
-        while trickling and time.monotonic() - started < READ_TIMEOUT_S + 5:
-            for s in list(trickling):
-                if select.select([s], [], [], 0)[0]:  # answered: stop sending, so the reply is not reset
-                    trickling.remove(s)
-                    replies[s] = read_until_closed(s)
-                else:
-                    s.sendall(b"x" if s in header_tricklers else b" ")
-            sent = time.monotonic()
-            assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
-            health_s.append(time.monotonic() - sent)
-            time.sleep(0.2)
-        assert not trickling, f"{len(trickling)} slow senders still connected after {READ_TIMEOUT_S + 5}s"
-        assert time.monotonic() - started >= READ_TIMEOUT_S
-        for reply in replies.values():
-            assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive within" in reply, reply
-        assert read_until_closed(silent) == b""  # closed without a reply: it never started a request
-        assert max(health_s) < 1.5
-    finally:
-        for s in [*header_tricklers, body_trickler, silent]:
-            s.close()
+    trickling, replies, answered_while_held = [*header_tricklers, body_trickler], {}, 0
+    # One client for every /health: httpx.get builds an SSL context a call, CPU a busy host is short of.
+    with httpx.Client(timeout=HANG_S) as client:
+        try:
+            while trickling and time.monotonic() - started < READ_TIMEOUT_S + HANG_S:
+                for s in list(trickling):
+                    if select.select([s], [], [], 0)[0]:  # answered: stop sending, so the reply is not reset
+                        trickling.remove(s)
+                        replies[s] = read_until_closed(s)
+                    else:
+                        s.sendall(b"x" if s in header_tricklers else b" ")
+                held = not replies  # every slow sender still connected as this /health goes out
+                assert client.get(f"{server.url}/health").status_code == 200
+                if held and not select.select([*trickling, silent], [], [], 0)[0]:  # and still as its answer came
+                    answered_while_held += 1
+                time.sleep(0.2)
+            assert not trickling, f"{len(trickling)} slow senders still connected after {READ_TIMEOUT_S + HANG_S}s"
+            assert time.monotonic() - started >= READ_TIMEOUT_S
+            for reply in replies.values():
+                assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive within" in reply, reply
+            assert read_until_closed(silent) == b""  # closed without a reply: it never started a request
+            assert answered_while_held >= 1  # /health did not wait behind the slow senders until their deadline
+        finally:
+            for s in [*header_tricklers, body_trickler, silent]:
+                s.close()
     # The header tricklers and the silent one are closed by the server; the body's 408 is an answered request.
     assert metric(server.url, 'serve_connections_closed_total{reason="read_timeout"}') >= 5
     assert metric(server.url, 'serve_requests_total{path="/generate",status="408"}') == 1
@@ -283,7 +293,7 @@ def test_connections_over_the_cap_get_503_at_once(server):
             s.close()
     assert response.status_code == 503 and response.headers["retry-after"] == "1"
     assert f"{MAX_CONNECTIONS} connections are open" in response.json()["error"]["message"]
-    assert wait_until(lambda: httpx.get(f"{server.url}/health").status_code == 200, timeout_s=5)
+    assert wait_until(lambda: httpx.get(f"{server.url}/health").status_code == 200)
     assert metric(server.url, 'serve_connections_closed_total{reason="over_limit"}') >= 1
 
 
@@ -363,7 +373,7 @@ def test_requests_past_the_shutdown_deadline_get_a_json_503(tmp_path):
             streaming = threading.Event()
             long_stream = {**body, "max_new_tokens": 1000, "ignore_eos": True, "stream": True}
             streams = [pool.submit(stream_data, f"{server.url}/generate", long_stream, streaming)]
-            assert streaming.wait(30)  # the first stream is sending tokens; the rest wait behind it
+            assert streaming.wait(HANG_S)  # the first stream is sending tokens; the rest wait behind it
             replies = [pool.submit(httpx.post, f"{server.url}/generate", json=body, timeout=60) for _ in range(4)]
             streams.append(pool.submit(stream_data, f"{server.url}/v1/completions", openai_body))
             assert wait_until(lambda: httpx.get(f"{server.url}/health").json()["queue_depth"] == 5)

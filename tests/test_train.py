@@ -10,7 +10,8 @@ from bench.eval.plot_runs import main as plot_runs_main
 from runtime.provenance import provenance
 from storage.artifact import STAGING_DIR, load_model, save_artifact
 from storage.training_state import STATE_FILE, TrainingState
-from tests.conftest import interrupt_training_at_batch
+from model.config import PRESETS
+from tests.conftest import interrupt_training_at_batch, save_small_artifact
 from train import TrainConfig, TrainingError
 
 # The final validation sweeps two batches, not the whole split, except where a test checks the sweep.
@@ -193,6 +194,21 @@ def test_a_run_cannot_write_over_the_checkpoint_it_starts_from(tmp_path, small_a
                                              f"writing there would replace the model being read; give --out-dir "
                                              f"another folder")
     assert load_model(small_artifact)[1].produced_by.tool == "tests"  # nothing was removed
+
+
+def test_a_model_size_given_beside_init_from_must_be_the_checkpoints(tmp_path):
+    tiny = save_small_artifact(tmp_path / "tiny-sized", **{k: v for k, v in PRESETS["tiny"].items()})
+    other = save_small_artifact(tmp_path / "other")  # 2 layers of width 32
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--model", "tiny", "--init-from", other, "--out-dir", str(tmp_path / "run"), "--max-steps", "1"])
+    assert str(exit_info.value.code) == (
+        f"error: --model tiny is 4 layers of width 128 (4 heads), but --init-from {other} holds 2 layers of width 32 "
+        f"(4 heads), which the run would train; drop --model (--init-from sets the size) or start from a checkpoint "
+        f"of tiny's size")
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+    train.main(["--model", "tiny", "--init-from", tiny, "--out-dir", str(tmp_path / "run"), "--max-steps", "1",
+                "--dataset", "builtin", "--device", "cpu", "--batch-size", "2", "--block-size", "64",
+                "--eval-batches", "1", "--final-eval-batches", "1", "--no-curves"])
 
 
 @pytest.mark.parametrize("flag, value, message", [

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from data.corpus import dataset_help
-from model.config import PRESETS
+from model.config import PRESETS, GPTConfig
 from parallel import MODES
 from training.optim import LR_SCALING_RULES
 from runtime.cli import check_options, flag, option
@@ -137,6 +137,19 @@ class TrainConfig:
         if self.init_from is None and "init_from" in given and "model" not in given:
             raise TrainingError(f"--init-from none trains from random weights, and no --model names their size; give "
                                 f"--model ({', '.join(PRESETS)}) or model = \"...\" in the config file")
+
+    def check_init_size(self, init: GPTConfig, given: set[str]) -> None:
+        """--init-from decides the model's size; a --model the user gave beside it must name the same size, or the
+        run would train another model than the one the command line names."""
+        if "model" not in given:
+            return
+        named = PRESETS[self.model]
+        shape = lambda c: f"{c['n_layer']} layers of width {c['n_embd']} ({c['n_head']} heads)"
+        held = {"n_layer": init.n_layer, "n_embd": init.n_embd, "n_head": init.n_head}
+        if {key: named[key] for key in held} != held:
+            raise TrainingError(f"--model {self.model} is {shape(named)}, but --init-from {self.init_from} holds "
+                                f"{shape(held)}, which the run would train; drop --model (--init-from sets the "
+                                f"size) or start from a checkpoint of {self.model}'s size")
 
     @property
     def checkpoint_every(self) -> int:

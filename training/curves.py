@@ -2,31 +2,82 @@
 several runs overlaid (`python -m bench.eval.plot_runs RUN [RUN ...]`), read from their metrics.jsonl."""
 from __future__ import annotations
 
+import json
+import logging
+import math
 import os
 from pathlib import Path
 
 from runtime.parsed import Unparsable, json_value
 
+log = logging.getLogger(__name__)
+
 CURVES_FILE = "curves.png"
 METRICS_FILE = "metrics.jsonl"
+# The numbers the panels draw from each kind of record (`tokens` too where a record has it: records logged before
+# it was written have none).
+STEP_FIELDS = ("step", "loss", "lr", "tokens_per_s")
+EVAL_FIELDS = ("step", "val_loss")
 
 
-def read_metrics(run: Path) -> tuple[list[dict], list[dict]]:
-    """(step records, evaluation records) of a run folder; a resumed run's re-logged steps keep the last."""
+def metrics_path(run: Path) -> Path:
+    """The metrics.jsonl of run folder `run`; FileNotFoundError naming the folder where it has none."""
     path = Path(run) / METRICS_FILE
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: {run} is not a train.py run folder")
+    return path
+
+
+def read_metrics(run: Path) -> tuple[list[dict], list[dict]]:
+    """(step records, evaluation records) of a run folder; a resumed run's re-logged steps keep the last.  A last
+    line cut short by a crash is left out; any other line that is not a record the curves can draw (not JSON, not
+    an object, a field that is not a number) is left out too, and said in one warning for the file."""
+    path = metrics_path(run)
     steps, evals = {}, {}
-    for line in path.read_text().splitlines():
+    lines = path.read_text(errors="replace").splitlines()
+    bad: list[tuple[int, str]] = []
+    for number, line in enumerate(lines, 1):
         try:
             record = json_value(line)
-        except Unparsable:
-            continue  # a line cut short by a crash
-        if "loss" in record:
-            steps[record["step"]] = record
-        elif "val_loss" in record:
-            evals[record["step"]] = record
+        except Unparsable as e:
+            if number < len(lines):  # the last line is the one a crash cuts short: expected, and not said
+                bad.append((number, f"not JSON: {e}"))
+            continue
+        if not isinstance(record, dict):
+            bad.append((number, f"{json_kind(record)}, not an object"))
+        elif "loss" in record or "val_loss" in record:
+            fields = (*(STEP_FIELDS if "loss" in record else EVAL_FIELDS), *(("tokens",) if "tokens" in record else ()))
+            if wrong := [f for f in fields if not number_in(record, f)]:
+                bad.append((number, f"{', '.join(wrong)} not a number"))
+            else:
+                (steps if "loss" in record else evals)[record["step"]] = record
+        # an object with neither is a record of another kind: not drawn, and not an error
+    if bad:
+        line, why = bad[0]
+        log.warning("%s: left out %d line%s that %s not a training record (line %d: %s); the curves show the rest",
+                    path, len(bad), "s" * (len(bad) > 1), "are" if len(bad) > 1 else "is", line, why[:200])
     return [steps[k] for k in sorted(steps)], [evals[k] for k in sorted(evals)]
+
+
+def json_kind(value: object) -> str:
+    """What a parsed JSON value is, in JSON's words."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    return {list: "an array", str: "a string"}.get(type(value), "a number")
+
+
+def number_in(record: dict, field: str) -> bool:
+    """Whether `record[field]` is a number a panel can draw: an integer or a float (not a bool) within a float's
+    range; a NaN or infinite loss is drawn as the gap it is, but the step and token count place every point, so
+    they must be finite."""
+    value = record.get(field)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        as_float = float(value)
+    except OverflowError:  # an integer past a float's range (1e308)
+        return False
+    return field not in ("step", "tokens") or math.isfinite(as_float)
 
 
 def run_labels(runs: list[Path]) -> list[str]:

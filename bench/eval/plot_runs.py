@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from runtime.cli import entry_point, option, parse_config
 from runtime.errors import UserError
-from training.curves import plot_runs, read_metrics
+from training.curves import metrics_path, plot_runs
 
 
 class PlotError(UserError):
@@ -35,7 +35,7 @@ def main(argv=None) -> None:
     cfg = parse_config(PlotConfig, __doc__, argv)
     for run in cfg.runs:
         try:
-            read_metrics(run)
+            metrics_path(run)  # each folder checked before any is read
         except FileNotFoundError as e:
             raise PlotError(str(e)) from e
     out = plot_runs(cfg.runs, cfg.out, cfg.labels.split(",") if cfg.labels else None)
