@@ -18,11 +18,11 @@ from model.gpt import GPT
 
 def prefilled(model: GPT, rows: int, prompt: torch.Tensor, max_len: int = 24) -> KVCache:
     cache = KVCache.allocate(model.config, rows, max_len, "cpu")
-    with torch.no_grad():
-        model(prompt, cache=cache, last_only=True)
+    model(prompt, cache=cache, last_only=True)
     return cache
 
 
+@torch.inference_mode()  # as generate() and the server run their steps
 def test_the_fused_step_gives_the_traced_step_s_logits_over_every_length(tmp_path, monkeypatch):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "inductor"))  # an empty cache of the test's own
     torch.manual_seed(0)

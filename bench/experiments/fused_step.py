@@ -102,8 +102,7 @@ def _prefilled(model: GPT, batch: int, settings: Settings) -> KVCache:
     cache = KVCache.allocate(model.config, batch, settings.prompt_tokens + settings.steps + 1, "cpu")
     prompt = torch.randint(0, model.config.vocab_size, (batch, settings.prompt_tokens),
                            generator=torch.Generator().manual_seed(batch))
-    with torch.no_grad():
-        model(prompt, cache=cache, last_only=True)
+    model(prompt, cache=cache, last_only=True)
     return cache
 
 
@@ -119,6 +118,7 @@ def _round(run, cache: KVCache, first: torch.Tensor, prompt_tokens: int, steps: 
     return seconds, torch.cat(tokens, 1).tolist()
 
 
+@torch.inference_mode()  # as generate() and the server run their steps
 def _row(model: GPT, sides: dict, batch: int, settings: Settings) -> tuple[Row, dict[str, float]]:
     caches = {name: _prefilled(model, batch, settings) for name in SIDES}
     first = torch.zeros(batch, 1, dtype=torch.long)
