@@ -91,7 +91,9 @@ class FusedStep:
     graph_breaks: list[str]  # why Dynamo broke the step's graph, if it did
     cache_folder: str  # the Inductor cache this run compiled into (the product's: .cache/inductor)
     cache_mb: float  # its size after the first process's compiles
-    second_process_cache: dict[str, int]  # Inductor's FX graph cache hits and misses in the second process
+    # Inductor's FX graph cache hits, misses and bypasses in the second process: a hit skips Inductor's lowering,
+    # code generation and C++ compile, not Dynamo's capture, AOTAutograd or the freezing passes
+    second_process_cache: dict[str, int]
     compiles: list[Compile]
     rows: list[Row]
     command: str
@@ -180,14 +182,14 @@ def measure(settings: Settings, work_dir: Path) -> FusedStep:
     graphs = counters["stats"]["unique_graphs"] // len(settings.batch_sizes)
     breaks = sorted(counters["graph_break"])
     cache_mb = _folder_mb(cache)
-    second = {"cache_hits": 0, "cache_misses": 0}
+    second = {"cache_hits": 0, "cache_misses": 0, "cache_bypasses": 0}
     if settings.second_process:
         threads = torch.get_num_threads()
         shapes = [[list(shape), kernel] for shape, kernel in CHOICES.chosen.items() if shape[-1] == threads]
         done = _second_process(settings, work_dir, shapes)
         for c in compiles:
             c.second_process_s = done["compile_s"][str(c.batch)]
-        second = {"cache_hits": done["cache_hits"], "cache_misses": done["cache_misses"]}
+        second = {key: done[key] for key in second}
     for c in compiles:
         print(f"batch {c.batch:>2}: trace {c.traced_s:.1f} s, compile {c.first_process_s:.1f} s in the first "
               f"process, " + ("not run again" if c.second_process_s is None else
@@ -227,9 +229,11 @@ def section(res: FusedStep, page: Page) -> None:
                  spread(r.tokens_per_s["fused"]), f"{r.fused_speedup:.2f}x", f"{r.max_abs_diff:.1e}",
                  r.identical_tokens] for r in res.rows])
     page.add(f"One-time costs per row count, seconds; the Inductor cache was {res.cache_folder} "
-             f"({res.cache_mb:.0f} MB after the first process), empty when the first process began; the second "
-             f"process found {res.second_process_cache['cache_hits']} graph(s) in it and compiled "
-             f"{res.second_process_cache['cache_misses']}:\n")
+             f"({res.cache_mb:.0f} MB after the first process), empty when the first process began; in the second "
+             f"process Inductor's FX graph cache hit {res.second_process_cache['cache_hits']} graph(s), missed "
+             f"{res.second_process_cache['cache_misses']} and was bypassed for "
+             f"{res.second_process_cache['cache_bypasses']} (a hit skips the lowering, code generation and C++ "
+             f"compile; Dynamo's capture, AOTAutograd and the freezing passes run in every process):\n")
     page.table(["batch", "trace", "compile, first process", "compile, second process"],
                [[c.batch, f"{c.traced_s:.1f}", f"{c.first_process_s:.1f}",
                  "not run" if c.second_process_s is None else f"{c.second_process_s:.1f}"] for c in res.compiles])

@@ -2,7 +2,7 @@
 pays the compile again once the first has filled Inductor's cache.  It builds the preset with random weights
 (seeded), packs its linear layers as sample.py does, takes the kernel of each product shape from the first process
 (so that it compiles the same graph), and times the first fused step of each row count; prints JSON: the seconds
-per row count, and Inductor's cache hits and misses.
+per row count, and Inductor's FX graph cache hits, misses and bypasses.
 
     python -m bench.workloads.fused_compile PRESET PROMPT_TOKENS KERNELS_JSON BATCH [BATCH ...]
 
@@ -38,7 +38,8 @@ def compile_seconds(name: str, prompt_tokens: int, kernels: list, batches: list[
             fused.step(cache, tokens[:, :1])
         seconds[batch] = fused.setup_s - before
     return {"compile_s": seconds, "cache_hits": counters["inductor"]["fxgraph_cache_hit"],
-            "cache_misses": counters["inductor"]["fxgraph_cache_miss"]}
+            "cache_misses": counters["inductor"]["fxgraph_cache_miss"],
+            "cache_bypasses": counters["inductor"]["fxgraph_cache_bypass"]}
 
 
 if __name__ == "__main__":
