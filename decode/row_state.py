@@ -55,17 +55,23 @@ class RowState:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def accept(self, token: int, logits: torch.Tensor | None = None) -> str | None:
+    def accept(self, token: int, logits: torch.Tensor | None = None, scored: TokenLogprob | None = None
+               ) -> str | None:
         """Take the row's next token, drawn from `logits` (vocab,), which only a row keeping log-probabilities
-        needs.  Returns the text the token releases ("" without `releases_text`), or None for the end-of-text
-        that ends the row.  The token that ends the row sets `finish_reason`."""
+        needs, unless `scored` brings the token's entry worked out from them already (`logprob_tensors`, as the
+        server's steps launched ahead do before the next step overwrites the logits).  Returns the text the token
+        releases ("" without `releases_text`), or None for the end-of-text that ends the row.  The token that ends
+        the row sets `finish_reason`."""
         if self.finished:
             raise RuntimeError(f"the row already ended ({self.finish_reason}); it takes no more tokens")
         self.generated += 1
         if self.logprobs is not None:
             # End-of-text is scored too, as OpenAI lists it: a harness that drops the last entry (the generated
             # token) would otherwise drop a prompt token's.
-            self.record_logprobs(logits[None], [token])
+            if scored is not None:
+                self.logprobs.append(scored)
+            else:
+                self.record_logprobs(logits[None], [token])
         if token == EOT_TOKEN and self.params.stop_at_eot:
             self.finish_reason = "eos"
             return None
@@ -94,9 +100,22 @@ class RowState:
 
     def record_logprobs(self, logits: torch.Tensor, tokens: list[int]) -> None:
         """Log-probabilities of `tokens`, each under the row of `logits` (positions, vocab) that predicts it."""
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        k = self.top_logprobs
-        top_values, top_ids = logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long())
-        chosen = logp.gather(1, torch.tensor(tokens, device=logp.device)[:, None]).squeeze(1).tolist()
-        for i, token in enumerate(tokens):
-            self.logprobs.append(TokenLogprob(token, chosen[i], list(zip(top_ids[i].tolist(), top_values[i].tolist()))))
+        self.logprobs += logprob_entries(tokens, *logprob_tensors(logits, torch.tensor(tokens, device=logits.device),
+                                                                  self.top_logprobs))
+
+
+def logprob_tensors(logits: torch.Tensor, tokens: torch.Tensor, top: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """On the logits' device, for `tokens` (positions,), each under the row of `logits` (positions, vocab) that
+    predicts it: its log-probability (positions,) and the `top` best tokens' (values and ids, (positions, top))."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    top_values, top_ids = logp.topk(top, dim=-1) if top else (logp[:, :0], logp[:, :0].long())
+    return logp.gather(1, tokens[:, None]).squeeze(1), top_values, top_ids
+
+
+def logprob_entries(tokens: list[int], chosen: torch.Tensor, top_values: torch.Tensor, top_ids: torch.Tensor
+                    ) -> list[TokenLogprob]:
+    """`logprob_tensors`' results, on the host, as one entry per token."""
+    chosen_values = chosen.tolist()
+    return [TokenLogprob(token, chosen_values[i], list(zip(top_ids[i].tolist(), top_values[i].tolist())))
+            for i, token in enumerate(tokens)]

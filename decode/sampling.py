@@ -130,22 +130,64 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: 
     """logits (rows, vocab); one token id per row.  `generated[i]`: the tokens row i generated so far, which its
     penalties count (needed when a row has penalties)."""
     tokens = [0] * logits.size(0)
+    for rows, chosen in _group_tokens(logits, params, generators, generated, on_device=False):
+        for row, token in zip(rows, chosen):
+            tokens[row] = token
+    return tokens
+
+
+def sample_rows_on_device(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
+                          generated: list[Sequence[int]] | None = None) -> torch.Tensor:
+    """`sample_rows`' tokens, the same ones, as a tensor (rows,) on the logits' device, which the host does not
+    wait for: the server's steps launched ahead (serve/runner.py) feed it to the next step on the device and read it
+    back while that step computes.  Nothing here reads a GPU's values back or copies to it from pageable memory
+    (either waits for every kernel queued before it)."""
+    groups = list(_group_tokens(logits, params, generators, generated, on_device=True))
+    if len(groups) == 1:  # one setting for the batch: its rows are all the rows, in order
+        return groups[0][1]
+    tokens = torch.zeros(logits.size(0), dtype=torch.long, device=logits.device)
+    for rows, chosen in groups:
+        tokens[host_values_on(logits.device, rows, torch.long)] = chosen
+    return tokens
+
+
+def host_values_on(device: torch.device, values: list, dtype: torch.dtype) -> torch.Tensor:
+    """`values` (a short host list) as a tensor on `device` (`host_tensor_on`)."""
+    return host_tensor_on(device, torch.tensor(values, dtype=dtype))
+
+
+def host_tensor_on(device: torch.device, tensor: torch.Tensor) -> torch.Tensor:
+    """A small host `tensor` on `device`.  A plain copy to a GPU waits for every kernel queued before it (from
+    pageable memory it must); from pinned memory it is queued behind them instead."""
+    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor.to(device)
+
+
+def _group_tokens(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
+                  generated: list[Sequence[int]] | None, on_device: bool):
+    """(rows, their tokens) for each group of rows that share a setting: the tokens a list, or with `on_device` a
+    tensor on the logits' device."""
     for (temperature, top_k, top_p), rows in settings_groups(params).items():
+        whole = len(rows) == logits.size(0)  # rows are ascending: the whole batch, in order
+        chosen = logits if whole else logits.index_select(0, host_values_on(logits.device, rows, torch.long))
         if temperature == 0 and not any(params[row].adjusts_logits for row in rows):
-            best = plain_argmax(logits if len(rows) == logits.size(0) else logits[rows])
+            if on_device and logits.device.type != "cpu":
+                # plain_argmax's answer without reading the logits back: its token where the row's best is finite,
+                # else the cleaning path's below (which, for such a row, it would have fallen back to).
+                values, best = chosen.max(-1)
+                yield rows, torch.where(torch.isfinite(values), best, _cleaned(chosen).argmax(-1))
+                continue
+            best = plain_argmax(chosen)
             if best is not None:
-                for row, token in zip(rows, best):
-                    tokens[row] = token
+                yield rows, torch.tensor(best, device=logits.device) if on_device else best
                 continue
         # NaN logits (a broken model) get no probability; +inf ones become the largest float, so that they
         # share the row's mass rather than make it NaN; a row with nothing above -inf decodes token 0.
-        group = torch.nan_to_num(logits[rows].float(), nan=float("-inf"), posinf=torch.finfo(torch.float32).max,
-                                 neginf=float("-inf"))
+        group = _cleaned(chosen)
         # On the group's own copy, and only on the rows that ask for it.
         adjust_logits(group, [params[row] for row in rows], None if generated is None else [generated[r] for r in rows])
         if temperature == 0:
-            for row, token in zip(rows, group.argmax(-1).tolist()):
-                tokens[row] = token
+            best_tensor = group.argmax(-1)
+            yield rows, best_tensor if on_device else best_tensor.tolist()
             continue
         if top_k is not None and top_k < group.size(-1):
             # Only the k best tokens can be drawn: the distribution over them is all that is needed.
@@ -159,9 +201,13 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: 
         choices = draw(cdf, [generators[row] for row in rows])
         if ids is not None:
             choices = ids.gather(1, choices[:, None])[:, 0]
-        for row, token in zip(rows, choices.tolist()):
-            tokens[row] = token
-    return tokens
+        yield rows, choices if on_device else choices.tolist()
+
+
+def _cleaned(logits: torch.Tensor) -> torch.Tensor:
+    """A float32 copy of `logits` with NaN at -inf and +inf at the largest float."""
+    return torch.nan_to_num(logits.float(), nan=float("-inf"), posinf=torch.finfo(torch.float32).max,
+                            neginf=float("-inf"))
 
 
 # Logits whose greedy tokens plain_argmax reads through numpy on the CPU; the rest keep torch's reduction (numpy has no
@@ -206,15 +252,18 @@ def adjust_logits(logits: torch.Tensor, params: list[SamplingParams],
         if not p.adjusts_logits:
             continue
         if p.logit_bias:
-            ids = torch.tensor([token for token, _ in p.logit_bias], device=logits.device)
-            if int(ids[-1]) >= logits.size(-1):
-                raise SamplingError(f"logit_bias: token id {int(ids[-1])} is outside this model's {logits.size(-1)} "
+            last = p.logit_bias[-1][0]  # ids ascending: the largest
+            if last >= logits.size(-1):
+                raise SamplingError(f"logit_bias: token id {last} is outside this model's {logits.size(-1)} "
                                     f"logits; ids run from 0 to {logits.size(-1) - 1}", "logit_bias")
-            logits[row, ids] += torch.tensor([bias for _, bias in p.logit_bias], device=logits.device)
+            ids = host_values_on(logits.device, [token for token, _ in p.logit_bias], torch.long)
+            logits[row, ids] += host_values_on(logits.device, [bias for _, bias in p.logit_bias], torch.float32)
         if (p.presence_penalty or p.frequency_penalty) and generated is None:
             raise ValueError("penalties count the tokens each row generated: pass `generated` to sample_rows")
         if (p.presence_penalty or p.frequency_penalty) and generated[row]:
-            ids, counts = torch.tensor(list(generated[row]), device=logits.device).unique(return_counts=True)
+            # Counted on the host, where the tokens are: on a GPU, unique's result size is read back.
+            ids, counts = torch.tensor(list(generated[row])).unique(return_counts=True)
+            ids, counts = host_tensor_on(logits.device, ids), host_tensor_on(logits.device, counts)
             logits[row, ids] -= counts * p.frequency_penalty + p.presence_penalty
 
 

@@ -71,7 +71,7 @@ def create_app(config: ServeConfig | None = None) -> FastAPI:
         log.info("prefix cache: %s", f"{prefix_cache_bytes / 2**20:.1f} MiB (--prefix-cache-mb)" if prefix_cache_bytes else "off")
         engine = Engine(model, device, config.max_batch_size, config.max_queue, config.request_timeout_s, metrics,
                         config.decode, draft, config.draft_tokens, prefix_cache_bytes,
-                        config.stream_interval_ms / 1000)
+                        config.stream_interval_ms / 1000, config.async_steps)
         return engine, meta
 
     engine, meta = off_the_main_thread(build)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from decode.steps import DECODE_MODES
 from decode.speculative import DEFAULT_DRAFT_TOKENS
+from serve.runner import ASYNC_STEPS
 from runtime.cli import check_options, option
 from runtime.errors import UserError
 
@@ -59,6 +60,11 @@ class ServeConfig:
                                      "checkpoint of this one) proposes tokens that the model checks in one pass; "
                                      "greedy tokens stay the model's own, sampled ones follow its distribution")
     draft_tokens: int = option(DEFAULT_DRAFT_TOKENS, "with --draft: tokens the draft proposes per step", min=1)
+    async_steps: str = option("auto", "launch each decode step before the tokens of the step before are read back "
+                                      "and sent, so that the server's work between steps runs while the device "
+                                      "computes (vLLM's asynchronous scheduling): auto (on a GPU; off on the CPU, "
+                                      "where a step runs in the thread that launches it and nothing would overlap), "
+                                      "on or off; not with --draft", choices=ASYNC_STEPS)
     max_batch_size: int = option(16, "sequences decoded together in one forward pass", min=1)
     warm_up: str = option("all-rows", "decode steps made at start-up, before /health says ready: all-rows (a trace or "
                                       "capture per row count the batch is padded to, so that no request waits for "
@@ -89,3 +95,7 @@ class ServeConfig:
 
     def __post_init__(self):
         check_options(self, ServeConfigError)
+        if self.async_steps == "on" and self.draft is not None:
+            raise ServeConfigError("--async-steps on launches plain steps ahead, and with --draft every step is "
+                                   "speculative (each row's kept tokens are read before the next step): leave "
+                                   "--async-steps at auto or off with --draft")

@@ -59,12 +59,13 @@ class Engine:
     def __init__(self, model: torch.nn.Module, device: torch.device, max_batch_size: int, max_queue: int,
                  request_timeout_s: float, metrics: ServerMetrics | None = None, decode: str = "auto",
                  draft: torch.nn.Module | None = None, draft_tokens: int = DEFAULT_DRAFT_TOKENS,
-                 prefix_cache_bytes: int = 0, stream_interval_s: float = 0.0):
+                 prefix_cache_bytes: int = 0, stream_interval_s: float = 0.0, async_steps: str = "auto"):
         """`stream_interval_s`: the least time between two hand-overs of tokens to one event loop
-        (serve/delivery.py); 0 hands over each step's as it ends."""
+        (serve/delivery.py); 0 hands over each step's as it ends.  `async_steps`: whether each step is launched
+        before the step before's tokens are read back (serve/runner.py's `launches_ahead`: auto, on a GPU)."""
         self.metrics = metrics or ServerMetrics()
         self.runner = Runner(model, device, max_batch_size, self.metrics, decode, draft, draft_tokens,
-                             prefix_cache_bytes)
+                             prefix_cache_bytes, async_steps)
         self.scheduler = Scheduler(max_batch_size, max_queue, request_timeout_s, self.metrics,
                                    running=lambda: len(self.runner.active))
         self.config = model.config

@@ -11,6 +11,13 @@ With a draft model every step is speculative (decode/speculative.py): the draft 
 together, the model checks them in one pass, and each row keeps as many as its own sampling accepts, plus one.  K
 is cut for every row when one nears the end of the context, so a seeded request's tokens then depend on its
 neighbours (each still follows the model's distribution).
+
+Plain steps may be launched ahead (`async_steps`; by default on a GPU, `launches_ahead`): a step's pass is queued
+before the tokens of the step before are read back (serve/sampled_step.py), so the host's work on them runs while
+the device computes.  Each row's sampled token stays on the device, written into its slot, as the next step's
+input; the step's own tokens are sampled only after the step before's were accepted, so sampling (penalties
+included) sees every token as it would otherwise, and a row that ended then leaves after this step, its extra
+token never delivered.
 """
 from __future__ import annotations
 
@@ -21,11 +28,12 @@ from typing import Callable
 import torch
 
 from decode.steps import DecodeSteps
-from decode.sampling import sample_rows
+from decode.row_state import TokenLogprob
 from decode.prefix_cache import PrefixCache, model_identity
 from decode.speculative import SpeculativeStats, check_draft, speculative_step
 from serve.events import REQUEST_FAILED, ErrorEvent, GenerationRequest
 from serve.metrics import ServerMetrics
+from serve.sampled_step import SampledStep, sample_sequences, sample_step
 from serve.sequence import Sequence
 from serve.slots import Slots, padded_rows
 
@@ -35,10 +43,33 @@ log = logging.getLogger("serve.engine")
 SPECULATIVE_LOG_INTERVAL_S = 30.0
 
 
+# Whether each plain step is launched before the tokens of the step before are read back (`launches_ahead`).
+ASYNC_STEPS = ("auto", "on", "off")
+
+
+def launches_ahead(async_steps: str, device: torch.device, speculative: bool) -> bool:
+    """Whether a runner launches each plain step before it reads back and hands over the tokens the step before
+    sampled (`async_steps`, ASYNC_STEPS), as vLLM's asynchronous scheduling does.
+
+    auto: on a GPU, whose kernels run while the engine's thread goes on, so the thread's work between steps (the
+    read-back, each row's bookkeeping and stop strings, the events) overlaps the next step; not on the CPU, where a
+    step runs in the thread that launches it, so nothing would overlap and the pass a row runs after its end would
+    be work thrown away.  `on` runs the same code on the CPU (the tests' way to check it there).  Never with a draft:
+    how many tokens each row keeps from a speculative step decides its next input, on the host."""
+    if async_steps not in ASYNC_STEPS:
+        raise ValueError(f"async_steps {async_steps!r} is not one of {ASYNC_STEPS}")
+    if async_steps == "on" and speculative:
+        raise ValueError("steps launched ahead are plain steps; speculative ones (with a draft) read each row's "
+                         "kept tokens before the next: leave async_steps at auto or off with a draft")
+    return async_steps == "on" or async_steps == "auto" and device.type == "cuda" and not speculative
+
+
 class Runner:
     def __init__(self, model: torch.nn.Module, device: torch.device, max_batch_size: int, metrics: ServerMetrics,
-                 decode: str, draft: torch.nn.Module | None, draft_tokens: int, prefix_cache_bytes: int = 0):
-        """`prefix_cache_bytes`: the prefix cache's budget (decode/prefix_cache.py); 0, none."""
+                 decode: str, draft: torch.nn.Module | None, draft_tokens: int, prefix_cache_bytes: int = 0,
+                 async_steps: str = "auto"):
+        """`prefix_cache_bytes`: the prefix cache's budget (decode/prefix_cache.py); 0, none.  `async_steps`:
+        whether plain steps are launched ahead (`launches_ahead`)."""
         # With a draft, each model's passes as generate() runs them; the weights stay as loaded while they serve.
         speculative = draft is not None
         self.steps = DecodeSteps(model, device, decode, max_batch_size, speculative)
@@ -59,6 +90,8 @@ class Runner:
         self.slots = Slots([steps.new_cache(max_batch_size, model.config.block_size) for steps in self.all_steps])
         self.active: list[Sequence] = []  # active[i] lives in slot row i
         self.prefix_cache = PrefixCache(prefix_cache_bytes, model_identity(model)) if prefix_cache_bytes else None
+        self.launch_ahead = launches_ahead(async_steps, device, speculative)
+        self.in_flight: SampledStep | None = None  # launching ahead: the last step's tokens, not yet read back
 
     def join(self, request: GenerationRequest) -> None:
         """Prefill the prompt alone, sample the first token, and give the sequence a row."""
@@ -74,10 +107,11 @@ class Runner:
             seq.first_token_at = seq.started
             self._finish(seq, time.perf_counter())
             return
-        [token] = self._sample(logits[:, -1], [seq])
-        if token is None:
+        sampled, failed = sample_sequences(logits[:, -1], [seq])
+        if failed:
             self.fail(seq)
             return
+        token = int(sampled[0])
         self._accept(seq, token, logits[0, -1])
         if seq.done:
             return
@@ -100,10 +134,30 @@ class Runner:
         return done.logits
 
     def step(self) -> None:
-        """Every row gains its next token, or with a draft its kept draft tokens and one of the model's."""
+        """Every row gains its next token, or with a draft its kept draft tokens and one of the model's.
+
+        Launching ahead (`launch_ahead`), the step's pass is launched before the tokens the step before sampled
+        are read back and handed over; the host does that while the device computes, and the rows that ended
+        there are freed after this step (one step late), the token this step sampled for them never read."""
         if self.draft is not None:
             self._speculative_step()
             return
+        logits = self._forward()
+        earlier, self.in_flight = self.in_flight, None
+        if earlier is not None:  # launching ahead: the step before's tokens, while this one computes
+            self._deliver(earlier)
+        # Sampled after the step before's tokens were accepted: each row's penalties count all its tokens, and a
+        # row that ended there gains a token that is never read (it leaves below).
+        sampled = sample_step(logits, self.active)
+        self.slots.extend_each(sampled.tokens)  # each row's next input, on the device
+        if self.launch_ahead:
+            self.in_flight = sampled
+        else:
+            self._deliver(sampled)
+        self.end_where(lambda s: s.done)
+
+    def _forward(self) -> torch.Tensor:
+        """The running batch's pass over each row's last token, launched: its logits (rows, 1, vocab)."""
         active = len(self.active)
         rows = padded_rows(active, self.max_batch_size) if self.steps.compiled else active
         (cache,), tokens, lengths = self.slots.views(rows)
@@ -116,20 +170,22 @@ class Runner:
         if rows > active:
             self.slots.clear_free_rows()
         self.metrics.decode_batch.observe(active)
-        tokens = self._sample(logits[:, -1], self.active)
-        for row, (seq, token) in enumerate(zip(self.active, tokens)):
-            if token is None:
+        return logits
+
+    def _deliver(self, sampled: SampledStep) -> None:
+        """Each row of `sampled` takes its token, unless its sequence ended or was cancelled since it ran."""
+        tokens, scores = sampled.read()
+        for row, (seq, token) in enumerate(zip(sampled.seqs, tokens)):
+            if seq.done or seq.request.cancelled:  # it left after this step launched: the token is never delivered
+                continue
+            if row in sampled.failed:
                 self.fail(seq)
                 continue
             try:
-                # A row's logits are sliced out only when it keeps log-probabilities: nothing else reads them.
-                self._accept(seq, token, logits[row, -1] if seq.row.logprobs is not None else None)
+                self._accept(seq, token, None, scores.get(row))
             except Exception:  # a failure in one request's tokens ends that request alone
                 log.exception("request failed while handling its token %d", token)
                 self.fail(seq)
-        # Every row's token in one write; a row that ended (or failed) gains one too, unread: it is freed below.
-        self.slots.extend_each([0 if token is None else token for token in tokens])
-        self.end_where(lambda s: s.done)
 
     def _speculative_step(self) -> None:
         """Each row's kept tokens are accepted in turn as a plain step's token is, so that stop strings,
@@ -170,37 +226,13 @@ class Runner:
             self.speculative, self.speculative_logged_at = SpeculativeStats(), time.perf_counter()
         self.end_where(lambda s: s.done)
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int | None]:
-        """One token per sequence, sampled together; None for a sequence whose sampling failed (logged).
-
-        When the batch fails, each row is sampled again alone from its generator's state before the
-        batch: a row's token depends only on its own logits, settings and generator, so the rows that
-        succeed get the token they would have got in the batch.
-        """
-        generators = [seq.generator for seq in seqs]
-        # A greedy row draws nothing: only the rows that draw need their generator's state kept.
-        states = [None if seq.params.greedy else seq.generator.get_state() for seq in seqs]
-        try:
-            return sample_rows(logits, [seq.params for seq in seqs], generators, [seq.row.tokens for seq in seqs])
-        except Exception:  # find the rows that fail, so that only they end
-            log.exception("sampling a batch of %d failed; sampling its rows one at a time", len(seqs))
-        tokens: list[int | None] = []
-        for row, (seq, state) in enumerate(zip(seqs, states)):
-            if state is not None:
-                seq.generator.set_state(state)
-            try:
-                tokens.append(sample_rows(logits[row:row + 1], [seq.params], [seq.generator], [seq.row.tokens])[0])
-            except Exception:  # this request alone ends
-                log.exception("sampling failed for a request with %s", seq.params)
-                tokens.append(None)
-        return tokens
-
-    def _accept(self, seq: Sequence, token: int, logits: torch.Tensor | None) -> None:
+    def _accept(self, seq: Sequence, token: int, logits: torch.Tensor | None, scored: TokenLogprob | None = None
+                ) -> None:
         """`logits` (vocab,): the distribution `token` was drawn from (None when the row keeps no
-        log-probabilities)."""
+        log-probabilities, or `scored` brings its entry)."""
         now = time.perf_counter()
         self.metrics.tokens.inc()
-        event = seq.accept(token, logits, now)
+        event = seq.accept(token, logits, now, scored)
         if event is not None:
             seq.request.on_event(event)
         if seq.row.finished:
@@ -227,6 +259,8 @@ class Runner:
                 self.slots.remove(row)
                 self.active[row] = self.active[-1]
                 self.active.pop()
+        if not self.active:  # a step launched ahead holds tokens of rows that have all left: never delivered
+            self.in_flight = None
 
     def fail_all(self, message: str) -> None:
         """End every row with `message` (a step that failed for the whole batch)."""
@@ -234,5 +268,6 @@ class Runner:
             if not seq.done and not seq.request.cancelled:
                 seq.request.on_event(ErrorEvent("internal", message))
         self.active.clear()
+        self.in_flight = None
         while self.slots.rows:
             self.slots.remove(self.slots.rows - 1)

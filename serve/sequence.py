@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import torch
 
-from decode.row_state import RowState
+from decode.row_state import RowState, TokenLogprob
 from decode.speculative import SpeculativeStats
 from serve.events import DoneEvent, GenerationRequest, Latency, TokenEvent
 
@@ -29,13 +29,15 @@ class Sequence:
     def done(self) -> bool:
         return self.row.finished or self.failed
 
-    def accept(self, token: int, logits: torch.Tensor | None, now: float) -> TokenEvent | None:
-        """The row takes `token`, drawn from `logits` (vocab,), which only a row keeping log-probabilities needs; the
-        event for the client, if the token has one."""
+    def accept(self, token: int, logits: torch.Tensor | None, now: float, scored: TokenLogprob | None = None
+               ) -> TokenEvent | None:
+        """The row takes `token`, drawn from `logits` (vocab,), which only a row keeping log-probabilities needs
+        (or with `scored`, its entry worked out already: RowState.accept); the event for the client, if the token
+        has one."""
         first = self.row.generated == 0
         if self.first_token_at is None:
             self.first_token_at = now
-        released = self.row.accept(token, logits)
+        released = self.row.accept(token, logits, scored)
         if released is None:
             return None
         if self.row.logprobs is None:

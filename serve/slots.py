@@ -29,7 +29,9 @@ class Slots:
         """Over empty `caches` (the served model's first), whose rows and columns bound the batch and a row."""
         self.caches = caches
         max_rows, width, device = caches[0].lengths.numel(), caches[0].max_len, caches[0].lengths.device
-        self.tokens = torch.zeros(max_rows, width, dtype=torch.long, device=device)
+        # One column past the context: a row that ended in the step before is still extended once by a step launched
+        # ahead (serve/runner.py), its unused token written there, before it leaves.
+        self.tokens = torch.zeros(max_rows, width + 1, dtype=torch.long, device=device)
         self.lengths = torch.zeros(max_rows, dtype=torch.long, device=device)  # tokens each row holds
         self.row_numbers = torch.arange(max_rows, device=device)
         # Each row count's views of the caches, made once: they share the caches' storage, which is written in
@@ -76,11 +78,11 @@ class Slots:
         self.lengths[row] = len(tokens)
         self.rows += 1
 
-    def extend_each(self, tokens: list[int]) -> None:
-        """Rows 0..len(tokens)-1 each gained one token, row i `tokens[i]`: one write for the batch."""
-        rows = len(tokens)
-        self.tokens[self.row_numbers[:rows], self.lengths[:rows]] = torch.tensor(tokens, dtype=torch.long,
-                                                                                  device=self.tokens.device)
+    def extend_each(self, tokens: torch.Tensor) -> None:
+        """Rows 0..len(tokens)-1 each gained one token, row i `tokens[i]` (on the rows' device): one write for the
+        batch, which reads nothing back."""
+        rows = tokens.size(0)
+        self.tokens[self.row_numbers[:rows], self.lengths[:rows]] = tokens
         self.lengths[:rows] += 1
 
     def extend(self, row: int, tokens: list[int]) -> None:

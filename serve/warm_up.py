@@ -81,6 +81,8 @@ def _warm_prompt_and_sampling(runner: Runner) -> None:
     prompt = torch.zeros(1, length, dtype=torch.long, device=runner.device)
     logits = runner.steps.logits(runner.steps.new_cache(1, length), prompt, 1)[:, -1]
     generator = torch.Generator(device=runner.device).manual_seed(0)
-    # decode/sampling.py's own sampler, whichever the steps call through this module's name.
-    sampling.sample_rows(logits.expand(2, -1), [SamplingParams(temperature=0), SamplingParams(top_k=40, top_p=0.9)],
-                         [generator, generator], [[], []])
+    # decode/sampling.py's own sampler, the one the runner calls (its tokens left on the device), through this module's
+    # name.
+    sampling.sample_rows_on_device(logits.expand(2, -1),
+                                   [SamplingParams(temperature=0), SamplingParams(top_k=40, top_p=0.9)],
+                                   [generator, generator], [[], []])

@@ -147,3 +147,43 @@ def test_the_server_engine_decodes_through_captured_graphs_to_the_eager_tokens(s
     prompt = torch.randint(0, 50257, (3, 5), device="cuda")
     assert torch.equal(generate(model, prompt, params, draft=model, decode="cuda-graph"),
                        generate(model, prompt, params, decode="dynamic"))
+
+
+def test_steps_launched_ahead_on_cuda_give_the_events_of_steps_read_back_and_wait_for_no_kernel():
+    """The default on a GPU: captured steps launched ahead give each request (alone: one row, the same captures)
+    the events of steps read back one at a time, sampling, penalties, biases and log-probabilities included; and a
+    running batch's step reads nothing back and copies nothing from pageable memory (torch's sync debug mode
+    raises on either), so the thread only waits for the event after the step before's tokens."""
+    from decode.sampling import SamplingParams
+    from model.gpt import GPT
+    from serve.engine import Engine
+    from serve.events import GenerationRequest
+    from tests.conftest import small_config
+    from tests.test_serve_async import BLOCK_SIZE, mixed_jobs, prompt, serve
+    torch.manual_seed(0)
+    model = GPT(small_config(block_size=BLOCK_SIZE, vocab_size=2048)).cuda().eval()
+    jobs = [*mixed_jobs(), dict(prompt_ids=prompt(5, 8), params=SamplingParams(max_new_tokens=9, temperature=0.8,
+                                                                                 seed=9), logprobs=3)]
+    for job in jobs:
+        off, _ = serve(model, [job], "off", decode="cuda-graph", device="cuda")
+        on, _ = serve(model, [job], "on", decode="cuda-graph", device="cuda")
+        assert on.events == off.events
+    engine = Engine(model, torch.device("cuda"), max_batch_size=4, max_queue=4, request_timeout_s=120,
+                    decode="cuda-graph")
+    runner = engine.runner
+    assert runner.launch_ahead  # auto, on a GPU
+    settings = [dict(temperature=0), dict(temperature=0.9, top_k=40, seed=1),
+                dict(temperature=0.7, seed=2, presence_penalty=1.0, logit_bias=((5, 2.0),))]
+    with torch.inference_mode():
+        for i, extra in enumerate(settings):
+            runner.join(GenerationRequest(prompt(3 + i, i), SamplingParams(max_new_tokens=20, **extra),
+                                          lambda event: None, logprobs=2 if i == 2 else None))
+        for _ in range(3):  # the step's first run and its capture; then the batch's views are current
+            runner.step()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(5):
+                runner.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert len(runner.active) == 3 and all(seq.row.generated == 1 + 7 for seq in runner.active)

@@ -22,11 +22,13 @@ from bench.experiment import SettingsError
 from bench import demo
 from bench.experiments import fused_step, generate_speed, prefix_cache, serve_speed
 from bench.standalone import huge_pages_one_off
+from bench.standalone.async_steps import AsyncStepsConfig
 from bench.standalone.greedy_argmax import GreedyArgmaxConfig
 from bench.standalone.kernels_in_step import KernelsInStepConfig
 from bench.standalone.multi_device import MultiDeviceConfig
 from bench.standalone.serve_cpu_split import ServeCpuSplitConfig
 from bench.standalone.shard_memory import ShardMemoryConfig
+from bench.standalone.static_cache_width import StaticCacheWidthConfig
 from bench.standalone.stop_time import StopTimeConfig
 from bench.standalone.stream_interval import StreamIntervalConfig
 from bench.eval.scorecard import LeaderboardConfig
@@ -53,7 +55,9 @@ TOOLS = {"train.py": train.TrainConfig, "sample.py": sample.SampleConfig, "pytho
          "bench.standalone.huge_pages_one_off": huge_pages_one_off.Config,
          "bench.standalone.stop_time": StopTimeConfig, "bench.standalone.stream_interval": StreamIntervalConfig,
          "bench.standalone.kernels_in_step": KernelsInStepConfig,
-         "bench.standalone.shard_memory": ShardMemoryConfig, "bench.standalone.multi_device": MultiDeviceConfig}
+         "bench.standalone.shard_memory": ShardMemoryConfig, "bench.standalone.multi_device": MultiDeviceConfig,
+         "bench.standalone.async_steps": AsyncStepsConfig,
+         "bench.standalone.static_cache_width": StaticCacheWidthConfig}
 VALUES = ("0", "-1", "1", "90", "1e309", "nan", "inf", "0.5", "", "--", "-", "=", "yes", "auto", "builtin", "none")
 
 
@@ -286,3 +290,18 @@ def test_a_standalone_measurement_refuses_settings_before_measuring_and_writes_n
         main([*argv, "--results-dir", str(tmp_path)])
     said = (str(stopped.value.code) if isinstance(stopped.value.code, str) else "") + capsys.readouterr().err
     assert len(said.strip().splitlines()) == 1 and said.startswith(line) and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("prog, argv", [
+    ("python -m serve", ["--async-steps", "on", "--draft", "some/draft"]),
+    ("python -m serve", ["--draft=d", "--async-steps=on", "--draft-tokens", "2"]),
+    ("serve_speed", ["--async-steps", "off", "on", "off"]),
+    ("serve_speed", ["--async-steps", "soon"]),
+])
+def test_steps_launched_ahead_where_they_cannot_be_are_one_error_line(prog, argv):
+    """Asynchronous steps with a draft (whose speculative steps read each row's kept tokens before the next), a
+    setting timed twice, a setting that is none: refused in one line naming --async-steps."""
+    assert attempt(CLI, lambda: parse_config(TOOLS[prog], "A tool.", argv, prog=prog)) == "refused"
+    with pytest.raises((SystemExit, UserError)) as refusal:
+        parse_config(TOOLS[prog], "A tool.", argv, prog=prog)
+    assert "--async-steps" in str(refusal.value.code if isinstance(refusal.value, SystemExit) else refusal.value)

@@ -342,14 +342,14 @@ POISON_SEED = 666
 
 def test_a_request_whose_sampling_fails_gets_an_error_without_internal_text(checkpoint, monkeypatch):
     """Plain and streamed: the failing request gets OpenAI's error shape, the server stays up."""
-    from decode.sampling import sample_rows
+    from decode.sampling import sample_rows_on_device
 
     def poisoned(logits, params, generators, generated):
         if any(p.seed == POISON_SEED for p in params):
             raise FloatingPointError("secret internal detail")
-        return sample_rows(logits, params, generators, generated)
+        return sample_rows_on_device(logits, params, generators, generated)
 
-    monkeypatch.setattr("serve.runner.sample_rows", poisoned)
+    monkeypatch.setattr("serve.sampled_step.sample_rows_on_device", poisoned)
     with make_client(checkpoint) as client:
         response = client.post("/generate", json={"prompt": "hi", "max_new_tokens": 4, "seed": POISON_SEED})
         assert response.status_code == 500 and response.json()["error"]["type"] == "server_error"
@@ -375,7 +375,8 @@ def test_vanishing_temperature_or_top_p_decodes_greedily(client, checkpoint, set
 
 def test_ignore_eos_generates_exactly_max_new_tokens(checkpoint, monkeypatch):
     """A model that always says end-of-text: the reply stops at it, unless the request sets ignore_eos."""
-    monkeypatch.setattr("serve.runner.sample_rows", lambda logits, params, *_: [EOT_TOKEN] * len(params))
+    monkeypatch.setattr("serve.sampled_step.sample_rows_on_device",
+                        lambda logits, params, *_: torch.full((len(params),), EOT_TOKEN))
     with make_client(checkpoint) as client:
         stopped = client.post("/generate", json={"prompt": "hi", "max_new_tokens": 5}).json()
         assert (stopped["tokens"], stopped["finish_reason"]) == (1, "eos")
@@ -502,7 +503,7 @@ def test_logprobs_of_a_token_holding_the_stop_string_show_only_its_part_in_the_t
     whole token's log-probability; the token after it is left out, as its text is."""
     generated = iter([6342, 526, 632])  # " Paris", '."', " It"
     with make_client(checkpoint) as client:  # patched once started: the start-up's rehearsal samples too
-        monkeypatch.setattr("serve.runner.sample_rows", lambda logits, params, *_: [next(generated)])
+        monkeypatch.setattr("serve.sampled_step.sample_rows_on_device", lambda logits, params, *_: torch.tensor([next(generated)]))
         body = {"model": Path(checkpoint).name, "prompt": "Hello", "max_tokens": 3, "logprobs": 1, "stop": ['"']}
         choice = client.post("/v1/completions", json=body).json()["choices"][0]
     logprobs = choice["logprobs"]
@@ -516,7 +517,8 @@ def test_logprobs_of_a_token_holding_the_stop_string_show_only_its_part_in_the_t
 def test_a_generated_end_of_text_is_scored(checkpoint, monkeypatch):
     """The harness drops the last entry of an echo + max_tokens 1 reply: it must be the generated token even when
     that token is end-of-text, which the text leaves out."""
-    monkeypatch.setattr("serve.runner.sample_rows", lambda logits, params, *_: [EOT_TOKEN] * len(params))
+    monkeypatch.setattr("serve.sampled_step.sample_rows_on_device",
+                        lambda logits, params, *_: torch.full((len(params),), EOT_TOKEN))
     with make_client(checkpoint) as client:
         body = {"model": Path(checkpoint).name, "prompt": "Hello there", "max_tokens": 1, "echo": True, "logprobs": 1}
         choice = client.post("/v1/completions", json=body).json()["choices"][0]
@@ -597,7 +599,7 @@ def test_streamed_logprobs_leave_out_the_tokens_a_stop_string_cuts(checkpoint, m
     """The tokens " Paris", '."', " It" with stop '"': the stream's entries are the reply's, [" Paris", "."]."""
     generated = iter([6342, 526, 632])
     with make_client(checkpoint) as client:  # patched once started: the start-up's rehearsal samples too
-        monkeypatch.setattr("serve.runner.sample_rows", lambda logits, params, *_: [next(generated)])
+        monkeypatch.setattr("serve.sampled_step.sample_rows_on_device", lambda logits, params, *_: torch.tensor([next(generated)]))
         body = {"model": Path(checkpoint).name, "prompt": "Hello", "max_tokens": 3, "logprobs": 1, "stop": ['"'],
                 "stream": True}
         with client.stream("POST", "/v1/completions", json=body) as response:

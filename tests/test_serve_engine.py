@@ -10,7 +10,7 @@ import torch
 from decode.generate import generate
 from model.gpt import GPT
 from runtime import huge_pages
-from decode.sampling import SamplingParams, sample_rows
+from decode.sampling import SamplingParams, sample_rows, sample_rows_on_device
 from decode.steps import DECODE_MODES
 from decode.text import TextAssembler
 from serve.engine import Engine
@@ -311,14 +311,15 @@ def test_a_request_whose_sampling_fails_ends_alone_and_its_batch_completes_as_if
     batch_sizes_with_poison = []
 
     def poisoned(logits, params, generators, generated):
-        tokens = sample_rows(logits, params, generators, generated)  # every row draws first, as a late failure would
+        tokens = sample_rows_on_device(logits, params, generators, generated)  # every row draws first, as a late
+        # failure would
         if any(p is poison for p in params):
             batch_sizes_with_poison.append(len(params))
             if len(batch_sizes_with_poison) > 2:  # prefill and the first decode step pass: it fails mid-batch
                 raise FloatingPointError("poisoned logits")
         return tokens
 
-    monkeypatch.setattr("serve.runner.sample_rows", poisoned)
+    monkeypatch.setattr("serve.sampled_step.sample_rows_on_device", poisoned)
     together = run(engine, [*others, ([1, 2], poison)])
     assert together.tokens[:3] == alone and all(isinstance(together.ends[i], DoneEvent) for i in range(3))
     failure = together.ends[3]
@@ -407,28 +408,28 @@ def test_a_batch_whose_sampling_fails_gives_each_row_its_own_token_again(monkeyp
     """Rows sampled again one at a time after a failed batch draw from their generators as they stood before it:
     the rows that draw get the tokens the batch would have given them, and greedy rows (whose generator states are
     not kept: they draw nothing) their argmax."""
-    from serve import runner as runner_module
-    from serve.runner import Runner
+    from serve import sampled_step
     from serve.sequence import Sequence
 
-    torch.manual_seed(0)
-    model = GPT(small_config(vocab_size=1000)).eval()
-    runner = Runner(model, torch.device("cpu"), 4, ServerMetrics(), "dynamic", None, 1)
     settings = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.9, seed=1),
                 SamplingParams(temperature=0.0), SamplingParams(temperature=1.2, top_k=40, seed=2)]
+    torch.manual_seed(0)
     logits = torch.randn(4, 1000)
 
     def sequences():
         return [Sequence(GenerationRequest([1], params, lambda event: None), torch.device("cpu"), 0.0, False)
                 for params in settings]
 
-    expected = runner._sample(logits, sequences())
+    expected, none_failed = sampled_step.sample_sequences(logits, sequences())
+    assert none_failed == set()
 
     def fails_for_a_batch(logits, params, generators, generated):
-        tokens = sample_rows(logits, params, generators, generated)  # the generators move on, as in a late failure
+        tokens = sample_rows_on_device(logits, params, generators, generated)  # the generators move on, as in a
+        # late failure
         if len(params) > 1:
             raise FloatingPointError("the batch fails")
         return tokens
 
-    monkeypatch.setattr(runner_module, "sample_rows", fails_for_a_batch)
-    assert runner._sample(logits, sequences()) == expected
+    monkeypatch.setattr(sampled_step, "sample_rows_on_device", fails_for_a_batch)
+    again, none_failed = sampled_step.sample_sequences(logits, sequences())
+    assert again.tolist() == expected.tolist() and none_failed == set()

@@ -49,7 +49,7 @@ def test_extend_each_writes_every_rows_token_after_its_own():
     slots = Slots([KVCache.allocate(config, 4, 32, "cpu")])
     slots.add([prefill(config, 2)], [7, 8, 9])
     slots.add([prefill(config, 4)], [1, 2, 3, 4, 5])
-    slots.extend_each([10, 6])
+    slots.extend_each(torch.tensor([10, 6]))
     assert slots.lengths.tolist() == [4, 6, 0, 0]
     assert slots.tokens[0, :4].tolist() == [7, 8, 9, 10]
     assert slots.tokens[1, :6].tolist() == [1, 2, 3, 4, 5, 6]

@@ -5,6 +5,7 @@ for each way of running decode steps.
                                                              # 1 client and 12 clients, traced and dynamic steps
     python -m bench.experiments serve_speed --weights int8   # the int8 artifact (quantize/dynamic.py --head int8)
     python -m bench.experiments serve_speed --model tiny --new-tokens 64 --clients 4 8 16 --decode traced
+    python -m bench.experiments serve_speed --decode traced --async-steps off on   # steps launched ahead or not
 
 This process builds the model, saves it as an artifact (fp32, or int8 as `quantize/dynamic.py --head int8`
 writes it), loads it back and times `generate()` on it (batch 1, KV cache, prefill included, sampling as the
@@ -15,6 +16,9 @@ makes exactly --new-tokens tokens, from a client on loopback: one client alone, 
 sending that many requests at once (the prompts differ in length, as real clients' do); `generate()` is
 timed with the same mode's steps (`sample.py --decode`), and after its warm-up call moves the weights onto huge
 pages and waits for that background pass, as the server's warm-up does (its CPU slows the steps beside it).
+With several --async-steps, each mode's server is started once per setting (`python -m serve --async-steps`: each
+step launched before the step before's tokens are read back, or not), each a side of its own ("traced, async
+on"), and the first side is compared with each other one as modes are; `generate()` is timed once per mode.
 Everything is timed in interleaved rounds, so load on the machine hits every mode and level alike;
 ratios are medians of per-round ratios, including the first mode's speed over each other mode's.  Throughput is new
 tokens over the round's wall time (for the clients, from the first request sent to the last stream closed);
@@ -64,6 +68,7 @@ from runtime.timing import (Environment, Spread, environment, noise_floor, paire
                             time_interleaved)
 from decode.steps import DECODE_MODES
 from serve.launch import ServerProcess, running, running_server
+from serve.runner import ASYNC_STEPS
 from serve.warm_up import HUGE_PAGES_SETTLE_S
 from storage.artifact import int8_artifact_writers, load_model, save_artifact
 from storage.folder import write_folder_atomically
@@ -88,6 +93,8 @@ class Settings(RandomWeightsSettings):
     llama_server: str | None = option(None, "llama.cpp's llama-server binary: compare the server with it on the "
                                             "same weights as GGUF (F32, or Q8_0 with --weights int8)")
     peer_clients: list[int] = option([1, 4, 12], "concurrency levels of the llama-server comparison", min=1)
+    async_steps: list[str] = option(["auto"], "the servers' --async-steps: with several, a server of each mode for "
+                                             "each, timed side by side", choices=ASYNC_STEPS)
     huge_pages: bool = option(True, "after generate()'s warm-up call, move this process's weights onto huge pages "
                                     "as the server's warm-up does; --no-huge-pages leaves them (a process holding "
                                     "much else, whose whole memory the pass would go through)")
@@ -97,6 +104,15 @@ class Settings(RandomWeightsSettings):
         check_llama_server(self.llama_server, SettingsError)
         if len(set(self.decode)) != len(self.decode):
             raise SettingsError(f"--decode names a mode twice: {' '.join(self.decode)}")
+        if len(set(self.async_steps)) != len(self.async_steps):
+            raise SettingsError(f"--async-steps names a setting twice: {' '.join(self.async_steps)}")
+
+    @property
+    def sides(self) -> list[tuple[str, str, str]]:
+        """(name, decode mode, --async-steps) of each server timed, --decode's order first: named by its mode alone
+        unless several --async-steps are timed."""
+        return [(mode if len(self.async_steps) == 1 else f"{mode}, async {steps}", mode, steps)
+                for mode in self.decode for steps in self.async_steps]
 
 
 @dataclass
@@ -121,7 +137,8 @@ class Level:
 
 @dataclass
 class DecodeSpeed:
-    decode: str  # how decode steps ran (DECODE_MODES), in generate() and its server
+    decode: str  # how decode steps ran (DECODE_MODES), in generate() and its server; with several --async-steps,
+    # the server's setting too ("traced, async on")
     generate_tokens_per_s: Spread
     levels: list[Level]  # one client first
     one_client_over_generate: float  # median of per-round ratios
@@ -156,7 +173,7 @@ class ServeSpeed:
     prompt: str
     prompt_tokens: int
     new_tokens: int
-    decodes: list[DecodeSpeed]  # in --decode's order
+    decodes: list[DecodeSpeed]  # in --decode's order (each mode's --async-steps in theirs)
     peer: PeerComparison | None  # with --llama-server
     environment: Environment
 
@@ -221,9 +238,9 @@ def measure(settings: Settings, work_dir: Path) -> ServeSpeed:
     params = SamplingParams(max_new_tokens=settings.new_tokens, temperature=first["temperature"],
                             top_k=first["top_k"], seed=first["seed"], stop_at_eot=False)
     counts = [1, *settings.clients]
-    levels: dict[tuple[str, int | str], list[LevelResult]] = {(mode, n): [] for mode in settings.decode
-                                                               for n in counts}
-    first = settings.decode[0]
+    sides = settings.sides
+    levels: dict[tuple[str, int | str], list[LevelResult]] = {(side, n): [] for side, _, _ in sides for n in counts}
+    first = sides[0][0]
     levels[first, TWIN] = []
     server_args = ["--device", str(device), "--max-batch-size", str(max(16, *settings.clients)),
                    "--max-connections", str(max(128, 2 * max(settings.clients))),
@@ -250,29 +267,32 @@ def measure(settings: Settings, work_dir: Path) -> ServeSpeed:
 
     with contextlib.ExitStack() as servers:
         calls = {}
-        for mode in settings.decode:
-            server = servers.enter_context(running_server(artifact, work_dir / f"server_{mode}.log",
-                                                          [*server_args, "--decode", mode]))
-            calls[mode, "generate"] = generating(mode)
-            calls.update({(mode, n): clients(server.url, (mode, n), n) for n in counts})
-        twin = servers.enter_context(running_server(artifact, work_dir / f"server_{first}_twin.log",
-                                                    [*server_args, "--decode", first]))
+        for side, mode, steps in sides:
+            arguments = [*server_args, "--decode", mode, "--async-steps", steps]
+            server = servers.enter_context(running_server(artifact, work_dir / f"server_{mode}_{steps}.log",
+                                                          arguments))
+            calls.setdefault((mode, "generate"), generating(mode))
+            calls.update({(side, n): clients(server.url, (side, n), n) for n in counts})
+            if side == first:
+                first_arguments = arguments
+        twin = servers.enter_context(running_server(artifact, work_dir / "server_first_twin.log", first_arguments))
         calls[first, TWIN] = clients(twin.url, (first, TWIN), 1)
         seconds = time_interleaved(calls, settings.repeats, warmup=1, device=device, progress="serve_speed rounds")
     # The clients' own clock: from the first request sent to the last stream closed; the first round warmed up.
     wall = {key: [run.wall_s for run in runs[1:]] for key, runs in levels.items()}
     decodes = []
-    for mode in settings.decode:
-        result_levels = [measured_level(levels[mode, n], n, settings.new_tokens,
-                                        None if n == 1 else paired_ratio(wall[mode, 1], [s / n for s in wall[mode, n]]))
+    first_mode = sides[0][1]
+    for side, mode, _ in sides:
+        result_levels = [measured_level(levels[side, n], n, settings.new_tokens,
+                                        None if n == 1 else paired_ratio(wall[side, 1], [s / n for s in wall[side, n]]))
                          for n in counts]
         first_over_this = None
-        if mode != first:
-            first_over_this = {"generate()": paired_ratio(seconds[mode, "generate"], seconds[first, "generate"]),
-                               **{level_name(n): paired_ratio(wall[mode, n], wall[first, n]) for n in counts}}
-        decodes.append(DecodeSpeed(mode, Spread.of([settings.new_tokens / s for s in seconds[mode, "generate"]]),
-                                   result_levels, paired_ratio(seconds[mode, "generate"], wall[mode, 1]),
-                                   paired_ratio(wall[first, TWIN], wall[first, 1]) if mode == first else None,
+        if side != first:
+            first_over_this = {"generate()": paired_ratio(seconds[mode, "generate"], seconds[first_mode, "generate"]),
+                               **{level_name(n): paired_ratio(wall[side, n], wall[first, n]) for n in counts}}
+        decodes.append(DecodeSpeed(side, Spread.of([settings.new_tokens / s for s in seconds[mode, "generate"]]),
+                                   result_levels, paired_ratio(seconds[mode, "generate"], wall[side, 1]),
+                                   paired_ratio(wall[first, TWIN], wall[first, 1]) if side == first else None,
                                    first_over_this))
     for d in decodes:
         print(f"{d.decode}: generate() {d.generate_tokens_per_s.median:.1f} new tokens/s; one streaming client "
@@ -281,7 +301,7 @@ def measure(settings: Settings, work_dir: Path) -> ServeSpeed:
               + ")"
               + "".join(f"; {lv.clients} clients {lv.tokens_per_s.median:.1f} ({lv.over_one_client:.2f}x one)"
                         for lv in d.levels[1:])
-              + ("" if d.first_over_this is None else "; " + settings.decode[0] + " over " + d.decode + ": "
+              + ("" if d.first_over_this is None else "; " + first + " over " + d.decode + ": "
                  + ", ".join(f"{k} {v:.2f}x" for k, v in d.first_over_this.items())))
     peer = None if gguf is None else against_llama_server(settings, artifact, gguf, work_dir, device)
     return ServeSpeed(settings.model, settings.weights, prompt, len(prompt_ids), settings.new_tokens, decodes, peer,
