@@ -27,7 +27,6 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from torch._inductor import config as inductor_config
 
 from decode.trace import _DecodeStep
 from model.gpt import GPT
@@ -48,8 +47,14 @@ COMPILE_OPTIONS = {"freezing": True, "cpp_wrapper": True}
 
 def inductor_cache() -> Path:
     """The folder Inductor keeps its compiled code in: $TORCHINDUCTOR_CACHE_DIR, set to the project's .cache/inductor
-    for this process (and those it starts) when it was not set."""
-    return Path(os.environ.setdefault(CACHE_ENV, str(DEFAULT_CACHE)))
+    for this process (and those it starts) unless it names another folder than Inductor's default (importing
+    torch._dynamo or torch._inductor sets the variable to that default, /tmp/torchinductor_USER, so a value equal
+    to it was most likely not the user's)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    given = os.environ.get(CACHE_ENV)
+    if given is None or os.path.abspath(given) == os.path.abspath(default_cache_dir()):
+        os.environ[CACHE_ENV] = str(DEFAULT_CACHE)
+    return Path(os.environ[CACHE_ENV])
 
 
 class FixedProduct(nn.Module):
@@ -97,6 +102,7 @@ class FusedSteps:
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, keys: list[torch.Tensor],
                  values: list[torch.Tensor]) -> torch.Tensor:
         """The logits (B, 1, vocab) of one token per row, as TracedSteps's call without a mask or columns."""
+        from torch._inductor import config as inductor_config  # here: importing it sets $TORCHINDUCTOR_CACHE_DIR
         # freezing folds the weights only in a graph without gradients
         with torch.no_grad(), inductor_config.patch(COMPILE_OPTIONS):
             return self._call(tokens, positions, keys, values)

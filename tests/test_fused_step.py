@@ -3,11 +3,12 @@ and tokens on a small model, writes the cache as the traced step does, and one c
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
 
-from decode.fused_step import CACHE_ENV, FixedProduct, FusedSteps
+from decode.fused_step import CACHE_ENV, DEFAULT_CACHE, FixedProduct, FusedSteps, inductor_cache
 from decode.trace import TracedSteps
 from model.int8 import quantize_model
 from model.kv_cache import KVCache
@@ -60,3 +61,16 @@ def test_the_fused_step_refuses_what_it_cannot_run(small_model):
     cache = KVCache.allocate(small_model.config, 1, 8, "cpu")
     with pytest.raises(ValueError, match="one token per row"):
         steps.step(cache, torch.zeros(1, 2, dtype=torch.long))
+
+
+def test_inductor_s_cache_is_the_project_s_unless_the_user_named_another(tmp_path, monkeypatch):
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    # unset, or Inductor's own default (which importing torch._dynamo writes into the variable): the project's folder
+    for value in (None, default_cache_dir()):
+        if value is None:
+            monkeypatch.delenv(CACHE_ENV, raising=False)
+        else:
+            monkeypatch.setenv(CACHE_ENV, value)
+        assert inductor_cache() == DEFAULT_CACHE and os.environ[CACHE_ENV] == str(DEFAULT_CACHE)
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "mine"))
+    assert inductor_cache() == tmp_path / "mine"

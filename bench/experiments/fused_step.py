@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch._dynamo.utils import counters
 
 from bench.experiment import Experiment, ExperimentError, RandomWeightsSettings
 from bench.peers.host_rates import HostRates, measure_in_process
@@ -179,6 +178,7 @@ def measure(settings: Settings, work_dir: Path) -> FusedStep:
         row, setup = _row(model, sides, batch, settings)
         rows.append(row)
         compiles.append(Compile(batch, setup["traced"], setup["fused"], None))
+    from torch._dynamo.utils import counters  # here: importing Dynamo sets $TORCHINDUCTOR_CACHE_DIR
     graphs = counters["stats"]["unique_graphs"] // len(settings.batch_sizes)
     breaks = sorted(counters["graph_break"])
     cache_mb = _folder_mb(cache)
