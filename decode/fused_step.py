@@ -12,10 +12,11 @@ graph as an operator over its packed weight (an opaque tensor Inductor keeps as 
 
 The step is the traced one's: one token per row, every row at the same length, over views of the KV cache that end
 at the new token's column (the length marked dynamic, so one compile serves every length), its keys and values
-written into the last column.  A compiled step is kept per row count.  Inductor keeps its compiled code on disk, in
+written into the last column.  A compiled step is kept per row count; it is made for one cache size (its views'
+strides), and a cache of another size compiles it again.  Inductor keeps its compiled code on disk, in
 $TORCHINDUCTOR_CACHE_DIR, which this module sets to the project's .cache/inductor when it is not set: a later
-process with the same graph loads it rather than compiling again (though Dynamo still traces the Python in every
-process).  `python -m bench.experiments fused_step` times the compile, the second process's and the step against the
+process with the same graph loads Inductor's code rather than generating and compiling it again, but still runs
+Dynamo's capture, AOTAutograd and the freezing passes, most of a compile's time (`inductor_cache`).  `python -m bench.experiments fused_step` times the compile, the second process's and the step against the
 traced one; this is no decode mode (decode/steps.py) until that A/B shows it faster on a quiet host.
 """
 from __future__ import annotations

@@ -99,8 +99,13 @@ class FusedStep:
     environment: Environment
 
 
+def _max_len(settings: Settings) -> int:
+    """The KV cache's positions: a compiled step is made for its views' strides, so the second process's is the same."""
+    return settings.prompt_tokens + settings.steps + 1
+
+
 def _prefilled(model: GPT, batch: int, settings: Settings) -> KVCache:
-    cache = KVCache.allocate(model.config, batch, settings.prompt_tokens + settings.steps + 1, "cpu")
+    cache = KVCache.allocate(model.config, batch, _max_len(settings), "cpu")
     prompt = torch.randint(0, model.config.vocab_size, (batch, settings.prompt_tokens),
                            generator=torch.Generator().manual_seed(batch))
     model(prompt, cache=cache, last_only=True)
@@ -153,7 +158,8 @@ def _second_process(settings: Settings, work_dir: Path, kernels: list) -> dict:
     chosen = work_dir / "kernels.json"
     chosen.write_text(json.dumps(kernels))
     done = run_command([sys.executable, "-m", "bench.workloads.fused_compile", settings.model,
-                        str(settings.prompt_tokens), str(chosen), *map(str, settings.batch_sizes)],
+                        str(settings.prompt_tokens), str(_max_len(settings)), str(chosen),
+                        *map(str, settings.batch_sizes)],
                        threads=torch.get_num_threads())
     if not done.ok:
         raise ExperimentError(f"the second process's compile failed:\n{done.stderr[-2000:]}")

@@ -4,7 +4,9 @@ pays the compile again once the first has filled Inductor's cache.  It builds th
 (so that it compiles the same graph), and times the first fused step of each row count; prints JSON: the seconds
 per row count, and Inductor's FX graph cache hits, misses and bypasses.
 
-    python -m bench.workloads.fused_compile PRESET PROMPT_TOKENS KERNELS_JSON BATCH [BATCH ...]
+    python -m bench.workloads.fused_compile PRESET PROMPT_TOKENS MAX_LEN KERNELS_JSON BATCH [BATCH ...]
+
+MAX_LEN: the KV cache's positions, the first process's: the compiled graph is made for the cache views' strides.
 
 $TORCHINDUCTOR_CACHE_DIR names the cache (the first process's).
 """
@@ -23,14 +25,14 @@ from model.kv_cache import KVCache
 from model.packed_linear import CHOICES, pack_for_inference
 
 
-def compile_seconds(name: str, prompt_tokens: int, kernels: list, batches: list[int]) -> dict:
+def compile_seconds(name: str, prompt_tokens: int, max_len: int, kernels: list, batches: list[int]) -> dict:
     torch.manual_seed(0)
     model = GPT(preset(name)).eval()
     pack_for_inference(model)
     CHOICES.chosen.update({tuple(shape): kernel for shape, kernel in kernels})
     fused, seconds = FusedSteps(model), {}
     for batch in batches:
-        cache = KVCache.allocate(model.config, batch, prompt_tokens + 2, "cpu")
+        cache = KVCache.allocate(model.config, batch, max_len, "cpu")
         tokens = torch.zeros(batch, prompt_tokens, dtype=torch.long)
         with torch.inference_mode():  # as the first process (and generate()) runs its steps
             model(tokens, cache=cache, last_only=True)
@@ -43,6 +45,7 @@ def compile_seconds(name: str, prompt_tokens: int, kernels: list, batches: list[
 
 
 if __name__ == "__main__":
-    with open(sys.argv[3]) as kept:
+    with open(sys.argv[4]) as kept:
         chosen = json.load(kept)
-    print(json.dumps(compile_seconds(sys.argv[1], int(sys.argv[2]), chosen, [int(b) for b in sys.argv[4:]])))
+    print(json.dumps(compile_seconds(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), chosen,
+                                     [int(b) for b in sys.argv[5:]])))
