@@ -44,3 +44,17 @@ def spread(s: Spread | None, digits: int = 1, scale: float = 1.0) -> str:
 
 def mib(value: float | None) -> str:
     return "n/a" if value is None else f"{value / MiB:,.0f}"
+
+
+def decode_path(mode: str) -> str:
+    """Which decode path a speed row timed (issue 70): `auto` is what a user's `generate()`, sample.py and the server
+    run unless told otherwise, with its run-time choices (trace or not, threads, kernels); any other is a fixed mode."""
+    if mode == "auto":
+        return "the user's default (decode `auto`)"
+    return f"fixed: decode `{mode}`"
+
+
+def timed_as(path: str, warm_ups: str) -> str:
+    """The sentence above a speed table whose rows were all timed alike: the path (the user's default or a fixed mode)
+    and whether the processes' warm-ups overlapped."""
+    return f"**Path timed:** {path}. **Warm-ups:** {warm_ups}.\n"

@@ -156,6 +156,11 @@ class GPT(nn.Module):
             return padded[..., :vocab], None  # a view: the padding is never sampled
         if not torch.is_grad_enabled():  # evaluation: chunked, no logits-sized temporaries
             return padded[..., :vocab], padded_cross_entropy(padded, targets, vocab)
+        return self.training_loss(padded, targets)
+
+    def training_loss(self, padded: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The logits over the real vocabulary (a view) and their mean cross-entropy, from the padded logits."""
+        vocab = self.config.vocab_size
         # The padding at -inf (no probability, no gradient) gives the loss over the real vocabulary without
         # copying the logits to slice them.  (The view is taken after the in-place write: FSDP2 crashes on
         # a view whose base was modified after it was made.)

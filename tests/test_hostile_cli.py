@@ -20,7 +20,7 @@ import sample
 import train
 from bench.experiment import SettingsError
 from bench import demo
-from bench.experiments import fused_step, generate_speed, prefix_cache, serve_speed
+from bench.experiments import fused_step, generate_speed, prefix_cache, serve_speed, user_start
 from bench.standalone import huge_pages_one_off
 from bench.standalone.async_steps import AsyncStepsConfig
 from bench.standalone.greedy_argmax import GreedyArgmaxConfig
@@ -31,6 +31,7 @@ from bench.standalone.shard_memory import ShardMemoryConfig
 from bench.standalone.static_cache_width import StaticCacheWidthConfig
 from bench.standalone.stop_time import StopTimeConfig
 from bench.standalone.stream_interval import StreamIntervalConfig
+from bench.standalone.train_step_profile import TrainStepProfileConfig
 from bench.eval.scorecard import LeaderboardConfig
 from bench.eval.perplexity import PerplexityConfig
 from prune.config import PruneConfig
@@ -49,7 +50,8 @@ TOOLS = {"train.py": train.TrainConfig, "sample.py": sample.SampleConfig, "pytho
          "python -m bench.demo": demo.DemoConfig,
          # the settings of the experiments that start peers and busy processes
          "generate_speed": generate_speed.Settings, "serve_speed": serve_speed.Settings,
-         "prefix_cache": prefix_cache.Settings, "fused_step": fused_step.Settings,
+         "prefix_cache": prefix_cache.Settings, "user_start": user_start.Settings,
+         "fused_step": fused_step.Settings,
          # the measurements run by hand (bench/standalone/)
          "bench.standalone.greedy_argmax": GreedyArgmaxConfig, "bench.standalone.serve_cpu_split": ServeCpuSplitConfig,
          "bench.standalone.huge_pages_one_off": huge_pages_one_off.Config,
@@ -57,7 +59,8 @@ TOOLS = {"train.py": train.TrainConfig, "sample.py": sample.SampleConfig, "pytho
          "bench.standalone.kernels_in_step": KernelsInStepConfig,
          "bench.standalone.shard_memory": ShardMemoryConfig, "bench.standalone.multi_device": MultiDeviceConfig,
          "bench.standalone.async_steps": AsyncStepsConfig,
-         "bench.standalone.static_cache_width": StaticCacheWidthConfig}
+         "bench.standalone.static_cache_width": StaticCacheWidthConfig,
+         "bench.standalone.train_step_profile": TrainStepProfileConfig}
 VALUES = ("0", "-1", "1", "90", "1e309", "nan", "inf", "0.5", "", "--", "-", "=", "yes", "auto", "builtin", "none")
 
 
@@ -280,7 +283,11 @@ def test_a_llama_server_that_cannot_run_is_one_error_line_before_any_measuring(p
     ("stream_interval", ["--device", "meta"], "error: --weights int8 runs PyTorch's int8 kernels, which are CPU-only"),
     ("kernels_in_step", ["--new-tokens", "2000"],
      "error: --new-tokens 2000 after a 32-token prompt exceeds the 1024 positions of gpt2; ask for at most 992"),
-    ("kernels_in_step", ["--rows", "0"], "error: --rows must be at least 1, got 0")])
+    ("kernels_in_step", ["--rows", "0"], "error: --rows must be at least 1, got 0"),
+    ("train_step_profile", ["--nanogpt", "/no/such/checkout"],
+     "error: --nanogpt /no/such/checkout has no model.py; give the path of a karpathy/nanoGPT checkout"),
+    ("train_step_profile", ["--shape", "gpt9:1x8"], "error: --shape 'gpt9:1x8': no preset 'gpt9'; choose from"),
+    ("train_step_profile", ["--profile-steps", "0"], "error: --profile-steps must be at least 1, got 0")])
 def test_a_standalone_measurement_refuses_settings_before_measuring_and_writes_nothing(tool, argv, line, tmp_path,
                                                                                        capsys):
     """Settings that time nothing (greedy_argmax), that no server can take (stream_interval) or no model holds

@@ -1,58 +1,131 @@
-"""bench/experiments/user_start.py's summary of a timeline: paired default/fixed ratios per span, the time to recover
-after the load, and rows that say which path they timed and that the warm-ups overlapped."""
+"""bench/experiments/user_start.py: its summary of a timeline (ratios of each side against the fixed path and ONNX
+Runtime in the same rounds, the time to recover after the load, a reason wherever a span has no ratio), its rows that
+say which path they timed and that the warm-ups overlapped, and one small run of its sides as users start them:
+sample.py's call, a server with one streaming client, the fixed path, and ONNX Runtime where it imports."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
-from bench.experiments.user_start import LABELS, SPANS, Call, Settings, UserStart, paired, recovery, section, summarize
+from bench.experiments import user_start
+from bench.experiments.user_start import (LABELS, SPANS, Call, Settings, UserStart, assigned, paired, pinned, recovery,
+                                          section, summarize)
+from bench.experiment import SettingsError
 from bench.peers.host_rates import HostRates
 from bench.report_page import Page
 from runtime.timing import environment
 
+RATES = HostRates(30.0, 120.0, 2, [0, 1])
 
-def timeline(default_after: list[float]) -> list[Call]:
-    """Calls in turns, a second each: the fixed path at 100 tokens/s throughout (50 under load), the default at 100
-    before the load, 50 under it, then `default_after` one call at a time."""
-    calls, now = [], 0.0
 
-    def call(path, speed, span):
+def timeline(default_after: list[float], spans=SPANS) -> list[Call]:
+    """Rounds of a second per call: the fixed path at 100 tokens/s throughout (50 under load), the default at 100
+    before the load, 50 under it, then `default_after` one round at a time."""
+    calls, now, round_ = [], 0.0, 0
+
+    def call(side, speed, span):
         nonlocal now
-        calls.append(Call(path, 0 if path == "default" else 1, now, now + 1.0, speed, span, 2, 0.5))
+        calls.append(Call(side, 0 if side == "default" else 1, round_, now, now + 1.0, speed, span, 2, 0.5))
         now += 1.0
-    for _ in range(5):
+    for _ in range(5 if SPANS[0] in spans else 0):
         call("default", 100.0, SPANS[0])
         call("fixed", 100.0, SPANS[0])
-    for _ in range(5):
+        round_ += 1
+    for _ in range(5 if SPANS[1] in spans else 0):
         call("fixed", 50.0, SPANS[1])
         call("default", 50.0, SPANS[1])
-    for speed in default_after:
+        round_ += 1
+    for speed in default_after if SPANS[2] in spans else []:
         call("default", speed, SPANS[2])
         call("fixed", 100.0, SPANS[2])
+        round_ += 1
     return calls
 
 
-def test_each_default_call_is_paired_with_the_fixed_call_beside_it():
-    assert paired(timeline([60.0])[-2:]) == [pytest.approx(0.6)]
+def test_each_side_is_set_against_the_fixed_path_in_the_same_round():
+    assert paired(timeline([60.0])[-2:], "default", "fixed") == [pytest.approx(0.6)]
+    calls = [Call("fixed", 0, 0, 0, 1, 100.0, SPANS[0], 2, 0), Call("default", 1, 0, 1, 2, 90.0, SPANS[0], 2, 0),
+             Call("default", 2, 0, 2, 3, 70.0, SPANS[0], 2, 0), Call("default", 1, 1, 3, 4, 50.0, SPANS[0], 2, 0)]
+    assert paired(calls, "default", "fixed") == [pytest.approx(0.8)]  # its processes' median; round 1 has no fixed
 
 
-def test_recovery_is_from_the_load_s_end_to_the_end_of_the_first_default_call_back_within_five_percent():
+def test_recovery_is_from_the_load_s_end_to_the_end_of_the_first_call_back_within_five_percent():
     calls = timeline([60.0, 80.0, 96.0, 99.0, 100.0])
     load_end = 20.0
-    assert recovery(calls, load_end) == pytest.approx(6.0 - 1.0)  # the third default call after it (ends at 25 s)
-    assert recovery(timeline([60.0, 70.0]), load_end) is None  # never back within the span
+    assert recovery(calls, "default", load_end) == pytest.approx(6.0 - 1.0)  # the third default call after it
+    assert recovery(timeline([60.0, 70.0]), "default", load_end) is None  # never back within the span
+
+
+def test_processes_are_one_per_side_and_the_rest_alternately_default_and_fixed():
+    assert assigned(["default", "fixed", "sample.py", "server"], 6) == [
+        "default", "fixed", "sample.py", "server", "default", "fixed"]
+    assert assigned(["fixed", "server"], 3) == ["fixed", "server", "fixed"]
+    with pytest.raises(SettingsError, match="--processes 3 cannot start one process for each of the 4 sides"):
+        Settings(sides=["default", "fixed", "sample.py", "server"], processes=3)
+    with pytest.raises(SettingsError, match="must include fixed"):
+        Settings(sides=["default", "server"])
+
+
+def test_one_core_pins_what_it_starts_to_one_core_and_gives_the_others_back():
+    before = os.sched_getaffinity(0)
+    with pinned("one-core"):
+        assert os.sched_getaffinity(0) == {min(before)}
+    assert os.sched_getaffinity(0) == before
+    with pinned("quiet"):
+        assert os.sched_getaffinity(0) == before
+
+
+def row_of(calls: list[Call], settings: Settings):
+    return summarize("quiet", "fp32", 1, ["default", "fixed"], {"default": [3.0], "fixed": [2.5]}, calls, settings,
+                     RATES)
+
+
+def report(rows, tmp_path: Path, not_measured=None) -> str:
+    page = Page(tmp_path / "REPORT.md")
+    section(UserStart("gpt2", 4, 10.0, 128, 32, not_measured or {}, rows, "python -m bench.experiments user_start",
+                      environment(torch.device("cpu"))), page)
+    return page.text()
 
 
 def test_rows_say_which_path_they_timed_and_that_the_warm_ups_overlapped(tmp_path: Path):
-    settings = Settings(span_s=10.0)
-    rates = HostRates(30.0, 120.0, 2, [0, 1])
-    row = summarize("fp32", 1, {"default": [3.0], "fixed": [2.5]}, timeline([100.0] * 5), settings, rates)
-    assert row.default_over_fixed[SPANS[0]] == pytest.approx(1.0) and row.tokens_per_s[SPANS[1]]["fixed"] == 50.0
-    page = Page(tmp_path / "REPORT.md")
-    section(UserStart("gpt2", 4, 10.0, 32, [row], "python -m bench.experiments user_start",
-                      environment(torch.device("cpu"))), page)
-    text = page.text()
-    for label in LABELS.values():
-        assert f"| {label} | overlapped (4) |" in text
+    row = row_of(timeline([100.0] * 5), Settings(span_s=10.0))
+    assert row.over_fixed[SPANS[0]]["default"].median == pytest.approx(1.0)
+    assert row.tokens_per_s[SPANS[1]]["fixed"] == 50.0
+    text = report([row], tmp_path)
+    for side in ("default", "fixed"):
+        assert f"| {LABELS[side]} | overlapped (1 of 2 processes) |" in text
+
+
+def test_a_span_without_rounds_and_a_side_not_measured_say_why_and_never_nan(tmp_path: Path):
+    row = row_of(timeline([], spans=SPANS[:1]), Settings(span_s=10.0))  # the first span's rounds outlasted the rest
+    assert row.over_fixed[SPANS[1]]["default"] is None and row.recovery_s["default"] is None
+    text = report([row], tmp_path, {"ORT": "onnxruntime not importable in python"})
+    assert "nan" not in text.lower()
+    assert "| 1.00 (1.00) / no round / no round |" in text
+    assert "| no ORT side (see above) |" in text
+    assert "no round after the load" in text
+    assert "**ORT was not measured**: onnxruntime not importable in python." in text
+
+
+def test_sample_py_a_server_client_and_ort_run_as_users_start_them(tmp_path: Path, monkeypatch):
+    """The tiny model, two rows per call, a second per span: every side starts, warms up with the others and is
+    timed in each span; ONNX Runtime is measured where it imports and said not to be where it does not."""
+    settings = Settings(model="tiny", sides=["fixed", "sample.py", "server", "ORT"], processes=4, conditions=["quiet"],
+                        precisions=["int8"], batch_sizes=[2], span_s=1.0, first_tokens=2, new_tokens=2,
+                        prompt_tokens=8)
+    monkeypatch.setattr(user_start, "measure_in_process", lambda threads, cores: RATES)  # seconds of a 1 GiB read
+    result = user_start.measure(settings, tmp_path)
+    (row,) = result.rows
+    ort = user_start.ort_missing() is None
+    assert list(row.processes) == ["fixed", "sample.py", "server", *(["ORT"] if ort else [])]
+    assert ("ORT" in result.not_measured) != ort
+    assert all(len(row.warm_up_s[side]) == count for side, count in row.processes.items())
+    for call in row.calls:
+        assert call.tokens_per_s > 0
+    for side in row.processes:
+        assert any(c.side == side for c in row.calls)
+    text = report(result.rows, tmp_path, result.not_measured)
+    assert LABELS["sample.py"] in text and LABELS["server"] in text and "nan" not in text.lower()

@@ -23,7 +23,7 @@ import torch
 
 from bench.experiment import Experiment, SettingsError, TrainingSettings
 from bench.plots import finish, plt
-from bench.report_page import Page, mib, num, spread
+from bench.report_page import Page, mib, num, spread, timed_as
 from data.loader import WindowSampler
 from data.token_files import load_split
 from model.config import preset
@@ -167,6 +167,9 @@ def plot(result: BatchSweep):
 def section(res: BatchSweep, page: Page) -> None:
     page.add(f"Model `{res.model}`, block {res.block_size}; an epoch-equivalent is the {res.train_tokens:,} "
              f"tokens of the {res.dataset} training split at the measured speed.\n")
+    page.add(timed_as("`TrainStep`, train.py's single-device step, in this one process, one micro-batch size after "
+                      "another",
+                      "not overlapped: an untimed warm-up step at each size, in this process"))
     page.table(["micro-batch", "tokens/s (min-max)", "s/step", "s per epoch-equivalent", "peak memory MiB"],
                [[x.batch_size, spread(x.tokens_per_s, 0), num(x.step_s.median, 3), num(x.epoch_equivalent_s, 0),
                  mib(x.peak_memory_bytes)] for x in res.rows])

@@ -22,7 +22,7 @@ from pathlib import Path
 from bench.experiment import Experiment
 from bench.parallel_runs import ParallelRow, ParallelSettings, run_parallel
 from bench.plots import finish, plt
-from bench.report_page import MiB, Page, mib, num, spread
+from bench.report_page import Page, MiB, mib, num, spread, timed_as
 from runtime.cli import option
 from runtime.device import choose_device
 from runtime.timing import Environment, environment
@@ -135,6 +135,9 @@ def section(res: CommStrategies, page: Page) -> None:
                      num(x.sent_bytes_theory_per_step / MiB, 2),
                      num(bandwidth.median / MiB, 0) if bandwidth else "n/a",
                      " / ".join(mib(m) for m in x.peak_memory_bytes_per_rank)])
+    page.add(timed_as("`torchrun ... train.py --parallel MODE`, one job at a time",
+                      "not overlapped between jobs (a job's own ranks start together); each job's first log window "
+                      "is left out"))
     page.table(["mode", "ranks", "ms/iteration (min-max)", "compute ms", "exposed comm ms", "MiB sent/step",
                 "theory MiB", "bandwidth MiB/s", "peak MiB per rank"], rows)
     page.add("Strong scaling (same global batch): speedup = time per iteration on 1 rank / on N ranks.\n")

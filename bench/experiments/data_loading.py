@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from bench.experiment import Experiment, ExperimentSettings
 from bench.plots import finish, plt
-from bench.report_page import Page, num, spread
+from bench.report_page import Page, num, spread, timed_as
 from data.loader import WindowSampler
 from data.token_files import load_split
 from runtime.cli import option
@@ -131,6 +131,9 @@ def plot(result: DataLoading):
 def section(res: DataLoading, page: Page) -> None:
     page.add(f"Batches of {res.batch_size} x {res.block_size} tokens from the {res.dataset} training split "
              f"({res.batches} timed batches after the first, {res.repeats} repeats).\n")
+    page.add(timed_as("train.py's in-process sampler, and DataLoader worker counts around it, one after another in "
+                      "this process",
+                      "not overlapped: the first batch (worker start-up included) is reported on its own"))
     page.table(["loader", "first batch ms", "ms per batch", "tokens/s delivered"],
                [[x.setting, spread(x.first_batch_s, 1, 1e3), spread(x.per_batch_s, 3, 1e3), num(x.tokens_per_s, 0)]
                 for x in res.rows])

@@ -32,7 +32,7 @@ import torch
 from bench.experiment import Experiment, ExperimentError, ExperimentSettings, SettingsError
 from bench.processes import ROOT, STDOUT, run_command, start
 from bench.plots import bars, finish, grouped_bars, plt
-from bench.report_page import Page, num, spread
+from bench.report_page import Page, num, spread, timed_as
 from bench.train_runs import train_command
 from runtime.cli import option
 from runtime.timing import Environment, Spread, environment
@@ -272,6 +272,8 @@ def section(res: DataPrep, page: Page) -> None:
              f"repeated), each method in a fresh process, {len(res.load_average_per_round)} interleaved rounds "
              f"(load average at each round's start: {', '.join(f'{x:.2f}' for x in res.load_average_per_round)}); "
              f"{res.encoding_threads} encoding threads.\n")
+    page.add(timed_as("each way of tokenizing in a fresh process, one at a time in interleaved rounds",
+                      "none: each process's first start is what is timed"))
     page.table(["method", "MB/s (median, min-max)", "x tiktoken's limit"],
                [[r.method, spread(r.mb_per_s, 1), f"{r.ratio_to_tiktoken:.2f}x"] for r in res.speed])
     page.add("First starts of `train.py` with an empty token cache (tokenizing, then one step of the tiny model):\n")

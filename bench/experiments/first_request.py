@@ -28,7 +28,7 @@ from bench.experiment import Experiment, ExperimentError, SettingsError
 from bench.peers.host_rates import read_bandwidth
 from bench.experiments.serve_speed import random_artifact
 from bench.plots import plt
-from bench.report_page import Page, num, spread
+from bench.report_page import Page, decode_path, num, spread, timed_as
 from model.config import PRESETS
 from runtime.cli import check_options, non_default_flags, option
 from runtime.timing import Environment, Spread, environment, matmul_rate
@@ -150,6 +150,9 @@ def section(res: FirstRequest, page: Page) -> None:
     page.add(f"{res.model} (random weights), {res.new_tokens} new tokens per request, {res.bursts} bursts per fresh "
              f"server; load average {spread(res.load_average_1m, 2)}; host read rate "
              f"{spread(res.read_bandwidth_gb_s)} GB/s, matmul {spread(res.matmul_gflop_s)} GFLOP/s.\n")
+    page.add(timed_as(f"`python -m serve --warm-up MODE` (the first column; all-rows is its default), "
+                      f"{decode_path('auto')}",
+                      "not overlapped: one fresh server at a time, and its first burst is timed, not a warm-up"))
     page.table(["--warm-up", "clients", "start-up s", "first token ms: burst 1", f"burst {res.bursts}",
                 "burst 1 / last", "tokens/s: burst 1", f"burst {res.bursts}", "last / burst 1"],
                [[c.warm_up, c.clients, spread(c.startup_s), num(c.first[0].first_token_ms, 0),

@@ -56,7 +56,7 @@ from bench.peers.decode_sides import Sides, SideSpec
 from bench.peers.host_rates import HostRates, measure_in_process, read_bandwidth
 from bench.processes import run_command
 from bench.plots import finish, grouped_bars, plt
-from bench.report_page import Page, spread
+from bench.report_page import Page, decode_path, spread
 from data.corpus import builtin_documents
 from data.tokenizer import encode
 from model.config import preset
@@ -453,6 +453,14 @@ def plot(result: GenerateSpeed):
                                   f"tokens, greedy, each runtime in its own process", grid="y")
 
 
+def side_path(name: str, decode: str) -> str:
+    """The decode path a side of this experiment ran: ours with the decode steps it was given (eager ones as
+    `dynamic`), a peer its own way."""
+    if not name.startswith("ours"):
+        return "the peer's own, set up as its docs advise"
+    return decode_path("dynamic" if name.endswith(" eager") else decode)
+
+
 def section(res: GenerateSpeed, page: Page) -> None:
     versions = ", ".join(f"{name} {v}" for name, v in res.versions.items())
     page.add(f"`{res.model}` with random weights; {res.prompt_tokens}-token prompts from {res.prompts}; "
@@ -465,13 +473,18 @@ def section(res: GenerateSpeed, page: Page) -> None:
              + (f", int8 with the {res.int8_head} head" if res.int8_head else "")
              + "".join(f"; {runtime}: {setup}" for runtime, setup in res.setups.items())
              + f". Versions: {versions}.\n")
+    page.add(f"**Warm-ups:** not overlapped: the sides' processes load together, then each side makes its untimed "
+             f"first call at each batch size alone, one side after another (ours also waits there for its weights "
+             f"to move onto huge pages); the **path timed** column says which decode path each side ran (generate_"
+             f"speed passes `auto`'s pick for this device, {res.decode}, as a fixed mode, so it times none of the "
+             f"default's run-time choices: bench/experiments/user_start.py times the user's default).\n")
     for row in res.results:
         page.add(f"Batch {row.batch}, {row.host}{host_note(row.host_rates)} (1-minute load average as the rounds began: "
                  f"{', '.join(f'{v:.2f}' for v in row.load_average)}):\n")
-        page.table(["side", "new tokens/s end to end", "decode only", "first token (s)",
+        page.table(["side", "path timed", "new tokens/s end to end", "decode only", "first token (s)",
                     "tokens = ours fp32"],
-                   [[name, spread(s.tokens_per_s), spread(s.decode_tokens_per_s), spread(s.first_token_s, 3),
-                     "yes" if s.identical_tokens else f"no ({s.token_agreement:.0%} agree)"]
+                   [[name, side_path(name, res.decode), spread(s.tokens_per_s), spread(s.decode_tokens_per_s),
+                     spread(s.first_token_s, 3), "yes" if s.identical_tokens else f"no ({s.token_agreement:.0%} agree)"]
                     for name, s in row.sides.items()])
         if row.comparisons:
             page.table(["ours", "against", "speed-up end to end", "decode only"],

@@ -28,7 +28,7 @@ import torch
 
 from bench.experiment import Experiment, ExperimentError, ExperimentSettings
 from bench.plots import finish, grouped_bars, plt
-from bench.report_page import Page, num, spread
+from bench.report_page import Page, decode_path, num, spread
 from bench.processes import run_command
 from decode.kept_ratios import TIMINGS_ENV
 from model.kernel_choice import CHOICES_ENV
@@ -137,8 +137,11 @@ def section(res: OneOffDecode, page: Page) -> None:
     page.add(f"One greedy call per fresh process, {res.prompt_tokens}-token prompt, median of {res.rounds} rounds "
              f"(load average {spread(res.load_average_1m, 2)}), {res.threads} torch thread(s); the call includes every one-time "
              f"cost.\n")
-    page.table(["model", "new tokens", "decode", "call ms", "first token ms", "tokens/s over the call"],
-               [[r.model, r.new_tokens, r.decode, spread(r.call_s, 1, 1e3), spread(r.first_token_s, 1, 1e3),
+    page.add("**Warm-ups:** none: each call is its fresh process's first, and the processes run one at a time. The "
+             "**path timed** column says which decode path each row ran.\n")
+    page.table(["model", "new tokens", "path timed", "call ms", "first token ms", "tokens/s over the call"],
+               [[r.model, r.new_tokens, decode_path(r.decode), spread(r.call_s, 1, 1e3),
+                 spread(r.first_token_s, 1, 1e3),
                  num(r.tokens_per_s.median)] for r in res.rows])
     page.table(["model", "new tokens", "auto's speed-up over dynamic (paired)", "same tokens"],
                [[c.model, c.new_tokens, f"{c.auto_speedup:.2f}x", c.identical_tokens] for c in res.comparisons])

@@ -20,7 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench.experiment import Experiment, TrainingSettings
 from bench.plots import finish, plt
-from bench.report_page import Page, num
+from bench.report_page import Page, num, timed_as
 from data.loader import WindowSampler, eval_batches
 from data.token_files import load_split
 from model.config import preset
@@ -133,6 +133,8 @@ def section(res: PhaseProfile, page: Page) -> None:
     page.add(f"`{res.model}`, {res.steps} steps of {res.batch_size} x {res.block_size}, validation on "
              f"{res.eval_batches} batches every {res.eval_interval} steps; {res.step_s * 1e3:.0f} ms per "
              f"training step.\n")
+    page.add(timed_as("train.py's single-device step, synchronised at every phase boundary, in this one process",
+                      "not overlapped: one untimed warm-up step in this process"))
     page.table(["phase", "seconds", "share"], [[k, num(v, 3), f"{res.phase_share[k]:.1%}"]
                                                for k, v in res.phase_s.items()])
     prof = res.profiler

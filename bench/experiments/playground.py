@@ -40,7 +40,7 @@ from bench.experiment import Experiment, ExperimentError, RandomWeightsSettings
 from bench.eval.loadtest import PROMPTS, one_request
 from bench.experiments.serve_speed import random_artifact
 from bench.plots import bars, finish, plt
-from bench.report_page import Page, spread
+from bench.report_page import Page, decode_path, spread, timed_as
 from runtime.cli import non_default_flags, option
 from runtime.timing import Environment, Spread, environment, paired_ratio
 from serve.launch import ServerProcess
@@ -212,6 +212,9 @@ def section(res: PlaygroundResult, page: Page) -> None:
              f"{spread(res.load_average_1m, 2)}); `{res.command}`.\n")
     page.add(f"Weight: {res.page_kb:.1f} KB in {len(res.files)} files, as served: "
              + ", ".join(f"`{f.path}` {f.bytes / 1000:.1f} KB" for f in res.files) + ".\n")
+    page.add(timed_as(f"`python -m serve` with its defaults, {decode_path('auto')}",
+                      "the two servers started at once, so their start-up warm-ups overlapped (2 processes); the "
+                      "first round is untimed"))
     page.table(["first token", "ms, median (min-max)"],
                [[who, spread(ms)] for who, ms in res.first_token_ms.items()]
                + [["page minus client, per round", spread(res.page_minus_client_ms)]])

@@ -22,7 +22,7 @@ import torch
 
 from bench.experiment import Experiment, TrainingSettings
 from bench.plots import finish, plt
-from bench.report_page import Page, mib, num
+from bench.report_page import Page, mib, num, timed_as
 from bench.train_runs import run_train
 from runtime.cli import option
 from runtime.device import choose_device, precision_policy
@@ -165,6 +165,9 @@ def section(res: PrecisionMemory, page: Page) -> None:
             continue
         rows.append([x.setting, num(x.step_s, 3), num(x.time_vs_fp32, 2), mib(x.peak_memory_bytes),
                      num(x.memory_vs_fp32, 2), x.note or f"{x.steps_done} steps, final loss {x.losses[-1]:.3f}"])
+    page.add(timed_as("a fresh `train.py` process per setting (fp32 or bf16 autocast, checkpointing off or on), one "
+                      "after another",
+                      "not overlapped: each run's first step is left out"))
     page.table(["setting", "s/step", "time vs fp32", "peak MiB", "memory vs fp32", "run"], rows)
     for x in res.rows:
         if x.precision == "fp32":

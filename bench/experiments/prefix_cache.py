@@ -52,7 +52,7 @@ from bench.peers.llama_cpp_peer import (SERVER_SETUP, check_llama_server, llama_
                                         write_gguf)
 from bench.experiments.serve_speed import random_artifact
 from bench.plots import finish, grouped_bars, plt
-from bench.report_page import Page, spread
+from bench.report_page import Page, decode_path, spread, timed_as
 from runtime.cli import non_default_flags, option
 from runtime.timing import Environment, Spread, environment, matmul_rate, paired_ratio
 from serve.launch import ServerProcess, running, running_server
@@ -259,6 +259,10 @@ def section(res: PrefixCacheResult, page: Page) -> None:
              f"tokens. Unshared: {s.get('plain_requests', 'no')} prompts of {s.get('plain_tokens', 0)} tokens with "
              f"nothing in common. Cache on is the server's default budget. {s['rounds']} rounds; load average {spread(res.load_average_1m, 2)}; host read rate "
              f"{spread(res.read_bandwidth_gb_s)} GB/s, matmul {spread(res.matmul_gflop_s)} GFLOP/s.\n")
+    page.add(timed_as(f"`python -m serve --warm-up one-row`, {decode_path('auto')}, the cache on (its default "
+                      f"budget) or off; llama-server its own way",
+                      "not overlapped: each server started and warmed up alone, after the one before it answered "
+                      "/health; the first round is untimed"))
     levels = list(res.first_token_speedup)
     peer = res.llama_server
     unshared = lambda side: "n/a" if side.plain_requests_per_s is None else spread(side.plain_requests_per_s, 2)

@@ -19,7 +19,7 @@ import torch
 
 from bench.experiment import Experiment, ExperimentSettings
 from bench.plots import finish, plt
-from bench.report_page import Page, num
+from bench.report_page import Page, decode_path, num, timed_as
 from model.config import PRESETS, preset
 from model.gpt import GPT
 from prune.csr import csr_copy
@@ -155,6 +155,9 @@ def section(res: PruneSpeed, page: Page) -> None:
              f"{res.parameters['row_pruned']:,} after row pruning), batch {s['batch_size']} x {s['seq_len']}, "
              f"{s['generation_tokens']} generated tokens, medians of {s['repeats']} repeats interleaved with dense, "
              f"{res.environment.threads} thread(s).\n")
+    page.add(timed_as(f"the models' forward passes, and `generate()` on models not packed as sample.py packs them, "
+                      f"{decode_path('auto')}, all in this one process",
+                      "not overlapped: one untimed call per model and figure in this process, one after another"))
     page.table(["row pruning", "dense tokens/s", "pruned tokens/s", "speedup"],
                [[name.replace("_", " "), num(c.dense_tokens_per_s), num(c.pruned_tokens_per_s), f"{c.speedup:.2f}x"]
                 for name, c in ((n, getattr(res.row, n)) for n in ROW_FIGURES)])

@@ -52,7 +52,7 @@ from bench.eval.loadtest import (PROMPTS, LevelResult, checked, completion_body,
                            run_level)
 from bench.peers.llama_cpp_peer import check_llama_server
 from bench.plots import finish, grouped_bars, plt
-from bench.report_page import Page, spread
+from bench.report_page import Page, decode_path, spread, timed_as
 from data.tokenizer import encode
 from model.config import preset
 from decode.generate import generate
@@ -387,18 +387,25 @@ def section(res: ServeSpeed, page: Page) -> None:
              f"tokens), {res.new_tokens} new tokens per request, sampled (temperature 0.8, top-k 200); `generate()` "
              f"in the benchmark's process against streaming `/generate` requests to `python -m serve` on the same "
              f"artifact and device, each with the same decode steps, all timed in interleaved rounds.\n")
+    page.add(timed_as("the decode mode in each row (`--decode`; the path timed column), the same in `generate()` and "
+                      "its server", "not overlapped: each server started, and made its start-up warm-up, alone, after "
+                      "the one before it answered /health; `generate()` warmed up in this process; the first round "
+                      "of every row is untimed"))
+    # A side's name is its decode mode, then its server's --async-steps where several were timed ("traced, async on")
+    path = lambda d: ", ".join([decode_path(d.decode.split(", ")[0]), *d.decode.split(", ")[1:]])
     rows = []
     for d in res.decodes:
-        rows.append([f"`generate()`, batch 1, {d.decode}", spread(d.generate_tokens_per_s), "", "", ""])
+        rows.append([f"`generate()`, batch 1, {d.decode}", path(d), spread(d.generate_tokens_per_s),
+                     "", "", ""])
         for lv in d.levels:
             over = (f"{d.one_client_over_generate:.2f}x `generate()`" if lv.over_one_client is None
                     else f"{lv.over_one_client:.2f}x one client")
             rows.append([f"{lv.clients} streaming client{'s' if lv.clients > 1 else ''}, {d.decode}",
-                         spread(lv.tokens_per_s), over,
+                         path(d), spread(lv.tokens_per_s), over,
                          " / ".join(f"{v:.0f}" for v in (lv.latency_ms.p50, lv.latency_ms.p95, lv.latency_ms.p99)),
                          " / ".join(f"{v:.0f}" for v in (lv.first_token_ms.p50, lv.first_token_ms.p95,
                                                          lv.first_token_ms.p99))])
-    page.table(["", "new tokens/s (min-max)", "ratio", "latency p50 / p95 / p99 ms",
+    page.table(["", "path timed", "new tokens/s (min-max)", "ratio", "latency p50 / p95 / p99 ms",
                 "first token p50 / p95 / p99 ms"], rows)
     first = res.decodes[0]
     floor = noise_floor(first.one_client_over_twin)
@@ -413,7 +420,10 @@ def section(res: ServeSpeed, page: Page) -> None:
     if res.peer:
         peer = res.peer
         page.add(f"Against {peer.peer} on the same weights ({peer.setup}); {peer.prompt_tokens}-token prompts, "
-                 f"{res.new_tokens} greedy new tokens each, new prompts every round:\n")
+                 f"{res.new_tokens} greedy new tokens each, new prompts every round.\n")
+        page.add(timed_as(f"ours: `python -m serve` with its defaults, {decode_path('auto')}; {peer.peer}: its own",
+                          "not overlapped: each server started alone, after the one before it answered /health; "
+                          "the first round is untimed"))
         ms = lambda p: f"{p.p50:.0f} / {p.p99:.0f}"
         page.table(["clients", "ours new tokens/s", "llama-server", "ours / llama-server", "first token p50 / p99 ms, "
                     "ours", "llama-server", "latency p50 / p99 ms, ours", "llama-server"],

@@ -36,7 +36,7 @@ from bench.experiment import Experiment, ExperimentError, ExperimentSettings, Se
 from bench.experiments.generate_speed import real_prompts
 from bench.processes import ROOT, STDOUT, run_command
 from bench.plots import finish, plt
-from bench.report_page import Page, num
+from bench.report_page import Page, decode_path, num, timed_as
 from bench.train_runs import TRAIN_SCRIPT
 from bench.draft_server_comparison import ServerComparison, compare_servers
 from data.tokenizer import decode
@@ -311,6 +311,10 @@ def section(res: SpeculativeSpeed, page: Page) -> None:
              + f". {res.prompt_tokens}-token prompts, {res.new_tokens} new tokens, medians of {res.rounds} "
              f"rounds interleaved with the target alone (its default decode), {res.environment.threads} "
              f"thread(s). Cost: a draft decoding alone, its time over the target's.\n")
+    page.add(timed_as(f"`generate()` with {decode_path('auto')}, the target alone and with each draft, in this one "
+                      f"process, on models loaded by load_model and not packed as sample.py packs them",
+                      "not overlapped: the first round, one call after another in this process, is "
+                      "untimed"))
     for batch in res.batches:
         how = "greedy" if batch.temperature == 0 else f"sampling at temperature {batch.temperature:g} (seeded)"
         page.add(f"Batch {batch.batch_size}, {how}: the target alone decodes {num(batch.target_tokens_per_s.median)} "
@@ -328,6 +332,9 @@ def server_section(server: ServerComparison, page: Page) -> None:
              f"target served alone, streaming `/generate` requests of {server.new_tokens} new tokens (the load "
              f"test's prompts; sampled: temperature 0.8, top-k 200), medians of {server.rounds} interleaved rounds "
              f"(bench/draft_server_comparison.py).\n")
+    page.add(timed_as(f"`python -m serve` with and without `--draft`, {decode_path('auto')}",
+                      "the two servers started at once, so their start-up warm-ups overlapped (2 processes); the first "
+                      "round is untimed"))
     page.table(["clients", "decoding", "alone, tokens/s", "with the draft, tokens/s", "speed-up", "acceptance",
                 "latency p50 alone / with the draft, ms"],
                [[str(lv.clients), lv.decoding, num(lv.alone_tokens_per_s.median),

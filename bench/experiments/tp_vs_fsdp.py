@@ -17,7 +17,7 @@ from pathlib import Path
 from bench.experiment import Experiment
 from bench.parallel_runs import ParallelRow, ParallelSettings, run_parallel
 from bench.plots import finish, plt
-from bench.report_page import Page, mib, num, spread
+from bench.report_page import Page, mib, num, spread, timed_as
 from runtime.cli import option
 from runtime.device import choose_device
 from runtime.timing import Environment, environment
@@ -89,6 +89,9 @@ def section(res: TpVsFsdp, page: Page) -> None:
         else:
             rows.append([x.global_batch, x.mode, spread(x.tokens_per_s, 0), num(x.exposed_comm_s.median * 1e3, 0),
                          mib(x.peak_memory_bytes_max_rank)])
+    page.add(timed_as("`torchrun ... train.py --parallel MODE` (bench/parallel_runs.py), one job at a time",
+                      "not overlapped between jobs (a job's own ranks start together); each job's first log window "
+                      "is left out"))
     page.table(["global batch", "mode", "tokens/s (min-max)", "exposed comm ms/step", "peak MiB (largest rank)"], rows)
 
 

@@ -23,7 +23,7 @@ import torch
 
 from bench.experiment import Experiment, ExperimentSettings, SettingsError
 from bench.plots import bars, finish, plt
-from bench.report_page import Page, spread
+from bench.report_page import Page, spread, timed_as
 from data.loader import WindowSampler
 from data.token_files import load_split
 from model.config import PRESETS, preset
@@ -174,6 +174,8 @@ def section(res: TrainSpeed, page: Page) -> None:
              f"{', torch.compile' if res.compile else ''}"
              + ("; for each shape the implementations timed in alternating turns, on the same batches.\n"
                 if compared else ".\n"))
+    page.add(timed_as("`TrainStep`, train.py's step, and nanoGPT's loop, both in this one process",
+                      "not overlapped: the first round, one side after the other, is untimed"))
     page.table(["shape", "train.py's step tokens/s (min-max)", "nanoGPT tokens/s (min-max)", "ours / nanoGPT"],
                [[f"`{s.model}`, batch {s.batch_size} x block {s.block_size}", spread(s.tokens_per_s["ours"], 0),
                  spread(s.tokens_per_s.get("nanogpt"), 0),

@@ -198,12 +198,21 @@ class Sides:
             raise SideError(f"side {name!r} failed:\n{payload}")
         return payload
 
-    def generate(self, name: str, prompt: torch.Tensor, new_tokens: int) -> tuple[float, torch.Tensor]:
-        """(seconds the side took, the prompt followed by its `new_tokens` greedy tokens)."""
+    def send(self, name: str, prompt: torch.Tensor, new_tokens: int) -> None:
+        """Ask side `name` for `new_tokens` greedy tokens after `prompt`, without waiting (sides asked together run
+        together: bench/experiments/user_start.py overlaps their first calls); `receive` reads the answer."""
         stdin = self.processes[name].stdin
         pickle.dump((prompt.cpu(), new_tokens), stdin)
         stdin.flush()
+
+    def receive(self, name: str) -> tuple[float, torch.Tensor]:
+        """(seconds the side took, the prompt followed by its greedy tokens) for the request `send` made."""
         return self._answer(name)
+
+    def generate(self, name: str, prompt: torch.Tensor, new_tokens: int) -> tuple[float, torch.Tensor]:
+        """(seconds the side took, the prompt followed by its `new_tokens` greedy tokens)."""
+        self.send(name, prompt, new_tokens)
+        return self.receive(name)
 
 
 if __name__ == "__main__":

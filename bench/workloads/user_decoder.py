@@ -1,15 +1,15 @@
-"""A process that decodes as a user's does, for bench/experiments/user_start.py: `load_model` on an artifact (int8:
-quantized as quantize/dynamic.py does, the tied head too), `pack_for_inference`, then one `generate()` call per
-request, greedy, on the prompt it is sent.  Nothing is warmed up or settled beforehand: the first request is the
-user's first call.
+"""A process that decodes as a user's does, for bench/experiments/user_start.py: `load_model` on an artifact (a float
+one, or an int8 one as quantize/dynamic.py writes it, the tied head in int8 too), `pack_for_inference`, then one
+`generate()` call per request, greedy, on the prompt it is sent.  Nothing is warmed up or settled beforehand: the
+first request is the user's first call.
 
-    python -m bench.workloads.user_decoder ARTIFACT PRECISION PATH   # PRECISION fp32|int8; PATH default|fixed
+    python -m bench.workloads.user_decoder ARTIFACT PATH   # PATH default|fixed
 
 `default` is generate()'s own decode (`auto`: its trace, its kernels and its thread count chosen at run time);
 `fixed` is the best fixed path: every step traced, on all the process's threads whatever the host is doing.
 Requests come as JSON lines on stdin ({"prompt": [[token, ...], ...], "new_tokens": N}); each answer is one JSON
-line on stdout: the call's seconds, its first token's, and the thread count its steps ran with (the median over
-its steps after the prompt).
+line on stdout: the call's seconds, its new tokens (all rows), its first token's seconds, and the thread count its
+steps ran with (the median over its steps after the prompt).
 """
 from __future__ import annotations
 
@@ -20,10 +20,9 @@ import time
 import torch
 
 
-def build(artifact: str, precision: str, path: str):
+def build(artifact: str, path: str):
     from decode.generate import generate
     from decode.sampling import SamplingParams
-    from model.int8 import quantize_model
     from model.packed_linear import pack_for_inference
     from storage.artifact import load_model
     if path == "fixed":
@@ -31,8 +30,6 @@ def build(artifact: str, precision: str, path: str):
         from decode import step_threads
         step_threads.StepThreads.count = lambda self: self.most
     model, _ = load_model(artifact, "cpu")
-    if precision == "int8":
-        quantize_model(model, head="int8")
     pack_for_inference(model)
     decode = "auto" if path == "default" else "traced"
 
@@ -45,7 +42,8 @@ def build(artifact: str, precision: str, path: str):
         start = time.perf_counter()
         generate(model, prompt, SamplingParams(max_new_tokens=new_tokens, temperature=0, stop_at_eot=False),
                  decode=decode, on_token=on_token)
-        return {"seconds": time.perf_counter() - start, "first_token_s": times[0],
+        return {"seconds": time.perf_counter() - start, "new_tokens": new_tokens * prompt.size(0),
+                "first_token_s": times[0],
                 "threads": sorted(threads[1:] or threads)[len(threads[1:] or threads) // 2]}
     return call
 
@@ -53,7 +51,7 @@ def build(artifact: str, precision: str, path: str):
 if __name__ == "__main__":
     answers = sys.stdout
     sys.stdout = sys.stderr  # what the libraries print stays off the answers
-    call = build(*sys.argv[1:4])
+    call = build(*sys.argv[1:3])
     print(json.dumps({"ready": True}), file=answers, flush=True)
     for line in sys.stdin:
         request = json.loads(line)
