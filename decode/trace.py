@@ -23,8 +23,10 @@ later step with one thread's kernels (bench/by_hand.md, "auto's first trace in a
 tests/test_decode_trace.py checks the tokens against the eager steps.
 
 Why TorchScript's tracer although torch 2.13 marks it deprecated: torch.compile (Inductor on the CPU) ran the
-fp32 step slower than the eager steps (its matmuls are not the oneDNN-packed ones), and cannot trace fbgemm's
-packed int8 weights (TorchScript objects) at all; torch is pinned.
+fp32 step slower than the eager steps (its matmuls were not the oneDNN-packed ones), and cannot trace fbgemm's
+packed int8 weights (TorchScript objects) at all; torch is pinned.  decode/fused_step.py compiles this step with
+the packed products fixed in Inductor's graph, a trial that `python -m bench.experiments fused_step` times against
+this one.
 """
 from __future__ import annotations
 

@@ -133,17 +133,29 @@ def weight_form(weight: torch.Tensor, form) -> torch.Tensor:
     return kept[1]
 
 
+def kernel_form(weight: torch.Tensor, kernel: str, parts: int) -> torch.Tensor:
+    """What `kernel` reads of `weight` with `parts` threads: its derived copy (`weight_form`), or the weight itself."""
+    form = _form_key(kernel, parts)
+    return weight if form is None else weight_form(weight, form)
+
+
 def product(kernel: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, parts: int
             ) -> torch.Tensor:
     """`x @ weight.T + bias` for x (..., in) through `kernel` (KERNELS), `parts` threads' blocks for the blocked
     ones."""
+    return product_over(kernel, x, weight, kernel_form(weight, kernel, parts), bias, parts)
+
+
+def product_over(kernel: str, x: torch.Tensor, weight: torch.Tensor, form: torch.Tensor, bias: torch.Tensor | None,
+                 parts: int) -> torch.Tensor:
+    """`product` with the weight's form given (`kernel_form`): a compiled step (decode/fused_step.py) holds its
+    forms as state, as its compiler cannot follow the lookup of a kept copy."""
     if kernel == "linear":
         return F.linear(x, weight, bias)
     if kernel == "onednn":
-        packed = weight_form(weight, "onednn")
         if torch.jit.is_tracing():
-            return _traceable_product()(x, packed, bias)
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+            return _traceable_product()(x, form, bias)
+        return torch.ops.mkldnn._linear_pointwise(x, form, bias, "none", [], "")
     # Plain numbers, read once: a trace (one row count each) then runs no size lookups for this product.
     out_features, in_features = (int(size) for size in weight.shape)
     leading = [int(size) for size in x.shape[:-1]]
@@ -152,8 +164,7 @@ def product(kernel: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     # (1, in, 1) reshape of one row gave the same values far more slowly.
     x2 = x.reshape(rows, in_features)
     if kernel == "transposed":
-        transposed = weight_form(weight, "transposed")
-        out = torch.mm(x2, transposed) if bias is None else torch.addmm(bias, x2, transposed)
+        out = torch.mm(x2, form) if bias is None else torch.addmm(bias, x2, form)
     elif kernel == "blocked":
         blocks = weight.view(parts, out_features // parts, in_features)
         columns = x2.t().expand(parts, in_features, rows)
@@ -161,10 +172,9 @@ def product(kernel: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         # contiguous, as the other kernels' outputs are: the step's next operators ran slower over the transpose
         out = out.view(out_features, rows).t().contiguous()
     elif kernel == "blocked_t":
-        panels = weight_form(weight, ("blocked_t", parts))
         rows_each = x2.expand(parts, rows, in_features)
-        out = torch.bmm(rows_each, panels) if bias is None else torch.baddbmm(bias.view(parts, 1, -1), rows_each,
-                                                                              panels)
+        out = torch.bmm(rows_each, form) if bias is None else torch.baddbmm(bias.view(parts, 1, -1), rows_each,
+                                                                            form)
         out = out.transpose(0, 1).reshape(rows, out_features)
     else:
         raise ValueError(f"unknown kernel {kernel!r}; the kernels are {KERNELS}")
@@ -189,6 +199,11 @@ class PackedLinear(nn.Module):
             return F.linear(x, self.weight, self.bias)  # the same product, with a backward and on any device
         parts = torch.get_num_threads()
         rows = int(math.prod(x.shape[:-1]))  # while tracing, sizes are tensors: a trace serves one row count
+        return product(self.kernel(rows, parts), x, self.weight, self.bias, parts)
+
+    def kernel(self, rows: int, parts: int) -> str:
+        """The kernel this layer runs for `rows` rows with `parts` threads: the one chosen for the shape, timed now
+        within `choosing_kernels`, else what an earlier process's trace chose here, else the default rule."""
         shape = (rows, *self._shape(), parts)
         kernel = CHOICES.chosen.get(shape)
         if kernel is None:
@@ -198,7 +213,7 @@ class PackedLinear(nn.Module):
             else:  # what an earlier process's trace chose here, if any: a fixed rule is wrong on some hosts
                 kernel = (CHOICES.known(shape, lambda name: name in self._kernels(parts))
                           or default_kernel(rows, self.out_features, parts))
-        return product(kernel, x, self.weight, self.bias, parts)
+        return kernel
 
     def timed_weights(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """The (weight, bias) pairs a candidate's timed round runs over: this layer's and others of its shape, as

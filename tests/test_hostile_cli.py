@@ -20,7 +20,7 @@ import sample
 import train
 from bench.experiment import SettingsError
 from bench import demo
-from bench.experiments import generate_speed, prefix_cache, serve_speed, user_start
+from bench.experiments import fused_step, generate_speed, prefix_cache, serve_speed, user_start
 from bench.standalone import huge_pages_one_off
 from bench.standalone.async_steps import AsyncStepsConfig
 from bench.standalone.greedy_argmax import GreedyArgmaxConfig
@@ -51,6 +51,7 @@ TOOLS = {"train.py": train.TrainConfig, "sample.py": sample.SampleConfig, "pytho
          # the settings of the experiments that start peers and busy processes
          "generate_speed": generate_speed.Settings, "serve_speed": serve_speed.Settings,
          "prefix_cache": prefix_cache.Settings, "user_start": user_start.Settings,
+         "fused_step": fused_step.Settings,
          # the measurements run by hand (bench/standalone/)
          "bench.standalone.greedy_argmax": GreedyArgmaxConfig, "bench.standalone.serve_cpu_split": ServeCpuSplitConfig,
          "bench.standalone.huge_pages_one_off": huge_pages_one_off.Config,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bench.experiment import Experiment, SettingsError
 from bench.experiments import (batch_sweep, comm_strategies, compression, data_loading, data_prep, faults,
-                               first_request, generate_speed, one_off_decode, phase_profile, playground,
+                               first_request, fused_step, generate_speed, one_off_decode, phase_profile, playground,
                                prefix_cache, precision_memory, prune_speed, serve_speed, speculative, tp_vs_fsdp,
                                train_speed, user_start)
 
@@ -32,6 +32,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     first_request.EXPERIMENT,
     prefix_cache.EXPERIMENT,
     user_start.EXPERIMENT,
+    fused_step.EXPERIMENT,
 )
 
 
