@@ -24,7 +24,7 @@ tests/test_decode_trace.py checks the tokens against the eager steps.
 
 Why TorchScript's tracer although torch 2.13 marks it deprecated: torch.compile (Inductor on the CPU) ran the
 fp32 step slower than the eager steps (its matmuls were not the oneDNN-packed ones), and cannot trace fbgemm's
-packed int8 weights (TorchScript objects) at all; torch is pinned.  decode/fused_step.py compiles this step with
+packed int8 weights (TorchScript objects) at all; torch is pinned.  bench/fused_decode_step.py compiles this step with
 the packed products fixed in Inductor's graph, a trial that `python -m bench.experiments fused_step` times against
 this one.
 """

@@ -148,7 +148,7 @@ def product(kernel: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
 
 def product_over(kernel: str, x: torch.Tensor, weight: torch.Tensor, form: torch.Tensor, bias: torch.Tensor | None,
                  parts: int) -> torch.Tensor:
-    """`product` with the weight's form given (`kernel_form`): a compiled step (decode/fused_step.py) holds its
+    """`product` with the weight's form given (`kernel_form`): a compiled step (bench/fused_decode_step.py) holds its
     forms as state, as its compiler cannot follow the lookup of a kept copy."""
     if kernel == "linear":
         return F.linear(x, weight, bias)

@@ -1,4 +1,4 @@
-"""The fused fp32 decode step (decode/fused_step.py: the traced step compiled by TorchInductor with freezing and
+"""The fused fp32 decode step (bench/fused_decode_step.py: the traced step compiled by TorchInductor with freezing and
 cpp_wrapper, today's packed products fixed inside its graph) against the traced step (decode/trace.py), the
 fastest fixed fp32 path on the CPU today: issue 70's trial of fusing the small operators around the products.
 
@@ -36,7 +36,7 @@ from bench.peers.host_rates import HostRates, measure_in_process
 from bench.plots import finish, grouped_bars, plt
 from bench.processes import run_command
 from bench.report_page import Page, spread
-from decode.fused_step import CACHE_ENV, COMPILE_OPTIONS, FusedSteps
+from bench.fused_decode_step import CACHE_ENV, COMPILE_OPTIONS, FusedSteps
 from decode.trace import TracedSteps
 from model.config import preset
 from model.gpt import GPT

@@ -199,11 +199,13 @@ class ServerSide:
     """`python -m serve` with its defaults, and one streaming /v1/completions client per call (from a thread, so that
     the first call runs while the other sides make theirs)."""
 
-    def __init__(self, artifact: Path, log: Path):
+    def __init__(self, artifact: Path, log: Path, rows: int):
         self.side, self.log, self.model = "server", log, artifact.name
         # Its defaults but the time limit on a request (120 s), which a host as loaded as a shared one can pass while
-        # every side warms up at once: the call would then fail rather than be timed.
-        self.server = ServerProcess(artifact, log, ["--request-timeout-s", str(int(CALL_TIMEOUT_S))])
+        # every side warms up at once: the call would then fail rather than be timed; and the completions one request
+        # may ask for (8), under the row count of batch 12.
+        self.server = ServerProcess(artifact, log, ["--request-timeout-s", str(int(CALL_TIMEOUT_S)),
+                                                    "--max-completions", str(max(rows, 8))])
         self.client = ThreadPoolExecutor(max_workers=1)
         self.pending: Future | None = None
 
@@ -291,7 +293,7 @@ def started(plan: list[str], artifact: Path, graph: Path | None, rows: int, log_
         elif side == "sample.py":
             processes.append(WorkloadSide(side, ["bench.workloads.sample_caller", str(artifact)]))
         elif side == "server":
-            processes.append(ServerSide(artifact, log_dir / f"server_{i}.log"))
+            processes.append(ServerSide(artifact, log_dir / f"server_{i}.log", rows))
     ort = [i for i, side in enumerate(plan) if side == "ORT"]
     if ort:
         threads = len(os.sched_getaffinity(0))

@@ -18,7 +18,7 @@ import sys
 import torch
 from torch._dynamo.utils import counters
 
-from decode.fused_step import FusedSteps
+from bench.fused_decode_step import FusedSteps
 from model.config import preset
 from model.gpt import GPT
 from model.kv_cache import KVCache

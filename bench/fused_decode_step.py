@@ -16,8 +16,12 @@ written into the last column.  A compiled step is kept per row count; it is made
 strides), and a cache of another size compiles it again.  Inductor keeps its compiled code on disk, in
 $TORCHINDUCTOR_CACHE_DIR, which this module sets to the project's .cache/inductor when it is not set: a later
 process with the same graph loads Inductor's code rather than generating and compiling it again, but still runs
-Dynamo's capture, AOTAutograd and the freezing passes, most of a compile's time (`inductor_cache`).  `python -m bench.experiments fused_step` times the compile, the second process's and the step against the
-traced one; this is no decode mode (decode/steps.py) until that A/B shows it faster on a quiet host.
+Dynamo's capture, AOTAutograd and the freezing passes, most of a compile's time (`inductor_cache`).
+
+`python -m bench.experiments fused_step` times the compile, the second process's and the step against the traced
+one.  On a quiet 2-core host (bench/results/fused_step.json) it was a few percent faster at batch 1 and a few
+percent slower at batches 4 and 12, for a compile of tens of seconds that a second process paid again: so it lives
+here, as the benchmark's trial, and is no decode mode (decode/steps.py).
 """
 from __future__ import annotations
 
