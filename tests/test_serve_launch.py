@@ -2,9 +2,11 @@
 stretch, and by a stall that uses no CPU at all, never by the wall clock a loaded host stretches (issue 71 item 8)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
+from typing import Iterator
 
 import pytest
 
@@ -28,10 +30,16 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
 """
 
 
-def started(tmp_path, code: str, *args: str) -> ServerProcess:
+@contextlib.contextmanager
+def started(tmp_path, code: str, *args: str) -> Iterator[ServerProcess]:
+    """`code` run as a server, stopped when the block ends."""
     script = tmp_path / "server.py"  # a file, as ServerProcess.start fills in the command's {port}
     script.write_text(code)
-    return ServerProcess.start([sys.executable, str(script), "{port}", *args], tmp_path / "server.log")
+    server = ServerProcess.start([sys.executable, str(script), "{port}", *args], tmp_path / "server.log")
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def test_cpu_seconds_counts_a_process_s_own_cpu_and_not_its_sleep():
@@ -48,41 +56,29 @@ def test_cpu_seconds_counts_a_process_s_own_cpu_and_not_its_sleep():
 
 def test_a_start_that_takes_wall_time_but_little_cpu_is_waited_for(tmp_path):
     """The sleep stands for the cores other programs hold: past the bound on the wall clock, within it on the CPU."""
-    server = started(tmp_path, SLOW_SERVER, "3")
-    try:
+    with started(tmp_path, SLOW_SERVER, "3") as server:
         began = time.monotonic()
         assert server.wait_until_healthy(2.0) == {"status": "ok"}
         assert time.monotonic() - began >= 2.0
-    finally:
-        server.stop()
 
 
 def test_a_server_that_spins_without_answering_is_stopped_at_its_cpu_budget(tmp_path):
-    server = started(tmp_path, "while True: pass")
-    try:
+    with started(tmp_path, "while True: pass") as server:
         with pytest.raises(RuntimeError, match=r"did not answer /health within 0.5s of CPU time on each of its cores"):
             server.wait_until_healthy(0.5)
         assert cpu_seconds(server.process.pid) >= 0.5 * len(os.sched_getaffinity(server.process.pid))
-    finally:
-        server.stop()
 
 
 def test_a_server_that_waits_on_nothing_is_named_stuck_after_a_stall(tmp_path, monkeypatch):
     """No CPU for STALLED_S of wall clock (a scripted clock: a minute a poll) is a stuck start, not a slow one."""
     monkeypatch.setattr(launch, "HEALTH_POLL_S", 0.01)
-    server = started(tmp_path, "import time; time.sleep(600)")
     minutes = iter(range(0, 10_000, 60))
-    try:
+    with started(tmp_path, "import time; time.sleep(600)") as server:
         with pytest.raises(RuntimeError, match=r"used 0\.\ds of CPU a core in the last 120s: it is stuck"):
             server.wait_until_healthy(1000, clock=lambda: float(next(minutes)))
-    finally:
-        server.stop()
 
 
 def test_a_server_that_exits_while_starting_is_named_at_once(tmp_path):
-    server = started(tmp_path, "import sys; print('no model here'); sys.exit(3)")
-    try:
+    with started(tmp_path, "import sys; print('no model here'); sys.exit(3)") as server:
         with pytest.raises(RuntimeError, match=r"exited with code 3:\nno model here"):
             server.wait_until_healthy(1000)
-    finally:
-        server.stop()
