@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from decode.row_state import TokenLogprob
 from decode.sampling import SamplingParams
 from model.gpt import GPT
 from serve.config import ServeConfig, ServeConfigError
@@ -102,6 +103,20 @@ def both(model: GPT, jobs: list[dict], **settings) -> tuple[Recorder, Recorder]:
     return serve(model, jobs, "off", **settings)[0], serve(model, jobs, "on", **settings)[0]
 
 
+def same(a, b) -> bool:
+    """Equal events: tokens, texts and ends exactly, log-probabilities to 1e-5.  Launched ahead, a row that ends
+    leaves the batch one step late, so the rows beside it pass once in a batch a row larger, and a CPU's matrix
+    products need not round alike at two batch sizes (on an AMD EPYC host one alternative's log-probability
+    differed in its last bits)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= 1e-5
+    if isinstance(a, TokenLogprob) and isinstance(b, TokenLogprob):
+        return same((a.token, a.logprob, a.top), (b.token, b.logprob, b.top))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
 def counted(engine: Engine) -> float:
     """The tokens the engine's metrics count as generated."""
     return engine.metrics.tokens.values[()]
@@ -136,7 +151,7 @@ def test_requests_joining_and_leaving_get_the_same_events_with_steps_launched_ah
     delivered ones (the extra ones sampled a step late count nowhere)."""
     jobs = mixed_jobs()
     (off, off_engine), (on, on_engine) = (serve(model, jobs, mode, decode=decode) for mode in ("off", "on"))
-    assert on.events == off.events
+    assert same(on.events, off.events)
     assert all(events[-1][0] == "done" for events in on.events)
     assert any(events[-1][4] == "length" and events[-1][3] == BLOCK_SIZE - len(job["prompt_ids"])
                for events, job in zip(on.events, jobs))  # the row that fills the context ran past its end
@@ -154,7 +169,7 @@ def test_each_step_launches_before_the_tokens_of_the_one_before_are_delivered(mo
     on, _ = serve(model, [job], "on", watch=True)
     assert off.order == ["prompt", "token", *["step", "token"] * 4, "end"]
     assert on.order == ["prompt", "token", "step", *["step", "token"] * 4, "end"]
-    assert on.events == off.events and sum(event[0] == "token" for event in on.events[0]) == 5
+    assert same(on.events, off.events) and sum(event[0] == "token" for event in on.events[0]) == 5
 
 
 def test_a_stop_string_ends_the_row_at_the_same_token_and_its_extra_token_is_never_delivered(model):
@@ -169,7 +184,7 @@ def test_a_stop_string_ends_the_row_at_the_same_token_and_its_extra_token_is_nev
     neighbour = dict(prompt_ids=prompt(5, 3), params=SamplingParams(max_new_tokens=16, temperature=0.9, seed=2,
                                                                     stop_at_eot=False))
     off, on = both(model, [dict(plain, stop=[stop]), neighbour])
-    assert on.events == off.events
+    assert same(on.events, off.events)
     done = on.events[0][-1]
     assert done[4] == "stop" and stop not in done[1] and done[3] < 12
     assert sum(event[0] == "token" for event in on.events[0]) == done[3]  # no token after the one that stopped it
@@ -182,7 +197,7 @@ def test_a_request_cancelled_mid_stream_hears_nothing_more_and_its_neighbours_go
                                                                          seed=i, stop_at_eot=False))
             for i in range(3)]
     off, on = both(model, jobs, cancel_after={1: 3})
-    assert on.events == off.events
+    assert same(on.events, off.events)
     assert [event[0] for event in on.events[1]] == ["token"] * 3
     assert all(events[-1][0] == "done" for i, events in enumerate(on.events) if i != 1)
 
@@ -195,7 +210,7 @@ def test_log_probabilities_are_the_same_launched_ahead(model):
                  logprobs=0, echo=True),
             dict(prompt_ids=prompt(2, 3), params=SamplingParams(max_new_tokens=9, temperature=0))]
     off, on = both(model, jobs)
-    assert on.events == off.events
+    assert same(on.events, off.events)
     done = on.events[0][-1]
     assert len(done[5]) == done[3] and all(len(entry.top) == 3 for entry in done[5])
     assert all(event[3] is not None for event in on.events[1] if event[0] == "token")
@@ -209,7 +224,7 @@ def test_prefix_cache_hits_give_the_same_tokens_launched_ahead(model):
             for n in (1, 3, 5, 7)]
     off, _ = serve(model, jobs, "off", prefix_cache_bytes=8 << 20)
     on, engine = serve(model, jobs, "on", prefix_cache_bytes=8 << 20)
-    assert on.events == off.events
+    assert same(on.events, off.events)
     assert engine.metrics.prefix_hits.values[()] > 0
 
 
