@@ -9,8 +9,12 @@ import torch
 from hypothesis import HealthCheck, settings
 
 # Two cores, several processes in some tests (and one pytest-xdist worker per core): keep each process to a
-# fair share.
-torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))))
+# fair share, the processes the tests start too (a test that times thread counts sets its own).  A child left at
+# torch's default of a thread per core spins its OpenMP threads waiting for a core the other worker holds: the bench
+# fixture took 131 s of CPU so beside a busy core, 88 s with one thread a process.
+FAIR_SHARE = max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))))
+torch.set_num_threads(FAIR_SHARE)
+os.environ.setdefault("OMP_NUM_THREADS", str(FAIR_SHARE))
 
 # What traces cost and saved is kept between processes in a file (decode/kept_ratios.py); in the suite each test's
 # decisions come from its own process alone, as no test may depend on another having run (the tests of the file
