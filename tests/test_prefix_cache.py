@@ -172,6 +172,61 @@ def test_a_colliding_first_block_files_nothing_under_the_other_prompts_chain(mod
     torch.testing.assert_close(again.logits, full_logits(model, t1 + x + [3]), atol=1e-4, rtol=1e-4)
 
 
+@torch.inference_mode()
+@pytest.mark.parametrize("first, second", [(b"salt a", b"salt b"), (b"salt b", b"salt a")])
+def test_a_block_held_under_its_key_behind_another_parent_is_neither_reused_nor_built_on(model, monkeypatch, first,
+                                                                                         second):
+    """Keys that leave out the parent (a collision across salts, in either order of their root digests): the block
+    one salt cached is not reused under the other, and nothing the other computes after it is filed behind it."""
+    real = prefix_cache_module.block_key
+    monkeypatch.setattr(prefix_cache_module, "block_key", lambda parent, tokens: real(b"", tokens))
+    head, tail, other = (prompt(BLOCK_TOKENS, seed) for seed in (25, 26, 27))
+    cache = new_cache(model)
+    prefill(model, cache, head + tail + [1], salt=first)
+    assert prefill(model, cache, head + other + [2], salt=second)[0].reused_tokens == 0
+    assert [block.tokens for block in cache.blocks.values()] == [tuple(head), tuple(tail)]
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("seeds", [(28, 29), (29, 28)])
+def test_a_block_held_under_its_key_with_other_tokens_stops_the_store(model, monkeypatch, seeds):
+    """Keys that leave out the tokens (a collision of two first blocks, in either order of their tokens): the
+    second prompt's blocks after the colliding one are not filed behind a block they did not follow."""
+    real = prefix_cache_module.block_key
+    monkeypatch.setattr(prefix_cache_module, "block_key", lambda parent, tokens: real(parent, ()))
+    held, sent = (prompt(BLOCK_TOKENS, seed) for seed in seeds)
+    cache = new_cache(model)
+    prefill(model, cache, held + [1])
+    assert prefill(model, cache, sent + prompt(BLOCK_TOKENS, 30) + [2])[0].reused_tokens == 0
+    assert [block.tokens for block in cache.blocks.values()] == [tuple(held)]
+
+
+@torch.inference_mode()
+def test_blocks_stored_after_a_reused_prefix_follow_its_last_block(model):
+    head, more = prompt(2 * BLOCK_TOKENS, 31), prompt(BLOCK_TOKENS, 32)
+    cache = new_cache(model)
+    prefill(model, cache, head + [1])
+    assert prefill(model, cache, head + more + [2])[0].reused_tokens == 2 * BLOCK_TOKENS
+    assert prefill(model, cache, head + more + [3])[0].reused_tokens == 3 * BLOCK_TOKENS
+
+
+@torch.inference_mode()
+def test_a_prompts_full_blocks_are_stored_with_their_exact_bytes_and_a_budget_of_one_block_holds_one(model):
+    """A block's bytes are its keys, values and hidden states: 16 positions of (2 layers x keys and values + the
+    hidden state) x 32 floats for the small model.  Only full blocks are stored; a budget of exactly one block holds
+    it, and one byte less holds none."""
+    block_bytes = BLOCK_TOKENS * (2 * 2 * 32 + 32) * 4
+    for length, blocks in ((BLOCK_TOKENS - 1, 0), (2 * BLOCK_TOKENS - 1, 1), (2 * BLOCK_TOKENS, 2),
+                           (2 * BLOCK_TOKENS + 1, 2)):
+        cache = new_cache(model)
+        prefill(model, cache, prompt(length, 33))
+        assert (len(cache.blocks), cache.nbytes) == (blocks, blocks * block_bytes), length
+    for budget, blocks in ((block_bytes, 1), (block_bytes - 1, 0)):
+        cache = new_cache(model, budget)
+        prefill(model, cache, prompt(2 * BLOCK_TOKENS + 1, 34))
+        assert (len(cache.blocks), cache.nbytes) == (blocks, blocks * block_bytes), budget
+
+
 @settings(max_examples=25, deadline=None)
 @given(data=st.data())
 def test_reuse_changes_no_logit_over_prompts_that_share_prefixes(model, data):
@@ -215,6 +270,8 @@ def test_the_default_budget_holds_two_contexts_of_the_models_blocks():
     config = small_config(block_size=128)
     per_position = 2 * config.n_layer * config.n_embd * 4 + config.n_embd * 4  # keys, values and hidden, fp32
     assert default_budget_bytes(config) == 2 * 128 * per_position
+    odd = small_config(n_layer=1, n_embd=48, block_size=64)  # 2 x 48 and 48 share bits: a sum, not an or
+    assert default_budget_bytes(odd) == 2 * 64 * (2 * 48 + 48) * 4 and type(default_budget_bytes(odd)) is int
     assert default_budget_bytes(GPTConfig()) == 150 * 2**20  # GPT-2 124M's shape
 
 
