@@ -302,6 +302,21 @@ def hostile_metrics_line(value, field: str | None, nesting: int | None) -> str:
     return json.dumps({**(EVAL_RECORD if field == "val_loss" else STEP_RECORD), field: value})
 
 
+def test_bad_metrics_lines_are_said_once_a_process_and_again_when_more_appear(tmp_path, caplog):
+    """train.py draws its curves at every evaluation: the same bad line is one warning, not one per evaluation."""
+    from training.curves import read_metrics
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps(STEP_RECORD) + "\n[1]\n" + json.dumps(EVAL_RECORD) + "\n")
+    said = lambda: [r.getMessage() for r in caplog.records if r.name == "training.curves"]
+    for _ in range(3):
+        read_metrics(tmp_path)
+    assert len(said()) == 1 and "left out 1 line" in said()[0], said()
+    path.write_text(path.read_text() + "7\n" + json.dumps({**STEP_RECORD, "step": 20}) + "\n")
+    read_metrics(tmp_path)
+    read_metrics(tmp_path)
+    assert len(said()) == 2 and "left out 2 lines" in said()[1], said()
+
+
 @given(lines=st.lists(st.tuples(JSON_VALUES, st.none() | st.sampled_from([*STEP_RECORD, "val_loss"]),
                                 st.none() | st.integers(2_000, 100_000)), min_size=1, max_size=4),
        cut_last=st.booleans())

@@ -18,6 +18,9 @@ METRICS_FILE = "metrics.jsonl"
 # it was written have none).
 STEP_FIELDS = ("step", "loss", "lr", "tokens_per_s")
 EVAL_FIELDS = ("step", "val_loss")
+# Each file's bad lines as last said, by count: train.py draws its curves again at every evaluation, and a warning
+# repeated at each one buried the log's other lines.  More bad lines are said again.
+_SAID: dict[Path, int] = {}
 
 
 def metrics_path(run: Path) -> Path:
@@ -31,7 +34,8 @@ def metrics_path(run: Path) -> Path:
 def read_metrics(run: Path) -> tuple[list[dict], list[dict]]:
     """(step records, evaluation records) of a run folder; a resumed run's re-logged steps keep the last.  A last
     line cut short by a crash is left out; any other line that is not a record the curves can draw (not JSON, not
-    an object, a field that is not a number) is left out too, and said in one warning for the file."""
+    an object, a field that is not a number) is left out too, and said in one warning for the file (once a process,
+    again when more such lines appear)."""
     path = metrics_path(run)
     steps, evals = {}, {}
     lines = path.read_text(errors="replace").splitlines()
@@ -52,7 +56,8 @@ def read_metrics(run: Path) -> tuple[list[dict], list[dict]]:
             else:
                 (steps if "loss" in record else evals)[record["step"]] = record
         # an object with neither is a record of another kind: not drawn, and not an error
-    if bad:
+    if bad and _SAID.get(path.resolve()) != len(bad):
+        _SAID[path.resolve()] = len(bad)
         line, why = bad[0]
         log.warning("%s: left out %d line%s that %s not a training record (line %d: %s); the curves show the rest",
                     path, len(bad), "s" * (len(bad) > 1), "are" if len(bad) > 1 else "is", line, why[:200])
