@@ -17,7 +17,7 @@ from hypothesis import given, strategies as st
 from decode.kept_ratios import KeptRatios
 from decode.trace_payback import TracePayback
 from model.kernel_choice import KernelChoices, kept_choices
-from runtime.kept_file import MAX_BYTES, KeptFile
+from runtime.kept_file import KeptFile, kept_path
 from tests.hostile import examples, record
 
 SURFACE = "kept file"
@@ -108,9 +108,24 @@ def test_every_decision_is_made_whatever_the_kept_files_hold(kind, tmp_path):
     assert payback.traces(model, shape, 10**6, kept=False) in (True, False)
 
 
+def test_the_variable_names_the_file_off_turns_it_off_and_empty_is_the_default(monkeypatch):
+    monkeypatch.setenv("GPT2_KEPT_TEST", "records.json")  # a relative name that sorts after "off"
+    assert kept_path("GPT2_KEPT_TEST", Path("/default.json")) == Path("records.json")
+    monkeypatch.setenv("GPT2_KEPT_TEST", "~/kept.json")
+    assert kept_path("GPT2_KEPT_TEST", Path("/default.json")) == Path.home() / "kept.json"
+    monkeypatch.setenv("GPT2_KEPT_TEST", "off")
+    assert kept_path("GPT2_KEPT_TEST", Path("/default.json")) is None
+    monkeypatch.setenv("GPT2_KEPT_TEST", "")
+    assert kept_path("GPT2_KEPT_TEST", Path("/default.json")) == Path("/default.json")
+
+
+# runtime/kept_file.py's bound, written out so that a changed bound fails the tests below: 4 MiB.
+BOUND = 4 * 2**20
+
+
 def test_a_file_past_the_bound_is_not_read_even_if_it_is_json(tmp_path, caplog):
     path = tmp_path / "choices.json"
-    path.write_text(json.dumps({"shape": "a", "pad": "x" * MAX_BYTES}))
+    path.write_text(json.dumps({"shape": "a", "pad": "x" * BOUND}))  # 4 MiB and 26 bytes
     with caplog.at_level(logging.WARNING, logger="runtime.kept_file"):
         assert kept_choices(path).read() == {}
     assert "more than" in caplog.records[0].getMessage()
@@ -119,8 +134,8 @@ def test_a_file_past_the_bound_is_not_read_even_if_it_is_json(tmp_path, caplog):
 def test_a_file_of_exactly_the_bound_is_read(tmp_path, caplog):
     path = tmp_path / "choices.json"
     text = json.dumps({"shape": "a"})
-    path.write_text(text + " " * (MAX_BYTES - len(text)))  # JSON allows trailing whitespace
-    assert path.stat().st_size == MAX_BYTES
+    path.write_text(text + " " * (BOUND - len(text)))  # JSON allows trailing whitespace
+    assert path.stat().st_size == BOUND
     with caplog.at_level(logging.WARNING, logger="runtime.kept_file"):
         assert kept_choices(path).read() == {"shape": "a"}
     assert caplog.messages == []
@@ -131,7 +146,7 @@ def test_a_kept_file_of_thousands_of_entries_is_read_whole(tmp_path, caplog):
     path = tmp_path / "choices.json"
     many = {f"{'cpu and torch and shape ' * 12}{i}": "a" for i in range(8000)}
     path.write_text(json.dumps(many, indent=1))
-    assert 2 * 1024**2 < path.stat().st_size < MAX_BYTES
+    assert 2 * 1024**2 < path.stat().st_size < BOUND
     with caplog.at_level(logging.WARNING, logger="runtime.kept_file"):
         assert kept_choices(path).read() == many
     assert caplog.messages == []
@@ -141,13 +156,13 @@ def test_a_file_that_grows_past_the_bound_after_its_size_was_read_is_not_read(tm
     """The size checked on the open file, then the file written on by another program: the read itself stops."""
     path = tmp_path / "choices.json"
     text = json.dumps({"shape": "a"})
-    path.write_text(text + " " * (MAX_BYTES + 10 - len(text)))
+    path.write_text(text + " " * (BOUND + 10 - len(text)))
     real_fstat = os.fstat
     monkeypatch.setattr(os, "fstat", lambda fd: os.stat_result((*real_fstat(fd)[:6], len(text), *real_fstat(fd)[7:])))
     with caplog.at_level(logging.WARNING, logger="runtime.kept_file"):
         assert kept_choices(path).read() == {}
     [warning] = caplog.messages
-    assert f"more than the {MAX_BYTES:,} bytes a kept file may hold" in warning
+    assert f"more than the {BOUND:,} bytes a kept file may hold" in warning
 
 
 def test_a_kept_file_named_in_folders_not_yet_made_is_written_there(tmp_path, caplog):
