@@ -47,7 +47,7 @@ def mutation_part(page: Page, mutation: dict) -> None:
     page.table(["module", *[f"{label}: {what}" for label in labels for what in ("mutants", "score", "tests")]], rows)
     planted = [p for label in labels for p in runs[label].get("planted", [])]
     if planted:
-        page.add("Defects planted by hand (issue 54's round): "
+        page.add("Defects planted by hand (issue 54's round and issue 71's): "
                  + "; ".join(f"{p['name']}: {'killed by ' + p['by'] if p['killed'] else 'NOT caught'}"
                              for p in {p["name"]: p for p in planted}.values()) + ".\n")
     left = [m for m in modules if "after" in runs and m not in runs["after"]["modules"]]
