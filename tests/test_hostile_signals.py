@@ -366,8 +366,11 @@ def test_a_ctrl_c_in_a_micro_batch_longer_than_torchruns_grace_saves_the_last_wh
     if launcher == "parallel.launch":
         assert job.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
         assert stderr.strip().splitlines()[-1].startswith("stopped by SIGINT"), stderr[-3000:]
-    else:  # torchrun's agent re-raises the signal after its workers exit: its own traceback, the ranks' none
-        assert stderr.count("Traceback") == 1 and stderr.rstrip().endswith("got signal: 2"), stderr[-3000:]
+    else:  # torchrun's agent re-raises the signal after its workers exit: its own traceback, the ranks' none.  (A
+        # SIGINT that lands on the first line of the agent's metrics wrapper chains torch's own UnboundLocalError
+        # after it, seen once on a fresh clone: the traceback is still all torch's.)
+        ours = rf'File "({re.escape(str(ROOT))}/(?!\.venv/)|[^/<"])'  # a frame of the checkout's, or of a relative path
+        assert "got signal: 2" in stderr and not re.search(ours, stderr), stderr[-3000:]
     assert "forcefully exiting" not in stderr, stderr[-3000:]  # no rank outlived the grace
     closing = [line for line in stderr.splitlines() if line.startswith("stopped by")]
     assert len(closing) == 1 and closing[0].startswith("stopped by SIGINT after step 1;"), stderr[-3000:]
