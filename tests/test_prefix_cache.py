@@ -29,6 +29,8 @@ from tests.source_tree import python_files
 from tests.test_serve_engine import run
 
 VOCAB = 2048
+# A block of the small model's: keys and values of 2 layers and the hidden state, 32 floats each a position, fp32.
+BLOCK_BYTES = BLOCK_TOKENS * (2 * 2 * 32 + 32) * 4
 
 
 @pytest.fixture(scope="module")
@@ -215,16 +217,15 @@ def test_a_prompts_full_blocks_are_stored_with_their_exact_bytes_and_a_budget_of
     """A block's bytes are its keys, values and hidden states: 16 positions of (2 layers x keys and values + the
     hidden state) x 32 floats for the small model.  Only full blocks are stored; a budget of exactly one block holds
     it, and one byte less holds none."""
-    block_bytes = BLOCK_TOKENS * (2 * 2 * 32 + 32) * 4
     for length, blocks in ((BLOCK_TOKENS - 1, 0), (2 * BLOCK_TOKENS - 1, 1), (2 * BLOCK_TOKENS, 2),
                            (2 * BLOCK_TOKENS + 1, 2)):
         cache = new_cache(model)
         prefill(model, cache, prompt(length, 33))
-        assert (len(cache.blocks), cache.nbytes) == (blocks, blocks * block_bytes), length
-    for budget, blocks in ((block_bytes, 1), (block_bytes - 1, 0)):
+        assert (len(cache.blocks), cache.nbytes) == (blocks, blocks * BLOCK_BYTES), length
+    for budget, blocks in ((BLOCK_BYTES, 1), (BLOCK_BYTES - 1, 0)):
         cache = new_cache(model, budget)
         prefill(model, cache, prompt(2 * BLOCK_TOKENS + 1, 34))
-        assert (len(cache.blocks), cache.nbytes) == (blocks, blocks * block_bytes), budget
+        assert (len(cache.blocks), cache.nbytes) == (blocks, blocks * BLOCK_BYTES), budget
 
 
 @settings(max_examples=25, deadline=None)
@@ -232,8 +233,7 @@ def test_a_prompts_full_blocks_are_stored_with_their_exact_bytes_and_a_budget_of
 def test_reuse_changes_no_logit_over_prompts_that_share_prefixes(model, data):
     """Random prompts drawn from a few shared heads (whole blocks or not) and tails, over a tiny alphabet so that
     blocks repeat at other positions and behind other parents: every prompt's logits, cache on, are a full pass's."""
-    block_bytes = BLOCK_TOKENS * (2 * 2 * 32 + 32) * 4  # the small model's keys, values and hidden states, fp32
-    cache = new_cache(model, data.draw(st.sampled_from([64 << 20, 5 * block_bytes])))  # roomy, or evicting
+    cache = new_cache(model, data.draw(st.sampled_from([64 << 20, 5 * BLOCK_BYTES])))  # roomy, or evicting
     tokens = st.lists(st.integers(0, 3), min_size=1, max_size=2 * BLOCK_TOKENS + 3)
     heads = data.draw(st.lists(tokens, min_size=1, max_size=3))
     for _ in range(data.draw(st.integers(2, 5))):
@@ -247,10 +247,7 @@ def test_reuse_changes_no_logit_over_prompts_that_share_prefixes(model, data):
 
 @torch.inference_mode()
 def test_the_budget_holds_and_the_least_recently_used_blocks_leave_first(model):
-    probe = new_cache(model)
-    prefill(model, probe, prompt(BLOCK_TOKENS + 1, 6))
-    block_bytes = probe.nbytes
-    cache = new_cache(model, 3 * block_bytes)
+    cache = new_cache(model, 3 * BLOCK_BYTES)
     a, b = (prompt(2 * BLOCK_TOKENS + 1, seed) for seed in (7, 8))
     blocks_of = lambda ids: [tuple(ids[:BLOCK_TOKENS]), tuple(ids[BLOCK_TOKENS:2 * BLOCK_TOKENS])]
     prefill(model, cache, a)

@@ -56,8 +56,8 @@ def read_metrics(run: Path) -> tuple[list[dict], list[dict]]:
             else:
                 (steps if "loss" in record else evals)[record["step"]] = record
         # an object with neither is a record of another kind: not drawn, and not an error
-    if bad and _SAID.get(path.resolve()) != len(bad):
-        _SAID[path.resolve()] = len(bad)
+    if bad and _SAID.get(resolved := path.resolve()) != len(bad):
+        _SAID[resolved] = len(bad)
         line, why = bad[0]
         log.warning("%s: left out %d line%s that %s not a training record (line %d: %s); the curves show the rest",
                     path, len(bad), "s" * (len(bad) > 1), "are" if len(bad) > 1 else "is", line, why[:200])
