@@ -54,7 +54,7 @@ class Block:
 
 @dataclass
 class Prefill:
-    logits: torch.Tensor  # (1, positions, vocab): every prompt position's when scored, else the last one's
+    logits: torch.Tensor  # (rows, positions, vocab): every prompt position's when scored, else the last one's
     reused_tokens: int
 
 
@@ -102,21 +102,40 @@ class PrefixCache:
         """Fill one-row `cache` (empty, room for `ids`) with the prompt `ids`: the cached blocks of its longest
         cached prefix (for requests with this `salt`) copied in, the rest computed in one eager pass; then cache the
         prompt's new full blocks."""
-        root = root_key(self.identity, salt)
-        found = self._match(ids, root)
-        reused = len(found) * self.block_tokens
-        for i, (_, block) in enumerate(found):
-            cache.put_columns(0, i * self.block_tokens, block.keys, block.values)
+        return self.prefill_rows(model, cache, [ids], scored, [salt])
+
+    def reused_tokens(self, ids: list[int], salt: bytes = b"") -> int:
+        """How many of the prompt `ids`' tokens a prefill would take from the cache now (for requests with `salt`);
+        its blocks count as just used."""
+        return len(self._match(ids, root_key(self.identity, salt))) * self.block_tokens
+
+    def prefill_rows(self, model: torch.nn.Module, cache: KVCache, prompts: list[list[int]], scored: bool,
+                     salts: list[bytes]) -> Prefill:
+        """`prefill` for several prompts of one length in one pass, row i of `cache` (empty, a row per prompt) for
+        `prompts[i]`, with `salts[i]`: every row reuses the blocks of the shortest of their cached prefixes (the
+        engine groups prompts whose prefixes are as long, `reused_tokens`), so that the rest has one length too;
+        `logits` has a row per prompt, `reused_tokens` is each row's."""
+        if len({len(ids) for ids in prompts}) != 1 or len(salts) != len(prompts):
+            raise ValueError(f"prompts prefilled together have one length and a salt each: lengths "
+                             f"{sorted({len(ids) for ids in prompts})}, {len(salts)} salts for {len(prompts)} prompts")
+        roots = [root_key(self.identity, salt) for salt in salts]
+        matched = [self._match(ids, root) for ids, root in zip(prompts, roots)]
+        found = [blocks[:min(len(b) for b in matched)] for blocks in matched]
+        reused = len(found[0]) * self.block_tokens
+        for row, blocks in enumerate(found):
+            for i, (_, block) in enumerate(blocks):
+                cache.put_columns(row, i * self.block_tokens, block.keys, block.values)
         if reused:
             cache.advance(reused)
-        rest = torch.tensor([ids[reused:]], dtype=torch.long, device=cache.k[0].device)
+        rest = torch.tensor([ids[reused:] for ids in prompts], dtype=torch.long, device=cache.k[0].device)
         hidden = model.hidden_states(rest, cache)
         if scored:
-            hidden_all = torch.cat([block.hidden[None] for _, block in found] + [hidden], dim=1)
-            logits = model.lm_head(hidden_all)
+            logits = model.lm_head(torch.stack([torch.cat([block.hidden for _, block in blocks] + [hidden[row]])
+                                                for row, blocks in enumerate(found)]))
         else:
             logits = model.lm_head(hidden[:, -1:])
-        self._store(ids, cache, hidden[0], found, root)
+        for row, (ids, blocks, root) in enumerate(zip(prompts, found, roots)):
+            self._store(ids, cache, row, hidden[row], blocks, root)
         return Prefill(logits[..., :model.config.vocab_size], reused)
 
     def _match(self, ids: list[int], root: bytes) -> list[tuple[bytes, Block]]:
@@ -134,10 +153,10 @@ class PrefixCache:
             parent = key
         return found
 
-    def _store(self, ids: list[int], cache: KVCache, hidden: torch.Tensor, found: list[tuple[bytes, Block]],
+    def _store(self, ids: list[int], cache: KVCache, row: int, hidden: torch.Tensor, found: list[tuple[bytes, Block]],
                root: bytes) -> None:
-        """Cache the full blocks of `ids` after the `found` ones, from the prefilled `cache` and the `hidden` states
-        of the positions computed (those after the found blocks).  Stops at a key that holds another block: the
+        """Cache the full blocks of `ids` after the `found` ones, from row `row` of the prefilled `cache` and the
+        `hidden` states of the positions computed (those after the found blocks).  Stops at a key that holds another block: the
         blocks after it would be filed behind a prefix they were not computed after."""
         reused = len(found) * self.block_tokens
         pinned = {key for key, _ in found}
@@ -149,7 +168,7 @@ class PrefixCache:
             if held is not None and (held.parent != parent or held.tokens != tokens):
                 return
             if held is None:
-                keys, values = cache.copy_columns(0, start, start + self.block_tokens)
+                keys, values = cache.copy_columns(row, start, start + self.block_tokens)
                 block = Block(parent, tokens, keys, values,
                               hidden[start - reused:start - reused + self.block_tokens].clone(), 0)
                 block.nbytes = sum(t.numel() * t.element_size() for t in (*block.keys, *block.values, block.hidden))

@@ -1,7 +1,7 @@
 """The engine: owns the model and the running batch, and generates on its own thread.
 
-Continuous batching: a request that arrives is prefilled on its own (one forward pass over its prompt, batch of
-one) and then joins the running batch, where every sequence advances one token per shared forward pass; a
+Continuous batching: a request that arrives is prefilled (one forward pass over its prompt, together with the
+prompts of the same length that arrived with it) and then joins the running batch, where every sequence advances one token per shared forward pass; a
 sequence leaves the batch the step it finishes, and its row goes to the next waiting request.  Each request
 samples with its own torch.Generator, seeded from its `seed` (decode/sampling.py), so its random stream does not
 depend on its neighbours in the batch.
@@ -27,6 +27,7 @@ from serve.delivery import Delivery
 from serve.warm_up import warm_up
 from serve.events import REQUEST_FAILED, ErrorEvent, GenerationRequest
 from serve.metrics import ServerMetrics
+from serve.prefill import prefill_groups
 from serve.runner import Runner
 from serve.scheduler import Scheduler
 
@@ -140,13 +141,14 @@ class Engine:
             while (joining := self.scheduler.next_joining()) is not None:
                 if joining:  # a prefill is long: no token held for the stream interval waits through it
                     self.delivery.flush(force=True)
-                for request in joining:
+                for group in prefill_groups(joining, self.runner.prefix_cache, self.runner.draft is not None):
                     try:
-                        self.runner.join(request)
+                        self.runner.join_together(group)
                     except Exception:  # one bad request must not take the server down
                         log.exception("prefill failed")
-                        request.on_event(ErrorEvent("internal", REQUEST_FAILED))
-                    # Its first token goes now, not after the other prefills and the step, nor held for the interval.
+                        for request in group:
+                            request.on_event(ErrorEvent("internal", REQUEST_FAILED))
+                    # Their first tokens go now, not after the other prefills and the step, nor held for the interval.
                     self.delivery.flush(force=True)
                 try:
                     self.scheduler.expire_running(self.runner.active)

@@ -65,14 +65,14 @@ class Slots:
             cache.clear_rows(self.rows)
         self.fresh = None
 
-    def add(self, prefills: list[KVCache], tokens: list[int]) -> None:
-        """A sequence whose prompt each model prefilled in a one-row cache, holding `tokens` (the prompt and the
-        first token sampled after it)."""
+    def add(self, prefills: list[KVCache], tokens: list[int], prefill_row: int = 0) -> None:
+        """A sequence whose prompt each model prefilled in row `prefill_row` of a cache, holding `tokens` (the prompt
+        and the first token sampled after it)."""
         if self.rows >= self.max_rows:
             raise RuntimeError(f"all {self.rows} rows are in use")
         row = self.rows
         for cache, prefill in zip(self.caches, prefills):
-            cache.put_row(row, prefill)
+            cache.put_row(row, prefill, prefill_row)
         self.fresh = None
         self.tokens[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
         self.lengths[row] = len(tokens)

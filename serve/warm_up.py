@@ -13,7 +13,7 @@ from decode.sampling import SamplingParams
 from decode.steps import DecodeSteps
 from model.kv_cache import KVCache
 from runtime import huge_pages
-from serve.runner import Runner
+from serve.runner import ALIGNED_ROWS, Runner
 from serve.slots import padded_rows
 
 log = logging.getLogger("serve.engine")
@@ -37,7 +37,8 @@ def warm_up(runner: Runner, all_rows: bool = True) -> None:
     The steps made: plain decoding, one per row count the batch is padded to (`padded_rows`: 1-4, then
     multiples of 4 up to the largest batch; the one-row step alone without `all_rows`), each in the form the batch
     runs it (`step` keeps every batch of
-    several rows in the ragged form, rows at their own columns); with a draft, the one-row steps only (the
+    several rows in the ragged form, rows at their own columns), and traced, the aligned form of 2 to
+    ALIGNED_ROWS rows of one length (serve/runner.py's `_aligned`); with a draft, the one-row steps only (the
     speculative check of K + 1 tokens and the draft's one-token step), as speculative batches are not padded
     and every row count would need traces of its own.  They run on the free rows of the empty caches, which
     joining sequences overwrite."""
@@ -51,6 +52,10 @@ def warm_up(runner: Runner, all_rows: bool = True) -> None:
                 runner.slots.views(1)[0][0].advance(1)
             _warm_step(runner, runner.steps, lambda: runner.slots.views(rows)[0][0], 1)
             runner.slots.clear_free_rows()
+        if runner.steps.mode == "traced" and all_rows:  # and the aligned form of a few rows of one length
+            for rows in range(2, min(ALIGNED_ROWS, runner.max_batch_size) + 1):
+                _warm_step(runner, runner.steps, lambda: runner.slots.views(rows)[0][0], 1)
+                runner.slots.clear_free_rows()
     else:
         for i, (steps, width) in enumerate(zip(runner.all_steps, [runner.draft_tokens + 1, 1])):
             _warm_step(runner, steps, lambda: runner.slots.views(1)[0][i], width)

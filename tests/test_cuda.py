@@ -176,8 +176,8 @@ def test_steps_launched_ahead_on_cuda_give_the_events_of_steps_read_back_and_wai
                 dict(temperature=0.7, seed=2, presence_penalty=1.0, logit_bias=((5, 2.0),))]
     with torch.inference_mode():
         for i, extra in enumerate(settings):
-            runner.join(GenerationRequest(prompt(3 + i, i), SamplingParams(max_new_tokens=20, **extra),
-                                          lambda event: None, logprobs=2 if i == 2 else None))
+            runner.join_together([GenerationRequest(prompt(3 + i, i), SamplingParams(max_new_tokens=20, **extra),
+                                                    lambda event: None, logprobs=2 if i == 2 else None)])
         for _ in range(3):  # the step's first run and its capture; then the batch's views are current
             runner.step()
         torch.cuda.set_sync_debug_mode("error")

@@ -377,7 +377,8 @@ def test_after_warm_up_no_batch_waits_for_a_trace(short_context_model, monkeypat
     assert passes == [1]
     traced = engine.runner.steps.traced
     made = set(traced.traces)
-    assert sorted(key[0] for key in made) == [1, 2, 3, 4, 6]  # 5 rows run padded to 6
+    # 5 rows run padded to 6; 2 to 4 rows of one length run aligned too (serve/runner.py's ALIGNED_ROWS)
+    assert sorted(key[0] for key in made) == [1, 2, 2, 3, 3, 4, 4, 6]
     engine.start()
     try:
         greedy = SamplingParams(max_new_tokens=5, temperature=0, stop_at_eot=False)

@@ -52,11 +52,21 @@ def test_each_side_is_set_against_the_fixed_path_in_the_same_round():
     assert paired(calls, "default", "fixed") == [pytest.approx(0.8)]  # its processes' median; round 1 has no fixed
 
 
-def test_recovery_is_from_the_load_s_end_to_the_end_of_the_first_call_back_within_five_percent():
+def test_recovery_counts_each_process_s_own_calls_and_the_wall_clock_until_it_is_back_within_five_percent():
     calls = timeline([60.0, 80.0, 96.0, 99.0, 100.0])
     load_end = 20.0
-    assert recovery(calls, "default", load_end) == pytest.approx(6.0 - 1.0)  # the third default call after it
+    back = recovery(calls, "default", load_end)  # the third default call after it, and the next stays
+    assert (back.own_s, back.wall_s) == (pytest.approx(3.0), pytest.approx(6.0 - 1.0))
     assert recovery(timeline([60.0, 70.0]), "default", load_end) is None  # never back within the span
+    assert recovery(timeline([96.0, 60.0, 96.0]), "default", load_end).own_s == pytest.approx(3.0)  # it must stay
+    assert recovery(timeline([96.0]), "default", load_end).own_s == pytest.approx(1.0)  # its last call
+    # a call begun before the load ended is not one after it
+    assert recovery(timeline([100.0, 100.0]), "default", load_end + 0.5).own_s == pytest.approx(1.0)
+    late = timeline([96.0] * 3) + [Call("default", 7, 20, 30.0, 31.0, 10.0, SPANS[2], 2, 0.5),
+                                   Call("default", 7, 21, 31.0, 32.0, 99.0, SPANS[2], 2, 0.5),
+                                   Call("default", 7, 22, 32.0, 33.0, 99.0, SPANS[2], 2, 0.5)]
+    back = recovery(late, "default", load_end)  # every process of the side must be back: the slowest counts
+    assert (back.own_s, back.wall_s) == (pytest.approx(2.0), pytest.approx(12.0))
 
 
 def test_processes_are_one_per_side_and_the_rest_alternately_default_and_fixed():
@@ -78,8 +88,8 @@ def test_one_core_pins_what_it_starts_to_one_core_and_gives_the_others_back():
         assert os.sched_getaffinity(0) == before
 
 
-def row_of(calls: list[Call], settings: Settings):
-    return summarize("quiet", "fp32", 1, ["default", "fixed"], {"default": [3.0], "fixed": [2.5]}, calls, settings,
+def row_of(calls: list[Call], load=(10.0, 20.0)):
+    return summarize("quiet", "fp32", 1, ["default", "fixed"], {"default": [3.0], "fixed": [2.5]}, calls, list(load),
                      RATES)
 
 
@@ -91,7 +101,7 @@ def report(rows, tmp_path: Path, not_measured=None) -> str:
 
 
 def test_rows_say_which_path_they_timed_and_that_the_warm_ups_overlapped(tmp_path: Path):
-    row = row_of(timeline([100.0] * 5), Settings(span_s=10.0))
+    row = row_of(timeline([100.0] * 5))
     assert row.over_fixed[SPANS[0]]["default"].median == pytest.approx(1.0)
     assert row.tokens_per_s[SPANS[1]]["fixed"] == 50.0
     text = report([row], tmp_path)
@@ -100,13 +110,15 @@ def test_rows_say_which_path_they_timed_and_that_the_warm_ups_overlapped(tmp_pat
 
 
 def test_a_span_without_rounds_and_a_side_not_measured_say_why_and_never_nan(tmp_path: Path):
-    row = row_of(timeline([], spans=SPANS[:1]), Settings(span_s=10.0))  # the first span's rounds outlasted the rest
-    assert row.over_fixed[SPANS[1]]["default"] is None and row.recovery_s["default"] is None
+    row = row_of(timeline([], spans=SPANS[:1]), load=())  # the first span's calls outlasted the rest
+    assert row.over_fixed[SPANS[1]]["default"] is None and row.recovery["default"] is None
     text = report([row], tmp_path, {"ORT": "onnxruntime not importable in python"})
     assert "nan" not in text.lower()
     assert "| 1.00 (1.00) / no round / no round |" in text
     assert "| no ORT side (see above) |" in text
-    assert "no round after the load" in text
+    assert "no load (the spans before outlasted it)" in text
+    assert "no round after the load" in report([row_of(timeline([], spans=SPANS[:2]))], tmp_path)
+    assert "| 1.0 own, 1.0 wall |" in report([row_of(timeline([100.0] * 3))], tmp_path)
     assert "**ORT was not measured**: onnxruntime not importable in python." in text
 
 

@@ -27,10 +27,14 @@ same time, so their warm-ups overlap as six notebooks' or a server's beside a te
 called one at a time, in rounds (every process once) whose order reverses every round, through three spans: quiet,
 one core kept busy by another process (bench/workloads/busy_loop.py), quiet again.  Every call records when it ran,
 its new tokens per second over the whole call and the 1-minute load average, so the figure shows tokens/s over time
-per side.  Ratios are medians over the rounds of a span of each side's tokens/s (the median of its processes in the
-round) over the fixed path's, or ONNX Runtime's, in the same round, so a load that drifts weighs on both alike.  The
-recovery time is how long after the load ended a side's calls first come back (and stay, the next call too) within
-5% of the fixed path's median over the last span.  `one-core` runs every process (the busy loop too) on the first
+per side.  A span ends at its time, between two calls (a round cut short there goes on in the next span), so the
+busy loop stops within one call of its 20 s.  Ratios are medians over the rounds of a span of each side's tokens/s
+(the median of its processes in the round) over the fixed path's, or ONNX Runtime's, in the same round, so a load
+that drifts weighs on both alike.  A side has recovered at the first call of each of its processes after the load
+that comes back (and stays, its next call too) within 5% of the fixed path's median over the last span.  Recovery is
+given two ways: in the side's own time (what its processes spent in their calls after the load, up to and including
+that call: what a process that decodes without pause, a busy server, would wait), and on the wall clock from the
+load's end (which adds the other processes' calls between its own, as they take turns).  `one-core` runs every process (the busy loop too) on the first
 of this process's cores, as `taskset -c 0` would, each with one thread.  The host's read and matmul rates are
 measured before each row, under its condition; the rows run batch by batch, and each is also written to the work
 folder as it ends (out/bench/user_start/rows_so_far.json).
@@ -130,6 +134,12 @@ class Ratio:
 
 
 @dataclass
+class Recovery:
+    own_s: float  # the most any of the side's processes spent in its calls after the load until it was back
+    wall_s: float  # from the load's end to the end of the last of those calls
+
+
+@dataclass
 class Row:
     condition: str
     precision: str
@@ -139,7 +149,8 @@ class Row:
     tokens_per_s: dict[str, dict[str, float]]  # span -> side -> median
     over_fixed: dict[str, dict[str, Ratio | None]]  # span -> side -> paired ratios; None: no round had both
     over_ort: dict[str, dict[str, Ratio | None]]
-    recovery_s: dict[str, float | None]  # adaptive side -> from the load's end until its calls were back
+    recovery: dict[str, Recovery | None]  # adaptive side -> how soon its calls were back after the load; None: never
+    load_s: list[float]  # when the busy loop started and stopped, seconds since the first span began
     host_rates: HostRates
     load_average_1m: list[float]  # the first and last call's
     calls: list[Call]
@@ -329,29 +340,37 @@ def run_row(condition: str, precision: str, batch: int, plan: list[str], artifac
         warm_up = {side: [] for side in dict.fromkeys(plan)}
         for process in processes:
             warm_up[process.side].append(process.answer().seconds)
-        calls = timeline(processes, prompt, settings)
+        calls, load = timeline(processes, prompt, settings)
     finally:
         stopped(everything)
-    return summarize(condition, precision, batch, plan, warm_up, calls, settings, rates)
+    return summarize(condition, precision, batch, plan, warm_up, calls, load, rates)
 
 
-def timeline(processes: list, prompt: torch.Tensor, settings: Settings) -> list[Call]:
-    """Calls in rounds through the three spans; the busy loop runs through the second."""
-    calls, origin, round_ = [], time.perf_counter(), 0
+def timeline(processes: list, prompt: torch.Tensor, settings: Settings) -> tuple[list[Call], list[float]]:
+    """Calls in rounds through the three spans, and when the busy loop, which runs through the second, started and
+    stopped.  A span ends between two calls once its time is up; the round it cut short goes on in the next span."""
+    calls, origin, round_, load = [], time.perf_counter(), 0, []
+    pending: list[int] = []  # the processes the round still has to call
     for index, span in enumerate(SPANS):
         end = (index + 1) * settings.span_s
-        with busy_cores(1 if span == "one core busy" else 0):
+        busy = span == "one core busy"
+        with busy_cores(1 if busy else 0):
+            if busy:
+                load.append(time.perf_counter() - origin)
             while time.perf_counter() - origin < end:
-                order = range(len(processes)) if round_ % 2 == 0 else reversed(range(len(processes)))
-                for i in order:
-                    begun = time.perf_counter() - origin
-                    processes[i].send(prompt, settings.new_tokens)
-                    answer = processes[i].answer()
-                    calls.append(Call(processes[i].side, i, round_, begun, time.perf_counter() - origin,
-                                      answer.new_tokens / answer.seconds, span, answer.threads,
-                                      os.getloadavg()[0]))
-                round_ += 1
-    return calls
+                if not pending:
+                    pending = list(range(len(processes)) if round_ % 2 == 0 else reversed(range(len(processes))))
+                i = pending.pop(0)
+                begun = time.perf_counter() - origin
+                processes[i].send(prompt, settings.new_tokens)
+                answer = processes[i].answer()
+                calls.append(Call(processes[i].side, i, round_, begun, time.perf_counter() - origin,
+                                  answer.new_tokens / answer.seconds, span, answer.threads, os.getloadavg()[0]))
+                if not pending:
+                    round_ += 1
+        if busy:
+            load.append(time.perf_counter() - origin)
+    return calls, load
 
 
 def paired(calls: list[Call], side: str, against: str) -> list[float]:
@@ -371,21 +390,29 @@ def ratio(calls: list[Call], side: str, against: str) -> Ratio | None:
     return Ratio(statistics.median(pairs), min(pairs), len(pairs)) if pairs else None
 
 
-def recovery(calls: list[Call], side: str, load_end_s: float) -> float | None:
-    after = [c for c in calls if c.span == "quiet after"]
+def recovery(calls: list[Call], side: str, load_end_s: float) -> Recovery | None:
+    """How soon after the load `side` was back: every one of its processes has a call after the load within 5% of
+    the fixed path's median there, and its next call too (or it has no next call); None where one never had."""
+    after = [c for c in calls if c.span == "quiet after" and c.start_s >= load_end_s]
     fixed = [c.tokens_per_s for c in after if c.side == "fixed"]
-    if not fixed:
+    processes = sorted({c.process for c in after if c.side == side})
+    if not fixed or not processes:
         return None
     target = RECOVERED * statistics.median(fixed)
-    mine = [c for c in after if c.side == side]
-    for i, call in enumerate(mine):
-        if all(c.tokens_per_s >= target for c in mine[i:i + 2]):  # and the next one stays
-            return max(0.0, call.end_s - load_end_s)
-    return None
+    own, wall = 0.0, 0.0
+    for process in processes:
+        mine = [c for c in after if c.process == process]
+        back = next((i for i in range(len(mine)) if all(c.tokens_per_s >= target for c in mine[i:i + 2])), None)
+        if back is None:
+            return None
+        own = max(own, sum(c.end_s - c.start_s for c in mine[:back + 1]))
+        wall = max(wall, mine[back].end_s - load_end_s)
+    return Recovery(own, wall)
 
 
 def summarize(condition: str, precision: str, batch: int, plan: list[str], warm_up: dict, calls: list[Call],
-              settings: Settings, rates: HostRates) -> Row:
+              load: list[float], rates: HostRates) -> Row:
+    """`load`: when the busy loop started and stopped (empty where the spans before outlasted its)."""
     sides = list(dict.fromkeys(plan))
     speeds, over_fixed, over_ort = {}, {}, {}
     for span in SPANS:
@@ -394,9 +421,9 @@ def summarize(condition: str, precision: str, batch: int, plan: list[str], warm_
                         for side in sides if any(c.side == side for c in in_span)}
         over_fixed[span] = {side: ratio(in_span, side, "fixed") for side in sides if side != "fixed"}
         over_ort[span] = {side: ratio(in_span, side, "ORT") for side in sides if side != "ORT"}
-    load_end = 2 * settings.span_s
+    recovered = {side: recovery(calls, side, load[-1]) if load else None for side in sides if side in ADAPTIVE}
     return Row(condition, precision, batch, {side: plan.count(side) for side in sides}, warm_up, speeds, over_fixed,
-               over_ort, {side: recovery(calls, side, load_end) for side in sides if side in ADAPTIVE}, rates,
+               over_ort, recovered, load, rates,
                [calls[0].load_average_1m, calls[-1].load_average_1m] if calls else [], calls)
 
 
@@ -443,7 +470,7 @@ def measure(settings: Settings, work_dir: Path) -> UserStart:
                 row = rows[-1]
                 print("  over fixed, " + "; ".join(
                     f"{s}: " + ", ".join(shown(row.over_fixed[span].get(s)) for span in SPANS)
-                    for s in sides if s != "fixed") + f"; recovered in {row.recovery_s} s", file=sys.stderr,
+                    for s in sides if s != "fixed") + "; recovered in " + ", ".join(f"{s} {recovery_cell(row, s)}" for s in row.recovery), file=sys.stderr,
                     flush=True)
                 write_result(work_dir, "rows_so_far", result())
     return result()
@@ -461,9 +488,8 @@ def plot(result: UserStart):
     styles = {"default": "o-", "fixed": "s--", "sample.py": "^:", "server": "v:", "ORT": "d-."}
     for row in result.rows:
         ax = axes[panels.index((row.condition, row.precision))][batches.index(row.batch)]
-        busy = [c for c in row.calls if c.span == "one core busy"]
-        if busy:  # where the busy calls ran (a round longer than a span shifts it, or leaves it without calls)
-            ax.axvspan(busy[0].start_s, busy[-1].end_s, color="0.9", label="one core busy")
+        if row.load_s:  # when the busy loop ran
+            ax.axvspan(*row.load_s, color="0.9", label="one core busy")
         for side in row.processes:
             mine = [c for c in row.calls if c.side == side]
             ax.plot([(c.start_s + c.end_s) / 2 for c in mine], [c.tokens_per_s for c in mine], styles[side], ms=3,
@@ -499,8 +525,11 @@ def ratios_cell(row: Row, side: str, against: str, table: dict, not_measured: di
 def recovery_cell(row: Row, side: str) -> str:
     if side not in ADAPTIVE:
         return ""
-    if row.recovery_s.get(side) is not None:
-        return num(row.recovery_s[side])
+    back = row.recovery.get(side)
+    if back is not None:
+        return f"{num(back.own_s)} own, {num(back.wall_s)} wall"
+    if not row.load_s:
+        return "no load (the spans before outlasted it)"
     if not any(c.span == SPANS[2] for c in row.calls):
         return "no round after the load"
     return "not within the span"
@@ -513,10 +542,12 @@ def section(res: UserStart, page: Page) -> None:
              f"process at a time in rounds, through {res.span_s:.0f} s quiet, {res.span_s:.0f} s with one core "
              f"busy and {res.span_s:.0f} s quiet. tokens/s are medians per span (quiet / busy / quiet, over the "
              f"whole call); ratios are the median (and lowest) over the span's rounds of the path's tokens/s over "
-             f"the fixed path's, or ONNX Runtime's, in the same round; recovery is from the load's end until the "
-             f"path's calls are back within {1 - RECOVERED:.0%} of the fixed path's. `one-core`: every process on "
-             f"one core with one thread. \"no round\": the span ended before a round began in it (the round "
-             f"before outlasted it).\n")
+             f"the fixed path's, or ONNX Runtime's, in the same round; recovery is how soon every process of the "
+             f"path has a call back within {1 - RECOVERED:.0%} of the fixed path's after the load (and its next "
+             f"call too): **own**, the seconds the process spent in its calls after the load until then (what a "
+             f"process decoding without pause waits), and **wall**, from the load's end (adding the other "
+             f"processes' turns). `one-core`: every process on one core with one thread. \"no round\": the span "
+             f"ended before a call began in it (the call before outlasted it).\n")
     for side, why in res.not_measured.items():
         page.add(f"**{side} was not measured**: {why}.\n")
     header = ["condition", "precision", "batch", "path timed", "warm-ups", "first call s", "tokens/s per span",
