@@ -170,8 +170,9 @@ class Runner:
             # Several rows run in the ragged form (each at its own columns, through a mask), exact for rows of one
             # length too: then the one trace per row count that warm_up makes serves every batch.  But a traced
             # step of a few rows of one length (the prompts of one request, prefilled together) runs aligned, as
-            # generate() runs it: its writes and attention need no mask, 7% of a 4-row step on a 2-core CPU
-            # (tests/test_serve_batching.py); warm_up traces that form too (`ALIGNED_ROWS`).
+            # generate() runs it: its writes and attention need no mask, a share of a small batch's step
+            # (`python -m bench.standalone.joining_batch`, bench/results/joining_batch.json); warm_up traces that
+            # form too (`ALIGNED_ROWS`).
             cache.aligned = self._aligned(rows)
         last = tokens.gather(1, (lengths - 1).clamp(min=0)[:, None])  # each row's last token (a free row's: any)
         logits = self.steps.logits(cache, last, 1)[:active]

@@ -12,7 +12,7 @@ import torch
 
 from bench.experiments import user_start
 from bench.experiments.user_start import (LABELS, SPANS, Call, Settings, UserStart, assigned, paired, pinned, recovery,
-                                          section, summarize)
+                                          section, summarize, twins)
 from bench.experiment import SettingsError
 from bench.peers.host_rates import HostRates
 from bench.report_page import Page
@@ -67,6 +67,21 @@ def test_recovery_counts_each_process_s_own_calls_and_the_wall_clock_until_it_is
                                    Call("default", 7, 22, 32.0, 33.0, 99.0, SPANS[2], 2, 0.5)]
     back = recovery(late, "default", load_end)  # every process of the side must be back: the slowest counts
     assert (back.own_s, back.wall_s) == (pytest.approx(2.0), pytest.approx(12.0))
+
+
+def test_the_noise_floor_is_the_fixed_path_s_two_processes_one_over_the_other_per_round(tmp_path: Path):
+    calls = timeline([100.0] * 3)
+    assert twins(calls) is None  # one fixed process
+    speeds = {3: [100.0, 90.0, 100.0], 4: [100.0, 100.0, 125.0]}  # process -> its tokens/s per round
+    calls += [Call("fixed", p, 10 + r, 0, 1, v, SPANS[2], 2, 0) for p, vs in speeds.items() for r, v in enumerate(vs)]
+    calls += [Call("fixed", 4, 13, 0, 1, 50.0, SPANS[2], 2, 0)]  # a round without process 3's call
+    floor = twins([c for c in calls if c.process in (3, 4)])
+    assert (floor.median, floor.lowest, floor.rounds) == (pytest.approx(0.9), pytest.approx(0.8), 3)
+    row = row_of(calls)
+    text = report([row], tmp_path)
+    # processes 1 (the timeline's fixed one) and 3, in the rounds they share: 100/100, 100/90, 100/100
+    assert "| reference; its first process over its second: no round with both / no round with both / 1.00 (0.90) |" \
+        in text
 
 
 def test_processes_are_one_per_side_and_the_rest_alternately_default_and_fixed():

@@ -93,8 +93,9 @@ CALL_TIMEOUT_S = 600.0
 class Settings(RandomWeightsSettings):
     sides: list[str] = option(list(SIDES), "the paths timed; the fixed path is the reference and always runs (ORT "
                                            "only where onnxruntime imports)", choices=SIDES)
-    processes: int = option(6, "fresh processes started together per row: one per side, the rest alternately on "
-                               "the default and the fixed path", min=2)
+    processes: int = option(7, "fresh processes started together per row: one per side, the rest alternately on "
+                               "the default and the fixed path (7: two fixed ones, whose ratio is the rounds' noise "
+                               "floor)", min=2)
     conditions: list[str] = option(list(CONDITIONS), "quiet: every core; one-core: every process on one core, one "
                                                      "thread each (as taskset -c 0)", choices=CONDITIONS)
     precisions: list[str] = option(["fp32", "int8"], "weights", choices=("fp32", "int8"))
@@ -149,6 +150,9 @@ class Row:
     tokens_per_s: dict[str, dict[str, float]]  # span -> side -> median
     over_fixed: dict[str, dict[str, Ratio | None]]  # span -> side -> paired ratios; None: no round had both
     over_ort: dict[str, dict[str, Ratio | None]]
+    # span -> the fixed path's first process over its second, per round: what chance alone moves a round's ratio
+    # by (None without two fixed processes, or a round with both)
+    twins: dict[str, Ratio | None]
     recovery: dict[str, Recovery | None]  # adaptive side -> how soon its calls were back after the load; None: never
     load_s: list[float]  # when the busy loop started and stopped, seconds since the first span began
     host_rates: HostRates
@@ -385,6 +389,16 @@ def paired(calls: list[Call], side: str, against: str) -> list[float]:
     return [mine[r] / theirs[r] for r in sorted(mine) if r in theirs]
 
 
+def twins(calls: list[Call]) -> Ratio | None:
+    """Per round that has both: the fixed path's first process's tokens/s over its second's."""
+    processes = sorted({c.process for c in calls if c.side == "fixed"})[:2]
+    if len(processes) < 2:
+        return None
+    rounds = [{c.round: c.tokens_per_s for c in calls if c.process == p} for p in processes]
+    pairs = [rounds[0][r] / rounds[1][r] for r in sorted(rounds[0]) if r in rounds[1]]
+    return Ratio(statistics.median(pairs), min(min(pairs), 1 / max(pairs)), len(pairs)) if pairs else None
+
+
 def ratio(calls: list[Call], side: str, against: str) -> Ratio | None:
     pairs = paired(calls, side, against)
     return Ratio(statistics.median(pairs), min(pairs), len(pairs)) if pairs else None
@@ -414,16 +428,17 @@ def summarize(condition: str, precision: str, batch: int, plan: list[str], warm_
               load: list[float], rates: HostRates) -> Row:
     """`load`: when the busy loop started and stopped (empty where the spans before outlasted its)."""
     sides = list(dict.fromkeys(plan))
-    speeds, over_fixed, over_ort = {}, {}, {}
+    speeds, over_fixed, over_ort, floor = {}, {}, {}, {}
     for span in SPANS:
         in_span = [c for c in calls if c.span == span]
         speeds[span] = {side: statistics.median([c.tokens_per_s for c in in_span if c.side == side])
                         for side in sides if any(c.side == side for c in in_span)}
         over_fixed[span] = {side: ratio(in_span, side, "fixed") for side in sides if side != "fixed"}
         over_ort[span] = {side: ratio(in_span, side, "ORT") for side in sides if side != "ORT"}
+        floor[span] = twins(in_span)
     recovered = {side: recovery(calls, side, load[-1]) if load else None for side in sides if side in ADAPTIVE}
     return Row(condition, precision, batch, {side: plan.count(side) for side in sides}, warm_up, speeds, over_fixed,
-               over_ort, recovered, load, rates,
+               over_ort, floor, recovered, load, rates,
                [calls[0].load_average_1m, calls[-1].load_average_1m] if calls else [], calls)
 
 
@@ -468,10 +483,11 @@ def measure(settings: Settings, work_dir: Path) -> UserStart:
                     rows.append(run_row(condition, precision, batch, plan, artifacts[precision],
                                         graphs.get(precision), settings, rates, work_dir))
                 row = rows[-1]
-                print("  over fixed, " + "; ".join(
-                    f"{s}: " + ", ".join(shown(row.over_fixed[span].get(s)) for span in SPANS)
-                    for s in sides if s != "fixed") + "; recovered in " + ", ".join(f"{s} {recovery_cell(row, s)}" for s in row.recovery), file=sys.stderr,
-                    flush=True)
+                print("  over fixed (its twin first), " + "; ".join(
+                    f"{s}: " + ", ".join(shown(row.twins[span] if s == "fixed" else row.over_fixed[span].get(s))
+                                         for span in SPANS) for s in sides)
+                      + "; recovered in " + ", ".join(f"{s} {recovery_cell(row, s)}" for s in row.recovery),
+                      file=sys.stderr, flush=True)
                 write_result(work_dir, "rows_so_far", result())
     return result()
 
@@ -511,6 +527,10 @@ def unpaired(row: Row, span: str, against: str, not_measured: dict[str, str]) ->
 
 
 def ratios_cell(row: Row, side: str, against: str, table: dict, not_measured: dict[str, str]) -> str:
+    if side == against == "fixed" and any(row.twins.values()):
+        return "reference; its first process over its second: " + " / ".join(
+            "no round with both" if row.twins[span] is None
+            else f"{row.twins[span].median:.2f} ({row.twins[span].lowest:.2f})" for span in SPANS)
     if side == against:
         return "reference"
     cells = []
@@ -542,7 +562,9 @@ def section(res: UserStart, page: Page) -> None:
              f"process at a time in rounds, through {res.span_s:.0f} s quiet, {res.span_s:.0f} s with one core "
              f"busy and {res.span_s:.0f} s quiet. tokens/s are medians per span (quiet / busy / quiet, over the "
              f"whole call); ratios are the median (and lowest) over the span's rounds of the path's tokens/s over "
-             f"the fixed path's, or ONNX Runtime's, in the same round; recovery is how soon every process of the "
+             f"the fixed path's, or ONNX Runtime's, in the same round (the fixed path's row gives its two processes' "
+             f"ratio, one over the other, and the farther from 1 of its lowest and highest: the **noise floor** of "
+             f"a round's ratio, what chance alone moves it by); recovery is how soon every process of the "
              f"path has a call back within {1 - RECOVERED:.0%} of the fixed path's after the load (and its next "
              f"call too): **own**, the seconds the process spent in its calls after the load until then (what a "
              f"process decoding without pause waits), and **wall**, from the load's end (adding the other "

@@ -1,0 +1,117 @@
+"""What a server's batch pays that generate() does not, for the prompts of one request (or of requests that arrive
+together), and what serve/prefill.py and serve/runner.py's aligned steps give back:
+
+    python -m bench.standalone.joining_batch     # GPT-2 124M (random weights), batches 4 and 12, 32-token prompts
+
+In turns, --rounds times, on one process's model packed as the server packs it:
+- prefill: the batch's prompts as one pass of all their rows (what the server now runs for prompts of one length,
+  and generate() always), and as one one-row pass per prompt (what it ran before);
+- step: --steps decode steps of the batch's rows, traced, over rows of the server's cache (16 rows of the model's
+  context; the rows of one length), in the aligned form (generate()'s, and the server's for up to 4 rows of one
+  length) and in the ragged form (each row at its own columns, through a mask: the server's for every other batch).
+Each figure is the median over rounds of the milliseconds of one prefill, or one step.  Results:
+bench/results/joining_batch.json.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bench.experiments.generate_speed import real_prompts
+from bench.record import RESULTS_DIR, write_result
+from decode.steps import DecodeSteps
+from model.config import PRESETS, preset
+from model.gpt import GPT
+from model.packed_linear import pack_for_inference
+from runtime.cli import check_options, entry_point, option, parse_config
+from runtime.errors import UserError
+from runtime.timing import Environment, environment
+
+SERVER_ROWS = 16  # the server's default --max-batch-size: the rows of its cache
+
+
+@dataclass
+class JoiningBatchConfig:
+    model: str = option("gpt2", "model preset (random weights)", choices=tuple(PRESETS))
+    batch_sizes: list[int] = option([4, 12], "prompts of one length joining together", min=1, max=SERVER_ROWS)
+    prompt_tokens: int = option(32, "each prompt's length", min=1)
+    steps: int = option(31, "decode steps timed per form and round", min=1)
+    rounds: int = option(5, "turns through every measurement", min=1)
+    results_dir: Path = option(RESULTS_DIR, "where joining_batch.json goes")
+
+    def __post_init__(self):
+        check_options(self, UserError)
+        block_size = preset(self.model).block_size
+        if self.prompt_tokens + self.steps + 1 > block_size:
+            raise UserError(f"--prompt-tokens {self.prompt_tokens} and --steps {self.steps} overflow the "
+                            f"{self.model} context of {block_size}; ask for fewer")
+
+
+@dataclass
+class JoiningBatch:
+    model: str
+    prompt_tokens: int
+    steps: int
+    rounds: int
+    prefill_ms: dict[str, dict[str, float]]  # batch -> "one pass" | "a pass per prompt" -> median ms
+    step_ms: dict[str, dict[str, float]]  # batch -> "aligned" | "ragged" -> median ms per step
+    environment: Environment
+
+
+def prefill_ms(steps: DecodeSteps, prompts: torch.Tensor, together: bool) -> float:
+    start = time.perf_counter()
+    if together:
+        steps.logits(steps.new_cache(prompts.size(0), prompts.size(1)), prompts, 1)
+    else:
+        for row in prompts:
+            steps.logits(steps.new_cache(1, prompts.size(1)), row[None], 1)
+    return 1000 * (time.perf_counter() - start)
+
+
+def step_ms(steps: DecodeSteps, prompts: torch.Tensor, aligned: bool, count: int) -> float:
+    """Milliseconds per step of the prompts' rows over the first rows of a server-sized cache."""
+    cache = steps.new_cache(SERVER_ROWS, steps.model.config.block_size).first_rows(prompts.size(0))
+    steps.logits(cache, prompts, 1)
+    token = prompts[:, -1:]
+    start = time.perf_counter()
+    for _ in range(count):
+        cache.aligned = aligned  # rows of one length: exact in either form
+        steps.logits(cache, token, 1)
+    return 1000 * (time.perf_counter() - start) / count
+
+
+@entry_point
+def main(argv=None) -> None:
+    cfg = parse_config(JoiningBatchConfig, __doc__, argv)
+    torch.manual_seed(0)
+    model = GPT(preset(cfg.model)).eval()
+    pack_for_inference(model)
+    steps = DecodeSteps(model, torch.device("cpu"), "traced", SERVER_ROWS)
+    prefill = {str(b): {"one pass": [], "a pass per prompt": []} for b in cfg.batch_sizes}
+    step = {str(b): {"aligned": [], "ragged": []} for b in cfg.batch_sizes}
+    with torch.inference_mode():
+        for round_ in range(cfg.rounds + 1):  # the first round untimed: traces, kernel choices, first runs
+            for batch in cfg.batch_sizes:
+                prompts = real_prompts(batch, cfg.prompt_tokens)
+                forms = [("one pass", True), ("a pass per prompt", False)]
+                for name, together in forms if round_ % 2 else reversed(forms):
+                    prefill[str(batch)][name].append(prefill_ms(steps, prompts, together))
+                for name in ("aligned", "ragged") if round_ % 2 else ("ragged", "aligned"):
+                    step[str(batch)][name].append(step_ms(steps, prompts, name == "aligned", cfg.steps))
+    median = lambda table: {b: {form: statistics.median(ms[1:]) for form, ms in by_form.items()}
+                            for b, by_form in table.items()}
+    result = JoiningBatch(cfg.model, cfg.prompt_tokens, cfg.steps, cfg.rounds, median(prefill), median(step),
+                          environment(torch.device("cpu")))
+    for batch in result.prefill_ms:
+        p, s = result.prefill_ms[batch], result.step_ms[batch]
+        print(f"batch {batch}: prefill {p['one pass']:.1f} ms in one pass, {p['a pass per prompt']:.1f} ms a pass "
+              f"per prompt; step {s['aligned']:.2f} ms aligned, {s['ragged']:.2f} ms ragged")
+    write_result(cfg.results_dir, "joining_batch", result)
+
+
+if __name__ == "__main__":
+    main()
