@@ -101,8 +101,7 @@ class Runner:
 
     def join_together(self, requests: list[GenerationRequest]) -> None:
         """Prefill the prompts in one pass (a group of serve/prefill.py's `prefill_groups`: one length; or one
-        request), sample each one's first token, and give each sequence that goes on a row.  Several prompts' pass is one product over all their tokens, not
-        one per prompt: at 12 prompts of 32 tokens it took two thirds of the time of twelve passes."""
+        request), sample each one's first token, and give each sequence that goes on a row."""
         now = time.perf_counter()
         seqs = [Sequence(request, self.device, now, speculative=self.draft is not None) for request in requests]
         prompt = torch.tensor([request.prompt_ids for request in requests], dtype=torch.long, device=self.device)

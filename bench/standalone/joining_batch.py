@@ -9,12 +9,12 @@ In turns, --rounds times, on one process's model packed as the server packs it:
 - step: --steps decode steps of the batch's rows, traced, over rows of the server's cache (16 rows of the model's
   context; the rows of one length), in the aligned form (generate()'s, and the server's for up to 4 rows of one
   length) and in the ragged form (each row at its own columns, through a mask: the server's for every other batch).
-Each figure is the median over rounds of the milliseconds of one prefill, or one step.  Results:
+Each figure is the median (and range) over rounds of the milliseconds of one prefill, or one step, and of each
+round's ratio of the two ways.  Results:
 bench/results/joining_batch.json.
 """
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +29,7 @@ from model.gpt import GPT
 from model.packed_linear import pack_for_inference
 from runtime.cli import check_options, entry_point, option, parse_config
 from runtime.errors import UserError
-from runtime.timing import Environment, environment
+from runtime.timing import Environment, Spread, environment
 
 SERVER_ROWS = 16  # the server's default --max-batch-size: the rows of its cache
 
@@ -57,8 +57,11 @@ class JoiningBatch:
     prompt_tokens: int
     steps: int
     rounds: int
-    prefill_ms: dict[str, dict[str, float]]  # batch -> "one pass" | "a pass per prompt" -> median ms
-    step_ms: dict[str, dict[str, float]]  # batch -> "aligned" | "ragged" -> median ms per step
+    prefill_ms: dict[str, dict[str, Spread]]  # batch -> "one pass" | "a pass per prompt" -> ms over rounds
+    step_ms: dict[str, dict[str, Spread]]  # batch -> "aligned" | "ragged" -> ms per step over rounds
+    # batch -> per round, the pass per prompt's time over one pass's, and the ragged step's over the aligned one's
+    prefill_ratio: dict[str, Spread]
+    step_ratio: dict[str, Spread]
     environment: Environment
 
 
@@ -102,14 +105,20 @@ def main(argv=None) -> None:
                     prefill[str(batch)][name].append(prefill_ms(steps, prompts, together))
                 for name in ("aligned", "ragged") if round_ % 2 else ("ragged", "aligned"):
                     step[str(batch)][name].append(step_ms(steps, prompts, name == "aligned", cfg.steps))
-    median = lambda table: {b: {form: statistics.median(ms[1:]) for form, ms in by_form.items()}
-                            for b, by_form in table.items()}
-    result = JoiningBatch(cfg.model, cfg.prompt_tokens, cfg.steps, cfg.rounds, median(prefill), median(step),
+    spreads = lambda table: {b: {form: Spread.of(ms[1:]) for form, ms in by_form.items()}
+                             for b, by_form in table.items()}
+    ratios = lambda table, slow, fast: {b: Spread.of([s / f for s, f in zip(by_form[slow][1:], by_form[fast][1:])])
+                                        for b, by_form in table.items()}
+    result = JoiningBatch(cfg.model, cfg.prompt_tokens, cfg.steps, cfg.rounds, spreads(prefill), spreads(step),
+                          ratios(prefill, "a pass per prompt", "one pass"), ratios(step, "ragged", "aligned"),
                           environment(torch.device("cpu")))
     for batch in result.prefill_ms:
         p, s = result.prefill_ms[batch], result.step_ms[batch]
-        print(f"batch {batch}: prefill {p['one pass']:.1f} ms in one pass, {p['a pass per prompt']:.1f} ms a pass "
-              f"per prompt; step {s['aligned']:.2f} ms aligned, {s['ragged']:.2f} ms ragged")
+        pr, sr = result.prefill_ratio[batch], result.step_ratio[batch]
+        print(f"batch {batch}: prefill {p['one pass'].median:.1f} ms in one pass, {p['a pass per prompt'].median:.1f} "
+              f"ms a pass per prompt ({pr.median:.2f}x, rounds {pr.min:.2f}-{pr.max:.2f}); step "
+              f"{s['aligned'].median:.2f} ms aligned, {s['ragged'].median:.2f} ms ragged ({sr.median:.2f}x, rounds "
+              f"{sr.min:.2f}-{sr.max:.2f})")
     write_result(cfg.results_dir, "joining_batch", result)
 
 
