@@ -156,8 +156,8 @@ class PrefixCache:
     def _store(self, ids: list[int], cache: KVCache, row: int, hidden: torch.Tensor, found: list[tuple[bytes, Block]],
                root: bytes) -> None:
         """Cache the full blocks of `ids` after the `found` ones, from row `row` of the prefilled `cache` and the
-        `hidden` states of the positions computed (those after the found blocks).  Stops at a key that holds another block: the
-        blocks after it would be filed behind a prefix they were not computed after."""
+        `hidden` states of the positions computed (those after the found blocks).  Stops at a key that holds another
+        block: the blocks after it would be filed behind a prefix they were not computed after."""
         reused = len(found) * self.block_tokens
         pinned = {key for key, _ in found}
         parent = found[-1][0] if found else root

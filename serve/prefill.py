@@ -3,8 +3,9 @@ prefill together, and the pass itself, through the prefix cache when there is on
 
 Requests that arrive together with prompts of one length prefill in one pass: one product over all their tokens,
 not one per prompt, as generate() prefills its rows; a product of many rows uses the cores better than many of one
-row (`python -m bench.standalone.joining_batch` times both, bench/results/joining_batch.json).  With the prefix cache, the rows of one pass reuse
-cached prefixes of one length (decode/prefix_cache.py's `prefill_rows`), so they are grouped by that too.
+row (`python -m bench.standalone.joining_batch` times both, bench/results/joining_batch.json).  With the prefix
+cache, the rows of one pass reuse cached prefixes of one length (decode/prefix_cache.py's `prefill_rows`), so they
+are grouped by that too.
 """
 from __future__ import annotations
 

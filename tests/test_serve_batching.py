@@ -72,7 +72,8 @@ def test_groups_are_one_prompt_length_and_one_cached_prefix_length_in_order_of_a
     assert len(prefill_groups(requests[:3], None, one_at_a_time=True)) == 3  # with a draft
     assert len(prefill_groups(requests[:3], None)) == 2  # no prefix cache: by length alone
     salted = GenerationRequest(shared + [5, 6, 7, 8], SamplingParams(), lambda event: None, cache_salt=b"other")
-    assert len(prefill_groups([requests[5], salted], engine.runner.prefix_cache)) == 2  # another salt finds no cached block
+    # another salt finds no cached block
+    assert len(prefill_groups([requests[5], salted], engine.runner.prefix_cache)) == 2
 
 
 def test_rows_prefilled_together_reuse_the_shortest_of_their_cached_prefixes(model):

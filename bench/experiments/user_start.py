@@ -34,8 +34,8 @@ that drifts weighs on both alike.  A side has recovered at the first call of eac
 that comes back (and stays, its next call too) within 5% of the fixed path's median over the last span.  Recovery is
 given two ways: in the side's own time (what its processes spent in their calls after the load, up to and including
 that call: what a process that decodes without pause, a busy server, would wait), and on the wall clock from the
-load's end (which adds the other processes' calls between its own, as they take turns).  `one-core` runs every process (the busy loop too) on the first
-of this process's cores, as `taskset -c 0` would, each with one thread.  The host's read and matmul rates are
+load's end (which adds the other processes' calls between its own, as they take turns).  `one-core` runs every
+process (the busy loop too) on the first of this process's cores, as `taskset -c 0` would, each with one thread.  The host's read and matmul rates are
 measured before each row, under its condition; the rows run batch by batch, and each is also written to the work
 folder as it ends (out/bench/user_start/rows_so_far.json).
 """
@@ -154,7 +154,9 @@ class Row:
     # by (None without two fixed processes, or a round with both)
     twins: dict[str, Ratio | None]
     recovery: dict[str, Recovery | None]  # adaptive side -> how soon its calls were back after the load; None: never
-    load_s: list[float]  # when the busy loop started and stopped, seconds since the first span began
+    # when the busy loop started and stopped, seconds since the first span began (the same instant where the spans
+    # before outlasted its time)
+    load_s: list[float]
     host_rates: HostRates
     load_average_1m: list[float]  # the first and last call's
     calls: list[Call]
@@ -426,7 +428,7 @@ def recovery(calls: list[Call], side: str, load_end_s: float) -> Recovery | None
 
 def summarize(condition: str, precision: str, batch: int, plan: list[str], warm_up: dict, calls: list[Call],
               load: list[float], rates: HostRates) -> Row:
-    """`load`: when the busy loop started and stopped (empty where the spans before outlasted its)."""
+    """`load`: when the busy loop started and stopped."""
     sides = list(dict.fromkeys(plan))
     speeds, over_fixed, over_ort, floor = {}, {}, {}, {}
     for span in SPANS:
@@ -436,7 +438,7 @@ def summarize(condition: str, precision: str, batch: int, plan: list[str], warm_
         over_fixed[span] = {side: ratio(in_span, side, "fixed") for side in sides if side != "fixed"}
         over_ort[span] = {side: ratio(in_span, side, "ORT") for side in sides if side != "ORT"}
         floor[span] = twins(in_span)
-    recovered = {side: recovery(calls, side, load[-1]) if load else None for side in sides if side in ADAPTIVE}
+    recovered = {side: recovery(calls, side, load[-1]) for side in sides if side in ADAPTIVE}
     return Row(condition, precision, batch, {side: plan.count(side) for side in sides}, warm_up, speeds, over_fixed,
                over_ort, floor, recovered, load, rates,
                [calls[0].load_average_1m, calls[-1].load_average_1m] if calls else [], calls)
@@ -504,8 +506,7 @@ def plot(result: UserStart):
     styles = {"default": "o-", "fixed": "s--", "sample.py": "^:", "server": "v:", "ORT": "d-."}
     for row in result.rows:
         ax = axes[panels.index((row.condition, row.precision))][batches.index(row.batch)]
-        if row.load_s:  # when the busy loop ran
-            ax.axvspan(*row.load_s, color="0.9", label="one core busy")
+        ax.axvspan(*row.load_s, color="0.9", label="one core busy")
         for side in row.processes:
             mine = [c for c in row.calls if c.side == side]
             ax.plot([(c.start_s + c.end_s) / 2 for c in mine], [c.tokens_per_s for c in mine], styles[side], ms=3,
@@ -548,8 +549,6 @@ def recovery_cell(row: Row, side: str) -> str:
     back = row.recovery.get(side)
     if back is not None:
         return f"{num(back.own_s)} own, {num(back.wall_s)} wall"
-    if not row.load_s:
-        return "no load (the spans before outlasted it)"
     if not any(c.span == SPANS[2] for c in row.calls):
         return "no round after the load"
     return "not within the span"
