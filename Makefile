@@ -15,14 +15,13 @@ setup: $(STAMP) $(TOKENIZER)
 # ranks, train.py runs: some hundreds) would compile torch's sources again.  Each module is compiled once, by the
 # first process that imports it (CPython writes the file whole, under a temporary name, so two that race both
 # write the same bytes), and only what is imported: compiling the fresh .venv whole, ahead, compiled several times
-# what the tests and the demo ever import (bench/by_hand.md, "make setup without compiling ahead").  pip's own
-# compiling (one file at a time, everything) is off.
+# what the tests and the demo ever import (bench/by_hand.md, "make setup without compiling ahead").  The installer
+# (runtime/install.py: uv, with pip's sources on this host) compiles nothing either.
 unexport PYTHONDONTWRITEBYTECODE
 
 $(STAMP): requirements.txt requirements-test.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --no-compile "setuptools>=68" -r requirements.txt -r requirements-test.txt
-	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PYTHON) -m runtime.install $(PY) -r requirements.txt -r requirements-test.txt
 	touch $(STAMP)
 
 $(TOKENIZER): | $(STAMP)
