@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from runtime.cli import entry_point
 from runtime.errors import UserError
 
 UV = "uv==0.13.9"
@@ -97,7 +98,12 @@ def with_pip(python: Path, requirements: list[str]) -> None:
     run([*pip, "--no-deps", "--no-build-isolation", "-e", "."])
 
 
-def main(argv: list[str] | None = None) -> int:
+class InstallError(UserError):
+    """Neither uv nor pip could install the requirements."""
+
+
+@entry_point
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("python", type=Path, help="the virtual environment's python")
     parser.add_argument("-r", dest="requirements", action="append", default=[], help="a requirements file")
@@ -111,10 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with_pip(args.python, requirements)
         except RuntimeError as error:
-            print(f"make setup: {error}", file=sys.stderr)
-            return 1
-    return 0
+            raise InstallError(f"{error}; the requirements files name what make setup installs") from None
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -54,19 +54,20 @@ def test_where_uv_fails_pip_installs_the_same_requirements_after_one_line(monkey
 
     monkeypatch.setattr(install, "with_uv", uv_fails)
     monkeypatch.setattr(install, "with_pip", lambda python, requirements: installed.append((python, requirements)))
-    assert install.main([".venv/bin/python", "-r", "requirements.txt", "-r", "requirements-test.txt"]) == 0
+    install.main([".venv/bin/python", "-r", "requirements.txt", "-r", "requirements-test.txt"])
     assert installed == [(Path(".venv/bin/python"), ["-r", "requirements.txt", "-r", "requirements-test.txt"])]
     said = capsys.readouterr().err.strip().splitlines()
     assert said == ["make setup: uv could not install the requirements (`uv pip install --quiet ...` failed: no "
                     "solution found); installing them with pip instead"]
 
 
-def test_a_failed_install_is_one_line_and_a_failing_status(monkeypatch, capsys):
+def test_a_failed_install_is_one_error_line_and_a_failing_status(monkeypatch):
     def fails(python, requirements):
         raise RuntimeError("`x -m pip install ...` failed: no matching distribution")
 
     monkeypatch.setattr(install, "with_uv", fails)
     monkeypatch.setattr(install, "with_pip", fails)
-    assert install.main([".venv/bin/python", "-r", "requirements.txt"]) == 1
-    assert capsys.readouterr().err.strip().splitlines()[-1] == \
-        "make setup: `x -m pip install ...` failed: no matching distribution"
+    with pytest.raises(SystemExit) as stopped:
+        install.main([".venv/bin/python", "-r", "requirements.txt"])
+    assert stopped.value.code == ("error: `x -m pip install ...` failed: no matching distribution; the requirements "
+                                  "files name what make setup installs")
