@@ -23,6 +23,7 @@ from bench import demo
 from bench.experiments import fused_step, generate_speed, prefix_cache, serve_speed, user_start
 from bench.standalone import huge_pages_one_off
 from bench.standalone.async_steps import AsyncStepsConfig
+from bench.standalone.eval_loss import EvalLossConfig
 from bench.standalone.greedy_argmax import GreedyArgmaxConfig
 from bench.standalone.joining_batch import JoiningBatchConfig
 from bench.standalone.kernels_in_step import KernelsInStepConfig
@@ -61,7 +62,7 @@ TOOLS = {"train.py": train.TrainConfig, "sample.py": sample.SampleConfig, "pytho
          "bench.standalone.shard_memory": ShardMemoryConfig, "bench.standalone.multi_device": MultiDeviceConfig,
          "bench.standalone.async_steps": AsyncStepsConfig,
          "bench.standalone.static_cache_width": StaticCacheWidthConfig,
-         "bench.standalone.joining_batch": JoiningBatchConfig,
+         "bench.standalone.joining_batch": JoiningBatchConfig, "bench.standalone.eval_loss": EvalLossConfig,
          "bench.standalone.train_step_profile": TrainStepProfileConfig}
 VALUES = ("0", "-1", "1", "90", "1e309", "nan", "inf", "0.5", "", "--", "-", "=", "yes", "auto", "builtin", "none")
 
@@ -292,7 +293,10 @@ def test_a_llama_server_that_cannot_run_is_one_error_line_before_any_measuring(p
     ("train_step_profile", ["--profile-steps", "0"], "error: --profile-steps must be at least 1, got 0"),
     ("joining_batch", ["--batch-sizes", "17"], "error: --batch-sizes must be at most 16, got 17"),
     ("joining_batch", ["--steps", "1000"], "error: --prompt-tokens 32 and --steps 1000 overflow the gpt2 context "
-                                           "of 1024; ask for fewer")])
+                                           "of 1024; ask for fewer"),
+    ("eval_loss", ["--block-size", "2000"], "error: --block-size 2000 is longer than the gpt2 context of 1024; ask "
+                                            "for fewer"),
+    ("eval_loss", ["--block-size", "1"], "error: --block-size must be at least 2, got 1")])
 def test_a_standalone_measurement_refuses_settings_before_measuring_and_writes_nothing(tool, argv, line, tmp_path,
                                                                                        capsys):
     """Settings that time nothing (greedy_argmax), that no server can take (stream_interval) or no model holds

@@ -58,6 +58,21 @@ def test_loss_is_cross_entropy_of_logits(small_model):
     torch.testing.assert_close(loss, expected)
 
 
+def test_the_evaluation_loss_over_several_chunks_with_ignored_targets_is_cross_entropy_of_the_logits():
+    """Without gradients the loss is computed a chunk of rows at a time (model/head_loss.py): three chunks here,
+    one of them ending part-way, and targets -1 ignored as training's are."""
+    from model.head_loss import ROWS_PER_CHUNK
+    torch.manual_seed(0)
+    model = GPT(small_config(block_size=ROWS_PER_CHUNK)).eval()
+    idx = torch.randint(0, 50257, (3, ROWS_PER_CHUNK - 40))
+    targets = torch.randint(0, 50257, idx.shape)
+    targets[1, 10:] = -1
+    with torch.no_grad():
+        logits, loss = model(idx, targets)
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, 50257), targets.reshape(-1), ignore_index=-1)
+    torch.testing.assert_close(loss, expected)
+
+
 def test_kv_cache_greedy_equals_uncached_greedy(small_model):
     prompt = torch.randint(0, 50257, (3, 5))
     params = SamplingParams(max_new_tokens=20, temperature=0, stop_at_eot=False)
