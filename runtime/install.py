@@ -40,7 +40,8 @@ class ConfigError(UserError):
 
 
 def pip_settings(listing: str) -> dict[str, str]:
-    """`pip config list` output as key -> value, the strongest scope winning."""
+    """`pip config list` output as key -> value, the strongest scope winning (and within a scope the later line, as
+    pip's later configuration files override its earlier ones)."""
     found: dict[str, tuple[int, str]] = {}
     for line in listing.splitlines():
         if not line.strip():

@@ -99,6 +99,8 @@ CLI_TESTS = ("tests/test_cli.py", "tests/test_hostile_cli.py")
 TWO_WRITERS = "test_two_processes_writing_at_once_keep_every_entry_and_a_reader_sees_whole_files"
 # In the order a whole run takes them: the quickest to mutate first, so a run cut short has finished the most.
 MODULES = {
+    "runtime/install.py": Target(("tests/test_install.py", "tests/test_hostile_install.py"), only=("pip_settings",
+                                                                                                  "uv_flags")),
     "data/token_files.py": Target(TOKEN_FILE_TESTS, only=("read_tokens",)),
     "quantize/dynamic.py": Target(("tests/test_tool_configs.py", "tests/test_quantize.py::test_bad_input_gets_a_"
                                    "clear_error", *CLI_TESTS), only=("QuantizeConfig",)),

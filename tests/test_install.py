@@ -33,6 +33,12 @@ def test_pips_sources_become_uvs_flags_the_environment_over_install_over_global(
     assert env == {"SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt"}
 
 
+def test_a_blank_line_is_passed_over_and_a_later_line_of_the_same_scope_wins():
+    settings = install.pip_settings("global.index-url='https://first.example/simple'\n\n"
+                                    "global.index-url='https://later.example/simple'\n")
+    assert settings == {"index-url": "https://later.example/simple"}
+
+
 def test_switches_are_passed_when_pip_has_them_on():
     flags, env = install.uv_flags(install.pip_settings("global.no-index='true'\n:env:.pre='1'\n"))
     assert flags[-2:] == ["--no-index", "--prerelease=allow"] and env == {}
