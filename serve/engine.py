@@ -3,9 +3,8 @@
 Continuous batching: a request that arrives is prefilled (one forward pass over its prompt, together with the
 prompts of the same length that arrived with it) and then joins the running batch, where every sequence advances
 one token per shared forward pass; a sequence leaves the batch the step it finishes, and its row goes to the next
-waiting request.  Each request
-samples with its own torch.Generator, seeded from its `seed` (decode/sampling.py), so its random stream does not
-depend on its neighbours in the batch.
+waiting request.  Each request samples with its own torch.Generator, seeded from its `seed` (decode/sampling.py), so
+its random stream does not depend on its neighbours in the batch.
 
 The engine's loop joins two parts, as vLLM splits them: the scheduler (serve/scheduler.py) decides what runs next
 (the queue, admission, timeouts, cancellation), and the runner (serve/runner.py) runs it (prefill, steps,

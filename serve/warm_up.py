@@ -39,8 +39,8 @@ def warm_up(runner: Runner, all_rows: bool = True) -> None:
     runs it (`step` keeps every batch of several rows in the ragged form, rows at their own columns), and traced,
     the aligned form of 2 to ALIGNED_ROWS rows of one length (serve/runner.py's `_aligned`); with a draft, the
     one-row steps only (the speculative check of K + 1 tokens and the draft's one-token step), as speculative
-    batches are not padded and every row count would need traces of its own.  They run on the free rows of the empty caches, which
-    joining sequences overwrite."""
+    batches are not padded and every row count would need traces of its own.  They run on the free rows of the
+    empty caches, which joining sequences overwrite."""
     started = time.perf_counter()
     if runner.config.block_size < 2:  # any prompt fills the context: no decode step can ever run
         pass

@@ -35,9 +35,9 @@ that comes back (and stays, its next call too) within 5% of the fixed path's med
 given two ways: in the side's own time (what its processes spent in their calls after the load, up to and including
 that call: what a process that decodes without pause, a busy server, would wait), and on the wall clock from the
 load's end (which adds the other processes' calls between its own, as they take turns).  `one-core` runs every
-process (the busy loop too) on the first of this process's cores, as `taskset -c 0` would, each with one thread.  The host's read and matmul rates are
-measured before each row, under its condition; the rows run batch by batch, and each is also written to the work
-folder as it ends (out/bench/user_start/rows_so_far.json).
+process (the busy loop too) on the first of this process's cores, as `taskset -c 0` would, each with one thread.
+The host's read and matmul rates are measured before each row, under its condition; the rows run batch by batch,
+and each is also written to the work folder as it ends (out/bench/user_start/rows_so_far.json).
 """
 from __future__ import annotations
 

@@ -3,13 +3,13 @@ prune's and quantize's) through F.cross_entropy a chunk at a time, against the l
 
     python -m bench.standalone.eval_loss     # GPT-2 124M (random weights), 8 windows of 256 tokens
 
-In turns, --rounds times, on the logits of one evaluation batch: the loss both ways (the order alternating), and
-the forward pass that made the logits, for the loss's share of an evaluation step.  Each figure is the median (and
-range) over rounds, and each round's ratio of the two ways.  Results: bench/results/eval_loss.json.
+In turns (runtime/timing.py's `time_interleaved`, the order reversed every other round), --rounds times: the
+forward pass of one evaluation batch, for the loss's share of an evaluation step, and the loss of its logits both
+ways.  Each figure is the median (and range) over rounds, and each round's ratio of the two ways.  Results:
+bench/results/eval_loss.json.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +22,7 @@ from model.gpt import GPT
 from model.head_loss import ROWS_PER_CHUNK, padded_cross_entropy
 from runtime.cli import check_options, entry_point, option, parse_config
 from runtime.errors import UserError
-from runtime.timing import Environment, Spread, environment
+from runtime.timing import Environment, Spread, environment, time_interleaved
 
 
 @dataclass
@@ -65,12 +65,6 @@ def logsumexp_loss(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int)
     return loss_sum / (targets != -1).sum()
 
 
-def timed_ms(call) -> tuple[float, torch.Tensor]:
-    start = time.perf_counter()
-    out = call()
-    return 1000 * (time.perf_counter() - start), out
-
-
 @entry_point
 def main(argv=None) -> None:
     cfg = parse_config(EvalLossConfig, __doc__, argv)
@@ -80,29 +74,31 @@ def main(argv=None) -> None:
     windows = real_prompts(cfg.batch_size, cfg.block_size + 1)
     x, y = windows[:, :-1], windows[:, 1:]
     ways = {"cross_entropy": padded_cross_entropy, "logsumexp": logsumexp_loss}
-    ms = {name: [] for name in ("forward", *ways)}
     with torch.inference_mode():
-        for round_ in range(cfg.rounds + 1):  # the first round untimed: first runs, allocations
-            forward_ms, padded = timed_ms(lambda: model.lm_head(model.hidden_states(x, None, False, None)))
-            ms["forward"].append(forward_ms)
-            losses = {}
-            for name in list(ways) if round_ % 2 else list(reversed(ways)):
-                logits = padded.clone()
-                ms[name].append(timed_ms(lambda: ways[name](logits, y, vocab))[0])
-                losses[name] = float(ways[name](padded.clone(), y, vocab))
-            if abs(losses["cross_entropy"] - losses["logsumexp"]) > 1e-4 * abs(losses["logsumexp"]):
-                raise UserError(f"the two ways disagree: {losses}")  # a bug, named before any figure is kept
-    share = lambda name: Spread.of([loss / (loss + fwd) for loss, fwd in zip(ms[name][1:], ms["forward"][1:])])
+        def forward() -> None:
+            logits[0] = model.lm_head(model.hidden_states(x, None, False, None))
+
+        logits = [None]  # the latest forward pass's
+        forward()
+        # Both ways only set the padding columns to -inf, which leaves the logits as they were for the other.
+        losses = {name: float(way(logits[0], y, vocab)) for name, way in ways.items()}
+        if abs(losses["cross_entropy"] - losses["logsumexp"]) > 1e-4 * abs(losses["logsumexp"]):
+            raise UserError(f"the two ways disagree: {losses}")  # a bug, named before any figure is kept
+        calls = {"forward": forward,
+                 **{name: (lambda way=way: way(logits[0], y, vocab)) for name, way in ways.items()}}
+        seconds = time_interleaved(calls, cfg.rounds, alternate=True)  # the first round untimed: first runs
+    ms = {name: [1000 * s for s in values] for name, values in seconds.items()}
+    share = lambda name: Spread.of([loss / (loss + fwd) for loss, fwd in zip(ms[name], ms["forward"])])
     result = EvalLoss(cfg.model, cfg.batch_size, cfg.block_size, cfg.rounds,
-                      {name: Spread.of(values[1:]) for name, values in ms.items()},
-                      Spread.of([old / new for old, new in zip(ms["logsumexp"][1:], ms["cross_entropy"][1:])]),
+                      {name: Spread.of(values) for name, values in ms.items()},
+                      Spread.of([old / new for old, new in zip(ms["logsumexp"], ms["cross_entropy"])]),
                       {name: share(name) for name in ways}, environment(torch.device("cpu")))
     ratio = result.logsumexp_over_cross_entropy
     print(f"{cfg.model}, {cfg.batch_size} x {cfg.block_size} tokens: forward {result.ms['forward'].median:.1f} ms; "
           f"loss {result.ms['cross_entropy'].median:.1f} ms through F.cross_entropy, "
           f"{result.ms['logsumexp'].median:.1f} ms through logsumexp ({ratio.median:.2f}x, rounds "
-          f"{ratio.min:.2f}-{ratio.max:.2f}); the loss's share of a step {result.loss_share['cross_entropy'].median:.0%}"
-          f" against {result.loss_share['logsumexp'].median:.0%}")
+          f"{ratio.min:.2f}-{ratio.max:.2f}); the loss's share of a step "
+          f"{result.loss_share['cross_entropy'].median:.0%} against {result.loss_share['logsumexp'].median:.0%}")
     write_result(cfg.results_dir, "eval_loss", result)
 
 
